@@ -1,0 +1,90 @@
+"""`python -m runbook VERB`: flags -> the same library call a notebook makes -> an exit code.
+
+Exit codes (stable, for cron): 0 ok; 1 a check failed; 2 could not run (bad input, a notebook
+errored); 75 another run of the deployment holds the lock.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+from .errors import LockHeld, RunbookError
+from .findings import exit_code, format_text
+
+
+def _add_deployment(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--deployment", metavar="FILE", help="deployment spec (default: deployments/qwen3.5-397b-a17b-nvfp4.yaml)")
+
+
+def _csv(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def _cmd_run(a: argparse.Namespace) -> int:
+    from .run import RunOptions, run
+
+    only = [n for chunk in a.only for n in _csv(chunk)]
+    opts = RunOptions(deployment=a.deployment, only=only, params=a.param, out=Path(a.out), timeout=a.timeout,
+                      run_timeout=a.run_timeout, keep=a.keep, strict=a.strict, kernel=a.kernel)
+    if a.notebooks:
+        opts.notebooks_dir = Path(a.notebooks)
+    code, _ = run(opts)
+    return code
+
+
+def _cmd_env(a: argparse.Namespace) -> int:
+    from . import env, spec
+
+    rep = env.check(spec.load(a.deployment))
+    _emit(a, rep.findings, rep.to_dict())
+    return exit_code(rep.findings, a.strict)
+
+
+def _emit(a: argparse.Namespace, findings: list, doc: dict) -> None:
+    if a.json:
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        print(format_text(findings, colour=sys.stdout.isatty()))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .run import OUTPUTS
+
+    p = argparse.ArgumentParser(prog="runbook", description="SGLang deployment runbooks: checks, archive, reports.")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    r = sub.add_parser("run", help="execute the notebooks with papermill and archive the run")
+    _add_deployment(r)
+    r.add_argument("--only", action="append", default=[], metavar="NAME[,NAME]", help="run only these notebooks (e.g. environment,kv_memory)")
+    r.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="set a notebook parameter, typed by its parameters cell")
+    r.add_argument("--out", default=str(OUTPUTS), metavar="DIR", help="archive root (default: outputs/)")
+    r.add_argument("--timeout", type=float, default=1800, metavar="SECONDS", help="bound per notebook (default 1800)")
+    r.add_argument("--run-timeout", type=float, default=7200, metavar="SECONDS", help="bound for the whole run (default 7200)")
+    r.add_argument("--keep", type=int, default=None, metavar="N", help="keep only this deployment's N newest runs")
+    r.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
+    r.add_argument("--notebooks", default=None, metavar="DIR", help=argparse.SUPPRESS)
+    r.add_argument("--kernel", default=None, help="Jupyter kernel name (default: the notebook's, run in this venv)")
+    r.set_defaults(fn=_cmd_run)
+
+    e = sub.add_parser("env", help="GPU, driver, serving-environment and host checks")
+    _add_deployment(e)
+    e.add_argument("--json", action="store_true", help="print the report as JSON")
+    e.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
+    e.set_defaults(fn=_cmd_env)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    fn: Callable[[argparse.Namespace], int] = args.fn
+    try:
+        return fn(args)
+    except LockHeld as e:
+        print(f"runbook: {e}", file=sys.stderr)
+        return 75
+    except RunbookError as e:
+        print(f"runbook: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,28 @@
+"""Exception tree. Expected problems are Findings; exceptions mean "could not check".
+
+    RunbookError          base
+     ├── SpecError        deployment spec or parameter invalid (CLI exit 2)
+     ├── InputError       a model dir, config or file unreadable or unrecognised
+     ├── EndpointError    a server unreachable or not ready in time
+     └── LockHeld         another run holds the deployment's lock (CLI exit 75)
+"""
+
+
+class RunbookError(Exception):
+    """Base of every error the runbook raises on purpose."""
+
+
+class SpecError(RunbookError):
+    """The deployment spec or a parameter is invalid."""
+
+
+class InputError(RunbookError):
+    """An input file or directory is missing, unreadable or not understood."""
+
+
+class EndpointError(RunbookError):
+    """A server could not be reached or did not become ready."""
+
+
+class LockHeld(RunbookError):
+    """Another run of the same deployment holds the lock."""

@@ -1,0 +1,42 @@
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SPEC = REPO / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml"
+SHARED = REPO.parent / "shared" / "reference"
+
+
+def make_notebook(path: Path, params: str, *cells: str) -> Path:
+    """A notebook with a `parameters` cell and code cells, kernel = the project's kernel."""
+    p = new_code_cell(params)
+    p.metadata["tags"] = ["parameters"]
+    nb = new_notebook(cells=[new_markdown_cell(f"# {path.stem}"), p] + [new_code_cell(c) for c in cells],
+                      metadata={"kernelspec": {"name": "runbook", "display_name": "Python 3 (runbook)", "language": "python"}})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+RUNNER_PARAMS = 'deployment: str = ""\nresults_path: str = ""\n'
+
+
+def record(findings_src: str = "[]", data_src: str = "{}") -> str:
+    return ("from runbook import notebook, Finding\n"
+            f"notebook.finish(__import__('pathlib').Path(results_path).stem.split('.')[0], {findings_src}, results_path, data={data_src})")
+
+
+@pytest.fixture
+def cli():
+    """Run `python -m runbook ...` as cron would; returns CompletedProcess."""
+    import subprocess
+
+    def _run(*args, env=None, timeout=300):
+        e = dict(os.environ, **(env or {}))
+        return subprocess.run([sys.executable, "-m", "runbook", *map(str, args)], capture_output=True, text=True,
+                              timeout=timeout, env=e, cwd=REPO)
+    return _run

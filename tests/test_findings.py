@@ -1,0 +1,35 @@
+import pytest
+
+from runbook.findings import Finding, counts, exit_code, format_text, sort, styled
+
+
+F = [Finding("a", "pass", "A"), Finding("b", "warn", "B", remedy="do b"), Finding("c", "skip", "C"),
+     Finding("d", "fail", "D", detail="dd", remedy="do d"), Finding("e", "info", "E")]
+
+
+def test_counts_and_exit_codes():
+    assert counts(F) == {"fail": 1, "warn": 1, "skip": 1, "pass": 1, "info": 1}
+    assert exit_code(F) == 1
+    assert exit_code([f for f in F if f.status != "fail"]) == 0
+    assert exit_code([f for f in F if f.status != "fail"], strict=True) == 1
+    assert exit_code([Finding("x", "pass", "x"), Finding("y", "info", "y")], strict=True) == 0
+
+
+def test_bad_status_rejected():
+    with pytest.raises(ValueError, match="status must be one of"):
+        Finding("x", "ok", "x")
+
+
+def test_sort_worst_first_and_text_shows_remedies():
+    assert [f.status for f in sort(F)] == ["fail", "warn", "skip", "pass", "info"]
+    text = format_text(F)
+    assert text.splitlines()[0] == "[FAIL] d: D — dd"
+    assert "fix: do d" in text and "fix: do b" in text
+    assert text.splitlines()[-1] == "1 fail, 1 warn, 1 skip, 1 pass, 1 info"
+    assert "\033[" not in text and "\033[31m" in format_text(F, colour=True)
+
+
+def test_roundtrip_and_styled_table():
+    assert Finding.from_dict(F[3].to_dict()) == F[3]
+    html = styled(F).to_html()
+    assert "#f8d7da" in html and "do d" in html

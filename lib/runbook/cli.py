@@ -43,6 +43,17 @@ def _cmd_env(a: argparse.Namespace) -> int:
     return exit_code(rep.findings, a.strict)
 
 
+def _cmd_quant(a: argparse.Namespace) -> int:
+    from . import checkpoint, quant, spec
+
+    if a.deployment or not a.model_dir:
+        rep = quant.for_deployment(spec.load(a.deployment), a.model_dir)
+    else:
+        rep = quant.inspect(checkpoint.load(a.model_dir))
+    _emit(a, rep.findings, rep.to_json())
+    return exit_code(rep.findings, a.strict)
+
+
 def _emit(a: argparse.Namespace, findings: list, doc: dict) -> None:
     if a.json:
         print(json.dumps(doc, indent=2, default=str))
@@ -74,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="print the report as JSON")
     e.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
     e.set_defaults(fn=_cmd_env)
+
+    q = sub.add_parser("quant", help="what SGLang will do with a checkpoint's weight and KV-cache quantization")
+    q.add_argument("model_dir", nargs="?", metavar="MODEL_DIR", help="checkpoint dir or cached HF repo id (default: the deployment's model)")
+    _add_deployment(q)
+    q.add_argument("--json", action="store_true", help="print the report as JSON")
+    q.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
+    q.set_defaults(fn=_cmd_quant)
     return p
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import results, spec as spec_mod
-from .errors import RunbookError
+from .errors import InputError, RunbookError  # noqa: F401 (InputError re-exported for notebooks)
 from .findings import Finding, sort, styled
 
 

@@ -19,7 +19,7 @@ _TEMPLATES = jinja2.Environment(
 INPROGRESS = ".inprogress-"
 
 # Code input is hidden in archived HTML; the button shows it. Kept small and self-contained.
-_TOGGLE = """<style>body.rb-hide-input .jp-Cell-inputWrapper{display:none}
+_TOGGLE = """<style>body.rb-hide-input .jp-CodeCell .jp-Cell-inputWrapper{display:none}
 #rb-toggle{position:fixed;top:8px;right:12px;z-index:100;font:13px sans-serif;padding:4px 10px}
 .rb-banner{font:14px sans-serif;padding:10px 14px;margin:8px;border-radius:4px;background:#f8d7da;color:#58151c}</style>
 <script>document.addEventListener('DOMContentLoaded',function(){document.body.classList.add('rb-hide-input');
@@ -48,6 +48,11 @@ def _insert_after_body_tag(doc: str, snippet: str) -> str:
     i = doc.find("<body")
     j = doc.find(">", i) if i >= 0 else -1
     return doc if j < 0 else doc[: j + 1] + snippet + doc[j + 1:]
+
+
+def write_summary_html(run_dir: Path, summary: dict[str, Any]) -> Path:
+    page = _TEMPLATES.get_template("summary.html.j2").render(s=summary)
+    return atomic_write_text(run_dir / "summary.html", page)
 
 
 def list_runs(out_dir: Path) -> list[dict[str, Any]]:

@@ -54,6 +54,24 @@ def _cmd_quant(a: argparse.Namespace) -> int:
     return exit_code(rep.findings, a.strict)
 
 
+def _cmd_kv(a: argparse.Namespace) -> int:
+    from . import kvplan, spec
+
+    dep = spec.load(a.deployment) if (a.deployment or not a.model_dir) else None
+    ctx = [int(c) for c in _csv(a.contexts)] if a.contexts else None
+    p = kvplan.plan(dep, a.model_dir, tp=a.tp, pp=a.pp, attn_dp=a.attn_dp, kv_dtype=a.kv_dtype, gpu_mem_gib=a.gpu_mem_gib,
+                    weights_gib=a.weights_gib, mem_fraction_static=a.mem_fraction_static, kv_budget_gib=a.kv_budget_gib,
+                    page_size=a.page_size, context_len=a.context_len, contexts=ctx)
+    if a.json:
+        print(json.dumps(p.to_json(), indent=2, default=str))
+    else:
+        from .kvreport import text_table
+
+        print(text_table(p))
+        print(format_text(p.findings, colour=sys.stdout.isatty()))
+    return exit_code(p.findings, a.strict)
+
+
 def _emit(a: argparse.Namespace, findings: list, doc: dict) -> None:
     if a.json:
         print(json.dumps(doc, indent=2, default=str))
@@ -92,6 +110,24 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true", help="print the report as JSON")
     q.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
     q.set_defaults(fn=_cmd_quant)
+
+    k = sub.add_parser("kv", help="KV-cache and state memory per GPU, the way SGLang sizes its pools")
+    k.add_argument("model_dir", nargs="?", metavar="MODEL_DIR", help="checkpoint or model-card dir (default: the deployment's model)")
+    _add_deployment(k)
+    k.add_argument("--tp", type=int, help="tensor parallel size (default: the spec's, else 1)")
+    k.add_argument("--pp", type=int, help="pipeline parallel size")
+    k.add_argument("--attn-dp", type=int, help="attention data parallel size")
+    k.add_argument("--kv-dtype", help="auto, bf16, fp8_e4m3, fp8_e5m2, mxfp8, nvfp4, fp4_mx_block16")
+    k.add_argument("--gpu-mem-gib", type=float, help="memory per GPU")
+    k.add_argument("--weights-gib", type=float, help="weights per GPU (default: from the checkpoint)")
+    k.add_argument("--mem-fraction-static", type=float, help="default: the spec's flag, else SGLang's heuristic")
+    k.add_argument("--kv-budget-gib", type=float, help="KV+state budget per GPU, skipping the memory arithmetic")
+    k.add_argument("--page-size", type=int)
+    k.add_argument("--context-len", type=int, help="default: the spec's --context-length, else the model's")
+    k.add_argument("--contexts", help="context lengths to fit, e.g. 8192,32768,131072,262144")
+    k.add_argument("--json", action="store_true", help="print the result as JSON")
+    k.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
+    k.set_defaults(fn=_cmd_kv)
     return p
 
 

@@ -312,6 +312,7 @@ def run(opts: RunOptions, log: Optional[Log] = None) -> tuple[int, Optional[Path
         }
         atomic_write_json(tmp / "summary.json", summary)
         atomic_write_text(tmp / "summary.md", _summary_md(summary))
+        archive.write_summary_html(tmp, summary)
         # Scrub secret values the notebooks may have printed before anything becomes visible.
         extra = secrets.read_env_file(spec.serving.env_file).values() if spec.serving.env_file else ()
         secrets.redact_tree(tmp, secrets.secret_values(extra=extra))

@@ -41,6 +41,7 @@ class Model(_Strict):
     card: Optional[str] = Field(None, description="local dir with config.json etc. to inspect when path is not on this machine")
     served_name: Optional[str] = None
     revision: Optional[str] = None
+    size_gib: Optional[float] = Field(None, gt=0, description="checkpoint size when it is not on this machine; read from its index when it is")
 
 
 class Hardware(_Strict):

@@ -9,7 +9,11 @@ RUN_ARGS ?=
 PYTEST_ARGS ?=
 LAB_PORT ?= 8888
 
-.PHONY: run test lab venv clean-venv
+SERVING := .venv-serving
+SERVING_STAMP := $(SERVING)/.installed
+SGLANG_VERSION ?= 0.5.23
+
+.PHONY: run test lab venv serving-env clean-venv
 
 $(RUNTIME): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,18 +28,31 @@ $(DEV): $(RUNTIME) requirements-dev.txt
 
 venv: $(RUNTIME)
 
+# A second venv with the real SGLang argument parser (CPU torch, no GPU packages), used to validate
+# flags when the deployment's own serving interpreter is not on this machine. Kept out of
+# requirements.txt: the runbook's environment stays light.
+$(SERVING_STAMP): requirements-serving.txt
+	@test -x $(SERVING)/bin/python || $(PYTHON) -m venv $(SERVING)
+	$(SERVING)/bin/python -m pip install -q --upgrade pip
+	$(SERVING)/bin/python -m pip install -q -r requirements-serving.txt
+	$(SERVING)/bin/python -m pip install -q --no-deps sglang==$(SGLANG_VERSION)
+	@touch $@
+
+serving-env: $(SERVING_STAMP)
+
 # Runs every notebook on the default deployment and archives it under outputs/.
 # Exit 1 (a check failed) is a result, shown in the summary: only 2 (a notebook could not run)
 # or 75 (another run holds the lock) fail `make run`. The CLI itself keeps all codes for cron.
 run: $(RUNTIME)
-	@$(PY) -m runbook run $(RUN_ARGS); rc=$$?; if [ $$rc -le 1 ]; then exit 0; else exit $$rc; fi
+	@if [ -x $(SERVING)/bin/python ]; then export RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python; fi; \
+	$(PY) -m runbook run $(RUN_ARGS); rc=$$?; if [ $$rc -le 1 ]; then exit 0; else exit $$rc; fi
 
-test: $(DEV)
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: $(DEV) $(SERVING_STAMP)
+	RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python $(PY) -m pytest $(PYTEST_ARGS)
 
 # JupyterLab on notebooks/ with the project's kernel ("Python 3 (runbook)") registered.
 lab: $(RUNTIME)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --no-browser --ip=127.0.0.1 --port=$(LAB_PORT)
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(SERVING)

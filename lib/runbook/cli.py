@@ -72,6 +72,52 @@ def _cmd_kv(a: argparse.Namespace) -> int:
     return exit_code(p.findings, a.strict)
 
 
+def _cmd_service(a: argparse.Namespace) -> int:
+    from . import service, spec
+
+    dep = spec.load(a.deployment)
+    args = service.parse_args(a.arg)
+    if a.action == "render":
+        rec, _ = service.recommended_flags(dep) if dep.serving.apply_recommended else (None, None)
+        units = service.render(dep, args, rec)
+        if a.out:
+            out = Path(a.out)
+            for u in units:
+                target = out if len(units) == 1 else out / f"{u.unit_name}.service"
+                from .fsutil import atomic_write_text
+
+                atomic_write_text(target, u.text)
+                print(f"wrote {target}", file=sys.stderr)
+        if a.json:
+            print(json.dumps({"units": [{"unit": u.unit_name, "node": u.node, "argv": u.argv, "text": u.text} for u in units]}, indent=2))
+        elif not a.out:
+            print("\n".join(u.text for u in units), end="")
+        return 0
+    if a.action == "check":
+        _, findings = service.check(dep, args)
+        _emit(a, findings, {"findings": [f.to_dict() for f in findings]})
+        return exit_code(findings, a.strict)
+    if a.action == "diff":
+        u = service.render(dep, args, service.recommended_flags(dep)[0])[0]
+        text, rows, findings = service.diff(u, Path(a.installed or dep.systemd.installed_path))
+        if a.json:
+            print(json.dumps({"diff": text, "changes": rows, "findings": [f.to_dict() for f in findings]}, indent=2))
+        else:
+            print(text or format_text(findings, colour=sys.stdout.isatty()))
+        return exit_code(findings, a.strict)
+    if a.action == "install":
+        u = service.render(dep, args, service.recommended_flags(dep)[0])[0]
+        res = service.install(dep, u, dry_run=not a.yes, root=Path(a.root) if a.root else None,
+                              systemctl=a.systemctl.split() if a.systemctl else ("systemctl",), ready_url=a.ready_url,
+                              ready_timeout=a.ready_timeout, log=lambda m: print(m, file=sys.stderr))
+        _emit(a, res.findings, {"steps": res.steps, "rolled_back": res.rolled_back, "backup": res.backup,
+                                "findings": [f.to_dict() for f in res.findings]})
+        return exit_code(res.findings, a.strict)
+    rows, findings, info = service.drift(dep, a.url, args)
+    _emit(a, findings, {"differences": rows, "server": info, "findings": [f.to_dict() for f in findings]})
+    return exit_code(findings, a.strict)
+
+
 def _emit(a: argparse.Namespace, findings: list, doc: dict) -> None:
     if a.json:
         print(json.dumps(doc, indent=2, default=str))
@@ -128,6 +174,22 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--json", action="store_true", help="print the result as JSON")
     k.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
     k.set_defaults(fn=_cmd_kv)
+
+    sv = sub.add_parser("service", help="render, check, diff, install or drift-check the systemd unit")
+    sv.add_argument("action", choices=["render", "check", "diff", "install", "drift"])
+    _add_deployment(sv)
+    sv.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE", help="add or override one SGLang flag (what-if)")
+    sv.add_argument("--out", metavar="FILE", help="render: write the unit here (a directory for multi-node)")
+    sv.add_argument("--installed", metavar="FILE", help="diff: the installed unit (default: systemd.unit_path or /etc/systemd/system/<name>.service)")
+    sv.add_argument("--yes", action="store_true", help="install: really do it (default: dry run)")
+    sv.add_argument("--root", metavar="DIR", help="install: prefix for the unit path (testing, chroots)")
+    sv.add_argument("--systemctl", metavar="CMD", help="install: systemctl command to use")
+    sv.add_argument("--ready-url", metavar="URL", help="install: readiness URL (default: http://host:port + systemd.ready_path)")
+    sv.add_argument("--ready-timeout", type=float, metavar="S", help="install: readiness timeout (default: systemd.timeout_start_sec)")
+    sv.add_argument("--url", metavar="URL", help="drift: server base URL (default: http://host:port from the spec)")
+    sv.add_argument("--json", action="store_true")
+    sv.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
+    sv.set_defaults(fn=_cmd_service)
     return p
 
 

@@ -52,10 +52,17 @@ class Hardware(_Strict):
     require_gpus: bool = Field(False, description="true on the serving host: a missing driver then fails the run")
 
 
+class Node(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    address: str = Field(description="address the other nodes reach this one at")
+
+
 class Parallelism(_Strict):
     tp: int = Field(1, gt=0)
     pp: int = Field(1, gt=0)
     attn_dp: int = Field(1, gt=0, description="attention data parallel size (SGLang --dp-size with --enable-dp-attention)")
+    nodes: list[Node] = Field(default_factory=list, description="multi-node: one entry per node, rank 0 first")
+    dist_init_port: int = Field(50000, gt=0, lt=65536)
 
     @model_validator(mode="after")
     def _dp_divides_tp(self) -> "Parallelism":
@@ -168,10 +175,11 @@ class Deployment(_Strict):
 
     @model_validator(mode="after")
     def _parallelism_fits(self) -> "Deployment":
-        if self.parallelism.gpus > self.hardware.gpu_count:
+        nodes = max(1, len(self.parallelism.nodes))
+        if self.parallelism.gpus > self.hardware.gpu_count * nodes:
             raise ValueError(
                 f"parallelism needs {self.parallelism.gpus} GPUs (tp {self.parallelism.tp} × pp {self.parallelism.pp}) "
-                f"but hardware.gpu_count is {self.hardware.gpu_count}"
+                f"but hardware.gpu_count is {self.hardware.gpu_count}" + (f" × {nodes} nodes" if nodes > 1 else "")
             )
         return self
 

@@ -118,6 +118,31 @@ def _cmd_service(a: argparse.Namespace) -> int:
     return exit_code(findings, a.strict)
 
 
+def _cmd_bench(a: argparse.Namespace) -> int:
+    from . import spec
+    from .bench import run as bench
+
+    dep = spec.load(a.deployment)
+    o = bench.options_from(dep, a.url, model=a.model, concurrency=[int(x) for x in _csv(a.concurrency)] if a.concurrency else None,
+                           rates=[float(x) for x in _csv(a.rate)] if a.rate else None, requests=a.requests, duration_s=a.duration,
+                           workload=a.workload, input_len=a.input_len, output_len=a.output_len, chat=a.chat or None,
+                           tokenizer=a.tokenizer, warmup=a.warmup, out=Path(a.out) if a.out else None, seed=a.seed,
+                           compare_url=a.compare_url, timeout_s=a.timeout, progress=sys.stderr.isatty())
+    if a.duration and not a.requests:
+        o.requests = 100000  # bounded by --duration instead
+    res = bench.run(o, dep.slo)
+    if a.json:
+        doc = dict(res.summary, findings=[f.to_dict() for f in res.findings])
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        from .bench.report import frame
+
+        if res.summary.get("levels"):
+            print(frame(res.summary).to_string())
+        print(format_text(res.findings, colour=sys.stdout.isatty()))
+    return exit_code(res.findings, a.strict)
+
+
 def _emit(a: argparse.Namespace, findings: list, doc: dict) -> None:
     if a.json:
         print(json.dumps(doc, indent=2, default=str))
@@ -190,6 +215,29 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--json", action="store_true")
     sv.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
     sv.set_defaults(fn=_cmd_service)
+
+    b = sub.add_parser("bench", help="benchmark a running OpenAI-compatible server (SGLang, or llama-server for demos)")
+    b.add_argument("--url", help="server base URL (default: the spec's host:port)")
+    _add_deployment(b)
+    b.add_argument("--model", help="model name to send (default: the server's first /v1/models entry)")
+    b.add_argument("--concurrency", metavar="1,2,4,...", help="fixed-concurrency levels (default: the spec's plan)")
+    b.add_argument("--rate", metavar="R,...", help="Poisson request-rate levels (requests/s)")
+    g = b.add_mutually_exclusive_group()
+    g.add_argument("--requests", type=int, metavar="N", help="measured requests per level")
+    g.add_argument("--duration", type=float, metavar="S", help="measure each level for S seconds")
+    b.add_argument("--workload", help="random | code | longctx | prefix | FILE.jsonl")
+    b.add_argument("--input-len", type=int, metavar="N")
+    b.add_argument("--output-len", type=int, metavar="N")
+    b.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    b.add_argument("--tokenizer", metavar="DIR", help="dir with tokenizer.json for exact lengths and client token counts")
+    b.add_argument("--warmup", type=int, metavar="N", help="warm-up requests per level")
+    b.add_argument("--out", metavar="DIR", help="write records.jsonl and summary.json here")
+    b.add_argument("--compare-url", metavar="URL", help="A/B: the same workload against this second endpoint")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per-request timeout")
+    b.add_argument("--json", action="store_true")
+    b.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
+    b.set_defaults(fn=_cmd_bench)
     return p
 
 

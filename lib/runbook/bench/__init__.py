@@ -1,0 +1,1 @@
+"""Serving benchmarks: client (one streamed request -> record), workloads, metrics (pure), sweep, report."""

@@ -1,0 +1,118 @@
+"""Pure metric arithmetic: list[RequestRecord] -> one level's summary. One definition per metric.
+
+- TTFT: first chunk carrying output (content or reasoning) − send time.
+- E2E: last chunk carrying output − send time (the trailing usage chunk and [DONE] are not counted).
+- TPOT (per request): (E2E − TTFT) / (output tokens − 1), output tokens from server usage when sent.
+- Inter-chunk latency: the gaps between consecutive output chunks (one sample per gap).
+- ITL (per token): each gap divided evenly over the tokens of the later chunk — one sample per token,
+  so speculative decoding's multi-token chunks are not mistaken for slow tokens.
+- Throughput: output (and input+output) tokens of successful requests / measured window, where the
+  window runs from the first send to the last completion of the level's measured requests.
+- Goodput: successful requests meeting every SLO in the spec / window; attainment counts failures.
+Percentiles are numpy's linear interpolation.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+
+from .client import RequestRecord
+
+PCTS = (50, 90, 95, 99)
+
+
+def ttft_s(r: RequestRecord) -> Optional[float]:
+    return r.chunk_times[0] - r.send_time if r.chunk_times else None
+
+
+def e2e_s(r: RequestRecord) -> Optional[float]:
+    return r.chunk_times[-1] - r.send_time if r.chunk_times else None
+
+
+def tpot_s(r: RequestRecord) -> Optional[float]:
+    n = r.output_tokens
+    if not r.chunk_times or n < 2:
+        return None
+    return (e2e_s(r) - ttft_s(r)) / (n - 1)
+
+
+def chunk_gaps_s(r: RequestRecord) -> list[float]:
+    return [b - a for a, b in zip(r.chunk_times, r.chunk_times[1:])]
+
+
+def itl_per_token_s(r: RequestRecord) -> list[float]:
+    out: list[float] = []
+    for gap, n in zip(chunk_gaps_s(r), r.chunk_tokens[1:]):
+        n = max(1, n)
+        out += [gap / n] * n
+    return out
+
+
+def stats(xs: Iterable[float], scale: float = 1000.0) -> dict[str, Optional[float]]:
+    """mean, p50, p90, p95, p99, max (×scale: seconds → ms by default); None when empty."""
+    a = np.asarray([x for x in xs if x is not None], dtype=float) * scale
+    keys = ["mean"] + [f"p{p}" for p in PCTS] + ["max", "n"]
+    if a.size == 0:
+        return {k: (0 if k == "n" else None) for k in keys}
+    out: dict[str, Optional[float]] = {"mean": float(a.mean())}
+    out.update({f"p{p}": float(np.percentile(a, p)) for p in PCTS})
+    out["max"] = float(a.max())
+    out["n"] = int(a.size)
+    return out
+
+
+def window_s(records: Sequence[RequestRecord]) -> float:
+    starts = [r.send_time for r in records]
+    ends = [r.chunk_times[-1] if r.chunk_times else (r.end_time or r.send_time) for r in records]
+    return max(ends) - min(starts) if records else 0.0
+
+
+def meets_slo(r: RequestRecord, slo: Any) -> bool:
+    if not r.ok:
+        return False
+    checks = [(getattr(slo, "ttft_ms_p99", None), ttft_s(r)), (getattr(slo, "tpot_ms_p99", None), tpot_s(r)),
+              (getattr(slo, "e2e_ms_p99", None), e2e_s(r))]
+    return all(limit is None or (v is not None and v * 1000 <= limit) for limit, v in checks)
+
+
+def summarise(records: Sequence[RequestRecord], slo: Any = None) -> dict[str, Any]:
+    ok = [r for r in records if r.ok]
+    win = window_s(records)
+    out_tok = sum(r.output_tokens for r in ok)
+    in_tok = sum(r.input_tokens or 0 for r in ok)
+    client_tok = sum(r.output_tokens_client for r in ok)
+    reasoning = sum(int((r.usage or {}).get("reasoning_tokens") or 0) for r in ok)
+    errors: dict[str, int] = {}
+    for r in records:
+        if r.error_kind:
+            errors[r.error_kind] = errors.get(r.error_kind, 0) + 1
+    chunks = sum(len(r.chunk_times) for r in ok)
+    good = sum(1 for r in records if meets_slo(r, slo)) if slo is not None else None
+    s: dict[str, Any] = {
+        "completed": len(ok), "failed": len(records) - len(ok), "error_rate": (len(records) - len(ok)) / len(records) if records else 0.0,
+        "errors": errors, "window_s": win,
+        "output_tokens": out_tok, "output_tokens_client": client_tok, "output_token_discrepancy": out_tok - client_tok,
+        "input_tokens": in_tok, "reasoning_tokens": reasoning,
+        "output_tok_s": out_tok / win if win > 0 else 0.0, "total_tok_s": (in_tok + out_tok) / win if win > 0 else 0.0,
+        "request_s": len(ok) / win if win > 0 else 0.0,
+        "ttft_ms": stats(ttft_s(r) for r in ok), "tpot_ms": stats(tpot_s(r) for r in ok),
+        "itl_ms": stats(x for r in ok for x in itl_per_token_s(r)),
+        "inter_chunk_ms": stats(x for r in ok for x in chunk_gaps_s(r)), "e2e_ms": stats(e2e_s(r) for r in ok),
+        "tokens_per_chunk": out_tok / chunks if chunks else None,
+        "count_sources": sorted({r.count_source for r in ok}),
+    }
+    if good is not None:
+        s["goodput_req_s"] = good / win if win > 0 else 0.0
+        s["slo_attainment"] = good / len(records) if records else 0.0
+    return s
+
+
+def bootstrap_ci(diffs: Sequence[float], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of paired differences with a percentile bootstrap confidence interval."""
+    a = np.asarray(diffs, dtype=float)
+    if a.size == 0:
+        return (float("nan"),) * 3
+    rng = np.random.default_rng(seed)
+    means = a[rng.integers(0, a.size, size=(n_boot, a.size))].mean(axis=1)
+    return float(a.mean()), float(np.percentile(means, 100 * alpha / 2)), float(np.percentile(means, 100 * (1 - alpha / 2)))

@@ -1,0 +1,105 @@
+"""Tables and plots from a benchmark summary, and the previous archived run to compare with."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from .client import RequestRecord
+from . import metrics
+
+
+def frame(summary: dict[str, Any]):
+    import pandas as pd
+
+    rows = []
+    for s in summary.get("levels", []):
+        rows.append({"level": s["label"], "completed": s["completed"], "failed": s["failed"],
+                     "output tok/s": round(s["output_tok_s"], 1), "total tok/s": round(s["total_tok_s"], 1),
+                     "req/s": round(s["request_s"], 2),
+                     "TTFT p50 ms": s["ttft_ms"]["p50"], "TTFT p99 ms": s["ttft_ms"]["p99"],
+                     "TPOT p50 ms": s["tpot_ms"]["p50"], "TPOT p99 ms": s["tpot_ms"]["p99"],
+                     "ITL p50 ms": s["itl_ms"]["p50"], "ITL p99 ms": s["itl_ms"]["p99"],
+                     "E2E p99 ms": s["e2e_ms"]["p99"], "tokens/chunk": s["tokens_per_chunk"],
+                     "client-bound": s["client_bound"], "loop lag p99 ms": s["lag_ms"]["p99"]})
+    df = pd.DataFrame(rows)
+    return df.set_index("level").round(2) if not df.empty else df
+
+
+def _conc(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in summary.get("levels", []) if s.get("concurrency") and s["completed"]]
+
+
+def plot_throughput(summary: dict[str, Any]):
+    import matplotlib.pyplot as plt
+
+    lv = _conc(summary)
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    ax.plot([s["concurrency"] for s in lv], [s["output_tok_s"] for s in lv], marker="o", label="output")
+    ax.plot([s["concurrency"] for s in lv], [s["total_tok_s"] for s in lv], marker="s", ls="--", label="input + output")
+    ax.set_xscale("log", base=2)
+    ax.set_title(f"Throughput vs concurrency ({summary.get('workload')})")
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("tokens / s")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_latency(summary: dict[str, Any]):
+    import matplotlib.pyplot as plt
+
+    lv = _conc(summary)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    c = [s["concurrency"] for s in lv]
+    for ax, key, title in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "tpot_ms", "TPOT")):
+        for p in ("p50", "p90", "p99"):
+            ax.plot(c, [s[key][p] for s in lv], marker="o", label=p)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{title} percentiles vs concurrency")
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel(f"{title} (ms)")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_cdf(records: list[RequestRecord]):
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    by_level: dict[str, list[float]] = {}
+    for r in records:
+        if r.ok and metrics.e2e_s(r) is not None:
+            by_level.setdefault(r.level, []).append(metrics.e2e_s(r) * 1000)
+    for level, xs in by_level.items():
+        xs = np.sort(xs)
+        ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=level)
+    ax.set_title("End-to-end latency CDF by level")
+    ax.set_xlabel("E2E latency (ms)")
+    ax.set_ylabel("fraction of requests")
+    ax.grid(True, alpha=0.3)
+    if by_level:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def previous_summary(out_dir: Path, deployment: str, exclude: Optional[str] = None) -> Optional[dict[str, Any]]:
+    """The newest archived benchmark summary of this deployment (not the run being written)."""
+    from ..archive import list_runs
+
+    for run in list_runs(out_dir):
+        if run.get("deployment") != deployment or run.get("_dir") == exclude:
+            continue
+        p = out_dir / run["_dir"] / "40_benchmark.results.json"
+        try:
+            data = json.loads(p.read_text())["data"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if data.get("levels"):
+            return data
+    return None

@@ -1,0 +1,197 @@
+"""Levels of load against a server: fixed concurrency or Poisson arrivals, each with warm-up, a
+prefix-cache flush, /metrics scraped before and after, and the client's own health measured."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import aiohttp
+import numpy as np
+
+from . import metrics
+from .client import Client, RequestRecord, RequestSpec
+
+LAG_BOUND_MS = 25.0      # event-loop lag p99 above this: the client, not the server, sets the pace
+CPU_BOUND_SHARE = 0.85   # one core: the event loop is single-threaded
+
+
+@dataclass
+class Level:
+    label: str
+    concurrency: Optional[int] = None
+    rate: Optional[float] = None
+
+
+@dataclass
+class LevelResult:
+    level: Level
+    records: list[RequestRecord]
+    summary: dict[str, Any]
+    lag_ms: dict[str, Any]
+    cpu_share: float
+    client_bound: bool
+    server: dict[str, Any] = field(default_factory=dict)
+    flushed: Optional[bool] = None
+
+
+class LagMonitor:
+    """Samples how late the event loop wakes from a 10 ms sleep, plus this process's CPU share."""
+
+    def __init__(self, interval: float = 0.01):
+        self.interval = interval
+        self.samples: list[float] = []
+        self._task: Optional[asyncio.Task] = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(self.interval)
+            self.samples.append(max(0.0, loop.time() - t0 - self.interval))
+
+    def __enter__(self) -> "LagMonitor":
+        self._cpu0, self._wall0 = time.process_time(), time.perf_counter()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._task:
+            self._task.cancel()
+        wall = time.perf_counter() - self._wall0
+        self.cpu_share = (time.process_time() - self._cpu0) / wall if wall > 0 else 0.0
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """name{labels} -> value for every sample (labels kept in the key, sorted)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[s.name + (f"{{{labels}}}" if labels else "")] = float(s.value)
+    return out
+
+
+async def scrape(session: aiohttp.ClientSession, base: str) -> Optional[dict[str, float]]:
+    try:
+        async with session.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            if r.status != 200:
+                return None
+            return parse_prometheus(await r.text())
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+
+
+async def flush_cache(session: aiohttp.ClientSession, base: str) -> bool:
+    """SGLang's POST /flush_cache; False where the server has none (llama-server)."""
+    try:
+        async with session.post(base + "/flush_cache", timeout=aiohttp.ClientTimeout(total=30)) as r:
+            return r.status == 200
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return False
+
+
+def server_deltas(before: Optional[dict[str, float]], after: Optional[dict[str, float]]) -> dict[str, Any]:
+    """Counters as deltas, gauges as their value after; spec-decoding acceptance picked out."""
+    if not before or not after:
+        return {}
+    out: dict[str, Any] = {"deltas": {}, "after": {}}
+    for k, v in after.items():
+        if k.endswith(("_total", "_count", "_sum")) and k in before:
+            out["deltas"][k] = v - before[k]
+        elif not k.endswith(("_bucket", "_created")):
+            out["after"][k] = v
+    acc = {k: v for k, v in out["after"].items() if "accept" in k}
+    acc.update({k: v for k, v in out["deltas"].items() if "accept" in k or "spec_verify" in k})
+    out["spec_accept"] = acc
+    interesting = ("num_running_reqs", "num_queue_reqs", "token_usage", "cache_hit_rate", "requests_processing", "kv_cache_usage")
+    out["gauges"] = {k: v for k, v in out["after"].items() if any(x in k for x in interesting)}
+    return out
+
+
+async def _warmup(client: Client, session: aiohttp.ClientSession, reqs: Sequence[RequestSpec], n: int, conc: int) -> None:
+    if n <= 0:
+        return
+    sem = asyncio.Semaphore(max(1, conc))
+
+    async def one(r: RequestSpec) -> None:
+        async with sem:
+            await client.send(session, RequestSpec(-1, r.prompt, min(16, r.max_tokens), r.prompt_tokens, r.ignore_eos), "warmup")
+
+    await asyncio.gather(*(one(reqs[i % len(reqs)]) for i in range(n)))
+
+
+async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, warmup: int = 2, flush: bool = True,
+                    records_path: Optional[Path] = None, seed: int = 0, duration_s: Optional[float] = None,
+                    progress: Optional[Callable[[int], None]] = None) -> LevelResult:
+    conc = level.concurrency or 256
+    conn = aiohttp.TCPConnector(limit=conc, limit_per_host=conc, keepalive_timeout=30)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        flushed = await flush_cache(session, client.base_url) if flush else None
+        await _warmup(client, session, reqs, warmup, level.concurrency or 1)
+        before = await scrape(session, client.base_url)
+        records: list[RequestRecord] = []
+        out = open(records_path, "a", encoding="utf-8") if records_path else None
+        deadline = time.perf_counter() + duration_s if duration_s else None
+
+        async def do(r: RequestSpec) -> None:
+            if deadline and time.perf_counter() > deadline:
+                return
+            rec = await client.send(session, r, level.label)
+            records.append(rec)
+            if out:  # appended as it finishes: a crash later loses nothing already measured
+                out.write(json.dumps(rec.to_dict()) + "\n")
+                out.flush()
+            if progress:
+                progress(1)
+
+        try:
+            with LagMonitor() as lag:
+                if level.rate:
+                    rng = np.random.default_rng(seed)
+                    gaps = rng.exponential(1.0 / level.rate, size=len(reqs))
+                    t0 = time.perf_counter()
+                    tasks = []
+                    for r, at in zip(reqs, np.cumsum(gaps)):
+                        delay = t0 + at - time.perf_counter()
+                        if delay > 0:
+                            await asyncio.sleep(delay)
+                        tasks.append(asyncio.create_task(do(r)))
+                    await asyncio.gather(*tasks)
+                else:
+                    queue: asyncio.Queue[RequestSpec] = asyncio.Queue()
+                    for r in reqs:
+                        queue.put_nowait(r)
+
+                    async def worker() -> None:
+                        while not queue.empty():
+                            await do(queue.get_nowait())
+
+                    await asyncio.gather(*(worker() for _ in range(conc)))
+        finally:
+            if out:
+                out.close()
+        after = await scrape(session, client.base_url)
+    lag_ms = metrics.stats(lag.samples)
+    bound = (lag_ms["p99"] or 0) > LAG_BOUND_MS or lag.cpu_share > CPU_BOUND_SHARE
+    return LevelResult(level, records, {}, lag_ms, lag.cpu_share, bound, server_deltas(before, after), flushed)
+
+
+async def probe(base: str, timeout: float = 5.0) -> Optional[str]:
+    """None when the server answers /v1/models, else why not."""
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(base.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                return None if r.status < 500 else f"HTTP {r.status}"
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        return str(e) or type(e).__name__
+
+
+def cpu_count() -> int:
+    return os.cpu_count() or 1

@@ -1,0 +1,155 @@
+"""Prompt sets. Each builder returns RequestSpecs; lengths are measured with the model's tokenizer
+when one is given, otherwise approximated (~4 characters per token) and marked so.
+
+- random: uniformly random token ids; input length drawn from U[L·(1−r), L·(1+r)] (integers, both ends
+  included; r = range_ratio, default 0 = exactly L). Random tokens make speculative-decoding drafts
+  useless: never judge spec decoding on this workload.
+- code: realistic coding prompts shipped with the project (data/code_prompts.jsonl, written for it, Apache-2.0).
+- longctx: code text (this project's own sources) cut to an exact token length per request.
+- prefix: an agentic shape — one long shared system prompt plus repository context, reused by every
+  request, followed by a different coding question each turn (exercises the prefix cache).
+- FILE: JSON Lines with "prompt" (text or token ids) or "messages", and optional "max_tokens".
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import InputError
+from .client import RequestSpec
+
+DATA = Path(__file__).with_name("data")
+SOURCES = Path(__file__).resolve().parents[1]
+CHARS_PER_TOKEN = 4  # the approximation used without a tokenizer
+
+
+@dataclass
+class Workload:
+    name: str
+    requests: list[RequestSpec]
+    exact_lengths: bool
+    description: str
+
+
+def load_tokenizer(path: Optional[str | Path]) -> Any:
+    """A `tokenizers.Tokenizer` from DIR/tokenizer.json (or the file itself); None when absent."""
+    if not path:
+        return None
+    p = Path(path)
+    f = p / "tokenizer.json" if p.is_dir() else p
+    if not f.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(f))
+
+
+def code_prompts() -> list[str]:
+    return [json.loads(line)["prompt"] for line in (DATA / "code_prompts.jsonl").read_text().splitlines() if line.strip()]
+
+
+def code_text() -> str:
+    """Real code for haystacks: this project's own Python sources, in a stable order."""
+    return "\n\n".join(p.read_text() for p in sorted(SOURCES.rglob("*.py")))
+
+
+def _count(tok: Any, text: str) -> Optional[int]:
+    return len(tok.encode(text, add_special_tokens=False).ids) if tok is not None else None
+
+
+def _exact_ids(tok: Any, text: str, n: int) -> list[int]:
+    ids = tok.encode(text, add_special_tokens=False).ids
+    while len(ids) < n:
+        ids = ids + ids
+    return ids[:n]
+
+
+def _text_of_length(tok: Any, text: str, n: int) -> str:
+    """Text that tokenizes to exactly n tokens where the tokenizer allows, else the nearest below."""
+    if tok is None:
+        while len(text) < n * CHARS_PER_TOKEN:
+            text += "\n" + text
+        return text[: n * CHARS_PER_TOKEN]
+    ids = _exact_ids(tok, text, n)
+    s = tok.decode(ids)
+    while _count(tok, s) > n and ids:
+        ids = ids[:-1]
+        s = tok.decode(ids)
+    return s
+
+
+def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, tokenizer: Any = None,
+          vocab_size: Optional[int] = None, chat: bool = False, seed: int = 0, range_ratio: float = 0.0,
+          ignore_eos: bool = True) -> Workload:
+    rng = np.random.default_rng(seed)
+    if name == "random":
+        lo, hi = int(input_len * (1 - range_ratio)), int(input_len * (1 + range_ratio))
+        lens = rng.integers(max(1, lo), max(1, hi) + 1, size=n)
+        vocab = vocab_size or (tokenizer.get_vocab_size() if tokenizer is not None else None)
+        reqs = []
+        for i, L in enumerate(lens):
+            if vocab and not chat:
+                ids = rng.integers(10, vocab - 10, size=int(L)).tolist()
+                reqs.append(RequestSpec(i, ids, output_len, int(L), ignore_eos))
+            elif tokenizer is not None:
+                ids = rng.integers(10, tokenizer.get_vocab_size() - 10, size=int(L)).tolist()
+                txt = tokenizer.decode(ids)
+                reqs.append(RequestSpec(i, txt, output_len, _count(tokenizer, txt), ignore_eos))
+            else:
+                words = ["".join(chr(c) for c in rng.integers(97, 123, size=3)) for _ in range(int(L))]
+                reqs.append(RequestSpec(i, " ".join(words), output_len, None, ignore_eos))
+        exact = bool((vocab and not chat))
+        return Workload(name, reqs, exact, f"random token ids, input length U[{lo}, {hi}], output {output_len}")
+    if name == "code":
+        ps = code_prompts()
+        reqs = [RequestSpec(i, ps[i % len(ps)], output_len, _count(tokenizer, ps[i % len(ps)]), ignore_eos) for i in range(n)]
+        return Workload(name, reqs, tokenizer is not None, f"{len(ps)} shipped coding prompts, output {output_len}")
+    if name == "longctx":
+        text = code_text()
+        reqs = []
+        for i in range(n):
+            # Different requests start at different offsets so the prefix cache cannot serve them.
+            start = (i * 7919) % max(1, len(text) // 2)
+            body = text[start:] + text[:start]
+            if tokenizer is not None and not chat:
+                ids = _exact_ids(tokenizer, body, input_len)
+                reqs.append(RequestSpec(i, ids, output_len, len(ids), ignore_eos))
+            else:
+                s = _text_of_length(tokenizer, body, input_len)
+                reqs.append(RequestSpec(i, s, output_len, _count(tokenizer, s), ignore_eos))
+        return Workload(name, reqs, tokenizer is not None, f"code text cut to {input_len} tokens, output {output_len}")
+    if name == "prefix":
+        shared = ("You are a senior engineer working in this repository. Answer with code.\n\n# Repository context\n"
+                  + _text_of_length(tokenizer, code_text(), max(1, int(input_len * 0.9))))
+        ps = code_prompts()
+        reqs = []
+        for i in range(n):
+            q = ps[i % len(ps)]
+            prompt: Any = [{"role": "system", "content": shared}, {"role": "user", "content": q}] if chat else shared + "\n\n# Task\n" + q
+            reqs.append(RequestSpec(i, prompt, output_len, _count(tokenizer, shared + q), ignore_eos, {"shared_prefix": True}))
+        return Workload(name, reqs, tokenizer is not None, f"shared ~{int(input_len * 0.9)}-token system prompt + a question per turn")
+    path = Path(name)
+    if not path.is_file():
+        raise InputError(f"--workload {name}: not random|code|longctx|prefix and not a file")
+    reqs = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}:{i + 1}: not JSON ({e.msg})") from None
+        prompt = d.get("messages") if chat and "messages" in d else d.get("prompt")
+        if prompt is None:
+            raise InputError(f"{path}:{i + 1}: needs \"prompt\" (or \"messages\" with --chat)")
+        reqs.append(RequestSpec(len(reqs), prompt, int(d.get("max_tokens", output_len)),
+                                _count(tokenizer, prompt) if isinstance(prompt, str) else None, ignore_eos))
+    if not reqs:
+        raise InputError(f"{path}: no requests")
+    reqs = [reqs[i % len(reqs)] for i in range(n)]
+    reqs = [RequestSpec(i, r.prompt, r.max_tokens, r.prompt_tokens, r.ignore_eos) for i, r in enumerate(reqs)]
+    return Workload(path.name, reqs, tokenizer is not None, f"prompts from {path}")

@@ -13,7 +13,9 @@ SERVING := .venv-serving
 SERVING_STAMP := $(SERVING)/.installed
 SGLANG_VERSION ?= 0.5.23
 
-.PHONY: run test lab venv serving-env clean-venv
+LLAMA_SERVER := .cache/llama-server-0.3.36/llama-server
+
+.PHONY: run test lab venv serving-env demo clean-venv
 
 $(RUNTIME): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,7 +49,17 @@ run: $(RUNTIME)
 	@if [ -x $(SERVING)/bin/python ]; then export RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python; fi; \
 	$(PY) -m runbook run $(RUN_ARGS); rc=$$?; if [ $$rc -le 1 ]; then exit 0; else exit $$rc; fi
 
-test: $(DEV) $(SERVING_STAMP)
+# llama.cpp's llama-server, built once from the sources in the llama-cpp-python sdist (~4.5 min on
+# 2 cores) and cached: the real CPU engine behind the benchmark tests and `make demo`.
+$(LLAMA_SERVER): $(RUNTIME)
+	$(PY) -m runbook.demo build
+
+# The whole runbook with the benchmark notebook pointed at a tiny CPU model served by llama-server.
+demo: $(RUNTIME) $(LLAMA_SERVER)
+	@if [ -x $(SERVING)/bin/python ]; then export RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python; fi; \
+	$(PY) -m runbook.demo runbook
+
+test: $(DEV) $(SERVING_STAMP) $(LLAMA_SERVER)
 	RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python $(PY) -m pytest $(PYTEST_ARGS)
 
 # JupyterLab on notebooks/ with the project's kernel ("Python 3 (runbook)") registered.

@@ -40,3 +40,19 @@ def cli():
         return subprocess.run([sys.executable, "-m", "runbook", *map(str, args)], capture_output=True, text=True,
                               timeout=timeout, env=e, cwd=REPO)
     return _run
+
+
+@pytest.fixture(scope="session")
+def llama():
+    """A real llama-server on CPU serving the tiny random model (built once, cached in .cache/)."""
+    from runbook import demo
+
+    exe = demo.llama_server_path()
+    if not exe.is_file():
+        if os.environ.get("CI"):
+            exe = demo.build_llama_server()
+        else:
+            pytest.skip("llama-server not built: `make test` builds it (python -m runbook.demo build)")
+    srv = demo.start_llama_server(exe, demo.tiny_model(), parallel=8)
+    yield srv
+    srv.stop()

@@ -33,3 +33,12 @@ def test_roundtrip_and_styled_table():
     assert Finding.from_dict(F[3].to_dict()) == F[3]
     html = styled(F).to_html()
     assert "#f8d7da" in html and "do d" in html
+
+
+@pytest.mark.parametrize("name, secret", [("HF_TOKEN", True), ("api_key", True), ("SGLANG_API_KEY", True), ("password", True),
+                                          ("Authorization", True), ("aws_secret_access_key", True), ("access_token", True),
+                                          ("tokenizer", False), ("max_tokens", False), ("input_len", False), ("monkey", False)])
+def test_secret_key_names(name, secret):
+    from runbook.secrets import is_secret_key
+
+    assert is_secret_key(name) is secret

@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 # Key names that look secret (vLLM's collect_env skips the same family of names).
-_SECRET_KEY = re.compile(r"(token|secret|passw(or)?d|api[_-]?key|(^|[_-])key($|[_-])|authori[sz]ation|credential)", re.I)
+# "token" and "key" only as whole name components: HF_TOKEN and api_key are secrets, tokenizer and
+# max_tokens are not.
+_SECRET_KEY = re.compile(r"(secret|passw(or)?d|api[_-]?key|authori[sz]ation|credential|(^|[_-])(token|key)($|[_-]))", re.I)
 MASK = "***redacted***"
 _MIN_LEN = 6  # shorter values would redact ordinary words
 

@@ -117,7 +117,19 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
 
 
 def run(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] = None) -> BenchResult:
-    return asyncio.run(run_async(o, slo, vocab_size))
+    return run_sync(run_async(o, slo, vocab_size))
+
+
+def run_sync(coro: Any) -> Any:
+    """asyncio.run, also from inside Jupyter (whose kernel already runs a loop): then in a thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        return ex.submit(asyncio.run, coro).result()
 
 
 def _bar(total: int, label: str):
@@ -148,7 +160,9 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
             if gap > 0.02:
                 out.append(Finding(f"bench.token_count.{tag}", "warn", f"{tag}: server and client token counts differ by {gap:.1%}",
                                    detail=f"server usage {s['output_tokens']}, client {s['output_tokens_client']} ({'/'.join(s['count_sources'])}); reported figures use the server's",
-                                   remedy="Give --tokenizer the model's tokenizer, or enable continuous usage stats on the server."))
+                                   remedy=("Re-tokenizing each chunk's text over-counts tokens split across chunks; every reported figure uses the server's usage."
+                                           if "tokenizer" in s["count_sources"] else
+                                           "Give --tokenizer the model's tokenizer, or enable continuous usage stats on the server.")))
     ok = [s for s in levels if s["completed"]]
     if ok:
         best = max(ok, key=lambda s: s["output_tok_s"])

@@ -1,0 +1,81 @@
+"""How fast can the benchmark client ingest streamed chunks before it, not the server, is the limit?
+
+Starts a zero-delay SSE server in a separate process (so its CPU is not ours), then streams from it at
+concurrency 64 and 256 with the project's own client and sweep, and prints chunks/s ingested, client
+CPU seconds per million chunks, and event-loop lag p50/p99.
+
+    .venv/bin/python benchmarks/client_ceiling.py [--tokens 256] [--requests-per-stream 4]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import socket
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from runbook.bench.client import Client, RequestSpec  # noqa: E402
+from runbook.bench.sweep import Level, run_level  # noqa: E402
+
+
+def serve(port: int, tokens: int) -> None:
+    from aiohttp import web
+
+    chunk = {"choices": [{"index": 0, "text": " tok", "finish_reason": None}]}
+    line = f"data: {json.dumps(chunk)}\n\n".encode()
+    tail = (f"data: {json.dumps({'choices': [{'index': 0, 'text': '', 'finish_reason': 'length'}]})}\n\n"
+            f"data: {json.dumps({'choices': [], 'usage': {'prompt_tokens': 8, 'completion_tokens': tokens}})}\n\n"
+            "data: [DONE]\n\n").encode()
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(tokens):
+            await resp.write(line)     # no delay: as fast as the socket takes it
+        await resp.write(tail)
+        return resp
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "zero"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, handle_signals=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=256, help="chunks per request")
+    ap.add_argument("--requests-per-stream", type=int, default=4)
+    a = ap.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = mp.Process(target=serve, args=(port, a.tokens), daemon=True)
+    p.start()
+    url = f"http://127.0.0.1:{port}"
+    time.sleep(1.0)
+    try:
+        for conc in (64, 256):
+            reqs = [RequestSpec(i, "x", a.tokens, 8) for i in range(conc * a.requests_per_stream)]
+            c0, w0 = time.process_time(), time.perf_counter()
+            lr = asyncio.run(run_level(Client(url, "zero"), reqs, Level(f"c{conc}", conc), warmup=0, flush=False))
+            cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+            chunks = sum(len(r.chunk_times) for r in lr.records)
+            ok = sum(r.ok for r in lr.records)
+            print(f"concurrency {conc}: {ok}/{len(reqs)} ok, {chunks:,} chunks in {wall:.2f} s = {chunks / wall:,.0f} chunks/s; "
+                  f"client CPU {cpu / chunks * 1e6:.1f} s per million chunks (CPU share {lr.cpu_share:.0%}); "
+                  f"loop lag p50 {lr.lag_ms['p50']:.2f} ms, p99 {lr.lag_ms['p99']:.2f} ms; client-bound: {lr.client_bound}")
+    finally:
+        p.terminate()
+        p.join(5)
+
+
+if __name__ == "__main__":
+    main()

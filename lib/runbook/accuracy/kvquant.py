@@ -1,0 +1,158 @@
+"""What an FP8 KV cache costs, measured offline: real FP8 arithmetic (ml_dtypes) on real and synthetic keys
+and values, under the scalings SGLang can use, against a BF16 floor.
+
+Scalings: `scale1` — SGLang's default when the checkpoint has no k/v scales (values are divided by 1.0, so
+anything beyond the format's maximum, 448 for E4M3, is clipped); `per_tensor` — one calibrated scale per
+layer (amax / max), what a calibrated checkpoint gives; `per_head` — one per KV head (finer than SGLang
+supports today, shown as the bound). Attention error is softmax(QKᵀ/√d)·V with quantized K and V against
+full precision, for the last query over a growing context.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from ..findings import Finding
+
+FORMATS = {"fp8_e4m3": (ml_dtypes.float8_e4m3fn, 448.0), "fp8_e5m2": (ml_dtypes.float8_e5m2, 57344.0),
+           "bf16": (ml_dtypes.bfloat16, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max))}
+LABEL = {"fp8_e4m3": "FP8 E4M3", "fp8_e5m2": "FP8 E5M2", "bf16": "BF16"}
+SCALINGS = ("scale1", "per_tensor", "per_head")
+
+
+@dataclass
+class Quantized:
+    x: np.ndarray            # dequantized values, float32
+    clipped_frac: float      # |x/scale| beyond the format's maximum (saturated)
+    flushed_frac: float      # non-zero values that became zero
+
+
+def quantize(x: np.ndarray, fmt: str, scale: Any = 1.0) -> Quantized:
+    """Round x/scale to `fmt` (saturating at its maximum), then multiply back."""
+    dtype, fmax = FORMATS[fmt]
+    s = np.asarray(scale, dtype=np.float32)
+    y = x.astype(np.float32) / s
+    clipped = float(np.mean(np.abs(y) > fmax))
+    q = np.clip(y, -fmax, fmax).astype(dtype).astype(np.float32) * s
+    flushed = float(np.mean((x != 0) & (q == 0)))
+    return Quantized(q, clipped, flushed)
+
+
+def scale_for(x: np.ndarray, fmt: str, scaling: str) -> Any:
+    """x is [heads, seq, dim]. scale1 → 1.0; per_tensor → amax/max; per_head → per-head amax/max."""
+    fmax = FORMATS[fmt][1]
+    if scaling == "scale1" or fmt == "bf16":
+        return 1.0
+    if scaling == "per_tensor":
+        return max(float(np.abs(x).max()) / fmax, 1e-12)
+    if scaling == "per_head":
+        return np.maximum(np.abs(x).max(axis=(1, 2), keepdims=True) / fmax, 1e-12)
+    raise ValueError(f"unknown scaling {scaling!r}")
+
+
+def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
+    den = float(np.linalg.norm(ref))
+    return float(np.linalg.norm(a - ref) / den) if den else 0.0
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """softmax(QKᵀ/√d)·V per head; q [h, m, d], k/v [h, n, d]."""
+    s = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
+    s = np.exp(s - s.max(-1, keepdims=True))
+    return (s / s.sum(-1, keepdims=True)) @ v
+
+
+def attn_error(q: np.ndarray, k: np.ndarray, v: np.ndarray, kq: np.ndarray, vq: np.ndarray, length: int, queries: int = 8) -> float:
+    """Relative error of the attention output of the last `queries` positions over the first `length` keys."""
+    qq = q[:, max(0, length - queries):length]
+    return rel_err(attention(qq, kq[:, :length], vq[:, :length]), attention(qq, k[:, :length], v[:, :length]))
+
+
+def synthetic(seed: int = 0, heads: int = 2, seq: int = 8192, dim: int = 128, outliers: int = 4,
+              outlier_scale: float = 600.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """SYNTHETIC keys with a few large outlier channels (as decoder LLMs show), values and queries."""
+    rng = np.random.default_rng(seed)
+    ch = np.ones(dim, dtype=np.float32)
+    ch[rng.choice(dim, outliers, replace=False)] = outlier_scale
+    k = (rng.standard_normal((heads, seq, dim)) * ch).astype(np.float32) + 2.0
+    v = rng.standard_normal((heads, seq, dim)).astype(np.float32)
+    q = (rng.standard_normal((heads, seq, dim)) / ch * 4).astype(np.float32)
+    return q, k, v
+
+
+@dataclass
+class Study:
+    source: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    growth: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "rows": self.rows, "growth": self.growth, "findings": [f.to_dict() for f in self.findings]}
+
+
+def study_layer(layer: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, source: str, lengths: Sequence[int],
+                formats: Sequence[str] = ("fp8_e4m3", "fp8_e5m2", "bf16")) -> tuple[list[dict], list[dict]]:
+    rows, growth = [], []
+    for fmt in formats:
+        for scaling in (SCALINGS if fmt != "bf16" else ("scale1",)):
+            kq = quantize(k, fmt, scale_for(k, fmt, scaling))
+            vq = quantize(v, fmt, scale_for(v, fmt, scaling))
+            n = k.shape[1]
+            errs = {L: attn_error(q, k, v, kq.x, vq.x, L) for L in lengths if L <= n}
+            rows.append({"source": source, "format": fmt, "scaling": "none" if fmt == "bf16" else scaling, "layer": layer,
+                         "k_rel_err": rel_err(kq.x, k), "v_rel_err": rel_err(vq.x, v),
+                         "clipped_frac": kq.clipped_frac, "v_clipped_frac": vq.clipped_frac, "flushed_frac": kq.flushed_frac,
+                         "attn_out_rel_err": errs[max(errs)] if errs else None, "k_absmax": float(np.abs(k).max())})
+            growth += [{"source": source, "format": fmt, "scaling": "none" if fmt == "bf16" else scaling, "layer": layer,
+                        "length": L, "attn_out_rel_err": e} for L, e in errs.items()]
+    return rows, growth
+
+
+def run(thresholds: Any = None, text: Optional[str] = None, real_lengths: Sequence[int] = (64, 128, 256, 512),
+        synth_lengths: Sequence[int] = (512, 2048, 8192), seed: int = 0) -> Study:
+    """The whole study: MiniLM's real activations (≤512 tokens) plus long synthetic sequences."""
+    from ..bench.workloads import code_text
+    from . import minilm
+
+    st = Study(source=f"real: {minilm.MODEL_NAME}; synthetic: decoder-like keys with outlier channels (labelled 'synthetic')")
+    for acts in minilm.activations(text or code_text()):
+        r, g = study_layer(acts.layer, acts.q, acts.k, acts.v, "minilm (real, encoder)", real_lengths)
+        st.rows += r
+        st.growth += g
+    q, k, v = synthetic(seed, seq=max(synth_lengths))
+    r, g = study_layer("synthetic", q, k, v, "synthetic (outlier channels)", synth_lengths)
+    st.rows += r
+    st.growth += g
+    st.findings = findings(st.rows, thresholds)
+    return st
+
+
+def findings(rows: list[dict[str, Any]], t: Any = None) -> list[Finding]:
+    cw = getattr(t, "clipped_frac_warn", 0.001)
+    cf = getattr(t, "clipped_frac_fail", 0.01)
+    aw = getattr(t, "attn_rel_err_warn", 0.01)
+    af = getattr(t, "attn_rel_err_fail", 0.05)
+    out: list[Finding] = []
+    seen: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["source"], r["format"], r["scaling"])
+        worst = seen.get(key)
+        if worst is None or (r["clipped_frac"], r["attn_out_rel_err"] or 0) > (worst["clipped_frac"], worst["attn_out_rel_err"] or 0):
+            seen[key] = r
+    for (source, fmt, scaling), r in seen.items():
+        att = r["attn_out_rel_err"] or 0.0
+        clip = r["clipped_frac"]
+        status = "fail" if clip >= cf or att >= af else "warn" if clip >= cw or att >= aw else "pass"
+        sc = {"scale1": "scale 1.0", "per_tensor": "calibrated per-tensor scale", "per_head": "per-head scale", "none": ""}[scaling]
+        where = f"layer {r['layer']}" if r["layer"] != "synthetic" else "synthetic keys"
+        title = f"{LABEL[fmt]}{', ' + sc if sc else ''}: {clip:.1%} of K values clipped in {where}; attention output error {att:.2%}"
+        out.append(Finding(f"kvquant.{fmt}.{scaling}.{source.split()[0]}", status, title,
+                           detail=f"{source}; K relative error {r['k_rel_err']:.2%}, V {r['v_rel_err']:.2%}, flushed to zero {r['flushed_frac']:.2%}",
+                           remedy="" if status == "pass" else
+                           ("Use calibrated k/v scales or --kv-cache-dtype bf16." if scaling == "scale1" else
+                            "Measure on the real model (recall probe) before relying on FP8 KV for long contexts.")))
+    return out

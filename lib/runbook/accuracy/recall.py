@@ -1,0 +1,142 @@
+"""Long-context recall for code: exact identifiers planted at chosen depths in code haystacks of exact
+token lengths, answered with greedy decoding and scored by exact match.
+
+Prompts are deterministic from the seed. With the model's tokenizer, prompts are sent as token ids, so
+their length is exact; without one, text is cut at ~4 characters per token and marked approximate.
+"""
+from __future__ import annotations
+
+import asyncio
+import string
+from dataclasses import asdict, dataclass
+from typing import Any, Optional, Sequence
+
+import aiohttp
+import numpy as np
+
+from ..bench.client import Client, RequestSpec
+from ..bench.metrics import bootstrap_ci
+from ..bench.workloads import CHARS_PER_TOKEN, code_text
+from ..findings import Finding
+
+QUESTION = "\n\n# Question: in the code above, what is the value of {key}? Reply with the value only.\n# Answer: "
+
+
+@dataclass
+class Item:
+    id: int
+    length: int
+    depth: float
+    key: str
+    expected: str
+    needle: str
+    prompt: Any                 # token ids (exact) or text
+    prompt_tokens: Optional[int]
+    exact: bool
+
+
+def _needle(rng: np.random.Generator, i: int) -> tuple[str, str, str]:
+    word = "".join(rng.choice(list(string.ascii_uppercase), 4))
+    value = str(int(rng.integers(10000, 99999)))
+    kind = i % 3
+    if kind == 0:
+        key = f"RETRY_BUDGET_{word}"
+        return key, value, f"{key} = {value}"
+    if kind == 1:
+        key = f"SHARD_LIMIT_{word}"
+        return key, value, f"{key}: int = {value}  # set by the deploy tool"
+    key = f"MAX_BATCH_{word}"
+    return key, value, f'CONFIG["{key}"] = {value}'
+
+
+def build_items(lengths: Sequence[int], depths: Sequence[float], tokenizer: Any = None, seed: int = 0, per_cell: int = 1) -> list[Item]:
+    rng = np.random.default_rng(seed)
+    text = code_text()
+    items: list[Item] = []
+    hay_ids = tokenizer.encode(text, add_special_tokens=False).ids if tokenizer is not None else None
+    for L in lengths:
+        for d in depths:
+            for _ in range(per_cell):
+                i = len(items)
+                key, value, line = _needle(rng, i)
+                q = QUESTION.format(key=key)
+                off = int(rng.integers(0, 10000))
+                if tokenizer is not None:
+                    nd = tokenizer.encode("\n" + line + "\n", add_special_tokens=False).ids
+                    qi = tokenizer.encode(q, add_special_tokens=False).ids
+                    budget = L - len(nd) - len(qi)
+                    if budget < 1:
+                        continue
+                    ids = (hay_ids[off:] + hay_ids) * (1 + budget // max(1, len(hay_ids)))
+                    hay = ids[:budget]
+                    at = int(budget * d)
+                    prompt = hay[:at] + nd + hay[at:] + qi
+                    items.append(Item(i, L, d, key, value, line, prompt, len(prompt), True))
+                else:
+                    budget = max(1, L * CHARS_PER_TOKEN - len(line) - len(q) - 2)
+                    hay = (text[off:] + text) * (1 + budget // max(1, len(text)))
+                    hay = hay[:budget]
+                    at = int(budget * d)
+                    prompt = hay[:at] + "\n" + line + "\n" + hay[at:] + q
+                    items.append(Item(i, L, d, key, value, line, prompt, None, False))
+    return items
+
+
+def score(expected: str, output: str) -> bool:
+    """Exact match of the first token-like word of the answer (quotes and punctuation stripped)."""
+    first = output.strip().split()[0] if output.strip() else ""
+    return first.strip("`'\".,;:)(") == expected
+
+
+async def ask(url: str, items: Sequence[Item], model: Optional[str] = None, max_tokens: int = 12, concurrency: int = 4,
+              api_key: Optional[str] = None, timeout_s: float = 600.0) -> list[dict[str, Any]]:
+    client = Client(url, model, chat=False, api_key=api_key, timeout_s=timeout_s)
+    sem = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as s:
+        async def one(it: Item) -> dict[str, Any]:
+            async with sem:
+                rec = await client.send(s, RequestSpec(it.id, it.prompt, max_tokens, it.prompt_tokens, ignore_eos=False))
+            return {"id": it.id, "length": it.length, "depth": it.depth, "expected": it.expected, "output": rec.text,
+                    "correct": bool(rec.ok and score(it.expected, rec.text)), "error": rec.error,
+                    "prompt_tokens_server": rec.input_tokens}
+        return list(await asyncio.gather(*(one(it) for it in items)))
+
+
+def grid(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    cells: dict[tuple[int, float], list[bool]] = {}
+    for r in results:
+        cells.setdefault((r["length"], r["depth"]), []).append(r["correct"])
+    return [{"length": L, "depth": d, "correct": sum(v), "total": len(v)} for (L, d), v in sorted(cells.items())]
+
+
+def paired(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """B − A recall on the same items, with a bootstrap CI."""
+    bm = {r["id"]: r for r in b}
+    diffs = [float(bm[r["id"]]["correct"]) - float(r["correct"]) for r in a if r["id"] in bm]
+    mean, lo, hi = bootstrap_ci(diffs)
+    return {"pairs": len(diffs), "recall_a": float(np.mean([r["correct"] for r in a])) if a else None,
+            "recall_b": float(np.mean([r["correct"] for r in b])) if b else None,
+            "diff_b_minus_a": mean, "ci95": [lo, hi]}
+
+
+def findings(g: Sequence[dict[str, Any]], ab: Optional[dict[str, Any]] = None, exact: bool = True) -> list[Finding]:
+    total = sum(c["total"] for c in g)
+    correct = sum(c["correct"] for c in g)
+    out = [Finding("recall.score", "info", f"recall {correct}/{total} ({correct / total:.0%})" if total else "recall: no items",
+                   detail=("prompt lengths exact (token ids)" if exact else "prompt lengths approximate (~4 characters per token, no tokenizer)"))]
+    worst = [c for c in g if c["total"] and c["correct"] < c["total"]]
+    if worst:
+        out.append(Finding("recall.misses", "warn", f"missed needles in {len(worst)} of {len(g)} length × depth cells",
+                           evidence=", ".join(f"{c['length']}@{c['depth']:.2f}: {c['correct']}/{c['total']}" for c in worst[:8]),
+                           remedy="Compare against a BF16-KV deployment with compare_url; check --context-length."))
+    if ab:
+        lo, hi = ab["ci95"]
+        sig = not (lo <= 0 <= hi)
+        out.append(Finding("recall.ab", "warn" if sig and ab["diff_b_minus_a"] < 0 else "info",
+                           f"A/B recall: B − A = {ab['diff_b_minus_a']:+.1%} (95% CI {lo:+.1%} … {hi:+.1%}) over {ab['pairs']} items",
+                           detail="significant" if sig else "not distinguishable from zero at 95%"))
+    return out
+
+
+def item_dicts(items: Sequence[Item]) -> list[dict[str, Any]]:
+    return [asdict(i) for i in items]

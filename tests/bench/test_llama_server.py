@@ -1,0 +1,89 @@
+"""The benchmark against a real inference engine: llama.cpp's llama-server on CPU, tiny random model.
+A random-weight model says nothing about quality or a deployment's speed: these tests check counts,
+lengths, protocol handling and the report's shape."""
+import asyncio
+import json
+
+import aiohttp
+
+from runbook.bench import run as bench, sweep, workloads
+from runbook.bench.client import Client
+
+
+def test_fixed_lengths_and_server_counts(llama):
+    tok = workloads.load_tokenizer(llama.model_dir)
+    o = bench.BenchOptions(url=llama.url, concurrency=[1, 4], requests=8, workload="code", output_len=24,
+                           tokenizer=str(llama.model_dir), warmup=1)
+    res = bench.run(o)
+    for lv in res.levels:
+        assert all(r.ok for r in lv.records), [r.error for r in lv.records if not r.ok]
+        assert all(r.usage["completion_tokens"] == 24 for r in lv.records)          # ignore_eos honoured
+        assert all(r.input_tokens == r.prompt_tokens_client for r in lv.records)    # same tokenizer both sides
+    lv = res.summary["levels"]
+    assert [x["concurrency"] for x in lv] == [1, 4] and all(x["output_tok_s"] > 0 for x in lv)
+    assert lv[0]["tokens_per_chunk"] is not None and tok is not None
+
+
+def test_long_context_prompts_have_exact_token_lengths(llama):
+    wl = workloads.build("longctx", 3, input_len=512, output_len=4, tokenizer=workloads.load_tokenizer(llama.model_dir))
+    assert all(len(r.prompt) == 512 for r in wl.requests) and wl.exact_lengths
+
+    async def go():
+        c = Client(llama.url, "tiny-llama")
+        async with aiohttp.ClientSession() as s:
+            return [await c.send(s, r) for r in wl.requests]
+    recs = asyncio.run(go())
+    assert [r.usage["prompt_tokens"] for r in recs] == [512, 512, 512]
+
+
+def test_random_lengths_in_range(llama):
+    tok = workloads.load_tokenizer(llama.model_dir)
+    wl = workloads.build("random", 20, input_len=100, output_len=4, tokenizer=tok, range_ratio=0.5, seed=3)
+    lens = [len(r.prompt) for r in wl.requests]
+    assert min(lens) >= 50 and max(lens) <= 150 and len(set(lens)) > 5
+
+
+def test_metrics_scrape_and_connection_close(llama):
+    reqs = workloads.build("code", 12, output_len=8).requests
+
+    async def go():
+        return await sweep.run_level(Client(llama.url, "tiny-llama"), reqs, sweep.Level("c1", 1), warmup=0, flush=True)
+    lr = asyncio.run(go())
+    # llama-server closes the connection after each stream: sequential pooled requests must all succeed.
+    assert all(r.ok for r in lr.records), [r.error for r in lr.records if not r.ok]
+    assert lr.flushed is False   # llama-server has no /flush_cache
+    predicted = [v for k, v in lr.server["deltas"].items() if "tokens_predicted_total" in k]
+    assert predicted and predicted[0] == 12 * 8
+
+
+def test_cli_bench_json_fixed_keys(llama, cli, tmp_path):
+    cp = cli("bench", "--url", llama.url, "--concurrency", "1,2", "--requests", "4", "--output-len", "8",
+             "--workload", "prefix", "--input-len", "128", "--tokenizer", llama.model_dir, "--out", tmp_path, "--json")
+    assert cp.returncode in (0, 1), cp.stderr
+    j = json.loads(cp.stdout)
+    for lv in j["levels"]:
+        for k in ("concurrency", "completed", "failed", "output_tok_s", "client_bound"):
+            assert k in lv
+        for k in ("ttft_ms", "tpot_ms", "itl_ms"):
+            assert lv[k]["p50"] is not None and lv[k]["p99"] is not None
+    assert [lv["concurrency"] for lv in j["levels"]] == [1, 2] and all(lv["completed"] == 4 for lv in j["levels"])
+    assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 8
+    assert json.loads((tmp_path / "summary.json").read_text())["workload"] == "prefix"
+
+
+def test_runner_archives_the_benchmark(llama, cli, tmp_path):
+    out = tmp_path / "out"
+    cp = cli("run", "--out", out, "--only", "benchmark", "--param", f"url={llama.url}", "--param", "concurrency=1,2",
+             "--param", "requests=4", "--param", "output_len=8", "--param", f"tokenizer={llama.model_dir}")
+    assert cp.returncode in (0, 1), cp.stderr
+    run_dir = (out / "latest").resolve()
+    res = json.loads((run_dir / "40_benchmark.results.json").read_text())
+    assert [lv["concurrency"] for lv in res["data"]["levels"]] == [1, 2]
+    assert len((run_dir / "40_benchmark-raw" / "records.jsonl").read_text().splitlines()) == 8
+    html = (run_dir / "40_benchmark.html").read_text()
+    assert html.count("<img") >= 3   # throughput, latency percentiles, CDF
+    # a second run compares with the first
+    cli("run", "--out", out, "--only", "benchmark", "--param", f"url={llama.url}", "--param", "concurrency=1,2",
+        "--param", "requests=4", "--param", "output_len=8")
+    res2 = json.loads(((out / "latest").resolve() / "40_benchmark.results.json").read_text())
+    assert any(f["id"].startswith("bench.regression") and "no previous" not in f["title"] for f in res2["findings"])

@@ -143,6 +143,30 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     return exit_code(res.findings, a.strict)
 
 
+def _cmd_accuracy(a: argparse.Namespace) -> int:
+    from . import spec
+    from .accuracy import kvquant, probes
+
+    dep = spec.load(a.deployment)
+    if a.probe == "kvquant":
+        st = kvquant.run(dep.accuracy, active=probes.deployment_format(dep))
+        findings, doc = st.findings, {"kvquant": st.to_json()}
+    elif a.probe == "recall":
+        host = "127.0.0.1" if dep.serving.host in ("0.0.0.0", "::") else dep.serving.host
+        url = a.url or f"http://{host}:{dep.serving.port}"
+        lengths = [int(x) for x in _csv(a.lengths)] if a.lengths else probes.recall_lengths(dep)
+        depths = [float(x) for x in _csv(a.depths)] if a.depths else list(dep.accuracy.recall_depths)
+        rec, findings = probes.run_recall(url, lengths, depths, a.tokenizer, a.compare_url, a.seed, a.per_cell,
+                                          Path(a.out) if a.out else None, dep.serving.api_key_env)
+        doc = {"recall": rec}
+    else:
+        rows, findings = probes.run_identity(a.url, a.compare_url, a.prompts, a.max_tokens, a.tokenizer)
+        doc = {"identity": rows}
+    doc["findings"] = [f.to_dict() for f in findings]
+    _emit(a, findings, doc)
+    return exit_code(findings, a.strict)
+
+
 def _emit(a: argparse.Namespace, findings: list, doc: dict) -> None:
     if a.json:
         print(json.dumps(doc, indent=2, default=str))
@@ -238,6 +262,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true")
     b.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
     b.set_defaults(fn=_cmd_bench)
+
+    ac = sub.add_parser("accuracy", help="KV-quantization error offline; long-context recall and greedy identity live")
+    ac.add_argument("probe", choices=["kvquant", "recall", "identity"])
+    _add_deployment(ac)
+    ac.add_argument("--url", help="recall: the endpoint (default: the spec's); identity: speculative decoding on")
+    ac.add_argument("--compare-url", help="recall: A/B second endpoint (e.g. BF16 KV); identity: speculative decoding off")
+    ac.add_argument("--lengths", metavar="N,...", help="recall: haystack token lengths (default: the spec's, up to --context-length)")
+    ac.add_argument("--depths", metavar="F,...", help="recall: needle depths as fractions (default: the spec's)")
+    ac.add_argument("--per-cell", type=int, default=1, help="recall: needles per length × depth cell")
+    ac.add_argument("--tokenizer", metavar="DIR", help="dir with tokenizer.json: exact prompt lengths")
+    ac.add_argument("--seed", type=int, default=0)
+    ac.add_argument("--prompts", type=int, default=8, help="identity: number of prompts")
+    ac.add_argument("--max-tokens", type=int, default=64, help="identity: greedy tokens per prompt")
+    ac.add_argument("--out", metavar="DIR", help="recall: archive the prompts here")
+    ac.add_argument("--json", action="store_true")
+    ac.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
+    ac.set_defaults(fn=_cmd_accuracy)
     return p
 
 

@@ -1,0 +1,75 @@
+"""The live probes as one call each, for the CLI and the notebook (skip findings when no endpoint)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ..bench.run import run_sync
+from ..bench.sweep import probe as reachable
+from ..bench.workloads import code_prompts, load_tokenizer
+from ..findings import Finding
+from . import identity, recall
+
+
+def deployment_format(spec: Any) -> tuple[str, str]:
+    """(format, scaling) of the deployment's KV cache, from the quant inspection (bf16 when unreadable)."""
+    from .. import quant
+    from ..errors import InputError
+    from .kvquant import active_format
+
+    try:
+        rep = quant.for_deployment(spec)
+    except InputError:
+        return active_format(str(spec.serving.flags.get("kv-cache-dtype", "bf16")))
+    return active_format(rep.kv_cache.effective, rep.kv_cache.scale_coverage)
+
+
+def recall_lengths(spec: Any, lengths: Optional[Sequence[int]] = None) -> list[int]:
+    """The spec's recall lengths, up to its --context-length (a longer prompt would be rejected)."""
+    ls = list(lengths or spec.accuracy.recall_lengths)
+    ctx = spec.serving.flags.get("context-length")
+    return [L for L in ls if ctx is None or L <= int(ctx)] or ls[:1]
+
+
+def run_recall(url: Optional[str], lengths: Sequence[int], depths: Sequence[float], tokenizer: Optional[str] = None,
+               compare_url: Optional[str] = None, seed: int = 0, per_cell: int = 1, out: Optional[Path] = None,
+               api_key_env: Optional[str] = None, model: Optional[str] = None) -> tuple[dict[str, Any], list[Finding]]:
+    if not url:
+        return {"grid": []}, [Finding("recall.endpoint", "skip", "recall probe skipped: no endpoint given",
+                                      remedy="Give url (and compare_url for an FP8-vs-BF16 A/B).")]
+    why = run_sync(reachable(url))
+    if why:
+        return {"grid": []}, [Finding("recall.endpoint", "skip", f"recall probe skipped: no server at {url}", evidence=why,
+                                      remedy="Start the server, or `make demo` to try the probe on a tiny CPU model.")]
+    tok = load_tokenizer(tokenizer)
+    items = recall.build_items(lengths, depths, tok, seed, per_cell)
+    key = os.environ.get(api_key_env) if api_key_env else None
+    res_a = run_sync(recall.ask(url, items, model, api_key=key))
+    doc: dict[str, Any] = {"url": url, "lengths": list(lengths), "depths": list(depths), "seed": seed, "grid": recall.grid(res_a),
+                           "exact_lengths": tok is not None, "results": res_a}
+    ab = None
+    if compare_url:
+        res_b = run_sync(recall.ask(compare_url, items, model, api_key=key))
+        ab = recall.paired(res_a, res_b)
+        doc.update({"compare_url": compare_url, "grid_b": recall.grid(res_b), "ab": ab, "results_b": res_b})
+    if out:  # prompts are deterministic from the seed; archive them with the answers
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "recall_prompts.jsonl", "w") as f:
+            for it in recall.item_dicts(items):
+                f.write(json.dumps(it) + "\n")
+    return doc, recall.findings(doc["grid"], ab, tok is not None)
+
+
+def run_identity(url: Optional[str], spec_off_url: Optional[str], n: int = 8, max_tokens: int = 64,
+                 tokenizer: Optional[str] = None, model: Optional[str] = None) -> tuple[list[dict[str, Any]], list[Finding]]:
+    if not (url and spec_off_url):
+        return [], [Finding("identity.endpoint", "skip", "greedy-identity check skipped: needs two endpoints",
+                            remedy="Give url (speculative decoding on) and spec_off_url (the same model with it off).")]
+    for u in (url, spec_off_url):
+        why = run_sync(reachable(u))
+        if why:
+            return [], [Finding("identity.endpoint", "skip", f"greedy-identity check skipped: no server at {u}", evidence=why)]
+    prompts = code_prompts()[:n]
+    return run_sync(identity.compare(url, spec_off_url, prompts, max_tokens, load_tokenizer(tokenizer), model))

@@ -64,7 +64,8 @@ test: $(DEV) $(SERVING_STAMP) $(LLAMA_SERVER)
 
 # JupyterLab on notebooks/ with the project's kernel ("Python 3 (runbook)") registered.
 lab: $(RUNTIME)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --no-browser --ip=127.0.0.1 --port=$(LAB_PORT)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --no-browser --ip=127.0.0.1 --port=$(LAB_PORT) \
+	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 clean-venv:
 	rm -rf $(VENV) $(SERVING)

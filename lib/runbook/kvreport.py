@@ -29,6 +29,17 @@ def candidates_frame(p: Plan):
     return pd.DataFrame(rows).set_index("KV dtype")
 
 
+def selected_frame(p: Plan):
+    """The chosen configuration in one row: what the panel's controls currently describe."""
+    import pandas as pd
+
+    r = p.result
+    return pd.DataFrame([{"TP": p.inputs.tp, "KV dtype": r.kv_dtype, "mem fraction": r.mem_fraction_static,
+                          "B/token/GPU": r.kv_bytes_per_token_per_gpu, "max_total_num_tokens": r.max_total_num_tokens,
+                          "max_running_requests": r.max_running_requests,
+                          **{f"requests @ {int(c) // 1024}K": n for c, n in r.requests_at_context.items()}}]).set_index("TP")
+
+
 def memory_frame(p: Plan):
     """One GPU's memory by use (GiB), per candidate dtype."""
     import pandas as pd
@@ -40,7 +51,7 @@ def memory_frame(p: Plan):
         rows[r.kv_dtype] = {"weights": (r.weights_bytes_per_gpu or 0) / GIB, "KV cache": r.kv_pool_bytes_per_gpu / GIB,
                             "linear-attention state": r.state_pool_bytes_per_gpu / GIB,
                             "reserved (activations, graphs)": (r.reserved_bytes_per_gpu or 0) / GIB}
-    return pd.DataFrame(rows).T.round(2)
+    return pd.DataFrame(rows).T.round(2).rename(columns=lambda c: f"{c} (GiB)")
 
 
 def text_table(p: Plan) -> str:
@@ -95,12 +106,12 @@ def plot_concurrency(p: Plan):
 def plot_memory(p: Plan):
     import matplotlib.pyplot as plt
 
-    df = memory_frame(p)
+    df = memory_frame(p).rename(columns=lambda c: c.removesuffix(" (GiB)"))
     fig, ax = plt.subplots(figsize=(6, 3.8))
     if not df.empty:
         df.plot.barh(stacked=True, ax=ax, color=["#8c8c8c", "#4c72b0", "#dd8452", "#c7c7c7"])
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, frameon=False)
-    ax.set_title(f"One GPU's memory ({p.inputs.gpu_mem_gib or '?'} GiB)")
+    ax.set_title(f"One GPU's memory ({p.inputs.gpu_mem_gib or '?'} GiB), TP {p.inputs.tp}, selected {p.result.kv_dtype}")
     ax.set_xlabel("GiB")
     ax.set_ylabel("KV cache dtype")
     fig.tight_layout()
@@ -142,7 +153,9 @@ def panel(spec: Any, model_dir: str | None = None):
 
     base = plan(spec, model_dir or None)
     tp = w.Dropdown(options=[1, 2, 4, 8], value=base.inputs.tp, description="TP")
-    dtype = w.Dropdown(options=["auto", "bf16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4"], value="auto", description="KV dtype")
+    choices = ["auto", "bf16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4"]
+    current = str(spec.serving.flags.get("kv-cache-dtype", "auto")) if spec is not None else "auto"
+    dtype = w.Dropdown(options=choices, value=current if current in choices else "auto", description="KV dtype")
     frac = w.FloatSlider(value=base.inputs.mem_fraction_static or base.result.mem_fraction_static or 0.85, min=0.5, max=0.95,
                          step=0.01, description="mem frac")
     ctx = w.Dropdown(options=[8192, 32768, 65536, 131072, 262144], value=min(base.result.context_len or 262144, 262144), description="context")
@@ -153,6 +166,7 @@ def panel(spec: Any, model_dir: str | None = None):
                  context_len=ctx.value, contexts=(ctx.value,))
         out.clear_output(wait=True)
         with out:
+            display(selected_frame(p))
             display(candidates_frame(p))
             fig = plot_memory(p)
             display(fig)

@@ -1,0 +1,141 @@
+"""What a person sees: JupyterLab in headless Chromium (Debian's /usr/bin/chromium driven by Playwright,
+no browser download), and the archived run opened from outputs/index.html. Screenshots are saved in the
+test's temp dir."""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="chromium not installed (.ci/run installs it)")
+
+
+# The panel's first table (the selected configuration) once it differs from `b` and both tables are drawn.
+_CHANGED = ("(b) => { const t = document.querySelectorAll('.widget-vbox .jp-OutputArea table'); "
+            "return t.length >= 2 && t[0].innerText !== b; }")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def _up(url: str, token: str) -> bool:
+    try:
+        urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """Our own JupyterLab on a free loopback port, over a copy of the project (autosave cannot touch the repo)."""
+    root = tmp_path_factory.mktemp("lab")
+    for d in ("notebooks", "deployments", "models"):
+        shutil.copytree(REPO / d, root / d)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = "runbook-test-token"
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(root / ".jupyter"), JUPYTER_RUNTIME_DIR=str(root / ".runtime"))
+    proc = subprocess.Popen([sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+                             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root / 'notebooks'}",
+                             f"--LabApp.workspaces_dir={root / '.workspaces'}", "--ServerApp.disable_check_xsrf=True", "--allow-root"],
+                            stdout=open(root / "lab.log", "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(120):
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.5)
+    if proc.poll() is not None or not _up(url, token):
+        proc.kill()
+        pytest.fail("JupyterLab did not start: " + (root / "lab.log").read_text()[-2000:])
+    yield url, token, root
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_kv_notebook_widgets_recompute(lab, browser, tmp_path):
+    url, token, root = lab
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{url}/lab/tree/20_kv_memory.ipynb?token={token}")
+    page.wait_for_selector(".jp-Notebook", timeout=60_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    page.click("text=Run", timeout=10_000)
+    page.click("text=Run All Cells", timeout=10_000)
+    panel = page.locator(".widget-vbox").last
+    panel.wait_for(timeout=120_000)
+    panel.locator("table").first.wait_for(timeout=60_000)
+    page.screenshot(path=str(tmp_path / "01-kv-notebook.png"), full_page=False)
+    before = panel.locator("table").first.inner_text()
+    img_before = panel.locator("img").first.get_attribute("src")
+    assert "bfloat16" in before and "max_total_num_tokens" in before
+
+    tp = panel.locator(".widget-dropdown", has_text="TP").locator("select")
+    tp.select_option("4")
+    page.wait_for_function(_CHANGED,
+                           arg=before, timeout=60_000)
+    after_tp = panel.locator("table").first.inner_text()
+    assert after_tp != before
+    panel.scroll_into_view_if_needed()
+    page.screenshot(path=str(tmp_path / "02-tp4.png"))
+
+    dtype = panel.locator(".widget-dropdown", has_text="KV dtype").locator("select")
+    dtype.select_option("fp8_e4m3")
+    page.wait_for_function(_CHANGED,
+                           arg=after_tp, timeout=60_000)
+    after_dtype = panel.locator("table").first.inner_text()
+    assert after_dtype != after_tp
+    page.wait_for_timeout(500)
+    assert panel.locator("img").first.get_attribute("src") != img_before   # the memory plot was redrawn
+    page.screenshot(path=str(tmp_path / "03-fp8.png"))
+    page.close()
+
+
+def test_archived_run_renders(browser, tmp_path, cli):
+    out = tmp_path / "out"
+    cp = cli("run", "--out", out, "--only", "quant_config,kv_memory")
+    assert cp.returncode in (0, 1), cp.stderr
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    page.goto((out / "index.html").as_uri())
+    assert page.locator("table tbody tr").count() == 1
+    assert page.locator(".b.ok").count() >= 2          # status badges for the notebooks
+    page.screenshot(path=str(tmp_path / "10-index.png"))
+    page.click("text=20_kv_memory")
+    page.wait_for_selector(".jp-Notebook", timeout=30_000)
+    imgs = page.locator(".jp-OutputArea-output img")
+    assert imgs.count() >= 3
+    assert all(imgs.nth(i).evaluate("e => e.naturalWidth > 100") for i in range(imgs.count()))
+    findings = page.locator("table", has_text="kv.layout")
+    assert findings.count() >= 1 and "remedy" in findings.first.inner_text()
+    code = page.locator(".jp-CodeCell .jp-Cell-inputWrapper").first
+    assert not code.is_visible()                        # code hidden by default ...
+    page.click("#rb-toggle")
+    assert code.is_visible()                            # ... with a way to show it
+    page.screenshot(path=str(tmp_path / "11-kv-html.png"), full_page=True)
+    page.goto((out / "latest" / "summary.html").as_uri())
+    assert page.locator("h1").inner_text().startswith("Run ")
+    page.close()

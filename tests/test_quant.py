@@ -281,3 +281,20 @@ def test_cli_quant_json_keys(tmp_path, cli):
     assert j["recommended_flags"]["kv-cache-dtype"] == "bf16" and isinstance(j["findings"], list)
     cp = cli("quant", tmp_path / "missing")
     assert cp.returncode == 2 and "no such directory" in cp.stderr and len(cp.stderr.strip().splitlines()) == 1
+
+
+def test_hf_repo_id_resolves_offline_to_the_cached_snapshot(tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    snap = cache / "models--acme--tiny-fp8" / "snapshots" / "0123456789abcdef0123456789abcdef01234567"
+    make(snap, llama_config(), [attn_layer(0, "fp8")], hf_quant_config=MODELOPT_FP8)
+    (cache / "models--acme--tiny-fp8" / "refs").mkdir(parents=True)
+    (cache / "models--acme--tiny-fp8" / "refs" / "main").write_text("0123456789abcdef0123456789abcdef01234567")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))  # read at import time; the env var alone is too late
+    ck = checkpoint.load("acme/tiny-fp8")
+    assert ck.dir == snap and quant.inspect(ck).weights.algo == "FP8"
+    with pytest.raises(InputError, match="no Hugging Face snapshot of it is cached"):
+        checkpoint.load("acme/not-downloaded")

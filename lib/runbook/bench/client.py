@@ -197,8 +197,10 @@ class Client:
             if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
                 rec.usage["reasoning_tokens"] = details["reasoning_tokens"]
         ext = msg.get("sglext") or {}
-        if isinstance(ext, dict) and isinstance(ext.get("spec_accept_length"), (int, float)):
-            rec.spec_accept_length = float(ext["spec_accept_length"])
+        details = ext.get("spec_tokens_details") if isinstance(ext, dict) else None
+        for src in (ext, details):
+            if isinstance(src, dict) and isinstance(src.get("spec_accept_length"), (int, float)):
+                rec.spec_accept_length = float(src["spec_accept_length"])
         text, reasoning = "", ""
         for ch in msg.get("choices") or []:
             if self.chat:

@@ -100,6 +100,7 @@ def summarise(records: Sequence[RequestRecord], slo: Any = None) -> dict[str, An
         "itl_ms": stats(x for r in ok for x in itl_per_token_s(r)),
         "inter_chunk_ms": stats(x for r in ok for x in chunk_gaps_s(r)), "e2e_ms": stats(e2e_s(r) for r in ok),
         "tokens_per_chunk": out_tok / chunks if chunks else None,
+        "spec_accept_length_mean": (float(np.mean(acc)) if (acc := [r.spec_accept_length for r in ok if r.spec_accept_length]) else None),
         "count_sources": sorted({r.count_source for r in ok}),
     }
     if good is not None:

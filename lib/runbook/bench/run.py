@@ -255,4 +255,11 @@ def options_from(spec: Any, url: Optional[str] = None, **overrides: Any) -> Benc
     for k, v in overrides.items():
         if v not in (None, "", []):
             setattr(o, k, v)
+    if not o.tokenizer and not url:
+        # Benchmarking the spec's own server: its model's tokenizer, when the checkpoint is here.
+        from ..modeldir import locate
+
+        loc = locate(spec)
+        if loc.path is not None and (loc.path / "tokenizer.json").is_file():
+            o.tokenizer = str(loc.path)
     return o

@@ -232,7 +232,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         from .cli import main as cli
 
         params = ["--param", f"url={srv.url}", "--param", f"tokenizer={model}", "--param", "concurrency=1,2,4,8",
-                  "--param", "requests=16", "--param", "output_len=64", "--param", "input_len=256"]
+                  "--param", "requests=16", "--param", "output_len=64", "--param", "input_len=256",
+                  "--param", "lengths=512,1024,2048"]  # the tiny model's context is 4096 tokens
         code = cli(["run", "--out", a.out, *params])
         return 0 if code in (0, 1) else code
     except KeyboardInterrupt:

@@ -36,8 +36,9 @@ async def compare(url_a: str, url_b: str, prompts: Sequence[str], max_tokens: in
     rows = []
     for ra, rb in zip(a, b):
         pos = first_difference(ra.text, rb.text, tokenizer)
-        rows.append({"id": ra.id, "identical": pos is None and ra.ok and rb.ok, "first_diff": pos, "a": ra.text, "b": rb.text,
-                     "error": ra.error or rb.error})
+        ok = all(r.error_kind in (None, "no_output") for r in (ra, rb))   # an empty greedy output is still an output
+        rows.append({"id": ra.id, "identical": pos is None and ok, "first_diff": pos, "a": ra.text, "b": rb.text,
+                     "error": None if ok else (ra.error or rb.error)})
     bad = [r for r in rows if not r["identical"]]
     unit = "token" if tokenizer is not None else "character"
     if bad:

@@ -59,7 +59,7 @@ def run_recall(url: Optional[str], lengths: Sequence[int], depths: Sequence[floa
         with open(out / "recall_prompts.jsonl", "w") as f:
             for it in recall.item_dicts(items):
                 f.write(json.dumps(it) + "\n")
-    return doc, recall.findings(doc["grid"], ab, tok is not None)
+    return doc, recall.findings(doc["grid"], ab, tok is not None, res_a)
 
 
 def run_identity(url: Optional[str], spec_off_url: Optional[str], n: int = 8, max_tokens: int = 64,

@@ -96,8 +96,10 @@ async def ask(url: str, items: Sequence[Item], model: Optional[str] = None, max_
         async def one(it: Item) -> dict[str, Any]:
             async with sem:
                 rec = await client.send(s, RequestSpec(it.id, it.prompt, max_tokens, it.prompt_tokens, ignore_eos=False))
+            # An immediate end of sequence is an empty (wrong) answer, not a failed request.
+            err = None if rec.error_kind in (None, "no_output") else rec.error
             return {"id": it.id, "length": it.length, "depth": it.depth, "expected": it.expected, "output": rec.text,
-                    "correct": bool(rec.ok and score(it.expected, rec.text)), "error": rec.error,
+                    "correct": bool(err is None and score(it.expected, rec.text)), "error": err,
                     "prompt_tokens_server": rec.input_tokens}
         return list(await asyncio.gather(*(one(it) for it in items)))
 
@@ -119,11 +121,17 @@ def paired(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> dict[str
             "diff_b_minus_a": mean, "ci95": [lo, hi]}
 
 
-def findings(g: Sequence[dict[str, Any]], ab: Optional[dict[str, Any]] = None, exact: bool = True) -> list[Finding]:
+def findings(g: Sequence[dict[str, Any]], ab: Optional[dict[str, Any]] = None, exact: bool = True,
+             results: Sequence[dict[str, Any]] = ()) -> list[Finding]:
     total = sum(c["total"] for c in g)
     correct = sum(c["correct"] for c in g)
     out = [Finding("recall.score", "info", f"recall {correct}/{total} ({correct / total:.0%})" if total else "recall: no items",
                    detail=("prompt lengths exact (token ids)" if exact else "prompt lengths approximate (~4 characters per token, no tokenizer)"))]
+    failed = [r for r in results if r.get("error")]
+    if failed:
+        out.append(Finding("recall.errors", "fail", f"{len(failed)} of {len(results)} recall requests failed (counted as misses)",
+                           evidence="; ".join(f"{r['length']} tokens: {str(r['error'])[:120]}" for r in failed[:3]),
+                           remedy="A length beyond the server's context is rejected: lower `lengths` or raise --context-length."))
     worst = [c for c in g if c["total"] and c["correct"] < c["total"]]
     if worst:
         out.append(Finding("recall.misses", "warn", f"missed needles in {len(worst)} of {len(g)} length × depth cells",

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from ckpt_factory import attn_layer, linear_tensors, llama_config, make, qwen35_config, write_shard
+from ckpt_factory import attn_layer, linear_tensors, llama_config, make, qwen35_config
 from conftest import REPO
 from runbook import checkpoint, quant, spec
 from runbook.errors import InputError

@@ -197,15 +197,21 @@ def test_install_dry_run_changes_nothing(tmp_path, recorder):
     assert res.steps[1]["command"].endswith("daemon-reload")
 
 
-def test_install_with_backup_and_readiness(tmp_path, recorder):
+def _install_over_old_unit(tmp_path, recorder, ready_status, ready_timeout):
+    """A real install into a temp root holding an old unit, with /ready answering `ready_status`."""
     d = dep()
     root = tmp_path / "root"
     unit = _installed(root, d)
     unit.parent.mkdir(parents=True)
     unit.write_text("old unit\n")
-    with serve({"/ready": (200, {"ok": True})}) as (url, seen):
+    with serve({"/ready": (ready_status, {"ok": ready_status == 200})}) as (url, _):
         res = service.install(d, service.render(d)[0], dry_run=False, root=root, systemctl=[str(recorder[0])],
-                              ready_url=url + "/ready", ready_timeout=5, interval=0.1)
+                              ready_url=url + "/ready", ready_timeout=ready_timeout, interval=0.1)
+    return d, unit, res
+
+
+def test_install_with_backup_and_readiness(tmp_path, recorder):
+    d, unit, res = _install_over_old_unit(tmp_path, recorder, 200, 5)
     assert res.findings[0].status == "pass" and not res.rolled_back
     assert unit.read_text() == service.render(d)[0].text and oct(unit.stat().st_mode & 0o777) == "0o644"
     assert open(res.backup).read() == "old unit\n"
@@ -214,14 +220,7 @@ def test_install_with_backup_and_readiness(tmp_path, recorder):
 
 
 def test_install_rolls_back_when_not_ready(tmp_path, recorder):
-    d = dep()
-    root = tmp_path / "root"
-    unit = _installed(root, d)
-    unit.parent.mkdir(parents=True)
-    unit.write_text("old unit\n")
-    with serve({"/ready": (503, {"ok": False})}) as (url, seen):
-        res = service.install(d, service.render(d)[0], dry_run=False, root=root, systemctl=[str(recorder[0])],
-                              ready_url=url + "/ready", ready_timeout=0.5, interval=0.1)
+    _, unit, res = _install_over_old_unit(tmp_path, recorder, 503, 0.5)
     assert res.rolled_back and res.findings[0].status == "fail" and "HTTP 503" in res.findings[0].detail
     assert unit.read_text() == "old unit\n"
     assert recorder[1].read_text().splitlines() == ["daemon-reload", "restart sglang-qwen.service",

@@ -79,10 +79,6 @@ class Checkpoint:
             return sum(s.data_bytes for s in self.shards.values())
         return None
 
-    def dtype_of(self, tensor: str) -> Optional[str]:
-        shard = self.shards.get(self.weight_map.get(tensor, ""))
-        t = shard.tensors.get(tensor) if shard else None
-        return t.dtype if t else None
 
     def dtype_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

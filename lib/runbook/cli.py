@@ -13,10 +13,16 @@ from typing import Callable, Optional
 
 from .errors import LockHeld, RunbookError
 from .findings import exit_code, format_text
+from .fsutil import atomic_write_text
 
 
 def _add_deployment(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deployment", metavar="FILE", help="deployment spec (default: deployments/qwen3.5-397b-a17b-nvfp4.yaml)")
+
+
+def _add_output(p: argparse.ArgumentParser, what: str = "the report") -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON")
+    p.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
 
 
 def _csv(s: str) -> list[str]:
@@ -84,8 +90,6 @@ def _cmd_service(a: argparse.Namespace) -> int:
             out = Path(a.out)
             for u in units:
                 target = out if len(units) == 1 else out / f"{u.unit_name}.service"
-                from .fsutil import atomic_write_text
-
                 atomic_write_text(target, u.text)
                 print(f"wrote {target}", file=sys.stderr)
         if a.json:
@@ -152,8 +156,7 @@ def _cmd_accuracy(a: argparse.Namespace) -> int:
         st = kvquant.run(dep.accuracy, active=probes.deployment_format(dep))
         findings, doc = st.findings, {"kvquant": st.to_json()}
     elif a.probe == "recall":
-        host = "127.0.0.1" if dep.serving.host in ("0.0.0.0", "::") else dep.serving.host
-        url = a.url or f"http://{host}:{dep.serving.port}"
+        url = a.url or dep.serving.local_url
         lengths = [int(x) for x in _csv(a.lengths)] if a.lengths else probes.recall_lengths(dep)
         depths = [float(x) for x in _csv(a.depths)] if a.depths else list(dep.accuracy.recall_depths)
         rec, findings = probes.run_recall(url, lengths, depths, a.tokenizer, a.compare_url, a.seed, a.per_cell,
@@ -195,15 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("env", help="GPU, driver, serving-environment and host checks")
     _add_deployment(e)
-    e.add_argument("--json", action="store_true", help="print the report as JSON")
-    e.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
+    _add_output(e)
     e.set_defaults(fn=_cmd_env)
 
     q = sub.add_parser("quant", help="what SGLang will do with a checkpoint's weight and KV-cache quantization")
     q.add_argument("model_dir", nargs="?", metavar="MODEL_DIR", help="checkpoint dir or cached HF repo id (default: the deployment's model)")
     _add_deployment(q)
-    q.add_argument("--json", action="store_true", help="print the report as JSON")
-    q.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
+    _add_output(q)
     q.set_defaults(fn=_cmd_quant)
 
     k = sub.add_parser("kv", help="KV-cache and state memory per GPU, the way SGLang sizes its pools")
@@ -220,8 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--page-size", type=int)
     k.add_argument("--context-len", type=int, help="default: the spec's --context-length, else the model's")
     k.add_argument("--contexts", help="context lengths to fit, e.g. 8192,32768,131072,262144")
-    k.add_argument("--json", action="store_true", help="print the result as JSON")
-    k.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
+    _add_output(k)
     k.set_defaults(fn=_cmd_kv)
 
     sv = sub.add_parser("service", help="render, check, diff, install or drift-check the systemd unit")
@@ -236,8 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--ready-url", metavar="URL", help="install: readiness URL (default: http://host:port + systemd.ready_path)")
     sv.add_argument("--ready-timeout", type=float, metavar="S", help="install: readiness timeout (default: systemd.timeout_start_sec)")
     sv.add_argument("--url", metavar="URL", help="drift: server base URL (default: http://host:port from the spec)")
-    sv.add_argument("--json", action="store_true")
-    sv.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
+    _add_output(sv)
     sv.set_defaults(fn=_cmd_service)
 
     b = sub.add_parser("bench", help="benchmark a running OpenAI-compatible server (SGLang, or llama-server for demos)")
@@ -259,8 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--compare-url", metavar="URL", help="A/B: the same workload against this second endpoint")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per-request timeout")
-    b.add_argument("--json", action="store_true")
-    b.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
+    _add_output(b)
     b.set_defaults(fn=_cmd_bench)
 
     ac = sub.add_parser("accuracy", help="KV-quantization error offline; long-context recall and greedy identity live")
@@ -276,8 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--prompts", type=int, default=8, help="identity: number of prompts")
     ac.add_argument("--max-tokens", type=int, default=64, help="identity: greedy tokens per prompt")
     ac.add_argument("--out", metavar="DIR", help="recall: archive the prompts here")
-    ac.add_argument("--json", action="store_true")
-    ac.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
+    _add_output(ac)
     ac.set_defaults(fn=_cmd_accuracy)
     return p
 

@@ -37,12 +37,9 @@ print(json.dumps(out))
 
 
 @dataclass
-class EnvReport:
-    findings: list[Finding] = field(default_factory=list)
-    gpus: list[dict[str, Any]] = field(default_factory=list)
-    processes: list[dict[str, Any]] = field(default_factory=list)
-    topology: list[dict[str, Any]] = field(default_factory=list)
-    driver: dict[str, Any] = field(default_factory=dict)
+class EnvReport(gpus.GpuReport):
+    """The GPU report plus the serving environment and the host."""
+
     serving: dict[str, Any] = field(default_factory=dict)
     host: dict[str, Any] = field(default_factory=dict)
 
@@ -214,10 +211,8 @@ def nccl_cuda_env(spec: Deployment) -> list[Finding]:
 
 def check(spec: Deployment, nvml: Any = None, run: Callable = subprocess.run) -> EnvReport:
     """Every environment check for a deployment, as one report."""
-    rep = EnvReport()
     g = gpus.check(spec, nvml)
-    rep.findings += g.findings
-    rep.gpus, rep.processes, rep.topology, rep.driver = g.gpus, g.processes, g.topology, g.driver
+    rep = EnvReport(list(g.findings), g.gpus, g.processes, g.topology, g.driver)
     f, rep.serving = serving_env(spec, run=run)
     rep.findings += f
     rep.findings += check_driver_vs_torch(rep.driver, rep.serving)

@@ -1,7 +1,6 @@
 """Tables, plots, the story re-done, and the interactive panel for the KV-memory notebook."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from . import kvmem
@@ -176,7 +175,3 @@ def panel(spec: Any, model_dir: str | None = None):
         c.observe(redraw, names="value")
     redraw()
     return w.VBox([w.HBox([tp, dtype]), w.HBox([frac, ctx]), out])
-
-
-def with_dtype(p: Plan, d: str) -> kvmem.Result:
-    return kvmem.compute(p.arch, replace(p.inputs, kv_dtype=d))

@@ -109,18 +109,13 @@ def _exec_start(groups: list[tuple[str, ...]]) -> str:
         words = []
         for w in g:
             expand = bool(re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}", w))
-            words.append(quote(w, g[0], expand))
+            words.append(unitfile.quote_word(w, g[0] if g[0].startswith("--") else "ExecStart", expand))
         lines.append(" ".join(words))
     return " \\\n    ".join(lines)
 
 
-def quote(word: str, flag: str, expand: bool = False) -> str:
-    return unitfile.quote_word(word, f"{flag}" if flag.startswith("--") else "ExecStart", expand)
-
-
 def _ready_cmd(spec: Deployment) -> str:
-    host = "127.0.0.1" if spec.serving.host in ("0.0.0.0", "::", "") else spec.serving.host
-    url = f"http://{host}:{spec.serving.port}{spec.systemd.ready_path}"
+    url = spec.serving.local_url + spec.systemd.ready_path
     tries = max(1, spec.systemd.timeout_start_sec // 5)
     # $$ is a literal $ for systemd; the shell then sees $i.
     return (f"/bin/sh -c 'i=0; until curl -sf -o /dev/null {url}; do i=$$((i+1)); "
@@ -370,8 +365,7 @@ def install(spec: Deployment, r: Rendered, dry_run: bool = True, root: Optional[
     """Back up, write atomically, daemon-reload, restart, wait for readiness; roll back on failure."""
     target = Path(spec.systemd.installed_path)
     path = (Path(root) / target.relative_to("/")) if root else target
-    host = "127.0.0.1" if spec.serving.host in ("0.0.0.0", "::") else spec.serving.host
-    url = ready_url or f"http://{host}:{spec.serving.port}{spec.systemd.ready_path}"
+    url = ready_url or spec.serving.local_url + spec.systemd.ready_path
     timeout = ready_timeout if ready_timeout is not None else spec.systemd.timeout_start_sec
     res = InstallResult()
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -475,8 +469,7 @@ def _same(a: Any, b: Any) -> bool:
 def drift(spec: Deployment, url: Optional[str] = None, args: Optional[dict[str, Any]] = None,
           fetch: Callable[[str, Optional[str]], Any] = _get) -> tuple[list[dict[str, str]], list[Finding], dict[str, Any]]:
     """Compare the running server's effective arguments with the spec."""
-    host = "127.0.0.1" if spec.serving.host in ("0.0.0.0", "::") else spec.serving.host
-    base = (url or f"http://{host}:{spec.serving.port}").rstrip("/")
+    base = (url or spec.serving.local_url).rstrip("/")
     api_key = os.environ.get(spec.serving.api_key_env) if spec.serving.api_key_env else None
     info = None
     for path in ("/server_info", "/get_server_info"):

@@ -86,6 +86,12 @@ class Serving(_Strict):
     api_key_env: Optional[str] = Field(None, description="name of the environment variable holding the API key for clients")
     apply_recommended: bool = Field(False, description="apply the quant notebook's recommended flags when rendering the unit")
 
+    @property
+    def local_url(self) -> str:
+        """Where clients on this host reach the server (a wildcard bind address means loopback)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
     @field_validator("env", mode="before")
     @classmethod
     def _env_values_are_strings(cls, v: Any) -> Any:

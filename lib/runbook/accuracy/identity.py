@@ -1,7 +1,6 @@
 """Speculative decoding must not change greedy output: the same prompts with it on (A) and off (B)."""
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Optional, Sequence
 
 import aiohttp

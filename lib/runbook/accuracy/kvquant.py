@@ -9,7 +9,7 @@ full precision, for the last query over a growing context.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import ml_dtypes

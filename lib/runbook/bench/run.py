@@ -14,7 +14,6 @@ from . import metrics, workloads
 from .client import Client
 from .sweep import Level, LevelResult, probe, run_level
 
-KEYS = ("concurrency", "rate", "completed", "failed", "output_tok_s", "ttft_ms", "tpot_ms", "itl_ms", "client_bound")
 
 
 @dataclass
@@ -234,22 +233,10 @@ def compare_previous(current: dict[str, Any], previous: Optional[dict[str, Any]]
     return out or [Finding("bench.regression", "pass", f"no regression beyond {threshold_pct:g}% against the previous run")]
 
 
-def public_levels(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """The fixed-key view of each level (`levels[].concurrency`, `…ttft_ms.{p50,p99}` …)."""
-    out = []
-    for s in summary.get("levels", []):
-        d = {k: s[k] for k in KEYS}
-        for k in ("ttft_ms", "tpot_ms", "itl_ms"):
-            d[k] = {"p50": s[k]["p50"], "p99": s[k]["p99"]}
-        out.append(d)
-    return out
-
-
 def options_from(spec: Any, url: Optional[str] = None, **overrides: Any) -> BenchOptions:
     """BenchOptions from the spec's benchmark plan; explicit values (not None/empty) win."""
     b = spec.benchmark
-    host = "127.0.0.1" if spec.serving.host in ("0.0.0.0", "::") else spec.serving.host
-    o = BenchOptions(url=url or f"http://{host}:{spec.serving.port}", model=None, concurrency=list(b.concurrency),
+    o = BenchOptions(url=url or spec.serving.local_url, model=None, concurrency=list(b.concurrency),
                      workload=b.workload, input_len=b.input_len, output_len=b.output_len, requests=b.requests_per_level,
                      warmup=b.warmup, api_key_env=spec.serving.api_key_env)
     for k, v in overrides.items():

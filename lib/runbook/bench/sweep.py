@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,7 +190,3 @@ async def probe(base: str, timeout: float = 5.0) -> Optional[str]:
                 return None if r.status < 500 else f"HTTP {r.status}"
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         return str(e) or type(e).__name__
-
-
-def cpu_count() -> int:
-    return os.cpu_count() or 1

@@ -6,6 +6,7 @@ from typing import Any
 from . import kvmem
 from .arch import Arch
 from .kvplan import Plan
+from .plots import figure, show
 
 GIB = 1024**3
 STORY = {"bf16_bytes": 30720, "fp8_bytes": 15360, "tokens": 1_280_000, "req_128k": 10, "req_32k": 39}
@@ -67,9 +68,7 @@ def text_table(p: Plan) -> str:
 
 
 def plot_capacity(p: Plan):
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = figure((6, 3.2))
     names = [c.kv_dtype for c in p.candidates]
     vals = [(c.max_total_num_tokens or 0) / 1e6 for c in p.candidates]
     bars = ax.bar(names, vals, color=["#4c72b0", "#dd8452", "#55a868"][: len(names)])
@@ -82,9 +81,7 @@ def plot_capacity(p: Plan):
 
 
 def plot_concurrency(p: Plan):
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = figure((6, 3.5))
     for c in p.candidates:
         if not c.requests_at_context:
             continue
@@ -103,10 +100,8 @@ def plot_concurrency(p: Plan):
 
 
 def plot_memory(p: Plan):
-    import matplotlib.pyplot as plt
-
     df = memory_frame(p).rename(columns=lambda c: c.removesuffix(" (GiB)"))
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig, ax = figure((6, 3.8))
     if not df.empty:
         df.plot.barh(stacked=True, ax=ax, color=["#8c8c8c", "#4c72b0", "#dd8452", "#c7c7c7"])
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, frameon=False)
@@ -145,7 +140,6 @@ def story_frame(a: Arch, tp: int = 8):
 def panel(spec: Any, model_dir: str | None = None):
     """An ipywidgets panel (TP, KV dtype, memory fraction, context length) that recomputes live."""
     import ipywidgets as w
-    import matplotlib.pyplot as plt
     from IPython.display import display
 
     from .kvplan import plan
@@ -159,17 +153,21 @@ def panel(spec: Any, model_dir: str | None = None):
                          step=0.01, description="mem frac")
     ctx = w.Dropdown(options=[8192, 32768, 65536, 131072, 262144], value=min(base.result.context_len or 262144, 262144), description="context")
     out = w.Output()
+    shown: list[tuple] = []
 
     def redraw(*_: Any) -> None:
-        p = plan(spec, model_dir or None, tp=tp.value, kv_dtype=dtype.value, mem_fraction_static=frac.value,
-                 context_len=ctx.value, contexts=(ctx.value,))
+        # The slider echoes 0.88 back as 0.8799999…: redraw only when a rounded input really changed.
+        key = (tp.value, dtype.value, round(frac.value, 2), ctx.value)
+        if shown and shown[-1] == key:
+            return
+        shown.append(key)
+        p = plan(spec, model_dir or None, tp=key[0], kv_dtype=key[1], mem_fraction_static=key[2],
+                 context_len=key[3], contexts=(key[3],))
         out.clear_output(wait=True)
         with out:
             display(selected_frame(p))
             display(candidates_frame(p))
-            fig = plot_memory(p)
-            display(fig)
-            plt.close(fig)
+            show(plot_memory(p))
 
     for c in (tp, dtype, frac, ctx):
         c.observe(redraw, names="value")

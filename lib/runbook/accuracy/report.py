@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from typing import Any, Sequence
+from ..plots import figure
 
 
 def kv_table(rows: Sequence[dict[str, Any]]):
@@ -18,11 +19,10 @@ def kv_table(rows: Sequence[dict[str, Any]]):
 
 
 def plot_growth(growth: Sequence[dict[str, Any]]):
-    import matplotlib.pyplot as plt
     import pandas as pd
 
     df = pd.DataFrame(growth)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=False)
+    fig, axes = figure((10, 3.6), ncols=2)
     for ax, src in zip(axes, sorted(df["source"].unique()) if not df.empty else []):
         d = df[df["source"] == src].groupby(["format", "scaling", "length"])["attn_out_rel_err"].max().reset_index()
         for (fmt, sc), g in d.groupby(["format", "scaling"]):
@@ -38,7 +38,6 @@ def plot_growth(growth: Sequence[dict[str, Any]]):
 
 
 def plot_recall(grid: Sequence[dict[str, Any]], title: str = "Needle recall (exact match)"):
-    import matplotlib.pyplot as plt
     import numpy as np
 
     lengths = sorted({c["length"] for c in grid})
@@ -46,7 +45,7 @@ def plot_recall(grid: Sequence[dict[str, Any]], title: str = "Needle recall (exa
     m = np.full((len(depths), len(lengths)), np.nan)
     for c in grid:
         m[depths.index(c["depth"]), lengths.index(c["length"])] = c["correct"] / c["total"] if c["total"] else np.nan
-    fig, ax = plt.subplots(figsize=(1.2 * len(lengths) + 2.5, 0.5 * len(depths) + 2))
+    fig, ax = figure((1.2 * len(lengths) + 2.5, 0.5 * len(depths) + 2))
     im = ax.imshow(m, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
     ax.set_xticks(range(len(lengths)), [f"{L // 1024}K" if L >= 1024 else str(L) for L in lengths])
     ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])

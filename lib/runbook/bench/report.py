@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from .client import RequestRecord
 from . import metrics
+from ..plots import figure
 
 
 def frame(summary: dict[str, Any]):
@@ -31,10 +32,8 @@ def _conc(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def plot_throughput(summary: dict[str, Any]):
-    import matplotlib.pyplot as plt
-
     lv = _conc(summary)
-    fig, ax = plt.subplots(figsize=(6, 3.4))
+    fig, ax = figure((6, 3.4))
     ax.plot([s["concurrency"] for s in lv], [s["output_tok_s"] for s in lv], marker="o", label="output")
     ax.plot([s["concurrency"] for s in lv], [s["total_tok_s"] for s in lv], marker="s", ls="--", label="input + output")
     ax.set_xscale("log", base=2)
@@ -48,10 +47,8 @@ def plot_throughput(summary: dict[str, Any]):
 
 
 def plot_latency(summary: dict[str, Any]):
-    import matplotlib.pyplot as plt
-
     lv = _conc(summary)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig, axes = figure((9, 3.4), ncols=2)
     c = [s["concurrency"] for s in lv]
     for ax, key, title in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "tpot_ms", "TPOT")):
         for p in ("p50", "p90", "p99"):
@@ -67,10 +64,9 @@ def plot_latency(summary: dict[str, Any]):
 
 
 def plot_cdf(records: list[RequestRecord]):
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(6, 3.4))
+    fig, ax = figure((6, 3.4))
     by_level: dict[str, list[float]] = {}
     for r in records:
         if r.ok and metrics.e2e_s(r) is not None:

@@ -1,0 +1,44 @@
+"""Figures are built without pyplot, so nothing global (the inline backend, other figures) can touch them."""
+import struct
+
+from runbook import kvplan, kvreport, plots, spec
+from conftest import DEFAULT_SPEC
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_figures_are_not_registered_with_pyplot():
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+    p = kvplan.plan(spec.load(DEFAULT_SPEC), None)
+    figs = [kvreport.plot_capacity(p), kvreport.plot_concurrency(p), kvreport.plot_memory(p)]
+    assert plt.get_fignums() == []                 # pyplot never saw them: no backend hook can draw or close them
+    for f in figs:
+        w, h = _png_size(plots.png(f))
+        assert 300 < w < 1000 and 200 < h < 700    # cropped to what is drawn, at 100 dpi
+
+
+def test_same_inputs_same_png_bytes():
+    p = kvplan.plan(spec.load(DEFAULT_SPEC), None, tp=4, kv_dtype="fp8_e4m3")
+    assert plots.png(kvreport.plot_memory(p)) == plots.png(kvreport.plot_memory(p))
+
+
+def test_show_displays_png_in_ipython_and_nothing_outside():
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    fig, ax = plots.figure((4, 3))
+    ax.plot([1, 2, 3])
+    assert plots.show(fig) is None                 # no shell: nothing to show, no error
+    InteractiveShell.instance()
+    try:
+        with capture_output() as cap:
+            plots.show(fig, None, fig)
+        assert [o.data.keys() >= {"image/png"} for o in cap.outputs] == [True, True]
+        assert _png_size(__import__("base64").b64decode(cap.outputs[0].data["image/png"]))[0] > 200
+    finally:
+        InteractiveShell.clear_instance()

@@ -153,14 +153,15 @@ def panel(spec: Any, model_dir: str | None = None):
                          step=0.01, description="mem frac")
     ctx = w.Dropdown(options=[8192, 32768, 65536, 131072, 262144], value=min(base.result.context_len or 262144, 262144), description="context")
     out = w.Output()
-    shown: list[tuple] = []
+    shown: tuple = ()
 
     def redraw(*_: Any) -> None:
         # The slider echoes 0.88 back as 0.8799999…: redraw only when a rounded input really changed.
+        nonlocal shown
         key = (tp.value, dtype.value, round(frac.value, 2), ctx.value)
-        if shown and shown[-1] == key:
+        if key == shown:
             return
-        shown.append(key)
+        shown = key
         p = plan(spec, model_dir or None, tp=key[0], kv_dtype=key[1], mem_fraction_static=key[2],
                  context_len=key[3], contexts=(key[3],))
         out.clear_output(wait=True)

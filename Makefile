@@ -11,11 +11,12 @@ LAB_PORT ?= 8888
 
 SERVING := .venv-serving
 SERVING_STAMP := $(SERVING)/.installed
-SGLANG_VERSION ?= 0.5.23
+# One constant for the SGLang version the rules follow: lib/runbook/core/__init__.py.
+SGLANG_VERSION ?= $(shell sed -n 's/^SGLANG_VERSION = "\(.*\)"/\1/p' lib/runbook/core/__init__.py)
 
 LLAMA_SERVER := .cache/llama-server-0.3.36/llama-server
 
-.PHONY: run test lab venv serving-env demo clean-venv
+.PHONY: run test lint lab venv serving-env demo clean-venv
 
 $(RUNTIME): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,7 +60,12 @@ demo: $(RUNTIME) $(LLAMA_SERVER)
 	@if [ -x $(SERVING)/bin/python ]; then export RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python; fi; \
 	$(PY) -m runbook.demo runbook
 
-test: $(DEV) $(SERVING_STAMP) $(LLAMA_SERVER)
+# ruff (pyflakes, bugbear, complexity, imports) on everything, mypy on the library.
+lint: $(DEV)
+	$(VENV)/bin/ruff check lib tests benchmarks
+	$(VENV)/bin/mypy lib/runbook
+
+test: $(DEV) $(SERVING_STAMP) $(LLAMA_SERVER) lint
 	RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python $(PY) -m pytest $(PYTEST_ARGS)
 
 # JupyterLab on notebooks/ with the project's kernel ("Python 3 (runbook)") registered.

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-from runbook.bench.client import Client, RequestSpec  # noqa: E402
 from runbook.bench.sweep import Level, run_level  # noqa: E402
+from runbook.endpoint.client import Client, RequestSpec  # noqa: E402
 
 
 def serve(port: int, tokens: int) -> None:

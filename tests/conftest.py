@@ -26,7 +26,7 @@ RUNNER_PARAMS = 'deployment: str = ""\nresults_path: str = ""\n'
 
 
 def record(findings_src: str = "[]", data_src: str = "{}") -> str:
-    return ("from runbook import notebook, Finding\n"
+    return ("from runbook import Finding\nfrom runbook.runner import notebook\n"
             f"notebook.finish(__import__('pathlib').Path(results_path).stem.split('.')[0], {findings_src}, results_path, data={data_src})")
 
 
@@ -45,7 +45,7 @@ def cli():
 @pytest.fixture(scope="session")
 def llama():
     """A real llama-server on CPU serving the tiny random model (built once, cached in .cache/)."""
-    from runbook import demo
+    from runbook.demo import llama as demo
 
     exe = demo.llama_server_path()
     if not exe.is_file():

@@ -3,10 +3,12 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import DEFAULT_SPEC
 from fake_nvml import GIB, FakeNVML
-from runbook import env, gpus, spec
+
+from runbook.core import spec
+from runbook.env import check as env
+from runbook.env import gpus
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 import pytest
 
-from runbook.findings import Finding, counts, exit_code, format_text, sort, styled
-
+from runbook.core.findings import Finding, counts, exit_code, format_text, sort, styled
 
 F = [Finding("a", "pass", "A"), Finding("b", "warn", "B", remedy="do b"), Finding("c", "skip", "C"),
      Finding("d", "fail", "D", detail="dd", remedy="do d"), Finding("e", "info", "E")]
@@ -39,6 +38,6 @@ def test_roundtrip_and_styled_table():
                                           ("Authorization", True), ("aws_secret_access_key", True), ("access_token", True),
                                           ("tokenizer", False), ("max_tokens", False), ("input_len", False), ("monkey", False)])
 def test_secret_key_names(name, secret):
-    from runbook.secrets import is_secret_key
+    from runbook.core.secrets import is_secret_key
 
     assert is_secret_key(name) is secret

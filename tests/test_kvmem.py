@@ -2,11 +2,16 @@
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from conftest import REPO
-from runbook import arch, kvmem, kvplan, kvreport, spec
-from runbook.errors import InputError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runbook.core import spec
+from runbook.core.errors import InputError
+from runbook.kv import memory as kvmem
+from runbook.kv import plan as kvplan
+from runbook.kv import report as kvreport
+from runbook.model import arch
 
 MODELS = REPO / "tests" / "fixtures" / "models"
 

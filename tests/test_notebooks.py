@@ -2,9 +2,9 @@
 import json
 
 import pytest
-
 from conftest import REPO
-from runbook import params
+
+from runbook.runner import params
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 

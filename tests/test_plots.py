@@ -3,8 +3,11 @@ import base64
 import math
 import struct
 
-from runbook import kvplan, kvreport, plots, spec
 from conftest import DEFAULT_SPEC
+
+from runbook.core import plots, spec
+from runbook.kv import plan as kvplan
+from runbook.kv import report as kvreport
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
@@ -50,13 +53,13 @@ def test_show_displays_png_in_ipython_and_nothing_outside(capsys):
 
 
 def test_panel_redraws_only_when_a_rounded_input_changes(monkeypatch):
-    from runbook import kvplan as kvplan_mod
+    from runbook.kv import plan as kvplan_mod
 
     calls = []
     real = kvplan_mod.plan
     monkeypatch.setattr(kvplan_mod, "plan", lambda *a, **k: calls.append(k) or real(*a, **k))
     box = kvreport.panel(spec.load(DEFAULT_SPEC))
-    (tp, dtype), (frac, ctx) = box.children[0].children, box.children[1].children
+    (tp, _dtype), (frac, _ctx) = box.children[0].children, box.children[1].children
     drawn = len(calls)                               # the base plan and the first drawing
     echo = math.nextafter(frac.value, 0)             # the browser's echo of the same position: 0.8799999…
     assert echo != frac.value and round(echo, 2) == frac.value

@@ -2,11 +2,13 @@ import json
 import os
 
 import pytest
-
 from ckpt_factory import attn_layer, linear_tensors, llama_config, make, qwen35_config
 from conftest import REPO
-from runbook import checkpoint, quant, spec
-from runbook.errors import InputError
+
+from runbook import quant
+from runbook.core import spec
+from runbook.core.errors import InputError
+from runbook.model import checkpoint
 
 FIX = REPO / "tests" / "fixtures"
 MODELOPT_NVFP4 = {"producer": {"name": "modelopt", "version": "0.35.0"},

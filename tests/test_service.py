@@ -5,11 +5,13 @@ import stat
 
 import pytest
 import yaml
-
 from conftest import DEFAULT_SPEC
 from httpfake import serve
-from runbook import service, spec, unitfile
-from runbook.errors import SpecError
+
+from runbook import service
+from runbook.core import spec
+from runbook.core.errors import SpecError
+from runbook.service import unitfile
 
 SERVING_PY = os.environ.get("RUNBOOK_SERVING_PYTHON")
 needs_parser = pytest.mark.skipif(not (SERVING_PY and os.path.exists(SERVING_PY)),
@@ -272,13 +274,74 @@ def test_cli_drift_json_has_no_secret(cli, monkeypatch):
     assert json.loads(cp.stdout)["differences"][0]["flag"] == "kv-cache-dtype"
 
 
+@needs_parser
 def test_cli_render_out_and_check_json(cli, tmp_path):
     out = tmp_path / "u.service"
     assert cli("service", "render", "--out", out).returncode == 0
     assert out.read_text() == service.render(dep())[0].text
     cp = cli("service", "check", "--json", "--arg", "kv-cahce-dtype=bf16")
     j = json.loads(cp.stdout)
-    if SERVING_PY:
-        assert cp.returncode == 1 and any(f["id"] == "service.flag.kv-cahce-dtype" for f in j["findings"])
+    assert cp.returncode == 1 and any(f["id"] == "service.flag.kv-cahce-dtype" for f in j["findings"])
     cp = cli("service", "check", "--arg", "bad name")
     assert cp.returncode == 2 and "expected NAME=VALUE" in cp.stderr
+
+
+def _recommending_spec():
+    """apply_recommended on, kv-cache-dtype unset: the built unit gets 10_quant_config's bf16."""
+    flags = {k: v for k, v in dep().serving.flags.items() if k != "kv-cache-dtype"}
+    return flags, dep(**{"serving.flags": flags, "serving.apply_recommended": True})
+
+
+def test_drift_compares_with_the_unit_install_writes():
+    """install writes --kv-cache-dtype bf16 (a recommendation); a server on fp8_e4m3 must fail drift."""
+    flags, d = _recommending_spec()
+    assert "--kv-cache-dtype bf16" in service.build(d).unit.text.replace(" \\\n    ", " ")
+    with serve({"/server_info": (200, SERVER_INFO)}) as (url, _):
+        rows, f, _ = service.drift(d, url)
+    assert rows == [{"flag": "kv-cache-dtype", "spec": "bf16", "server": "fp8_e4m3"}]
+    assert ids(f)["service.drift.kv-cache-dtype"].status == "fail"
+    # Without recommendations the unit leaves the dtype to SGLang, and the same server passes.
+    with serve({"/server_info": (200, SERVER_INFO)}) as (url, _):
+        rows, f, _ = service.drift(dep(**{"serving.flags": flags}), url)
+    assert rows == [] and f[0].status == "pass"
+
+
+def test_render_diff_install_and_drift_see_one_unit(tmp_path, cli):
+    spec_file = tmp_path / "d.yaml"
+    doc = yaml.safe_load(DEFAULT_SPEC.read_text())
+    doc["serving"]["flags"].pop("kv-cache-dtype")
+    doc["serving"]["apply_recommended"] = True
+    doc["model"]["card"] = str((DEFAULT_SPEC.parent / doc["model"]["card"]).resolve())
+    spec_file.write_text(yaml.safe_dump(doc))
+    unit = tmp_path / "u.service"
+    assert cli("service", "render", "--deployment", spec_file, "--out", unit).returncode == 0
+    built = service.build(spec.load(spec_file)).unit
+    assert unit.read_text() == built.text and "bf16" in built.flags["kv-cache-dtype"]
+    cp = cli("service", "diff", "--deployment", spec_file, "--installed", unit, "--json")
+    assert json.loads(cp.stdout)["changes"] == []
+    root = tmp_path / "root"
+    cp = cli("service", "install", "--deployment", spec_file, "--root", root, "--systemctl", "true", "--json")
+    assert cp.returncode == 0 and json.loads(cp.stdout)["steps"]
+
+
+def test_evaluate_reads_the_checkpoint_once(monkeypatch):
+    from runbook.model import checkpoint
+
+    calls = []
+    real = checkpoint.load
+    monkeypatch.setattr(checkpoint, "load", lambda *a, **k: calls.append(a) or real(*a, **k))
+    rep = service.evaluate(dep(), installed="/nonexistent/unit.service", url="http://127.0.0.1:9")
+    assert len(calls) == 1, calls
+    got = {f.id for f in rep.findings}
+    assert {"service.kv_dtype", "service.drift"} <= got
+    assert any(i.startswith("service.systemd") for i in got)
+    assert rep.data()["units"][0]["argv"] == rep.units[0].argv and rep.install_plan
+
+
+def test_cli_service_report_matches_the_library(cli, tmp_path):
+    cp = cli("service", "report", "--url", "http://127.0.0.1:9", "--installed", tmp_path / "none.service", "--json")
+    j = json.loads(cp.stdout)
+    rep = service.evaluate(dep(), installed=tmp_path / "none.service", url="http://127.0.0.1:9")
+    assert [f["id"] for f in j["findings"]] == [f.id for f in rep.findings]
+    assert j["units"] == json.loads(json.dumps(rep.data()["units"])) and j["install_plan"] == rep.install_plan
+    assert cp.returncode == (1 if any(f.status == "fail" for f in rep.findings) else 0)

@@ -1,9 +1,9 @@
 import pytest
 import yaml
-
 from conftest import DEFAULT_SPEC
-from runbook import spec
-from runbook.errors import SpecError
+
+from runbook.core import spec
+from runbook.core.errors import SpecError
 
 
 def _base():

@@ -9,11 +9,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
-from .errors import LockHeld, RunbookError
-from .findings import exit_code, format_text
-from .fsutil import atomic_write_text
+from runbook.core.errors import LockHeld, RunbookError
+from runbook.core.findings import exit_code, format_text
+from runbook.core.fsutil import atomic_write_text
 
 
 def _add_deployment(p: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def _csv(s: str) -> list[str]:
 
 
 def _cmd_run(a: argparse.Namespace) -> int:
-    from .run import RunOptions, run
+    from runbook.runner.run import RunOptions, run
 
     only = [n for chunk in a.only for n in _csv(chunk)]
     opts = RunOptions(deployment=a.deployment, only=only, params=a.param, out=Path(a.out), timeout=a.timeout,
@@ -42,18 +42,21 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
 
 def _cmd_env(a: argparse.Namespace) -> int:
-    from . import env, spec
+    from runbook import env
+    from runbook.core import spec
 
-    rep = env.check(spec.load(a.deployment))
+    rep = env.evaluate(spec.load(a.deployment))
     _emit(a, rep.findings, rep.to_dict())
     return exit_code(rep.findings, a.strict)
 
 
 def _cmd_quant(a: argparse.Namespace) -> int:
-    from . import checkpoint, quant, spec
+    from runbook import quant
+    from runbook.core import spec
+    from runbook.model import checkpoint
 
     if a.deployment or not a.model_dir:
-        rep = quant.for_deployment(spec.load(a.deployment), a.model_dir)
+        rep = quant.evaluate(spec.load(a.deployment), a.model_dir)
     else:
         rep = quant.inspect(checkpoint.load(a.model_dir))
     _emit(a, rep.findings, rep.to_json())
@@ -61,31 +64,42 @@ def _cmd_quant(a: argparse.Namespace) -> int:
 
 
 def _cmd_kv(a: argparse.Namespace) -> int:
-    from . import kvplan, spec
+    from runbook import kv
+    from runbook.core import spec
 
     dep = spec.load(a.deployment) if (a.deployment or not a.model_dir) else None
     ctx = [int(c) for c in _csv(a.contexts)] if a.contexts else None
-    p = kvplan.plan(dep, a.model_dir, tp=a.tp, pp=a.pp, attn_dp=a.attn_dp, kv_dtype=a.kv_dtype, gpu_mem_gib=a.gpu_mem_gib,
+    p = kv.evaluate(dep, a.model_dir, tp=a.tp, pp=a.pp, attn_dp=a.attn_dp, kv_dtype=a.kv_dtype, gpu_mem_gib=a.gpu_mem_gib,
                     weights_gib=a.weights_gib, mem_fraction_static=a.mem_fraction_static, kv_budget_gib=a.kv_budget_gib,
                     page_size=a.page_size, context_len=a.context_len, contexts=ctx)
     if a.json:
         print(json.dumps(p.to_json(), indent=2, default=str))
     else:
-        from .kvreport import text_table
-
-        print(text_table(p))
+        print(kv.text_table(p))
         print(format_text(p.findings, colour=sys.stdout.isatty()))
     return exit_code(p.findings, a.strict)
 
 
 def _cmd_service(a: argparse.Namespace) -> int:
-    from . import service, spec
+    from runbook import service
+    from runbook.core import spec
 
     dep = spec.load(a.deployment)
     args = service.parse_args(a.arg)
+    if a.action == "report":
+        rep = service.evaluate(dep, args, a.installed, a.url)
+        _emit(a, rep.findings, rep.to_json())
+        return exit_code(rep.findings, a.strict)
+    if a.action == "check":
+        _, findings = service.check(dep, args)
+        _emit(a, findings, {"findings": [f.to_dict() for f in findings]})
+        return exit_code(findings, a.strict)
+    if a.action == "drift":
+        rows, findings, info = service.drift(dep, a.url, args)
+        _emit(a, findings, {"differences": rows, "server": info, "findings": [f.to_dict() for f in findings]})
+        return exit_code(findings, a.strict)
+    units = service.build(dep, args).units
     if a.action == "render":
-        rec, _ = service.recommended_flags(dep) if dep.serving.apply_recommended else (None, None)
-        units = service.render(dep, args, rec)
         if a.out:
             out = Path(a.out)
             for u in units:
@@ -97,70 +111,67 @@ def _cmd_service(a: argparse.Namespace) -> int:
         elif not a.out:
             print("\n".join(u.text for u in units), end="")
         return 0
-    if a.action == "check":
-        _, findings = service.check(dep, args)
-        _emit(a, findings, {"findings": [f.to_dict() for f in findings]})
-        return exit_code(findings, a.strict)
     if a.action == "diff":
-        u = service.render(dep, args, service.recommended_flags(dep)[0])[0]
-        text, rows, findings = service.diff(u, Path(a.installed or dep.systemd.installed_path))
+        text, rows, findings = service.diff(units[0], Path(a.installed or dep.systemd.installed_path))
         if a.json:
             print(json.dumps({"diff": text, "changes": rows, "findings": [f.to_dict() for f in findings]}, indent=2))
         else:
             print(text or format_text(findings, colour=sys.stdout.isatty()))
         return exit_code(findings, a.strict)
-    if a.action == "install":
-        u = service.render(dep, args, service.recommended_flags(dep)[0])[0]
-        res = service.install(dep, u, dry_run=not a.yes, root=Path(a.root) if a.root else None,
-                              systemctl=a.systemctl.split() if a.systemctl else ("systemctl",), ready_url=a.ready_url,
-                              ready_timeout=a.ready_timeout, log=lambda m: print(m, file=sys.stderr))
-        _emit(a, res.findings, {"steps": res.steps, "rolled_back": res.rolled_back, "backup": res.backup,
-                                "findings": [f.to_dict() for f in res.findings]})
-        return exit_code(res.findings, a.strict)
-    rows, findings, info = service.drift(dep, a.url, args)
-    _emit(a, findings, {"differences": rows, "server": info, "findings": [f.to_dict() for f in findings]})
-    return exit_code(findings, a.strict)
+    res = service.install(dep, units[0], dry_run=not a.yes, root=Path(a.root) if a.root else None,
+                          systemctl=a.systemctl.split() if a.systemctl else ("systemctl",), ready_url=a.ready_url,
+                          ready_timeout=a.ready_timeout, log=lambda m: print(m, file=sys.stderr))
+    _emit(a, res.findings, {"steps": res.steps, "rolled_back": res.rolled_back, "backup": res.backup,
+                            "findings": [f.to_dict() for f in res.findings]})
+    return exit_code(res.findings, a.strict)
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
-    from . import spec
-    from .bench import run as bench
+    from runbook import bench
+    from runbook.core import spec
 
     dep = spec.load(a.deployment)
     o = bench.options_from(dep, a.url, model=a.model, concurrency=[int(x) for x in _csv(a.concurrency)] if a.concurrency else None,
                            rates=[float(x) for x in _csv(a.rate)] if a.rate else None, requests=a.requests, duration_s=a.duration,
                            workload=a.workload, input_len=a.input_len, output_len=a.output_len, chat=a.chat or None,
                            tokenizer=a.tokenizer, warmup=a.warmup, out=Path(a.out) if a.out else None, seed=a.seed,
-                           compare_url=a.compare_url, timeout_s=a.timeout, progress=sys.stderr.isatty())
+                           compare_url=a.compare_url, timeout_s=a.timeout, flush=a.flush_cache or None,
+                           progress=sys.stderr.isatty())
     if a.duration and not a.requests:
         o.requests = 100000  # bounded by --duration instead
-    res = bench.run(o, dep.slo)
+    res = bench.evaluate(dep, o, archive_root=None if a.archive == "" else Path(a.archive))
     if a.json:
         doc = dict(res.summary, findings=[f.to_dict() for f in res.findings])
         print(json.dumps(doc, indent=2, default=str))
     else:
-        from .bench.report import frame
-
         if res.summary.get("levels"):
-            print(frame(res.summary).to_string())
+            print(bench.frame(res.summary).to_string())
         print(format_text(res.findings, colour=sys.stdout.isatty()))
     return exit_code(res.findings, a.strict)
 
 
 def _cmd_accuracy(a: argparse.Namespace) -> int:
-    from . import spec
-    from .accuracy import kvquant, probes
+    from runbook import accuracy
+    from runbook.accuracy import kvquant, probes
+    from runbook.core import spec
 
     dep = spec.load(a.deployment)
+    lengths = [int(x) for x in _csv(a.lengths)] if a.lengths else None
+    depths = [float(x) for x in _csv(a.depths)] if a.depths else None
+    if a.probe == "report":
+        rep = accuracy.evaluate(dep, a.url, a.compare_url, a.spec_off_url, lengths, depths, a.tokenizer, a.seed,
+                                a.per_cell, a.out, a.prompts, a.max_tokens)
+        _emit(a, rep.findings, rep.to_json())
+        return exit_code(rep.findings, a.strict)
+    doc: dict[str, Any]
     if a.probe == "kvquant":
         st = kvquant.run(dep.accuracy, active=probes.deployment_format(dep))
         findings, doc = st.findings, {"kvquant": st.to_json()}
     elif a.probe == "recall":
         url = a.url or dep.serving.local_url
-        lengths = [int(x) for x in _csv(a.lengths)] if a.lengths else probes.recall_lengths(dep)
-        depths = [float(x) for x in _csv(a.depths)] if a.depths else list(dep.accuracy.recall_depths)
-        rec, findings = probes.run_recall(url, lengths, depths, a.tokenizer, a.compare_url, a.seed, a.per_cell,
-                                          Path(a.out) if a.out else None, dep.serving.api_key_env)
+        rec, findings = probes.run_recall(url, probes.recall_lengths(dep, lengths), depths or list(dep.accuracy.recall_depths),
+                                          a.tokenizer, a.compare_url, a.seed, a.per_cell, Path(a.out) if a.out else None,
+                                          dep.serving.api_key_env)
         doc = {"recall": rec}
     else:
         rows, findings = probes.run_identity(a.url, a.compare_url, a.prompts, a.max_tokens, a.tokenizer)
@@ -178,7 +189,7 @@ def _emit(a: argparse.Namespace, findings: list, doc: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .run import OUTPUTS
+    from runbook.runner.run import OUTPUTS
 
     p = argparse.ArgumentParser(prog="runbook", description="SGLang deployment runbooks: checks, archive, reports.")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -225,17 +236,18 @@ def build_parser() -> argparse.ArgumentParser:
     k.set_defaults(fn=_cmd_kv)
 
     sv = sub.add_parser("service", help="render, check, diff, install or drift-check the systemd unit")
-    sv.add_argument("action", choices=["render", "check", "diff", "install", "drift"])
+    sv.add_argument("action", choices=["render", "check", "diff", "install", "drift", "report"],
+                    help="report: check + diff + install plan + drift, what 30_service shows")
     _add_deployment(sv)
     sv.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE", help="add or override one SGLang flag (what-if)")
     sv.add_argument("--out", metavar="FILE", help="render: write the unit here (a directory for multi-node)")
-    sv.add_argument("--installed", metavar="FILE", help="diff: the installed unit (default: systemd.unit_path or /etc/systemd/system/<name>.service)")
+    sv.add_argument("--installed", metavar="FILE", help="diff, report: the installed unit (default: systemd.unit_path or /etc/systemd/system/<name>.service)")
     sv.add_argument("--yes", action="store_true", help="install: really do it (default: dry run)")
     sv.add_argument("--root", metavar="DIR", help="install: prefix for the unit path (testing, chroots)")
     sv.add_argument("--systemctl", metavar="CMD", help="install: systemctl command to use")
     sv.add_argument("--ready-url", metavar="URL", help="install: readiness URL (default: http://host:port + systemd.ready_path)")
     sv.add_argument("--ready-timeout", type=float, metavar="S", help="install: readiness timeout (default: systemd.timeout_start_sec)")
-    sv.add_argument("--url", metavar="URL", help="drift: server base URL (default: http://host:port from the spec)")
+    sv.add_argument("--url", metavar="URL", help="drift, report: server base URL (default: http://host:port from the spec)")
     _add_output(sv)
     sv.set_defaults(fn=_cmd_service)
 
@@ -258,14 +270,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--compare-url", metavar="URL", help="A/B: the same workload against this second endpoint")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per-request timeout")
+    b.add_argument("--flush-cache", action="store_true",
+                   help="POST /flush_cache before each level (default: the spec's benchmark.flush_cache, off)")
+    b.add_argument("--archive", default=str(OUTPUTS), metavar="DIR",
+                   help="compare with this deployment's newest benchmark archived here (default: outputs/; '' to skip)")
     _add_output(b)
     b.set_defaults(fn=_cmd_bench)
 
     ac = sub.add_parser("accuracy", help="KV-quantization error offline; long-context recall and greedy identity live")
-    ac.add_argument("probe", choices=["kvquant", "recall", "identity"])
+    ac.add_argument("probe", choices=["kvquant", "recall", "identity", "report"],
+                    help="report: all three, what 50_accuracy shows (live probes skip without --url)")
     _add_deployment(ac)
     ac.add_argument("--url", help="recall: the endpoint (default: the spec's); identity: speculative decoding on")
-    ac.add_argument("--compare-url", help="recall: A/B second endpoint (e.g. BF16 KV); identity: speculative decoding off")
+    ac.add_argument("--compare-url", help="recall, report: A/B second endpoint (e.g. BF16 KV); identity: speculative decoding off")
+    ac.add_argument("--spec-off-url", help="report: the same model with speculative decoding off (greedy identity)")
     ac.add_argument("--lengths", metavar="N,...", help="recall: haystack token lengths (default: the spec's, up to --context-length)")
     ac.add_argument("--depths", metavar="F,...", help="recall: needle depths as fractions (default: the spec's)")
     ac.add_argument("--per-cell", type=int, default=1, help="recall: needles per length × depth cell")
@@ -273,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--seed", type=int, default=0)
     ac.add_argument("--prompts", type=int, default=8, help="identity: number of prompts")
     ac.add_argument("--max-tokens", type=int, default=64, help="identity: greedy tokens per prompt")
-    ac.add_argument("--out", metavar="DIR", help="recall: archive the prompts here")
+    ac.add_argument("--out", metavar="DIR", help="recall, report: archive the prompts here")
     _add_output(ac)
     ac.set_defaults(fn=_cmd_accuracy)
     return p

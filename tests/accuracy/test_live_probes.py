@@ -3,8 +3,8 @@ assert prompt construction, exact token lengths, scoring and the A/B arithmetic,
 import json
 
 from runbook.accuracy import identity, probes, recall
-from runbook.bench.run import run_sync
-from runbook.bench.workloads import load_tokenizer
+from runbook.endpoint.reach import run_sync
+from runbook.model.tokenizer import load_tokenizer
 
 
 def test_items_are_deterministic_and_exact(llama):

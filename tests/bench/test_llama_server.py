@@ -6,12 +6,14 @@ import json
 
 import aiohttp
 
-from runbook.bench import run as bench, sweep, workloads
-from runbook.bench.client import Client
+from runbook.bench import run as bench
+from runbook.bench import sweep, workloads
+from runbook.endpoint.client import Client
+from runbook.model.tokenizer import load_tokenizer
 
 
 def test_fixed_lengths_and_server_counts(llama):
-    tok = workloads.load_tokenizer(llama.model_dir)
+    tok = load_tokenizer(llama.model_dir)
     o = bench.BenchOptions(url=llama.url, concurrency=[1, 4], requests=8, workload="code", output_len=24,
                            tokenizer=str(llama.model_dir), warmup=1)
     res = bench.run(o)
@@ -25,7 +27,7 @@ def test_fixed_lengths_and_server_counts(llama):
 
 
 def test_long_context_prompts_have_exact_token_lengths(llama):
-    wl = workloads.build("longctx", 3, input_len=512, output_len=4, tokenizer=workloads.load_tokenizer(llama.model_dir))
+    wl = workloads.build("longctx", 3, input_len=512, output_len=4, tokenizer=load_tokenizer(llama.model_dir))
     assert all(len(r.prompt) == 512 for r in wl.requests) and wl.exact_lengths
 
     async def go():
@@ -37,7 +39,7 @@ def test_long_context_prompts_have_exact_token_lengths(llama):
 
 
 def test_random_lengths_in_range(llama):
-    tok = workloads.load_tokenizer(llama.model_dir)
+    tok = load_tokenizer(llama.model_dir)
     wl = workloads.build("random", 20, input_len=100, output_len=4, tokenizer=tok, range_ratio=0.5, seed=3)
     lens = [len(r.prompt) for r in wl.requests]
     assert min(lens) >= 50 and max(lens) <= 150 and len(set(lens)) > 5
@@ -58,9 +60,12 @@ def test_metrics_scrape_and_connection_close(llama):
 
 def test_cli_bench_json_fixed_keys(llama, cli, tmp_path):
     cp = cli("bench", "--url", llama.url, "--concurrency", "1,2", "--requests", "4", "--output-len", "8",
-             "--workload", "prefix", "--input-len", "128", "--tokenizer", llama.model_dir, "--out", tmp_path, "--json")
-    assert cp.returncode in (0, 1), cp.stderr
+             "--workload", "prefix", "--input-len", "128", "--tokenizer", llama.model_dir, "--out", tmp_path, "--json",
+             "--archive", "")
     j = json.loads(cp.stdout)
+    assert cp.returncode == (1 if any(f["status"] == "fail" for f in j["findings"]) else 0), cp.stderr
+    assert not any(f["id"].startswith("bench.regression") for f in j["findings"])   # --archive '' skips the comparison
+    assert j["corpus_version"] and j["cache_flush"] is False
     for lv in j["levels"]:
         for k in ("concurrency", "completed", "failed", "output_tok_s", "client_bound"):
             assert k in lv
@@ -75,7 +80,8 @@ def test_runner_archives_the_benchmark(llama, cli, tmp_path):
     out = tmp_path / "out"
     cp = cli("run", "--out", out, "--only", "benchmark", "--param", f"url={llama.url}", "--param", "concurrency=1,2",
              "--param", "requests=4", "--param", "output_len=8", "--param", f"tokenizer={llama.model_dir}")
-    assert cp.returncode in (0, 1), cp.stderr
+    fails = json.loads(((out / "latest") / "summary.json").read_text())["findings"]["fail"]
+    assert cp.returncode == (1 if fails else 0), cp.stderr
     run_dir = (out / "latest").resolve()
     res = json.loads((run_dir / "40_benchmark.results.json").read_text())
     assert [lv["concurrency"] for lv in res["data"]["levels"]] == [1, 2]
@@ -86,4 +92,5 @@ def test_runner_archives_the_benchmark(llama, cli, tmp_path):
     cli("run", "--out", out, "--only", "benchmark", "--param", f"url={llama.url}", "--param", "concurrency=1,2",
         "--param", "requests=4", "--param", "output_len=8")
     res2 = json.loads(((out / "latest").resolve() / "40_benchmark.results.json").read_text())
-    assert any(f["id"].startswith("bench.regression") and "no previous" not in f["title"] for f in res2["findings"])
+    reg = [f for f in res2["findings"] if f["id"].startswith("bench.regression")]
+    assert reg and all(f["status"] in ("pass", "warn") for f in reg), reg   # compared, same corpus and workload

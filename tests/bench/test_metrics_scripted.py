@@ -5,11 +5,12 @@ import time
 
 import aiohttp
 import pytest
+from sse_server import Script, ScriptedServer, VirtualClock
 
 from runbook.bench import metrics, sweep
-from runbook.bench.client import Client, RequestSpec
 from runbook.bench.run import paired
-from sse_server import Script, ScriptedServer, VirtualClock
+from runbook.core.stats import bootstrap_ci
+from runbook.endpoint.client import Client, RequestSpec
 
 MS = 1e-3
 
@@ -176,6 +177,6 @@ def test_stats_and_bootstrap():
     s = metrics.stats([0.001, 0.002, 0.003, 0.004])
     assert s["mean"] == pytest.approx(2.5) and s["p50"] == pytest.approx(2.5) and s["max"] == pytest.approx(4.0)
     assert s["p99"] == pytest.approx(3.97)
-    mean, lo, hi = metrics.bootstrap_ci([1.0] * 20)
+    mean, lo, hi = bootstrap_ci([1.0] * 20)
     assert (mean, lo, hi) == (1.0, 1.0, 1.0)
     assert metrics.stats([])["p50"] is None

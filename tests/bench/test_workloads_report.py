@@ -2,9 +2,10 @@ import json
 
 import pytest
 
-from runbook import demo
-from runbook.bench import run as bench, workloads
-from runbook.errors import InputError
+from runbook.bench import run as bench
+from runbook.bench import workloads
+from runbook.core.errors import InputError
+from runbook.demo import llama as demo
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +79,47 @@ def test_level_findings():
     assert f["bench.errors.c4"].status == "fail" and "timeout: 2" in f["bench.errors.c4"].evidence
     assert f["bench.client_bound.c4"].status == "warn"
     assert f["bench.peak"].status == "info"
+
+
+def test_regression_check_refuses_other_work():
+    prev = {"workload": "code", "corpus_version": "code-0", "input_len": 1024, "output_len": 256, "chat": False,
+            "levels": [_lv("c1", 1, 100.0, 10.0)]}
+    cur = dict(prev, corpus_version=workloads.build("code", 1).corpus_version, levels=[_lv("c1", 1, 50.0, 20.0)])
+    (f,) = bench.compare_previous(cur, prev, 10)
+    assert f.status == "skip" and "'code-0' then" in f.detail
+    same = dict(prev, corpus_version=cur["corpus_version"])
+    assert {x.id for x in bench.compare_previous(cur, same, 10)} == {"bench.regression.c1", "bench.regression.tpot.c1"}
+
+
+def test_code_workloads_are_byte_identical_and_versioned(tmp_path):
+    from runbook import corpus
+
+    a, b = workloads.build("prefix", 3, input_len=256), workloads.build("prefix", 3, input_len=256)
+    assert [r.prompt for r in a.requests] == [r.prompt for r in b.requests]
+    assert a.corpus_version == corpus.VERSION == workloads.build("longctx", 1).corpus_version
+    assert workloads.build("random", 1, seed=3).corpus_version == "random-seed3"
+    f = tmp_path / "w.jsonl"
+    f.write_text('{"prompt": "hi"}\n')
+    v1 = workloads.build(str(f), 1).corpus_version
+    f.write_text('{"prompt": "ho"}\n')
+    assert v1.startswith("file-") and workloads.build(str(f), 1).corpus_version != v1
+
+
+def test_evaluate_compares_with_the_archive(tmp_path, monkeypatch):
+    """bench.evaluate (CLI and notebook) reads the newest archived run of the deployment."""
+    from conftest import DEFAULT_SPEC
+
+    from runbook.bench import run as bench_run
+    from runbook.core import spec
+
+    dep = spec.load(DEFAULT_SPEC)
+    cur = {"workload": "code", "corpus_version": "code-1", "input_len": 2048, "output_len": 512, "chat": False,
+           "levels": [_lv("c1", 1, 50.0, 10.0)]}
+    monkeypatch.setattr(bench_run, "run", lambda o, slo=None: bench_run.BenchResult(dict(cur), []))
+    run_dir = tmp_path / "20260101T000000Z-x"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"deployment": dep.name, "started": "2026-01-01T00:00:00Z"}))
+    (run_dir / "40_benchmark.results.json").write_text(json.dumps({"data": dict(cur, levels=[_lv("c1", 1, 100.0, 10.0)])}))
+    res = bench.evaluate(dep, bench.options_from(dep), archive_root=tmp_path)
+    assert [f.id for f in res.findings] == ["bench.regression.c1"] and res.summary["previous_run"]["corpus_version"] == "code-1"
+    assert [f.status for f in bench.evaluate(dep, bench.options_from(dep), archive_root=tmp_path / "empty").findings] == ["info"]

@@ -5,8 +5,8 @@ from typing import Any, Optional, Sequence
 
 import aiohttp
 
-from ..bench.client import Client, RequestSpec
-from ..findings import Finding
+from runbook.core.findings import Finding
+from runbook.endpoint.client import Client, RequestSpec
 
 
 def first_difference(a: str, b: str, tokenizer: Any = None) -> Optional[int]:
@@ -15,7 +15,7 @@ def first_difference(a: str, b: str, tokenizer: Any = None) -> Optional[int]:
         return None
     xs = tokenizer.encode(a, add_special_tokens=False).ids if tokenizer is not None else list(a)
     ys = tokenizer.encode(b, add_special_tokens=False).ids if tokenizer is not None else list(b)
-    for i, (x, y) in enumerate(zip(xs, ys)):
+    for i, (x, y) in enumerate(zip(xs, ys, strict=False)):
         if x != y:
             return i
     return min(len(xs), len(ys))
@@ -33,7 +33,7 @@ async def compare(url_a: str, url_b: str, prompts: Sequence[str], max_tokens: in
     a = await outputs(url_a, prompts, max_tokens, model, api_key)
     b = await outputs(url_b, prompts, max_tokens, model, api_key)
     rows = []
-    for ra, rb in zip(a, b):
+    for ra, rb in zip(a, b, strict=True):
         pos = first_difference(ra.text, rb.text, tokenizer)
         ok = all(r.error_kind in (None, "no_output") for r in (ra, rb))   # an empty greedy output is still an output
         rows.append({"id": ra.id, "identical": pos is None and ok, "first_diff": pos, "a": ra.text, "b": rb.text,

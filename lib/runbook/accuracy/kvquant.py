@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 import ml_dtypes
 import numpy as np
 
-from ..findings import Finding
+from runbook.core.findings import Finding, Status
 
 FORMATS = {"fp8_e4m3": (ml_dtypes.float8_e4m3fn, 448.0), "fp8_e5m2": (ml_dtypes.float8_e5m2, 57344.0),
            "bf16": (ml_dtypes.bfloat16, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max))}
@@ -122,8 +122,8 @@ def active_format(kv_dtype: str, scale_coverage: str = "unknown") -> tuple[str, 
 def run(thresholds: Any = None, text: Optional[str] = None, real_lengths: Sequence[int] = (64, 128, 256, 512),
         synth_lengths: Sequence[int] = (512, 2048, 8192), seed: int = 0, active: tuple[str, str] = ("bf16", "none")) -> Study:
     """The whole study: MiniLM's real activations (≤512 tokens) plus long synthetic sequences."""
-    from ..bench.workloads import code_text
-    from . import minilm
+    from runbook.accuracy import minilm
+    from runbook.corpus import code_text
 
     st = Study(source=f"real: {minilm.MODEL_NAME}; synthetic: decoder-like keys with outlier channels (labelled 'synthetic')")
     for acts in minilm.activations(text or code_text()):
@@ -155,7 +155,7 @@ def findings(rows: list[dict[str, Any]], t: Any = None, active: tuple[str, str] 
     for (source, fmt, scaling), r in seen.items():
         att = r["attn_out_rel_err"] or 0.0
         clip = r["clipped_frac"]
-        status = "fail" if clip >= cf or att >= af else "warn" if clip >= cw or att >= aw else "pass"
+        status: Status = "fail" if clip >= cf or att >= af else "warn" if clip >= cw or att >= aw else "pass"
         mine = (fmt, scaling) == active
         if not mine:
             status = "info"

@@ -60,7 +60,7 @@ def activations(text: str, max_tokens: int = 512) -> list[LayerActs]:
     for i in range(6):
         p = f"encoder.layer.{i}."
 
-        def lin(name: str, h: np.ndarray) -> np.ndarray:
+        def lin(name: str, h: np.ndarray, p: str = p) -> np.ndarray:
             return h @ w[p + name + ".weight"].T + w[p + name + ".bias"]
 
         q, k, v = (lin(f"attention.self.{m}", x).reshape(n, heads, hd).transpose(1, 0, 2) for m in ("query", "key", "value"))

@@ -6,18 +6,20 @@ import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..bench.run import run_sync
-from ..bench.sweep import probe as reachable
-from ..bench.workloads import code_prompts, load_tokenizer
-from ..findings import Finding
-from . import identity, recall
+from runbook.accuracy import identity, recall
+from runbook.core.findings import Finding
+from runbook.core.spec import Deployment
+from runbook.corpus import code_prompts
+from runbook.endpoint.reach import probe as reachable
+from runbook.endpoint.reach import run_sync
+from runbook.model.tokenizer import load_tokenizer
 
 
-def deployment_format(spec: Any) -> tuple[str, str]:
+def deployment_format(spec: Deployment) -> tuple[str, str]:
     """(format, scaling) of the deployment's KV cache, from the quant inspection (bf16 when unreadable)."""
-    from .. import quant
-    from ..errors import InputError
-    from .kvquant import active_format
+    from runbook import quant
+    from runbook.accuracy.kvquant import active_format
+    from runbook.core.errors import InputError
 
     try:
         rep = quant.for_deployment(spec)
@@ -26,7 +28,7 @@ def deployment_format(spec: Any) -> tuple[str, str]:
     return active_format(rep.kv_cache.effective, rep.kv_cache.scale_coverage)
 
 
-def recall_lengths(spec: Any, lengths: Optional[Sequence[int]] = None) -> list[int]:
+def recall_lengths(spec: Deployment, lengths: Optional[Sequence[int]] = None) -> list[int]:
     """The spec's recall lengths, up to its --context-length (a longer prompt would be rejected)."""
     ls = list(lengths or spec.accuracy.recall_lengths)
     ctx = spec.serving.flags.get("context-length")

@@ -14,10 +14,10 @@ from typing import Any, Optional, Sequence
 import aiohttp
 import numpy as np
 
-from ..bench.client import Client, RequestSpec
-from ..bench.metrics import bootstrap_ci
-from ..bench.workloads import CHARS_PER_TOKEN, code_text
-from ..findings import Finding
+from runbook.core.findings import Finding
+from runbook.core.stats import bootstrap_ci
+from runbook.corpus import CHARS_PER_TOKEN, code_text
+from runbook.endpoint.client import Client, RequestSpec
 
 QUESTION = "\n\n# Question: in the code above, what is the value of {key}? Reply with the value only.\n# Answer: "
 
@@ -62,6 +62,7 @@ def build_items(lengths: Sequence[int], depths: Sequence[float], tokenizer: Any 
                 q = QUESTION.format(key=key)
                 off = int(rng.integers(0, 10000))
                 if tokenizer is not None:
+                    assert hay_ids is not None  # encoded above whenever there is a tokenizer
                     nd = tokenizer.encode("\n" + line + "\n", add_special_tokens=False).ids
                     qi = tokenizer.encode(q, add_special_tokens=False).ids
                     budget = L - len(nd) - len(qi)

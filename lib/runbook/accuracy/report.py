@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..plots import figure
+from runbook.core.plots import figure
 
 
 def kv_table(rows: Sequence[dict[str, Any]]):
@@ -24,7 +24,7 @@ def plot_growth(growth: Sequence[dict[str, Any]]):
 
     df = pd.DataFrame(growth)
     fig, axes = figure((10, 3.6), ncols=2)
-    for ax, src in zip(axes, sorted(df["source"].unique()) if not df.empty else []):
+    for ax, src in zip(axes, sorted(df["source"].unique()) if not df.empty else [], strict=False):
         d = df[df["source"] == src].groupby(["format", "scaling", "length"])["attn_out_rel_err"].max().reset_index()
         for (fmt, sc), g in d.groupby(["format", "scaling"]):
             ax.plot(g["length"], g["attn_out_rel_err"] * 100, marker="o", label=f"{fmt} {sc}")

@@ -1,1 +1,20 @@
-"""Serving benchmarks: client (one streamed request -> record), workloads, metrics (pure), sweep, report."""
+"""Stage 40: serving benchmarks. `evaluate(spec, options, archive_root)` is the entry point (`runbook
+bench`, 40_benchmark): workload from the frozen corpus, sweep, summary, regression check against the
+previous archived run. metrics.py is pure arithmetic; report.py holds the tables and plots."""
+from runbook.bench.report import (
+           frame,
+           plot_cdf,
+           plot_latency,
+           plot_throughput,
+           spec_decoding_frame,
+)
+from runbook.bench.run import (
+           BenchOptions,
+           BenchResult,
+           compare_previous,
+           evaluate,
+           options_from,
+)
+
+__all__ = ["BenchOptions", "BenchResult", "compare_previous", "evaluate", "frame", "options_from", "plot_cdf",
+           "plot_latency", "plot_throughput", "spec_decoding_frame"]

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .client import RequestRecord
+from runbook.endpoint.client import RequestRecord
 
 PCTS = (50, 90, 95, 99)
 
@@ -34,22 +34,24 @@ def tpot_s(r: RequestRecord) -> Optional[float]:
     n = r.output_tokens
     if not r.chunk_times or n < 2:
         return None
-    return (e2e_s(r) - ttft_s(r)) / (n - 1)
+    e2e, ttft = e2e_s(r), ttft_s(r)
+    assert e2e is not None and ttft is not None  # both are set when chunk_times is non-empty
+    return (e2e - ttft) / (n - 1)
 
 
 def chunk_gaps_s(r: RequestRecord) -> list[float]:
-    return [b - a for a, b in zip(r.chunk_times, r.chunk_times[1:])]
+    return [b - a for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
 
 
 def itl_per_token_s(r: RequestRecord) -> list[float]:
     out: list[float] = []
-    for gap, n in zip(chunk_gaps_s(r), r.chunk_tokens[1:]):
+    for gap, n in zip(chunk_gaps_s(r), r.chunk_tokens[1:], strict=False):
         n = max(1, n)
         out += [gap / n] * n
     return out
 
 
-def stats(xs: Iterable[float], scale: float = 1000.0) -> dict[str, Optional[float]]:
+def stats(xs: Iterable[Optional[float]], scale: float = 1000.0) -> dict[str, Optional[float]]:
     """mean, p50, p90, p95, p99, max (×scale: seconds → ms by default); None when empty."""
     a = np.asarray([x for x in xs if x is not None], dtype=float) * scale
     keys = ["mean"] + [f"p{p}" for p in PCTS] + ["max", "n"]
@@ -107,13 +109,3 @@ def summarise(records: Sequence[RequestRecord], slo: Any = None) -> dict[str, An
         s["goodput_req_s"] = good / win if win > 0 else 0.0
         s["slo_attainment"] = good / len(records) if records else 0.0
     return s
-
-
-def bootstrap_ci(diffs: Sequence[float], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float, float]:
-    """Mean of paired differences with a percentile bootstrap confidence interval."""
-    a = np.asarray(diffs, dtype=float)
-    if a.size == 0:
-        return (float("nan"),) * 3
-    rng = np.random.default_rng(seed)
-    means = a[rng.integers(0, a.size, size=(n_boot, a.size))].mean(axis=1)
-    return float(a.mean()), float(np.percentile(means, 100 * alpha / 2)), float(np.percentile(means, 100 * (1 - alpha / 2)))

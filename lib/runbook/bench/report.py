@@ -1,13 +1,11 @@
 """Tables and plots from a benchmark summary, and the previous archived run to compare with."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any, cast
 
-from .client import RequestRecord
-from . import metrics
-from ..plots import figure
+from runbook.bench import metrics
+from runbook.core.plots import figure
+from runbook.endpoint.client import RequestRecord
 
 
 def frame(summary: dict[str, Any]):
@@ -70,9 +68,9 @@ def plot_cdf(records: list[RequestRecord]):
     by_level: dict[str, list[float]] = {}
     for r in records:
         if r.ok and metrics.e2e_s(r) is not None:
-            by_level.setdefault(r.level, []).append(metrics.e2e_s(r) * 1000)
-    for level, xs in by_level.items():
-        xs = np.sort(xs)
+            by_level.setdefault(r.level, []).append(cast(float, metrics.e2e_s(r)) * 1000)
+    for level, values in by_level.items():
+        xs = np.sort(values)
         ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=level)
     ax.set_title("End-to-end latency CDF by level")
     ax.set_xlabel("E2E latency (ms)")
@@ -84,18 +82,9 @@ def plot_cdf(records: list[RequestRecord]):
     return fig
 
 
-def previous_summary(out_dir: Path, deployment: str, exclude: Optional[str] = None) -> Optional[dict[str, Any]]:
-    """The newest archived benchmark summary of this deployment (not the run being written)."""
-    from ..archive import list_runs
+def spec_decoding_frame(summary: dict[str, Any]):
+    import pandas as pd
 
-    for run in list_runs(out_dir):
-        if run.get("deployment") != deployment or run.get("_dir") == exclude:
-            continue
-        p = out_dir / run["_dir"] / "40_benchmark.results.json"
-        try:
-            data = json.loads(p.read_text())["data"]
-        except (OSError, ValueError, KeyError):
-            continue
-        if data.get("levels"):
-            return data
-    return None
+    return pd.DataFrame([{"level": s["label"], "tokens per chunk": s["tokens_per_chunk"], "TPOT p50 ms": s["tpot_ms"]["p50"],
+                          "accept length (per request)": s.get("spec_accept_length_mean"), **s.get("spec_accept", {})}
+                         for s in summary.get("levels", [])])

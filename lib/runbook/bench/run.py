@@ -1,19 +1,21 @@
 """`runbook bench`: build the workload, sweep the levels, summarise, compare; the same call for CLI and notebook."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
-from ..findings import Finding
-from . import metrics, workloads
-from .client import Client
-from .sweep import Level, LevelResult, probe, run_level
-
+from runbook.bench import metrics, workloads
+from runbook.bench.sweep import Level, LevelResult, run_level
+from runbook.core.findings import Finding, Status
+from runbook.core.spec import Deployment
+from runbook.core.stats import bootstrap_ci
+from runbook.endpoint.client import Client
+from runbook.endpoint.reach import model_name, probe, run_sync
+from runbook.model.tokenizer import load_tokenizer
 
 
 @dataclass
@@ -36,7 +38,7 @@ class BenchOptions:
     api_key_env: Optional[str] = None
     timeout_s: float = 600.0
     range_ratio: float = 0.0
-    flush: bool = True
+    flush: bool = False      # POST /flush_cache before each level (spec: benchmark.flush_cache)
     progress: bool = False
 
 
@@ -56,19 +58,6 @@ def level_summary(lr: LevelResult, slo: Any = None) -> dict[str, Any]:
     return s
 
 
-async def _model_name(url: str, api_key: Optional[str]) -> Optional[str]:
-    import aiohttp
-
-    try:
-        async with aiohttp.ClientSession() as s:
-            async with s.get(url.rstrip("/") + "/v1/models", headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
-                             timeout=aiohttp.ClientTimeout(total=10)) as r:
-                data = await r.json(content_type=None)
-                return (data.get("data") or [{}])[0].get("id")
-    except Exception:
-        return None
-
-
 def levels_of(o: BenchOptions) -> list[Level]:
     lv = [Level(f"c{c}", concurrency=c) for c in o.concurrency]
     lv += [Level(f"r{r:g}", rate=r) for r in o.rates]
@@ -82,8 +71,8 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
                     remedy="Start the server (30_service), or give its URL; `make demo` runs a tiny CPU engine to try this notebook.")
         return BenchResult({"url": o.url, "levels": [], "skipped": why}, [f])
     api_key = os.environ.get(o.api_key_env) if o.api_key_env else None
-    model = o.model or await _model_name(o.url, api_key)
-    tok = workloads.load_tokenizer(o.tokenizer)
+    model = o.model or await model_name(o.url, api_key)
+    tok = load_tokenizer(o.tokenizer)
     out = Path(o.out) if o.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
@@ -102,14 +91,15 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
         lr.summary = level_summary(lr, slo)
         summaries.append(lr.summary)
         results.append(lr)
-    summary = {"url": o.url, "model": model, "workload": o.workload, "workload_description": wl.description,
+    summary: dict[str, Any] = {"url": o.url, "model": model, "workload": o.workload, "workload_description": wl.description,
+               "corpus_version": wl.corpus_version, "cache_flush": o.flush,
                "exact_lengths": wl.exact_lengths, "input_len": o.input_len, "output_len": o.output_len, "chat": o.chat,
                "levels": summaries}
     findings += level_findings(summaries, o.workload, slo)
     if o.compare_url:
-        ab, f = await ab_compare(o, model, api_key, tok, vocab_size)
+        ab, ab_findings = await ab_compare(o, model, api_key, tok, vocab_size)
         summary["ab"] = ab
-        findings += f
+        findings += ab_findings
     if out:
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return BenchResult(summary, findings, results, records_path)
@@ -117,18 +107,6 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
 
 def run(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] = None) -> BenchResult:
     return run_sync(run_async(o, slo, vocab_size))
-
-
-def run_sync(coro: Any) -> Any:
-    """asyncio.run, also from inside Jupyter (whose kernel already runs a loop): then in a thread."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        return ex.submit(asyncio.run, coro).result()
 
 
 def _bar(total: int, label: str):
@@ -146,7 +124,7 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
     for s in levels:
         tag = s["label"]
         if s["failed"]:
-            st = "fail" if s["error_rate"] > 0.05 else "warn"
+            st: Status = "fail" if s["error_rate"] > 0.05 else "warn"
             out.append(Finding(f"bench.errors.{tag}", st, f"{tag}: {s['failed']} of {s['completed'] + s['failed']} requests failed",
                                evidence=", ".join(f"{k}: {v}" for k, v in s["errors"].items()),
                                remedy="Read the raw records (error_kind, error) and the server log."))
@@ -185,7 +163,8 @@ async def ab_compare(o: BenchOptions, model: Optional[str], api_key: Optional[st
     wl = workloads.build(o.workload, n, o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed, o.range_ratio)
     arms = {}
     for name, url in (("a", o.url), ("b", o.compare_url)):
-        arms[name] = await run_level(Client(url, model, o.chat, api_key, o.timeout_s, tok), wl.requests, lv, o.warmup, o.flush)
+        # ab_compare is only called with compare_url set
+        arms[name] = await run_level(Client(cast(str, url), model, o.chat, api_key, o.timeout_s, tok), wl.requests, lv, o.warmup, o.flush)
     return paired(arms["a"].records, arms["b"].records, o.url, o.compare_url or "")
 
 
@@ -202,8 +181,8 @@ def paired(a_recs: list, b_recs: list, a_url: str, b_url: str) -> tuple[dict[str
                                 remedy="Check that both servers honour ignore_eos / min_tokens."))
     keep = [i for i in ids if i not in mismatched]
     for name, fn in (("tpot_ms", metrics.tpot_s), ("ttft_ms", metrics.ttft_s), ("e2e_ms", metrics.e2e_s)):
-        diffs = [(fn(b[i]) - fn(a[i])) * 1000 for i in keep if fn(a[i]) is not None and fn(b[i]) is not None]
-        mean, lo, hi = metrics.bootstrap_ci(diffs)
+        diffs = [(cast(float, fn(b[i])) - cast(float, fn(a[i]))) * 1000 for i in keep if fn(a[i]) is not None and fn(b[i]) is not None]
+        mean, lo, hi = bootstrap_ci(diffs)
         res[name] = {"mean_diff_b_minus_a": mean, "ci95": [lo, hi], "n": len(diffs)}
         if diffs:
             sig = lo > 0 or hi < 0
@@ -216,6 +195,12 @@ def compare_previous(current: dict[str, Any], previous: Optional[dict[str, Any]]
     """Regressions against the previous archived run of the same deployment."""
     if not previous or not previous.get("levels"):
         return [Finding("bench.regression", "info", "no previous benchmark of this deployment to compare with")]
+    key = ("workload", "corpus_version", "input_len", "output_len", "chat")
+    differ = [k for k in key if previous.get(k) != current.get(k)]
+    if differ:
+        return [Finding("bench.regression", "skip", "previous run measured different work: not compared",
+                        detail="; ".join(f"{k}: {previous.get(k)!r} then, {current.get(k)!r} now" for k in differ),
+                        remedy="Compare runs with the same workload and corpus version; the next run compares with this one.")]
     prev = {(p["concurrency"], p["rate"]): p for p in previous["levels"]}
     out = []
     for s in current.get("levels", []):
@@ -233,20 +218,38 @@ def compare_previous(current: dict[str, Any], previous: Optional[dict[str, Any]]
     return out or [Finding("bench.regression", "pass", f"no regression beyond {threshold_pct:g}% against the previous run")]
 
 
-def options_from(spec: Any, url: Optional[str] = None, **overrides: Any) -> BenchOptions:
+def options_from(spec: Deployment, url: Optional[str] = None, **overrides: Any) -> BenchOptions:
     """BenchOptions from the spec's benchmark plan; explicit values (not None/empty) win."""
     b = spec.benchmark
     o = BenchOptions(url=url or spec.serving.local_url, model=None, concurrency=list(b.concurrency),
                      workload=b.workload, input_len=b.input_len, output_len=b.output_len, requests=b.requests_per_level,
-                     warmup=b.warmup, api_key_env=spec.serving.api_key_env)
+                     warmup=b.warmup, api_key_env=spec.serving.api_key_env, flush=b.flush_cache)
     for k, v in overrides.items():
         if v not in (None, "", []):
             setattr(o, k, v)
     if not o.tokenizer and not url:
         # Benchmarking the spec's own server: its model's tokenizer, when the checkpoint is here.
-        from ..modeldir import locate
+        from runbook.model.location import locate
 
         loc = locate(spec)
         if loc.path is not None and (loc.path / "tokenizer.json").is_file():
             o.tokenizer = str(loc.path)
     return o
+
+
+def evaluate(spec: Deployment, options: Optional[BenchOptions] = None, archive_root: Optional[str | Path] = None,
+             exclude_run: Optional[str] = None) -> BenchResult:
+    """Stage 40's entry point: the sweep, then the regression check against the newest archived
+    benchmark of this deployment under `archive_root` (outputs/ for the CLI, the runner's archive
+    for the notebook). The regression findings and the previous run it used are in the result."""
+    from runbook.core.archive import previous_data
+
+    o = options or options_from(spec)
+    res = run(o, spec.slo)
+    if res.summary.get("levels"):
+        prev = previous_data(Path(archive_root), spec.name, "40_benchmark", exclude_run,
+                             usable=lambda d: bool(d.get("levels"))) if archive_root else None
+        reg = compare_previous(res.summary, prev, spec.benchmark.regression_threshold_pct)
+        res.summary["previous_run"] = {k: prev.get(k) for k in ("corpus_version", "workload", "model")} if prev else None
+        res.findings += reg
+    return res

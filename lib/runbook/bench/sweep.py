@@ -12,8 +12,8 @@ from typing import Any, Callable, Optional, Sequence
 import aiohttp
 import numpy as np
 
-from . import metrics
-from .client import Client, RequestRecord, RequestSpec
+from runbook.bench import metrics
+from runbook.endpoint.client import Client, RequestRecord, RequestSpec
 
 LAG_BOUND_MS = 25.0      # event-loop lag p99 above this: the client, not the server, sets the pace
 CPU_BOUND_SHARE = 0.85   # one core: the event loop is single-threaded
@@ -157,7 +157,7 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
                     gaps = rng.exponential(1.0 / level.rate, size=len(reqs))
                     t0 = time.perf_counter()
                     tasks = []
-                    for r, at in zip(reqs, np.cumsum(gaps)):
+                    for r, at in zip(reqs, np.cumsum(gaps), strict=True):
                         delay = t0 + at - time.perf_counter()
                         if delay > 0:
                             await asyncio.sleep(delay)
@@ -180,13 +180,3 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
     lag_ms = metrics.stats(lag.samples)
     bound = (lag_ms["p99"] or 0) > LAG_BOUND_MS or lag.cpu_share > CPU_BOUND_SHARE
     return LevelResult(level, records, {}, lag_ms, lag.cpu_share, bound, server_deltas(before, after), flushed)
-
-
-async def probe(base: str, timeout: float = 5.0) -> Optional[str]:
-    """None when the server answers /v1/models, else why not."""
-    try:
-        async with aiohttp.ClientSession() as s:
-            async with s.get(base.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-                return None if r.status < 500 else f"HTTP {r.status}"
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-        return str(e) or type(e).__name__

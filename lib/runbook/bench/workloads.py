@@ -4,27 +4,26 @@ when one is given, otherwise approximated (~4 characters per token) and marked s
 - random: uniformly random token ids; input length drawn from U[L·(1−r), L·(1+r)] (integers, both ends
   included; r = range_ratio, default 0 = exactly L). Random tokens make speculative-decoding drafts
   useless: never judge spec decoding on this workload.
-- code: realistic coding prompts shipped with the project (data/code_prompts.jsonl, written for it, Apache-2.0).
-- longctx: code text (this project's own sources) cut to an exact token length per request.
+- code: realistic coding prompts from the frozen corpus (runbook/corpus, written for the project, Apache-2.0).
+- longctx: the corpus's code text cut to an exact token length per request.
 - prefix: an agentic shape — one long shared system prompt plus repository context, reused by every
   request, followed by a different coding question each turn (exercises the prefix cache).
 - FILE: JSON Lines with "prompt" (text or token ids) or "messages", and optional "max_tokens".
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 
-from ..errors import InputError
-from .client import RequestSpec
-
-DATA = Path(__file__).with_name("data")
-SOURCES = Path(__file__).resolve().parents[1]
-CHARS_PER_TOKEN = 4  # the approximation used without a tokenizer
+from runbook.core.errors import InputError
+from runbook.corpus import CHARS_PER_TOKEN, code_prompts, code_text
+from runbook.corpus import VERSION as CORPUS_VERSION
+from runbook.endpoint.client import RequestSpec
 
 
 @dataclass
@@ -33,28 +32,7 @@ class Workload:
     requests: list[RequestSpec]
     exact_lengths: bool
     description: str
-
-
-def load_tokenizer(path: Optional[str | Path]) -> Any:
-    """A `tokenizers.Tokenizer` from DIR/tokenizer.json (or the file itself); None when absent."""
-    if not path:
-        return None
-    p = Path(path)
-    f = p / "tokenizer.json" if p.is_dir() else p
-    if not f.is_file():
-        return None
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(f))
-
-
-def code_prompts() -> list[str]:
-    return [json.loads(line)["prompt"] for line in (DATA / "code_prompts.jsonl").read_text().splitlines() if line.strip()]
-
-
-def code_text() -> str:
-    """Real code for haystacks: this project's own Python sources, in a stable order."""
-    return "\n\n".join(p.read_text() for p in sorted(SOURCES.rglob("*.py")))
+    corpus_version: str = ""   # what the prompts were built from; the regression check compares only equal ones
 
 
 def _count(tok: Any, text: str) -> Optional[int]:
@@ -76,7 +54,7 @@ def _text_of_length(tok: Any, text: str, n: int) -> str:
         return text[: n * CHARS_PER_TOKEN]
     ids = _exact_ids(tok, text, n)
     s = tok.decode(ids)
-    while _count(tok, s) > n and ids:
+    while cast(int, _count(tok, s)) > n and ids:  # tok is not None here
         ids = ids[:-1]
         s = tok.decode(ids)
     return s
@@ -103,11 +81,13 @@ def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, token
                 words = ["".join(chr(c) for c in rng.integers(97, 123, size=3)) for _ in range(int(L))]
                 reqs.append(RequestSpec(i, " ".join(words), output_len, None, ignore_eos))
         exact = bool((vocab and not chat))
-        return Workload(name, reqs, exact, f"random token ids, input length U[{lo}, {hi}], output {output_len}")
+        return Workload(name, reqs, exact, f"random token ids, input length U[{lo}, {hi}], output {output_len}",
+                        f"random-seed{seed}")
     if name == "code":
         ps = code_prompts()
         reqs = [RequestSpec(i, ps[i % len(ps)], output_len, _count(tokenizer, ps[i % len(ps)]), ignore_eos) for i in range(n)]
-        return Workload(name, reqs, tokenizer is not None, f"{len(ps)} shipped coding prompts, output {output_len}")
+        return Workload(name, reqs, tokenizer is not None, f"{len(ps)} shipped coding prompts, output {output_len}",
+                        CORPUS_VERSION)
     if name == "longctx":
         text = code_text()
         reqs = []
@@ -121,7 +101,8 @@ def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, token
             else:
                 s = _text_of_length(tokenizer, body, input_len)
                 reqs.append(RequestSpec(i, s, output_len, _count(tokenizer, s), ignore_eos))
-        return Workload(name, reqs, tokenizer is not None, f"code text cut to {input_len} tokens, output {output_len}")
+        return Workload(name, reqs, tokenizer is not None, f"code text cut to {input_len} tokens, output {output_len}",
+                        CORPUS_VERSION)
     if name == "prefix":
         shared = ("You are a senior engineer working in this repository. Answer with code.\n\n# Repository context\n"
                   + _text_of_length(tokenizer, code_text(), max(1, int(input_len * 0.9))))
@@ -131,12 +112,14 @@ def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, token
             q = ps[i % len(ps)]
             prompt: Any = [{"role": "system", "content": shared}, {"role": "user", "content": q}] if chat else shared + "\n\n# Task\n" + q
             reqs.append(RequestSpec(i, prompt, output_len, _count(tokenizer, shared + q), ignore_eos, {"shared_prefix": True}))
-        return Workload(name, reqs, tokenizer is not None, f"shared ~{int(input_len * 0.9)}-token system prompt + a question per turn")
+        return Workload(name, reqs, tokenizer is not None, f"shared ~{int(input_len * 0.9)}-token system prompt + a question per turn",
+                        CORPUS_VERSION)
     path = Path(name)
     if not path.is_file():
         raise InputError(f"--workload {name}: not random|code|longctx|prefix and not a file")
+    raw = path.read_bytes()
     reqs = []
-    for i, line in enumerate(path.read_text().splitlines()):
+    for i, line in enumerate(raw.decode("utf-8", errors="replace").splitlines()):
         if not line.strip():
             continue
         try:
@@ -152,4 +135,5 @@ def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, token
         raise InputError(f"{path}: no requests")
     reqs = [reqs[i % len(reqs)] for i in range(n)]
     reqs = [RequestSpec(i, r.prompt, r.max_tokens, r.prompt_tokens, r.ignore_eos) for i, r in enumerate(reqs)]
-    return Workload(path.name, reqs, tokenizer is not None, f"prompts from {path}")
+    return Workload(path.name, reqs, tokenizer is not None, f"prompts from {path}",
+                    "file-" + hashlib.sha256(raw).hexdigest()[:16])

@@ -1,0 +1,100 @@
+"""The one result shape every check produces, and how it is shown and scored."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from typing import Any, Iterable, Literal
+
+Status = Literal["pass", "warn", "fail", "skip", "info"]
+STATUSES: tuple[str, ...] = ("fail", "warn", "skip", "pass", "info")  # display order: worst first
+_COLOURS = {"pass": "#d4edda", "warn": "#fff3cd", "fail": "#f8d7da", "skip": "#e2e3e5", "info": "#d1ecf1"}
+_ANSI = {"pass": "32", "warn": "33", "fail": "31", "skip": "90", "info": "36"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One check's outcome. `remedy` says what to do when status is warn or fail."""
+
+    id: str
+    status: Status
+    title: str
+    detail: str = ""
+    evidence: str = ""
+    remedy: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"finding {self.id}: status must be one of {STATUSES}, got {self.status!r}")
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Finding":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {k: str(v) for k, v in d.items() if k in fields}  # status is checked in __post_init__
+        return cls(**kwargs)
+
+
+def counts(findings: Iterable[Finding]) -> dict[str, int]:
+    """Number of findings per status, every status present (zeros included)."""
+    c: Counter[str] = Counter(f.status for f in findings)
+    return {s: c.get(s, 0) for s in STATUSES}
+
+
+def exit_code(findings: Iterable[Finding], strict: bool = False) -> int:
+    """0 when nothing failed; 1 when a finding failed (or, with strict, warned or skipped)."""
+    return exit_code_for(counts(findings), strict)
+
+
+def exit_code_for(tally: dict[str, int], strict: bool = False) -> int:
+    """exit_code() from per-status counts."""
+    bad = ("fail", "warn", "skip") if strict else ("fail",)
+    return 1 if any(tally.get(s, 0) for s in bad) else 0
+
+
+def sort(findings: Iterable[Finding]) -> list[Finding]:
+    """Worst first, stable within a status."""
+    return sorted(findings, key=lambda f: STATUSES.index(f.status))
+
+
+def to_frame(findings: Iterable[Finding]):
+    import pandas as pd
+
+    rows = [f.to_dict() for f in findings]
+    return pd.DataFrame(rows, columns=[f.name for f in dataclasses.fields(Finding)])
+
+
+def styled(findings: Iterable[Finding]):
+    """A pandas Styler: status cells coloured, long text wrapped, remedies visible."""
+    df = to_frame(sort(findings))
+    return (
+        df.style.hide(axis="index")
+        .map(lambda s: f"background-color: {_COLOURS.get(s, '')}; font-weight: bold", subset=["status"])
+        .set_properties(**{"text-align": "left", "white-space": "pre-wrap", "vertical-align": "top"})
+        .set_table_styles([{"selector": "th", "props": "text-align: left"}])
+    )
+
+
+def format_text(findings: Iterable[Finding], colour: bool = False) -> str:
+    """Plain-text listing for the CLI: one line per finding, remedy indented below."""
+    findings = list(findings)
+    lines = []
+    for f in sort(findings):
+        tag = f"[{f.status.upper():4}]"
+        if colour:
+            tag = f"\033[{_ANSI[f.status]}m{tag}\033[0m"
+        line = f"{tag} {f.id}: {f.title}"
+        if f.detail:
+            line += f" — {f.detail}"
+        lines.append(line)
+        if f.remedy and f.status in ("warn", "fail"):
+            lines.append(f"         fix: {f.remedy}")
+    c = counts(findings)
+    lines.append(", ".join(f"{n} {s}" for s, n in c.items() if n) or "no findings")
+    return "\n".join(lines)
+
+
+def to_json(findings: Iterable[Finding]) -> str:
+    return json.dumps([f.to_dict() for f in findings], indent=2)

@@ -1,0 +1,269 @@
+"""The deployment spec: one YAML file per deployment, the single source of truth.
+
+Every notebook and CLI verb loads it through `load()`, which validates it with pydantic and
+turns any problem into one SpecError line naming the file, the key and the expected form.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from runbook.core.errors import SpecError
+from runbook.core.secrets import is_secret_key
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_SPEC = REPO_ROOT / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+# Flags owned by other spec sections, so the spec cannot say the same thing twice.
+_OWNED_FLAGS = {
+    "model-path": "model.path", "model": "model.path", "tp-size": "parallelism.tp", "tp": "parallelism.tp",
+    "tensor-parallel-size": "parallelism.tp", "pp-size": "parallelism.pp", "pipeline-parallel-size": "parallelism.pp",
+    "dp-size": "parallelism.attn_dp", "attn-dp-size": "parallelism.attn_dp", "enable-dp-attention": "parallelism.attn_dp",
+    "host": "serving.host", "port": "serving.port", "served-model-name": "model.served_name",
+    "api-key": "serving.env_file (never inline a key)",
+}
+
+FlagValue = Union[bool, int, float, str, None]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Model(_Strict):
+    path: str = Field(description="what SGLang gets as --model-path: a local checkpoint dir or a Hugging Face repo id")
+    card: Optional[str] = Field(None, description="local dir with config.json etc. to inspect when path is not on this machine")
+    served_name: Optional[str] = None
+    revision: Optional[str] = None
+    size_gib: Optional[float] = Field(None, gt=0, description="checkpoint size when it is not on this machine; read from its index when it is")
+
+
+class Hardware(_Strict):
+    gpu_model: str
+    gpu_count: int = Field(gt=0)
+    gpu_memory_gib: float = Field(gt=0, description="memory per GPU")
+    compute_capability: Optional[str] = Field(None, pattern=r"^\d+\.\d+$")
+    require_gpus: bool = Field(False, description="true on the serving host: a missing driver then fails the run")
+
+
+class Node(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    address: str = Field(description="address the other nodes reach this one at")
+
+
+class Parallelism(_Strict):
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    attn_dp: int = Field(default=1, gt=0, description="attention data parallel size (SGLang --dp-size with --enable-dp-attention)")
+    nodes: list[Node] = Field(default_factory=list, description="multi-node: one entry per node, rank 0 first")
+    dist_init_port: int = Field(default=50000, gt=0, lt=65536)
+
+    @model_validator(mode="after")
+    def _dp_divides_tp(self) -> "Parallelism":
+        if self.tp % self.attn_dp:
+            raise ValueError(f"attn_dp ({self.attn_dp}) must divide tp ({self.tp})")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        # Attention DP splits the TP group; it adds no GPUs.
+        return self.tp * self.pp
+
+
+class Serving(_Strict):
+    python: str = Field(description="absolute path of the python in the serving environment")
+    host: str = "127.0.0.1"
+    port: int = Field(30000, gt=0, lt=65536)
+    flags: dict[str, FlagValue] = Field(default_factory=dict, description="SGLang flags without leading dashes; true for a switch")
+    env: dict[str, str] = Field(default_factory=dict)
+    env_file: Optional[str] = Field(None, description="EnvironmentFile with secrets (API key, HF token); never inlined")
+    api_key_env: Optional[str] = Field(None, description="name of the environment variable holding the API key for clients")
+    apply_recommended: bool = Field(False, description="apply the quant notebook's recommended flags when rendering the unit")
+
+    @property
+    def local_url(self) -> str:
+        """Where clients on this host reach the server (a wildcard bind address means loopback)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_values_are_strings(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for k, val in v.items():
+            if isinstance(val, bool) or isinstance(val, float):
+                raise ValueError(f"{k}: quote the value (YAML read {val!r} as {type(val).__name__}, not a string)")
+            out[k] = str(val) if isinstance(val, int) else val
+        return out
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not _ENV_NAME.match(k):
+                raise ValueError(f"{k!r} is not a valid environment variable name (letters, digits, _; not starting with a digit)")
+            if is_secret_key(k):
+                raise ValueError(f"{k} looks like a secret: put it in serving.env_file, not in the spec")
+        return v
+
+    @field_validator("flags")
+    @classmethod
+    def _flag_names(cls, v: dict[str, FlagValue]) -> dict[str, FlagValue]:
+        for k in v:
+            if k.startswith("-") or not _FLAG_NAME.match(k):
+                raise ValueError(f"{k!r}: write flags without leading dashes, lower-case with hyphens (e.g. kv-cache-dtype)")
+            if k in _OWNED_FLAGS:
+                raise ValueError(f"{k}: set it through {_OWNED_FLAGS[k]}, not serving.flags")
+        return v
+
+
+class Systemd(_Strict):
+    unit_name: str = Field(pattern=r"^[A-Za-z0-9@_.:-]+$")
+    unit_path: Optional[str] = Field(None, description="installed unit; default /etc/systemd/system/<unit_name>.service")
+    user: Optional[str] = None
+    group: Optional[str] = None
+    working_directory: Optional[str] = None
+    timeout_start_sec: int = Field(1800, gt=0, description="long enough to load ~400 GB of weights")
+    restart_sec: int = Field(30, ge=0)
+    ready_path: Literal["/ready", "/health", "/health_generate"] = "/ready"
+
+    @property
+    def installed_path(self) -> str:
+        return self.unit_path or f"/etc/systemd/system/{self.unit_name}.service"
+
+
+class Benchmark(_Strict):
+    concurrency: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    workload: str = "code"
+    input_len: int = Field(default=1024, gt=0)
+    output_len: int = Field(default=256, gt=0)
+    requests_per_level: int = Field(default=64, gt=0)
+    warmup: int = Field(default=2, ge=0)
+    regression_threshold_pct: float = Field(default=10.0, gt=0)
+    # POST /flush_cache before each level, so every level starts with a cold prefix cache. Off by
+    # default: on a production server it drops every user's cached prefixes.
+    flush_cache: bool = False
+
+
+class Accuracy(_Strict):
+    recall_lengths: list[int] = Field(default_factory=lambda: [8192, 32768, 131072])
+    recall_depths: list[float] = Field(default_factory=lambda: [0.1, 0.5, 0.9])
+    clipped_frac_warn: float = Field(default=0.001, ge=0)
+    clipped_frac_fail: float = Field(default=0.01, ge=0)
+    attn_rel_err_warn: float = Field(default=0.01, ge=0)
+    attn_rel_err_fail: float = Field(default=0.05, ge=0)
+
+
+class SLO(_Strict):
+    ttft_ms_p99: Optional[float] = Field(default=None, gt=0)
+    tpot_ms_p99: Optional[float] = Field(default=None, gt=0)
+    e2e_ms_p99: Optional[float] = Field(default=None, gt=0)
+
+
+class Deployment(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    description: str = ""
+    model: Model
+    hardware: Hardware
+    parallelism: Parallelism = Parallelism()
+    serving: Serving
+    systemd: Systemd
+    benchmark: Benchmark = Benchmark()
+    accuracy: Accuracy = Accuracy()
+    slo: SLO = SLO()
+    # Filled by load(): where the spec came from, for resolving relative paths and for messages.
+    source: Optional[str] = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _parallelism_fits(self) -> "Deployment":
+        nodes = max(1, len(self.parallelism.nodes))
+        if self.parallelism.gpus > self.hardware.gpu_count * nodes:
+            raise ValueError(
+                f"parallelism needs {self.parallelism.gpus} GPUs (tp {self.parallelism.tp} × pp {self.parallelism.pp}) "
+                f"but hardware.gpu_count is {self.hardware.gpu_count}" + (f" × {nodes} nodes" if nodes > 1 else "")
+            )
+        return self
+
+    def resolve_path(self, p: str) -> Path:
+        """A path from the spec: absolute as is, relative to the spec file's directory."""
+        path = Path(os.path.expanduser(p))
+        if path.is_absolute() or self.source is None:
+            return path
+        return (Path(self.source).parent / path).resolve()
+
+
+def _describe(err: Mapping[str, Any], model: type[BaseModel]) -> str:
+    loc = ".".join(str(x) for x in err["loc"])
+    kind, msg = err["type"], err["msg"]
+    if kind == "extra_forbidden":
+        parent = _submodel(model, err["loc"][:-1])
+        allowed = ", ".join(parent.model_fields) if parent else ""
+        return f"{loc}: unknown key" + (f" (allowed here: {allowed})" if allowed else "")
+    if kind == "missing":
+        field = _field(model, err["loc"])
+        hint = f" ({field.description})" if field is not None and field.description else ""
+        return f"{loc}: missing required key{hint}"
+    got = err.get("input")
+    shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+    msg = msg.removeprefix("Value error, ")
+    return f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}"
+
+
+def _submodel(model: type[BaseModel], loc: tuple) -> Optional[type[BaseModel]]:
+    cur: Any = model
+    for part in loc:
+        f = getattr(cur, "model_fields", {}).get(part)
+        if f is None:
+            return None
+        cur = f.annotation
+    return cur if isinstance(cur, type) and issubclass(cur, BaseModel) else None
+
+
+def _field(model: type[BaseModel], loc: tuple):
+    parent = _submodel(model, loc[:-1])
+    return parent.model_fields.get(loc[-1]) if parent and loc else None
+
+
+def from_dict(data: Any, source: str = "<spec>") -> Deployment:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping of keys (name, model, hardware, …), got {type(data).__name__}")
+    try:
+        dep = Deployment.model_validate({**data, "source": source})
+    except ValidationError as e:
+        errs = e.errors()
+        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+        raise SpecError(f"{source}: {_describe(errs[0], Deployment)}{more}") from None
+    return dep
+
+
+def load(path: str | os.PathLike | None = None) -> Deployment:
+    """Load and validate a deployment spec; default: the story's Qwen3.5 NVFP4 deployment."""
+    p = Path(path) if path else DEFAULT_SPEC
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{p}: deployment spec not found (see deployments/ for examples)") from None
+    except OSError as e:
+        raise SpecError(f"{p}: cannot read: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise SpecError(f"{p}:{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    return from_dict(data, str(p.resolve()))

@@ -1,0 +1,5 @@
+import sys
+
+from runbook.demo.llama import main
+
+sys.exit(main())

@@ -1,0 +1,398 @@
+"""KV-cache and hybrid-state memory, per GPU, by SGLang 0.5.23's own rules.
+
+Pure arithmetic over an `arch.Arch`. The rules (with SGLang file:line) are summarised in the
+project's reference notes; each function names the rule it implements. Units are in the names:
+bytes unless a name says gib or mib.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from runbook.core.errors import InputError
+from runbook.core.findings import Finding
+from runbook.model.arch import Arch
+
+GIB = 1024**3
+MIB = 1024**2
+KV_DTYPES = ("bfloat16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_mx_block16")
+_ALIASES = {"bf16": "bfloat16", "auto": None, "float16": "float16", "fp16": "float16"}
+_ESZ = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1, "mxfp8": 1}
+DEFAULT_CONTEXTS = (8192, 32768, 131072, 262144)
+
+
+def normalise_dtype(d: str) -> str:
+    d = _ALIASES.get(d, d) or d
+    if d not in _ESZ and d not in ("nvfp4", "fp4_mx_block16"):
+        raise InputError(f"--kv-dtype {d}: not a KV cache dtype (use one of bf16, fp8_e4m3, fp8_e5m2, mxfp8, nvfp4, fp4_mx_block16)")
+    return d
+
+
+@dataclass
+class Inputs:
+    """Everything the calculation depends on besides the architecture."""
+
+    kv_dtype: str = "bfloat16"
+    tp: int = 1
+    pp: int = 1
+    attn_dp: int = 1
+    gpu_mem_gib: Optional[float] = None
+    weights_bytes_per_gpu: Optional[int] = None
+    mem_fraction_static: Optional[float] = None   # None: SGLang's default heuristic
+    kv_budget_gib: Optional[float] = None         # given: skips the memory arithmetic
+    page_size: int = 1
+    context_len: Optional[int] = None
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
+    chunked_prefill_size: Optional[int] = None
+    max_running_requests: Optional[int] = None
+    max_total_tokens: Optional[int] = None
+    mamba_full_memory_ratio: float = 0.9
+    max_mamba_cache_size: Optional[int] = None
+    disable_radix_cache: bool = False
+    swa_full_tokens_ratio: float = 0.8
+    nvfp4_scale_layouts: int = 1
+
+    def validate(self) -> None:
+        for name in ("tp", "pp", "attn_dp", "page_size"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
+        if self.tp % self.attn_dp:
+            raise InputError(f"--attn-dp {self.attn_dp} must divide --tp {self.tp}")
+        for name in ("gpu_mem_gib", "kv_budget_gib"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise InputError(f"--{name.replace('_', '-')} must be positive (got {v})")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
+            raise InputError(f"--mem-fraction-static must be in (0, 1] (got {self.mem_fraction_static})")
+        if self.weights_bytes_per_gpu is not None and self.weights_bytes_per_gpu < 0:
+            raise InputError("--weights-gib must not be negative")
+        if any(c <= 0 for c in self.contexts):
+            raise InputError("--contexts must be positive token counts")
+
+
+@dataclass
+class Stage:
+    index: int
+    start_layer: int
+    end_layer: int
+    kv_layers: int
+    full_layers: int
+    swa_layers: int
+    linear_layers: int
+    cell_bytes: float
+    state_bytes_per_request: int
+
+
+@dataclass
+class Result:
+    kv_dtype: str
+    kv_bytes_per_token_per_gpu: int
+    kv_layers: int
+    kv_heads_per_gpu: int
+    kv_head_replication: float
+    state_bytes_per_request_per_gpu: int
+    state_slots_per_request: int
+    max_state_slots: Optional[int]
+    kv_budget_bytes_per_gpu: Optional[int]
+    max_total_num_tokens: Optional[int]
+    max_running_requests: Optional[int]
+    requests_at_context: dict[str, Optional[int]]
+    mem_fraction_static: Optional[float] = None
+    mem_fraction_source: str = ""
+    weights_bytes_per_gpu: Optional[int] = None
+    state_pool_bytes_per_gpu: int = 0
+    kv_pool_bytes_per_gpu: Optional[int] = None
+    reserved_bytes_per_gpu: Optional[int] = None
+    swa_tokens: Optional[int] = None
+    context_len: Optional[int] = None
+    kv_limited_requests_at_context: dict[str, Optional[int]] = field(default_factory=dict)
+    layout: str = ""
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["findings"] = [f.to_dict() for f in self.findings]
+        return d
+
+
+# ---- per token -----------------------------------------------------------------------------
+
+def attn_tp(inp: Inputs) -> int:
+    """runtime_context.py:73-76: attention TP = tp // attn_dp (context parallel not modelled)."""
+    return inp.tp // inp.attn_dp
+
+
+def kv_heads_per_gpu(arch: Arch, a_tp: int) -> int:
+    """model_config.py:1700-1711: max(1, H_kv // attn_tp); fewer heads than GPUs means replication."""
+    return 1 if arch.mla else max(1, arch.num_kv_heads // a_tp)
+
+
+def replication(arch: Arch, a_tp: int) -> float:
+    """How many GPUs store each KV head (1.0 = no replication)."""
+    if arch.mla:
+        return float(a_tp)  # the latent is stored whole on every attention-TP rank
+    return a_tp * kv_heads_per_gpu(arch, a_tp) / arch.num_kv_heads
+
+
+def layout_words(arch: Arch, a_tp: int) -> str:
+    if arch.mla:
+        return (f"MLA: each GPU stores the full {arch.kv_lora_rank}+{arch.qk_rope_head_dim} latent per layer; "
+                f"it is not split by TP (TP {a_tp} stores it {a_tp}×)")
+    h = kv_heads_per_gpu(arch, a_tp)
+    rep = replication(arch, a_tp)
+    s = f"{arch.num_kv_heads} KV heads at attention-TP {a_tp}: each GPU stores {h} head{'s' if h > 1 else ''}"
+    if rep > 1:
+        s += f"; heads replicated {rep:g}×"
+    elif arch.num_kv_heads % a_tp:
+        s += f" ({arch.num_kv_heads} is not divisible by {a_tp}: SGLang floors)"
+    return s
+
+
+def cell_bytes(arch: Arch, kv_dtype: str, a_tp: int, full_layers: int, swa_layers: int = 0,
+               swa_ratio: float = 0.8, nvfp4_layouts: int = 1) -> float:
+    """Bytes of KV per token on one GPU (pool_configurator.py): MHA/GQA, MLA, FP4 and hybrid SWA."""
+    layers = full_layers + swa_layers
+    if arch.mla:
+        width = arch.kv_lora_rank + arch.qk_rope_head_dim
+        if kv_dtype in ("nvfp4", "fp4_mx_block16"):  # pool_configurator.py:387-397
+            return width * layers / 2 + width // 16 * layers
+        return width * layers * _ESZ[kv_dtype]  # mxfp8's scale branch is MHA-only
+    h = kv_heads_per_gpu(arch, a_tp)
+    dims = arch.head_dim + arch.v_head_dim
+    if kv_dtype in ("nvfp4", "fp4_mx_block16"):
+        layouts = nvfp4_layouts if kv_dtype == "nvfp4" else 1
+        data = h * arch.head_dim / 2 * layers * 2
+        scales = h * arch.head_dim / 16 * layers * 2 * layouts
+        workspace = h * arch.head_dim * 2 * 2  # per-token dequant workspace (bf16), not per layer
+        return data + scales + workspace
+    esz = _ESZ[kv_dtype]
+    per_layer = h * dims * esz
+    if arch.hybrid_swa and swa_layers:
+        cell = per_layer * full_layers + swa_ratio * per_layer * swa_layers   # pool_configurator.py:786-803
+    else:
+        cell = per_layer * layers
+    if kv_dtype == "mxfp8":
+        cell += h * dims * layers // 32   # one E8M0 scale byte per 32 elements (:526-530)
+    return cell
+
+
+def state_bytes_per_request(arch: Arch, a_tp: int, linear_layers: int) -> int:
+    """configs/mamba_utils.py:115-125 with Qwen3Next's Mamba2 shape: conv + SSM state per request."""
+    la = arch.linear
+    if la is None or linear_layers == 0:
+        return 0
+    t = a_tp
+    hk = la.num_key_heads if la.num_key_heads % t == 0 else la.num_key_heads + (t - la.num_key_heads)
+    conv_dim = la.num_value_heads * la.value_head_dim + 2 * hk * la.key_head_dim
+    conv = conv_dim // t * (la.conv_kernel - 1) * _ESZ[la.conv_dtype]
+    ssm = la.num_value_heads // t * la.value_head_dim * la.key_head_dim * _ESZ[la.ssm_dtype]
+    return (conv + ssm) * linear_layers
+
+
+def pp_stages(num_layers: int, pp: int) -> list[tuple[int, int]]:
+    """distributed/utils.py:110-150: remainder layers go to the last stages."""
+    base, rem = divmod(num_layers, pp)
+    out, start = [], 0
+    for s in range(pp):
+        n = base + (1 if s >= pp - rem else 0)
+        out.append((start, start + n))
+        start += n
+    return out
+
+
+# ---- budget --------------------------------------------------------------------------------
+
+def default_mem_fraction_static(gpu_mem_gib: float, tp: int, pp: int, attn_dp: int = 1, mla: bool = False,
+                                chunked_prefill_size: Optional[int] = None) -> tuple[float, str]:
+    """arg_groups/memory_hook.py:47-343, without prefill CUDA-graph captures (counted as 0)."""
+    g = gpu_mem_gib
+    if g < 20:
+        cps, bs = 2048, 8
+    elif g < 35:
+        cps, bs = 4096, 48 if tp < 4 else 160
+    elif g < 60:
+        cps, bs = 4096, 32 if tp < 4 else 160
+    elif g < 160:
+        cps, bs = 8192, 256 if tp < 4 else 512
+    else:
+        cps, bs = 16384, 512
+    cps = chunked_prefill_size or cps
+    graph: float = 2 * bs + (1536 if mla else 0)
+    if attn_dp > 1:
+        graph += 3 * bs * attn_dp + (1.5 * bs * attn_dp if bs > 300 else 0)
+    reserved = 512 + max(cps, 2048) * 1.5 + tp * pp / 8 * 1024 + graph
+    if g > 60:
+        reserved = max(reserved, 10240)
+    mib = g * 1024
+    frac = round((mib - reserved) / mib, 3)
+    return frac, f"SGLang default for {g:g} GiB, TP {tp}, PP {pp}, chunked prefill {cps}: reserve {reserved:.0f} MiB → {frac}"
+
+
+def slots_per_request(arch: Arch, disable_radix_cache: bool) -> int:
+    """kv_cache_configurator.py:3062-3088: 1 without radix cache; else 3 + 2 tracking slots
+    (extra_buffer with the overlap scheduler, the GPU default for Qwen3-Next/3.5)."""
+    if arch.linear is None:
+        return 0
+    return 1 if disable_radix_cache else 5
+
+
+def estimate_max_running(tokens: int, context_len: int) -> int:
+    """resolve_max_num_reqs: clamp(tokens / context_len * 512, 2048, 4096)."""
+    return min(max(int(tokens / context_len * 512), 2048), 4096)
+
+
+# ---- the whole calculation -----------------------------------------------------------------
+
+def compute(arch: Arch, inp: Inputs) -> Result:
+    inp.validate()
+    kv_dtype = normalise_dtype(inp.kv_dtype)
+    a_tp = attn_tp(inp)
+    findings: list[Finding] = []
+    stages: list[Stage] = []
+    full, swa, lin = set(arch.full_layer_ids), set(arch.swa_layer_ids), set(arch.linear_layer_ids)
+    for i, (s, e) in enumerate(pp_stages(arch.num_layers, inp.pp)):
+        nf = sum(1 for x in range(s, e) if x in full)
+        ns = sum(1 for x in range(s, e) if x in swa)
+        nl = sum(1 for x in range(s, e) if x in lin)
+        stages.append(Stage(i, s, e, nf + ns, nf, ns, nl,
+                            cell_bytes(arch, kv_dtype, a_tp, nf, ns, inp.swa_full_tokens_ratio, inp.nvfp4_scale_layouts),
+                            state_bytes_per_request(arch, a_tp, nl)))
+    heads = kv_heads_per_gpu(arch, a_tp)
+    ctx = inp.context_len or arch.max_context or 8192
+    slots = slots_per_request(arch, inp.disable_radix_cache)
+    per_slot = max(st.state_bytes_per_request for st in stages)  # every rank is charged the largest stage share
+    res = Result(kv_dtype=kv_dtype, kv_bytes_per_token_per_gpu=0, kv_layers=0, kv_heads_per_gpu=heads,
+                 kv_head_replication=replication(arch, a_tp), state_bytes_per_request_per_gpu=per_slot,
+                 state_slots_per_request=slots, max_state_slots=None, kv_budget_bytes_per_gpu=None,
+                 max_total_num_tokens=None, max_running_requests=None, requests_at_context={}, context_len=ctx,
+                 weights_bytes_per_gpu=inp.weights_bytes_per_gpu, layout=layout_words(arch, a_tp),
+                 stages=[asdict(s) for s in stages])
+    binding = max(stages, key=lambda s: s.cell_bytes)
+    res.kv_bytes_per_token_per_gpu = math.ceil(binding.cell_bytes)
+    res.kv_layers = binding.kv_layers
+
+    budget = _budget(arch, inp, res, findings)
+    if budget is not None:
+        _pools(arch, inp, res, stages, budget, ctx, slots, per_slot, findings)
+    res.findings = findings + _findings(arch, inp, res)
+    return res
+
+
+def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding]) -> Optional[int]:
+    if inp.kv_budget_gib is not None:
+        res.mem_fraction_source = "KV+state budget given directly"
+        return int(inp.kv_budget_gib * GIB)
+    if inp.gpu_mem_gib is None or inp.weights_bytes_per_gpu is None:
+        missing = " and ".join(n for n, v in (("GPU memory", inp.gpu_mem_gib), ("weights per GPU", inp.weights_bytes_per_gpu)) if v is None)
+        findings.append(Finding("kv.budget", "skip", f"capacity not computed: {missing} unknown",
+                                detail="Bytes per token are exact; token capacity needs the memory left after the weights.",
+                                remedy="Give --gpu-mem-gib and --weights-gib (or put the checkpoint here), or --kv-budget-gib."))
+        return None
+    if inp.mem_fraction_static is None:
+        frac, how = default_mem_fraction_static(inp.gpu_mem_gib, inp.tp, inp.pp, inp.attn_dp, arch.mla, inp.chunked_prefill_size)
+    else:
+        frac, how = inp.mem_fraction_static, "given (--mem-fraction-static)"
+    res.mem_fraction_static, res.mem_fraction_source = frac, how
+    total = inp.gpu_mem_gib * GIB
+    res.reserved_bytes_per_gpu = int(total * (1 - frac))
+    # kv_cache_configurator.py:2990-3060: rest = free_after_weights - pre_load_free * (1 - fraction)
+    rest = int(total * frac) - inp.weights_bytes_per_gpu
+    if rest <= 0:
+        findings.append(Finding("kv.budget", "fail", "no memory left for the KV cache",
+                                detail=f"{inp.gpu_mem_gib:g} GiB × {frac} = {total * frac / GIB:.1f} GiB static, but weights take "
+                                       f"{inp.weights_bytes_per_gpu / GIB:.1f} GiB per GPU",
+                                remedy="Raise TP/PP, use a smaller quantization, or raise --mem-fraction-static."))
+        return None
+    return rest
+
+
+def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest: int, ctx: int, slots: int, per_slot: int,
+           findings: list[Finding]) -> None:
+    res.kv_budget_bytes_per_gpu = rest
+    kv_avail = rest
+    max_mamba: Optional[int] = None
+    if per_slot:
+        if inp.max_mamba_cache_size is not None:
+            max_mamba = inp.max_mamba_cache_size // inp.attn_dp
+        elif inp.disable_radix_cache and inp.max_running_requests:
+            max_mamba = inp.max_running_requests // inp.attn_dp
+        else:  # kv_cache_configurator.py:3346-3386: r/(1+r) of the budget goes to state
+            r = inp.mamba_full_memory_ratio
+            max_mamba = int((rest * r / (1 + r) - per_slot) // per_slot)
+        if max_mamba < 1:
+            findings.append(Finding("kv.state_pool", "fail", "the budget cannot hold one request's linear-attention state",
+                                    detail=f"{per_slot / MIB:.1f} MiB per slot", remedy="Raise the KV budget (TP, memory fraction)."))
+            return
+        res.state_pool_bytes_per_gpu = (max_mamba + 1) * per_slot
+        kv_avail = rest - res.state_pool_bytes_per_gpu
+        res.max_state_slots = max_mamba
+    res.kv_pool_bytes_per_gpu = kv_avail
+    page = inp.page_size
+    tokens = min(int(kv_avail // st.cell_bytes) // page * page for st in stages if st.cell_bytes > 0) if any(
+        st.cell_bytes for st in stages) else 0
+    if inp.max_total_tokens:
+        tokens = min(tokens, inp.max_total_tokens)
+    res.max_total_num_tokens = tokens
+    if arch.hybrid_swa:
+        res.swa_tokens = int(tokens * inp.swa_full_tokens_ratio) // page * page
+    if tokens < 2:
+        res.max_running_requests = 0
+        return
+    est = estimate_max_running(tokens, ctx)
+    mrr = min(inp.max_running_requests // inp.attn_dp, tokens // 2) if inp.max_running_requests else min(est, tokens // 2)
+    if max_mamba is not None and slots:
+        mrr = min(mrr, max_mamba // slots)
+    res.max_running_requests = mrr
+    for c in inp.contexts:
+        need = math.ceil(c / page) * page
+        fit = tokens // need
+        if arch.hybrid_swa and arch.sliding_window:
+            swa_need = math.ceil(min(c, arch.sliding_window + page) / page) * page
+            fit = min(fit, (res.swa_tokens or 0) // swa_need)
+        res.kv_limited_requests_at_context[str(c)] = fit * inp.attn_dp
+        res.requests_at_context[str(c)] = min(fit, mrr) * inp.attn_dp
+
+
+def _findings(arch: Arch, inp: Inputs, res: Result) -> list[Finding]:
+    out = [Finding("kv.layout", "info", f"{res.kv_bytes_per_token_per_gpu:,} B of KV per token per GPU ({res.kv_dtype})",
+                   detail=f"{res.layout}; {res.kv_layers} of {arch.num_layers} layers hold KV on this GPU"
+                          + (f"; PP {inp.pp}: capacity is the minimum over stages" if inp.pp > 1 else "")
+                          + (f"; attention DP {inp.attn_dp}: each DP rank has its own pool" if inp.attn_dp > 1 else ""))]
+    for a in arch.assumptions:
+        out.append(Finding("kv.assumption", "warn", "assumed, not read: " + a,
+                           remedy="Check the figures against the server's logged max_total_num_tokens."))
+    if res.max_total_num_tokens is None:
+        return out
+    tok = res.max_total_num_tokens
+    ctx = res.context_len or 0
+    # _pools() sets both before max_total_num_tokens
+    assert res.kv_pool_bytes_per_gpu is not None and res.kv_budget_bytes_per_gpu is not None
+    out.append(Finding("kv.capacity", "fail" if tok < ctx else "pass",
+                       f"max_total_num_tokens ≈ {tok:,} per pool ({res.kv_pool_bytes_per_gpu / GIB:.1f} GiB of KV per GPU)",
+                       detail=f"budget {res.kv_budget_bytes_per_gpu / GIB:.1f} GiB per GPU ({res.mem_fraction_source})"
+                              + (f"; state pool {res.state_pool_bytes_per_gpu / GIB:.1f} GiB" if res.state_pool_bytes_per_gpu else ""),
+                       remedy="Not even one request at the context length fits: lower --context-length or free memory." if tok < ctx else ""))
+    if res.max_state_slots is not None and res.state_slots_per_request:
+        cap = res.max_state_slots // res.state_slots_per_request
+        bound = [int(c) for c, n in res.kv_limited_requests_at_context.items() if n is not None and n > cap * inp.attn_dp]
+        where = (f"at contexts up to {max(bound):,} tokens KV alone would hold more "
+                 f"({res.kv_limited_requests_at_context[str(min(bound))]:,} at {min(bound):,}): there the state pool, not KV, limits concurrency"
+                 if bound else "KV is the tighter limit at every listed context")
+        out.append(Finding("kv.state_limit", "warn" if bound else "info",
+                           f"the linear-attention state pool caps concurrency at {cap} running requests per DP rank",
+                           detail=f"{res.max_state_slots:,} state slots of {res.state_bytes_per_request_per_gpu / MIB:.1f} MiB "
+                                  f"({res.state_pool_bytes_per_gpu / GIB:.1f} GiB), {res.state_slots_per_request} per running request; {where}.",
+                           remedy="For more concurrent requests: raise `--mamba-full-memory-ratio` (more state, fewer tokens) or "
+                                  "`--max-mamba-cache-size`, or add GPUs." if bound else ""))
+    return out
+
+
+def sweep(arch: Arch, inp: Inputs, dtypes: tuple[str, ...] = ("bfloat16", "fp8_e4m3")) -> list[Result]:
+    """The same inputs for several KV dtypes, for side-by-side tables."""
+    out = []
+    for d in dtypes:
+        x = Inputs(**{**asdict(inp), "kv_dtype": d})
+        out.append(compute(arch, x))
+    return out

@@ -1,0 +1,104 @@
+"""From a deployment (or a bare model dir) to KV-memory inputs, results and findings.
+
+This is the edge of the KV calculation: it reads the checkpoint (weights from its index, the
+`auto` KV dtype from the quant module) and the spec's flags, then calls the pure kvmem functions.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Optional
+
+from runbook import quant
+from runbook.core.errors import InputError
+from runbook.core.findings import Finding
+from runbook.core.spec import Deployment
+from runbook.kv import memory as kvmem
+from runbook.model import arch as arch_mod
+from runbook.model import checkpoint
+from runbook.model import location as modeldir
+
+GIB = 1024**3
+# SGLang flags that change the pool arithmetic, and the kvmem.Inputs field each sets.
+_FLAG_FIELDS = {"mem-fraction-static": ("mem_fraction_static", float), "context-length": ("context_len", int),
+                "page-size": ("page_size", int), "chunked-prefill-size": ("chunked_prefill_size", int),
+                "max-running-requests": ("max_running_requests", int), "max-total-tokens": ("max_total_tokens", int),
+                "mamba-full-memory-ratio": ("mamba_full_memory_ratio", float), "max-mamba-cache-size": ("max_mamba_cache_size", int),
+                "disable-radix-cache": ("disable_radix_cache", bool), "swa-full-tokens-ratio": ("swa_full_tokens_ratio", float)}
+
+
+@dataclass
+class Plan:
+    arch: arch_mod.Arch
+    inputs: kvmem.Inputs
+    result: kvmem.Result
+    candidates: list[kvmem.Result]
+    findings: list[Finding] = field(default_factory=list)
+    auto_kv_dtype: str = "bfloat16"
+    weights_source: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.result.to_json()
+        d["findings"] = [f.to_dict() for f in self.findings]
+        d["inputs"] = asdict(self.inputs)
+        d["weights_source"] = self.weights_source
+        d["candidates"] = [{k: c.to_json()[k] for k in ("kv_dtype", "kv_bytes_per_token_per_gpu", "max_total_num_tokens",
+                                                         "max_running_requests", "requests_at_context")} for c in self.candidates]
+        return d
+
+
+def plan(spec: Optional[Deployment] = None, model_dir: Optional[str] = None, **overrides: Any) -> Plan:
+    """Stage 20's entry point. Inputs from the spec, then from the checkpoint, then explicit overrides
+    (CLI flags, notebook parameters, widgets)."""
+    loaded = overrides.pop("loaded", None)   # (Checkpoint, note) already read by the caller
+    if loaded is not None:
+        ck, note = loaded
+    elif model_dir:
+        ck, note = checkpoint.load(model_dir), ""
+    elif spec is not None:
+        loc = modeldir.locate(spec)
+        if loc.path is None:
+            raise InputError(f"{spec.source}: model.path: {loc.note}")
+        ck, note = checkpoint.load(loc.path), (loc.note if loc.kind == "card" else "")
+    else:
+        raise InputError("give MODEL_DIR or --deployment")
+    a = arch_mod.from_config(ck.config, str(ck.dir / "config.json"))
+    flags = dict(spec.serving.flags) if spec is not None else {}
+    qrep = quant.inspect(ck, flags)
+    inp = kvmem.Inputs()
+    if spec is not None:
+        inp = replace(inp, tp=spec.parallelism.tp, pp=spec.parallelism.pp, attn_dp=spec.parallelism.attn_dp,
+                      gpu_mem_gib=spec.hardware.gpu_memory_gib)
+        for flag, (name, typ) in _FLAG_FIELDS.items():
+            if flags.get(flag) is not None:
+                inp = replace(inp, **{name: typ(flags[flag])})
+    kv_flag = str(overrides.pop("kv_dtype", None) or flags.get("kv-cache-dtype") or "auto")
+    weights_gib = overrides.pop("weights_gib", None)
+    contexts = overrides.pop("contexts", None)
+    inp = replace(inp, **{k: v for k, v in overrides.items() if v is not None})
+    if contexts:
+        inp = replace(inp, contexts=tuple(int(c) for c in contexts))
+    findings: list[Finding] = []
+    inp, source = _weights(inp, ck, spec, weights_gib, note)
+    auto = qrep.kv_cache.auto_resolves_to
+    inp = replace(inp, kv_dtype=auto if kv_flag == "auto" else kvmem.normalise_dtype(kv_flag))
+    result = kvmem.compute(a, inp)
+    cands = []
+    for d in dict.fromkeys(("bfloat16", "fp8_e4m3", inp.kv_dtype)):
+        cands.append(result if d == inp.kv_dtype else kvmem.compute(a, replace(inp, kv_dtype=d)))
+    findings.append(Finding("kv.dtype", "info", f"KV dtype {inp.kv_dtype}" + (f" (auto → {auto})" if kv_flag == "auto" else f" (--kv-cache-dtype {kv_flag})"),
+                            detail=f"weights per GPU: {source}"))
+    findings += result.findings
+    return Plan(a, inp, result, cands, findings, auto, source)
+
+
+def _weights(inp: kvmem.Inputs, ck: checkpoint.Checkpoint, spec: Optional[Deployment], weights_gib: Optional[float], note: str):
+    gpus = inp.tp * inp.pp
+    if weights_gib is not None:
+        return replace(inp, weights_bytes_per_gpu=int(weights_gib * GIB)), f"{weights_gib:g} GiB per GPU (given)"
+    if ck.total_bytes:
+        return (replace(inp, weights_bytes_per_gpu=ck.total_bytes // gpus),
+                f"{ck.total_bytes / GIB:.1f} GiB checkpoint / {gpus} GPUs (from {ck.dir.name}'s index or headers)")
+    if spec is not None and spec.model.size_gib:
+        return (replace(inp, weights_bytes_per_gpu=int(spec.model.size_gib * GIB / gpus)),
+                f"{spec.model.size_gib:g} GiB / {gpus} GPUs from the spec's model.size_gib (the checkpoint is not on this machine)")
+    return inp, "unknown" + (f" ({note})" if note else "")

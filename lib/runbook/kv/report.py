@@ -1,0 +1,177 @@
+"""Tables, plots, the story re-done, and the interactive panel for the KV-memory notebook."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from runbook.core.plots import figure, show
+from runbook.core.spec import Deployment
+from runbook.kv import memory as kvmem
+from runbook.kv.plan import Plan
+from runbook.model.arch import Arch
+
+GIB = 1024**3
+STORY = {"bf16_bytes": 30720, "fp8_bytes": 15360, "tokens": 1_280_000, "req_128k": 10, "req_32k": 39}
+
+
+def _fmt(n: Any) -> str:
+    return "—" if n is None else f"{n:,}"
+
+
+def candidates_frame(p: Plan):
+    """One row per candidate KV dtype: bytes per token, capacity, running-request cap, requests per context."""
+    import pandas as pd
+
+    rows = []
+    for r in p.candidates:
+        row = {"KV dtype": r.kv_dtype, "B/token/GPU": r.kv_bytes_per_token_per_gpu, "max_total_num_tokens": r.max_total_num_tokens,
+               "max_running_requests": r.max_running_requests}
+        row.update({f"requests @ {int(c) // 1024}K": n for c, n in r.requests_at_context.items()})
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("KV dtype")
+
+
+def selected_frame(p: Plan):
+    """The chosen configuration in one row: what the panel's controls currently describe."""
+    import pandas as pd
+
+    r = p.result
+    return pd.DataFrame([{"TP": p.inputs.tp, "KV dtype": r.kv_dtype, "mem fraction": r.mem_fraction_static,
+                          "B/token/GPU": r.kv_bytes_per_token_per_gpu, "max_total_num_tokens": r.max_total_num_tokens,
+                          "max_running_requests": r.max_running_requests,
+                          **{f"requests @ {int(c) // 1024}K": n for c, n in r.requests_at_context.items()}}]).set_index("TP")
+
+
+def memory_frame(p: Plan):
+    """One GPU's memory by use (GiB), per candidate dtype."""
+    import pandas as pd
+
+    rows = {}
+    for r in p.candidates:
+        if r.kv_pool_bytes_per_gpu is None:
+            continue
+        rows[r.kv_dtype] = {"weights": (r.weights_bytes_per_gpu or 0) / GIB, "KV cache": r.kv_pool_bytes_per_gpu / GIB,
+                            "linear-attention state": r.state_pool_bytes_per_gpu / GIB,
+                            "reserved (activations, graphs)": (r.reserved_bytes_per_gpu or 0) / GIB}
+    return pd.DataFrame(rows).T.round(2).rename(columns=lambda c: f"{c} (GiB)")
+
+
+def text_table(p: Plan) -> str:
+    r = p.result
+    lines = [f"{p.arch.architecture}: {r.layout}",
+             f"KV dtype {r.kv_dtype}: {r.kv_bytes_per_token_per_gpu:,} B/token/GPU over {r.kv_layers} KV layers; "
+             f"state {r.state_bytes_per_request_per_gpu:,} B/request/GPU",
+             f"max_total_num_tokens {_fmt(r.max_total_num_tokens)}, max_running_requests {_fmt(r.max_running_requests)}"]
+    if r.requests_at_context:
+        lines.append("requests that fit: " + ", ".join(f"{int(c):,}: {n}" for c, n in r.requests_at_context.items()))
+    lines.append("candidates: " + "; ".join(f"{c.kv_dtype} {c.kv_bytes_per_token_per_gpu:,} B → {_fmt(c.max_total_num_tokens)} tokens"
+                                            for c in p.candidates))
+    return "\n".join(lines)
+
+
+def plot_capacity(p: Plan):
+    fig, ax = figure((6, 3.2))
+    names = [c.kv_dtype for c in p.candidates]
+    vals = [(c.max_total_num_tokens or 0) / 1e6 for c in p.candidates]
+    bars = ax.bar(names, vals, color=["#4c72b0", "#dd8452", "#55a868"][: len(names)])
+    ax.bar_label(bars, labels=[f"{v:.2f}M" for v in vals])
+    ax.set_title(f"KV capacity per pool, TP {p.inputs.tp}")
+    ax.set_xlabel("KV cache dtype")
+    ax.set_ylabel("max_total_num_tokens (millions)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_concurrency(p: Plan):
+    fig, ax = figure((6, 3.5))
+    for c in p.candidates:
+        if not c.requests_at_context:
+            continue
+        xs = [int(k) for k in c.requests_at_context]
+        ax.plot(xs, list(c.requests_at_context.values()), marker="o", label=f"{c.kv_dtype}")
+        ax.plot(xs, list(c.kv_limited_requests_at_context.values()), ls=":", alpha=0.6, label=f"{c.kv_dtype}, KV only")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_title("Concurrent requests that fit, by context length")
+    ax.set_xlabel("context length per request (tokens)")
+    ax.set_ylabel("requests (all at that length)")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_memory(p: Plan):
+    df = memory_frame(p).rename(columns=lambda c: c.removesuffix(" (GiB)"))
+    fig, ax = figure((6, 3.8))
+    if not df.empty:
+        df.plot.barh(stacked=True, ax=ax, color=["#8c8c8c", "#4c72b0", "#dd8452", "#c7c7c7"])
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, frameon=False)
+    ax.set_title(f"One GPU's memory ({p.inputs.gpu_mem_gib or '?'} GiB), TP {p.inputs.tp}, selected {p.result.kv_dtype}")
+    ax.set_xlabel("GiB")
+    ax.set_ylabel("KV cache dtype")
+    fig.tight_layout()
+    return fig
+
+
+def story_frame(a: Arch, tp: int = 8):
+    """The story's numbers beside SGLang's, with the story's own budget so only the rules differ."""
+    import pandas as pd
+
+    bf16_tp1 = kvmem.compute(a, kvmem.Inputs(kv_dtype="bfloat16", tp=1))
+    fp8_tp1 = kvmem.compute(a, kvmem.Inputs(kv_dtype="fp8_e4m3", tp=1))
+    budget_gib = STORY["tokens"] * STORY["bf16_bytes"] / GIB   # what 1.28M tokens at 30,720 B cost
+    sc = kvmem.compute(a, kvmem.Inputs(kv_dtype="bfloat16", tp=tp, kv_budget_gib=budget_gib,
+                                       contexts=(32768, 131072), context_len=262144))
+    cap = (sc.max_state_slots or 0) // max(sc.state_slots_per_request, 1)
+    rows = [
+        ("KV bytes/token, whole model, BF16", STORY["bf16_bytes"], bf16_tp1.kv_bytes_per_token_per_gpu, "agrees: 15 full-attention layers × 2 heads × (256+256) × 2 B"),
+        ("KV bytes/token, whole model, FP8", STORY["fp8_bytes"], fp8_tp1.kv_bytes_per_token_per_gpu, "agrees: half of BF16"),
+        (f"KV bytes/token on each GPU at TP {tp}, BF16", STORY["bf16_bytes"] // tp, sc.kv_bytes_per_token_per_gpu,
+         f"{sc.layout}: each GPU pays {sc.kv_head_replication:g}× a naive 1/{tp} share"),
+        (f"tokens from {budget_gib:.1f} GiB per GPU", STORY["tokens"], sc.max_total_num_tokens,
+         f"SGLang first gives {sc.state_pool_bytes_per_gpu / GIB:.1f} GiB (r/(1+r), r=0.9) to the linear-attention state pool"),
+        ("concurrent 128K requests", STORY["req_128k"], sc.requests_at_context.get("131072"), "tokens ÷ 131,072, then the running-request cap"),
+        ("concurrent 32K requests", STORY["req_32k"], sc.requests_at_context.get("32768"), "tokens ÷ 32,768, then the running-request cap"),
+        ("running-request cap from state slots", "—", cap, f"{sc.max_state_slots} slots ÷ {sc.state_slots_per_request} per request: not in the story"),
+    ]
+    df = pd.DataFrame(rows, columns=["quantity", "story", "SGLang's rules", "why"]).set_index("quantity")
+    return df.astype({"story": object, "SGLang's rules": object})
+
+
+def panel(spec: Optional[Deployment], model_dir: str | None = None):
+    """An ipywidgets panel (TP, KV dtype, memory fraction, context length) that recomputes live."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    from runbook.kv.plan import plan
+
+    base = plan(spec, model_dir or None)
+    tp = w.Dropdown(options=[1, 2, 4, 8], value=base.inputs.tp, description="TP")
+    choices = ["auto", "bf16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4"]
+    current = str(spec.serving.flags.get("kv-cache-dtype", "auto")) if spec is not None else "auto"
+    dtype = w.Dropdown(options=choices, value=current if current in choices else "auto", description="KV dtype")
+    frac = w.FloatSlider(value=base.inputs.mem_fraction_static or base.result.mem_fraction_static or 0.85, min=0.5, max=0.95,
+                         step=0.01, description="mem frac")
+    ctx = w.Dropdown(options=[8192, 32768, 65536, 131072, 262144], value=min(base.result.context_len or 262144, 262144), description="context")
+    out = w.Output()
+    shown: tuple = ()
+
+    def redraw(*_: Any) -> None:
+        # The slider echoes 0.88 back as 0.8799999…: redraw only when a rounded input really changed.
+        nonlocal shown
+        key = (tp.value, dtype.value, round(frac.value, 2), ctx.value)
+        if key == shown:
+            return
+        shown = key
+        p = plan(spec, model_dir or None, tp=key[0], kv_dtype=key[1], mem_fraction_static=key[2],
+                 context_len=key[3], contexts=(key[3],))
+        out.clear_output(wait=True)
+        with out:
+            display(selected_frame(p))
+            display(candidates_frame(p))
+            show(plot_memory(p))
+
+    for c in (tp, dtype, frac, ctx):
+        c.observe(redraw, names="value")
+    redraw()
+    return w.VBox([w.HBox([tp, dtype]), w.HBox([frac, ctx]), out])

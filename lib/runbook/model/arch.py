@@ -1,0 +1,176 @@
+"""Architecture facts from config.json, read the way SGLang 0.5.23 reads them.
+
+Which layers hold per-token KV (full attention, sliding window) and which hold a per-request
+recurrent state (linear attention), KV heads, head dims, MLA latent sizes. Anything assumed
+rather than read is listed in `assumptions`, so callers can turn it into a warn finding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from runbook.core.errors import InputError
+
+# Architectures SGLang sizes with the hybrid SWA pool (model_config.is_hybrid_swa_model).
+_HYBRID_SWA_ARCHS = ("GptOss", "Llama4", "Gemma4", "MiMoV2", "Step3p5", "Step3p7", "Laguna", "DeepseekV4")
+# Gemma-2/3 force disable_hybrid_swa_memory: every layer keeps full-length KV.
+_NO_SWA_SAVING = ("Gemma2", "Gemma3")
+_KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups")
+_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16",
+           "float32": "float32", "fp32": "float32", "float": "float32"}
+
+
+@dataclass(frozen=True)
+class LinearAttention:
+    """Gated-DeltaNet style linear attention (Qwen3-Next / Qwen3.5): Mamba2-shaped state per request."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+    ssm_dtype: str = "float32"
+    conv_dtype: str = "bfloat16"
+
+
+@dataclass
+class Arch:
+    architecture: str
+    model_type: str
+    num_layers: int
+    full_layer_ids: list[int]
+    swa_layer_ids: list[int]
+    linear_layer_ids: list[int]
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    dtype: str
+    max_context: Optional[int]
+    mla: bool = False
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    sliding_window: Optional[int] = None
+    hybrid_swa: bool = False          # SGLang sizes SWA layers with their own, smaller pool
+    linear: Optional[LinearAttention] = None
+    mtp_layers: int = 0
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def kv_layer_ids(self) -> list[int]:
+        """Layers holding per-token KV: full attention plus sliding window."""
+        return sorted(self.full_layer_ids + self.swa_layer_ids)
+
+    @property
+    def family(self) -> str:
+        if self.mla:
+            return "MLA"
+        if self.linear is not None:
+            return "hybrid linear attention"
+        if self.hybrid_swa:
+            return "hybrid sliding window"
+        return "MHA" if self.num_kv_heads == self.num_attention_heads else "GQA"
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config: nested text_config for multimodal wrappers, else the top level."""
+    tc = config.get("text_config")
+    if isinstance(tc, dict) and tc.get("num_hidden_layers"):
+        merged = {k: v for k, v in config.items() if k != "text_config"}
+        merged.update(tc)
+        return merged
+    return config
+
+
+def _int(cfg: dict[str, Any], key: str, source: str) -> int:
+    v = cfg.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise InputError(f"{source}: '{key}' must be a positive integer (got {v!r})")
+    return v
+
+
+def model_dtype(cfg: dict[str, Any], assumptions: Optional[list[str]] = None) -> str:
+    raw = cfg.get("torch_dtype") or cfg.get("dtype")
+    if isinstance(raw, str) and raw.lower().removeprefix("torch.") in _DTYPES:
+        d = _DTYPES[raw.lower().removeprefix("torch.")]
+        # SGLang serves float32 checkpoints in half precision unless --dtype says otherwise.
+        return "bfloat16" if d == "float32" else d
+    if assumptions is not None:
+        assumptions.append("no torch_dtype/dtype in config.json: assumed bfloat16")
+    return "bfloat16"
+
+
+def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
+    """Parse a config.json dict; raises InputError naming the missing field."""
+    top = config
+    cfg = text_config(config)
+    archs = top.get("architectures") or cfg.get("architectures") or []
+    arch_name = archs[0] if archs else "?"
+    model_type = str(cfg.get("model_type") or top.get("model_type") or "")
+    assumptions: list[str] = []
+    n = _int(cfg, "num_hidden_layers", source)
+    n_heads = _int(cfg, "num_attention_heads", source)
+    kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 0), None)
+    if kv_heads is None:
+        kv_heads = n_heads
+        assumptions.append(f"no KV head count in {source}: assumed MHA with {n_heads} KV heads")
+    head_dim = cfg.get("head_dim")
+    if not isinstance(head_dim, int) or head_dim <= 0:
+        head_dim = _int(cfg, "hidden_size", source) // n_heads
+    v_head_dim = head_dim
+    mla = isinstance(cfg.get("kv_lora_rank"), int) and cfg["kv_lora_rank"] > 0
+    kv_lora = rope = 0
+    if mla:
+        kv_lora = cfg["kv_lora_rank"]
+        rope = _int(cfg, "qk_rope_head_dim", source)
+    mtp = int(cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers") or 0)
+
+    full, swa, linear_ids = list(range(n)), [], []
+    linear: Optional[LinearAttention] = None
+    layer_types = cfg.get("layer_types")
+    interval = cfg.get("full_attention_interval")
+    if isinstance(interval, int) and interval > 0 and "linear_num_value_heads" in cfg:
+        # Qwen3-Next / Qwen3.5: SGLang derives the split from the interval, not from layer_types.
+        full = [i for i in range(n) if (i + 1) % interval == 0]
+        linear_ids = [i for i in range(n) if (i + 1) % interval != 0]
+        linear = LinearAttention(
+            num_key_heads=_int(cfg, "linear_num_key_heads", source), num_value_heads=_int(cfg, "linear_num_value_heads", source),
+            key_head_dim=_int(cfg, "linear_key_head_dim", source), value_head_dim=_int(cfg, "linear_value_head_dim", source),
+            conv_kernel=_int(cfg, "linear_conv_kernel_dim", source),
+            ssm_dtype=_DTYPES.get(str(cfg.get("mamba_ssm_dtype", "float32")).lower(), "float32"))
+    elif isinstance(layer_types, list) and len(layer_types) >= n:
+        kinds = [str(t) for t in layer_types[:n]]
+        full = [i for i, t in enumerate(kinds) if t in ("full_attention", "attention", "global")]
+        swa = [i for i, t in enumerate(kinds) if t in ("sliding_attention", "sliding_window", "local")]
+        linear_ids = [i for i, t in enumerate(kinds) if t in ("linear_attention", "mamba", "conv")]
+        unknown = sorted(set(kinds) - {"full_attention", "attention", "global", "sliding_attention", "sliding_window",
+                                       "local", "linear_attention", "mamba", "conv"})
+        if unknown:
+            full += [i for i, t in enumerate(kinds) if t in unknown]
+            full.sort()
+            assumptions.append(f"layer types {unknown} not recognised: counted as full attention")
+        if linear_ids:
+            assumptions.append("linear-attention layers found without Qwen3-Next fields: their recurrent state is not sized")
+    elif isinstance(cfg.get("hybrid_override_pattern"), str):
+        pat = cfg["hybrid_override_pattern"][:n]
+        full = [i for i, c in enumerate(pat) if c == "*"]
+        linear_ids = [i for i, c in enumerate(pat) if c == "M"]
+        assumptions.append("Nemotron-H style pattern: only '*' layers hold KV; the Mamba state is not sized")
+
+    window = cfg.get("sliding_window") if isinstance(cfg.get("sliding_window"), int) else None
+    hybrid_swa = bool(swa) and (any(arch_name.startswith(a) for a in _HYBRID_SWA_ARCHS) or bool(cfg.get("is_hybrid_swa")))
+    if swa and any(arch_name.startswith(a) for a in _NO_SWA_SAVING):
+        hybrid_swa = False
+        assumptions.append(f"{arch_name}: SGLang disables the hybrid SWA pool, so sliding layers keep full-length KV")
+    if swa and not hybrid_swa:
+        full, swa = sorted(full + swa), []
+    if not archs:
+        assumptions.append(f"no 'architectures' in {source}: standard attention formula assumed")
+
+    return Arch(
+        architecture=arch_name, model_type=model_type, num_layers=n, full_layer_ids=full, swa_layer_ids=swa,
+        linear_layer_ids=linear_ids, num_attention_heads=n_heads, num_kv_heads=int(kv_heads), head_dim=int(head_dim),
+        v_head_dim=int(v_head_dim), dtype=model_dtype(cfg, assumptions),
+        max_context=cfg.get("max_position_embeddings") if isinstance(cfg.get("max_position_embeddings"), int) else None,
+        mla=mla, kv_lora_rank=kv_lora, qk_rope_head_dim=rope, sliding_window=window, hybrid_swa=hybrid_swa,
+        linear=linear, mtp_layers=mtp, assumptions=assumptions)

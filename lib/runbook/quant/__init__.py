@@ -1,0 +1,17 @@
+"""Stage 10: what SGLang will do with the checkpoint's weight and KV-cache quantization.
+`evaluate(spec)` is the entry point (`runbook quant`, 10_quant_config); `inspect` reads one
+checkpoint without a spec."""
+from runbook.quant.analysis import (
+           KVCache,
+           QuantReport,
+           Weights,
+           for_deployment,
+           inspect,
+           scale_tensors,
+)
+from runbook.quant.report import kv_cache_frame, weights_frame
+
+evaluate = for_deployment
+
+__all__ = ["KVCache", "QuantReport", "Weights", "evaluate", "for_deployment", "inspect", "kv_cache_frame",
+           "scale_tensors", "weights_frame"]

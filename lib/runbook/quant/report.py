@@ -1,0 +1,27 @@
+"""What notebook 10 and `runbook quant` show: the weights and KV-cache tables."""
+from __future__ import annotations
+
+from typing import Any
+
+GIB = 1024**3
+
+
+def weights_frame(rep: Any):
+    import pandas as pd
+
+    w = rep.weights
+    return pd.Series({"algorithm": w.algo, "method": w.quant_method, "producer": f"{w.producer or ''} {w.producer_version or ''}".strip(),
+                      "group size": w.group_size, "block size": w.block_size, "config read from": w.source,
+                      "kept in higher precision": ", ".join(w.kept_precision_kinds) or "—",
+                      "total GiB": w.total_bytes and round(w.total_bytes / GIB, 1),
+                      "per GPU GiB": w.bytes_per_gpu and round(w.bytes_per_gpu / GIB, 1)}, name="weights", dtype=object).to_frame()
+
+
+def kv_cache_frame(rep: Any):
+    import pandas as pd
+
+    kv = rep.kv_cache
+    return pd.Series({"declared": kv.declared, "declared in": kv.declared_in, "auto resolves to": kv.auto_resolves_to,
+                      "--kv-cache-dtype": kv.flag, "effective": kv.effective, "KV layers": kv.kv_layers,
+                      "layers with scales": kv.layers_with_scales, "coverage": kv.scale_coverage,
+                      "scale tensors (examples)": ", ".join(kv.scale_tensor_names) or "—"}, name="kv cache", dtype=object).to_frame()

@@ -1,0 +1,87 @@
+"""The run archive under outputs/: per-run folders, summary files, latest, index.html, retention."""
+from __future__ import annotations
+
+import html
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from runbook.core.archive import INPROGRESS, list_runs
+from runbook.core.fsutil import atomic_write_text
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("runbook.runner", "templates"), autoescape=jinja2.select_autoescape(["html", "j2"]),
+    trim_blocks=True, lstrip_blocks=True,
+)
+
+# Code input is hidden in archived HTML; the button shows it. Kept small and self-contained.
+_TOGGLE = """<style>body.rb-hide-input .jp-CodeCell .jp-Cell-inputWrapper{display:none}
+#rb-toggle{position:fixed;top:8px;right:12px;z-index:100;font:13px sans-serif;padding:4px 10px}
+.rb-banner{font:14px sans-serif;padding:10px 14px;margin:8px;border-radius:4px;background:#f8d7da;color:#58151c}</style>
+<script>document.addEventListener('DOMContentLoaded',function(){document.body.classList.add('rb-hide-input');
+var b=document.createElement('button');b.id='rb-toggle';b.textContent='Show code';
+b.onclick=function(){var h=document.body.classList.toggle('rb-hide-input');b.textContent=h?'Show code':'Hide code'};
+document.body.appendChild(b);});</script>"""
+
+
+def export_html(ipynb: Path, out: Path, banner: str | None = None) -> Path:
+    """nbconvert's lab HTML without the injected-parameters cell, input hidden behind a toggle."""
+    import nbformat
+    from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import TagRemovePreprocessor
+
+    nb = nbformat.read(str(ipynb), as_version=4)
+    exporter = HTMLExporter(template_name="lab")
+    exporter.register_preprocessor(TagRemovePreprocessor(remove_cell_tags=("injected-parameters",)), enabled=True)
+    body, _ = exporter.from_notebook_node(nb)
+    body = body.replace("</head>", _TOGGLE + "</head>", 1)
+    if banner:
+        body = _insert_after_body_tag(body, f'<div class="rb-banner">{html.escape(banner)}</div>')
+    return atomic_write_text(out, body)
+
+
+def _insert_after_body_tag(doc: str, snippet: str) -> str:
+    i = doc.find("<body")
+    j = doc.find(">", i) if i >= 0 else -1
+    return doc if j < 0 else doc[: j + 1] + snippet + doc[j + 1:]
+
+
+def write_summary_html(run_dir: Path, summary: dict[str, Any]) -> Path:
+    page = _TEMPLATES.get_template("summary.html.j2").render(s=summary)
+    return atomic_write_text(run_dir / "summary.html", page)
+
+
+def write_index(out_dir: Path) -> Path:
+    runs = list_runs(out_dir)
+    page = _TEMPLATES.get_template("index.html.j2").render(runs=runs)
+    return atomic_write_text(out_dir / "index.html", page)
+
+
+def point_latest(out_dir: Path, run_dir_name: str) -> None:
+    tmp = out_dir / f".latest.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    os.symlink(run_dir_name, tmp)
+    os.replace(tmp, out_dir / "latest")
+
+
+def apply_retention(out_dir: Path, deployment: str, keep: int | None) -> list[str]:
+    """Delete this deployment's oldest runs beyond `keep`; other deployments are untouched."""
+    if not keep or keep < 1:
+        return []
+    mine = [r for r in list_runs(out_dir) if r.get("deployment") == deployment]
+    removed = []
+    for r in mine[keep:]:
+        shutil.rmtree(out_dir / r["_dir"], ignore_errors=True)
+        removed.append(r["_dir"])
+    return removed
+
+
+def clean_stale(out_dir: Path, deployment: str) -> None:
+    """Remove half-built runs of this deployment left by a killed run (we hold its lock)."""
+    if not out_dir.is_dir():
+        return
+    for d in out_dir.glob(f"{INPROGRESS}*-{deployment}"):
+        shutil.rmtree(d, ignore_errors=True)

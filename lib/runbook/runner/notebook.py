@@ -1,0 +1,57 @@
+"""What a notebook's first and last cells call, so notebooks hold no logic of their own."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from runbook.core import spec as spec_mod
+from runbook.core.errors import InputError, RunbookError  # noqa: F401 (InputError re-exported for notebooks)
+from runbook.core.findings import Finding, sort, styled
+from runbook.runner import results
+
+
+def load_spec(deployment: str) -> spec_mod.Deployment:
+    """Load the deployment spec named by the notebook's `deployment` parameter."""
+    return spec_mod.load(deployment or None)
+
+
+def given(**params: Any) -> dict[str, Any]:
+    """The parameters a notebook was given: 0, 0.0, "", [] and False mean "the spec's value" in a
+    parameters cell (papermill cannot inject None into a typed parameter), so they are dropped here
+    and the stage's entry point reads the spec, exactly as the CLI does when a flag is absent."""
+    return {k: v for k, v in params.items() if v is not None and v is not False and v != 0 and v != "" and v != []}
+
+
+def show(findings: Iterable[Finding]):
+    """Display findings as a colour-coded table (a plain table outside Jupyter)."""
+    findings = sort(findings)
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+
+        if get_ipython() is not None:
+            display(styled(findings))
+            return None
+    except ImportError:  # pragma: no cover
+        pass
+    from runbook.core.findings import format_text
+
+    print(format_text(findings))
+    return None
+
+
+def finish(notebook: str, findings: Iterable[Finding], results_path: str = "", deployment: str | None = None,
+           data: dict[str, Any] | None = None) -> list[Finding]:
+    """Show the findings and, when the runner gave a results path, record them with the data."""
+    findings = list(findings)
+    show(findings)
+    if results_path:
+        data = {k: v for k, v in (data or {}).items() if k != "findings"}
+        results.save(Path(results_path), notebook, findings, deployment=deployment, **data)
+    return findings
+
+
+def error_finding(check: str, err: RunbookError) -> Finding:
+    """An input problem reported as a finding, so the notebook completes and says what to fix."""
+    return Finding(f"{check}.input", "fail", f"could not run the {check} checks", detail=str(err),
+                   remedy="Fix the file or field named above and run the notebook again.")

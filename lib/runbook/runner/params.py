@@ -1,0 +1,98 @@
+"""--param KEY=VALUE: typed and validated against each notebook's `parameters` cell.
+
+papermill's own `-p` guesses types from the text ("12.10" becomes 12.1, "true" stays a string);
+here the annotation in the parameters cell (`tp: int = 8`) decides, through pydantic.
+"""
+from __future__ import annotations
+
+import json
+import typing
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import TypeAdapter, ValidationError
+
+from runbook.core.errors import SpecError
+from runbook.core.secrets import is_secret_key
+
+# Names a parameters cell may use in annotations; anything else is passed as a string.
+_TYPES: dict[str, Any] = {
+    "int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict,
+    "List": typing.List, "Dict": typing.Dict, "Optional": Optional, "None": type(None),
+}
+# Parameters the runner itself sets (the runner-notebook contract); a user may not override them.
+# deployment: the spec file; results_path: where finish() writes the results JSON; artifact_dir: a
+# folder in the run for raw records; archive_root: the archive (earlier runs, for regression checks;
+# the run being written is hidden until it completes); interactive: False under the runner.
+RESERVED = ("deployment", "results_path", "artifact_dir", "archive_root", "interactive")
+
+
+def _type(name: Optional[str]) -> Any:
+    if not name or name == "None":
+        return None
+    try:
+        return eval(name, {"__builtins__": {}}, _TYPES)  # noqa: S307 - names restricted to _TYPES
+    except Exception:
+        return None
+
+
+def inspect(notebook: Path) -> dict[str, dict[str, Any]]:
+    """The notebook's parameters: name -> {inferred_type_name, default, help}."""
+    import papermill
+
+    return papermill.inspect_notebook(str(notebook))
+
+
+def coerce(key: str, raw: str, type_name: Optional[str], where: str) -> Any:
+    typ = _type(type_name)
+    if typ is None or typ is str:
+        return raw
+    origin = typing.get_origin(typ) or typ
+    value: Any = raw
+    try:
+        if origin in (list, tuple):
+            value = json.loads(raw) if raw.lstrip().startswith("[") else [x.strip() for x in raw.split(",") if x.strip()]
+        elif origin is dict:
+            value = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise SpecError(f"--param {key}={raw}: not valid JSON for {type_name} ({e.msg})") from None
+    try:
+        return TypeAdapter(typ).validate_python(value)
+    except ValidationError as e:
+        msg = e.errors()[0]["msg"]
+        raise SpecError(f"--param {key}={raw}: {where} declares {key}: {type_name}; {msg}") from None
+
+
+def parse_pairs(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for p in pairs:
+        if "=" not in p:
+            raise SpecError(f"--param {p!r}: expected KEY=VALUE")
+        k, v = p.split("=", 1)
+        k = k.strip()
+        if not k.isidentifier():
+            raise SpecError(f"--param {p!r}: {k!r} is not a parameter name")
+        if is_secret_key(k):
+            raise SpecError(f"--param {k}: refusing to pass a secret as a notebook parameter (papermill stores parameters in "
+                            "clear text); put it in the environment or in the spec's serving.env_file")
+        if k in RESERVED:
+            raise SpecError(f"--param {k}: set by the runner; use --deployment / --out instead")
+        out[k] = v
+    return out
+
+
+def resolve(pairs: list[str], notebooks: list[Path]) -> dict[Path, dict[str, Any]]:
+    """Typed parameters per notebook; every key must be declared by at least one selected notebook."""
+    raw = parse_pairs(pairs)
+    per_nb: dict[Path, dict[str, Any]] = {nb: {} for nb in notebooks}
+    if not raw:
+        return per_nb
+    declared: dict[Path, dict[str, dict[str, Any]]] = {nb: inspect(nb) for nb in notebooks}
+    for k, v in raw.items():
+        takers = [nb for nb in notebooks if k in declared[nb]]
+        if not takers:
+            known = sorted({n for d in declared.values() for n in d if n not in RESERVED})
+            raise SpecError(f"--param {k}: no selected notebook has a parameter {k!r} (known: {', '.join(known)})")
+        for nb in takers:
+            per_nb[nb][k] = coerce(k, v, declared[nb][k].get("inferred_type_name"), nb.name)
+    return per_nb

@@ -1,0 +1,333 @@
+"""`python -m runbook run`: execute notebooks/ in order with papermill and archive the run.
+
+Each notebook runs in its own papermill process (so a per-notebook bound can kill it and its
+kernel), writes its results JSON, and is archived with an HTML copy. The run is built in a hidden
+folder and renamed into place, so an interrupted run leaves nothing the index lists.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+from runbook.core import secrets
+from runbook.core import spec as spec_mod
+from runbook.core.errors import LockHeld, SpecError
+from runbook.core.findings import STATUSES, counts, exit_code_for
+from runbook.core.fsutil import atomic_write_json, atomic_write_text
+from runbook.runner import archive, results
+from runbook.runner import params as params_mod
+
+REPO_ROOT = spec_mod.REPO_ROOT
+NOTEBOOKS = REPO_ROOT / "notebooks"
+OUTPUTS = REPO_ROOT / "outputs"
+EXIT_LOCKED = 75
+_DEAD_KERNEL = 138
+
+
+@dataclass
+class RunOptions:
+    deployment: Optional[str] = None
+    only: list[str] = field(default_factory=list)
+    params: list[str] = field(default_factory=list)
+    out: Path = OUTPUTS
+    timeout: float = 1800.0        # per notebook, seconds
+    run_timeout: float = 7200.0    # whole run, seconds
+    keep: Optional[int] = None
+    strict: bool = False
+    notebooks_dir: Path = NOTEBOOKS
+    kernel: Optional[str] = None
+
+
+@dataclass
+class NotebookResult:
+    name: str
+    status: str                    # ok | failed | skipped
+    duration_s: float = 0.0
+    findings: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STATUSES})
+    papermill_exit: Optional[int] = None
+    error: Optional[str] = None
+    ipynb: Optional[str] = None
+    html: Optional[str] = None
+    results: Optional[str] = None
+    log: Optional[str] = None
+    failed_findings: list[dict[str, str]] = field(default_factory=list)
+
+
+class Log:
+    """Timestamped lines on stderr; colour only on a terminal."""
+
+    def __init__(self, stream: TextIO = sys.stderr):
+        self.stream = stream
+        self.tty = stream.isatty()
+
+    def __call__(self, msg: str) -> None:
+        ts = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        print(f"{ts} runbook: {msg}", file=self.stream, flush=True)
+
+
+def discover(notebooks_dir: Path, only: list[str]) -> list[Path]:
+    """Notebooks in reading order (file name order); --only takes stems with or without the number."""
+    nbs = sorted(p for p in notebooks_dir.glob("*.ipynb") if not p.name.startswith("."))
+    if not nbs:
+        raise SpecError(f"{notebooks_dir}: no notebooks found")
+    if not only:
+        return nbs
+    by_name: dict[str, Path] = {}
+    for p in nbs:
+        by_name[p.stem] = p
+        by_name[re.sub(r"^\d+[_-]", "", p.stem)] = p
+    picked = []
+    for name in only:
+        if name not in by_name:
+            known = ", ".join(re.sub(r"^\d+[_-]", "", p.stem) for p in nbs)
+            raise SpecError(f"--only {name}: no such notebook (known: {known})")
+        if by_name[name] not in picked:
+            picked.append(by_name[name])
+    return sorted(picked)
+
+
+class DeploymentLock:
+    """An flock per deployment under <out>/.locks; released by the kernel when the process ends."""
+
+    def __init__(self, out_dir: Path, name: str):
+        self.path = out_dir / ".locks" / f"{name}.lock"
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> "DeploymentLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)  # not inherited by kernels
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise LockHeld(f"another run of this deployment is in progress (lock {self.path}, held by pid {holder or '?'}); "
+                           "wait for it or remove nothing: the lock frees itself when that run ends") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def git_commit() -> Optional[str]:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _kill_tree(pid: int) -> None:
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    procs = parent.children(recursive=True) + [parent]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+def _error_line(stderr: str) -> str:
+    """The most telling line of papermill's stderr: the last 'SomethingError: …' line."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b", ln):
+            return ln[:500]
+    return (lines[-1] if lines else "no output")[:500]
+
+
+def execute(nb: Path, out_nb: Path, parameters: dict[str, Any], cwd: Path, timeout: float, log_path: Path,
+            kernel: Optional[str] = None) -> tuple[Optional[int], Optional[str], bool]:
+    """Run one notebook through papermill's CLI in its own process group.
+
+    Parameters travel as one JSON document through `-y`, so their types survive. Returns
+    (exit code or None on timeout, error text, timed_out)."""
+    cmd = [sys.executable, "-m", "papermill", str(nb), str(out_nb), "-y", json.dumps(parameters),
+           "--cwd", str(cwd), "--no-progress-bar", "--log-output", "--execution-timeout", str(int(max(1, timeout)))]
+    if kernel:
+        cmd += ["-k", kernel]
+    env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline", PYTHONUNBUFFERED="1")
+    with open(log_path, "w", encoding="utf-8") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env, cwd=str(cwd))
+        try:
+            rc = proc.wait(timeout=timeout + 30)  # papermill's per-cell bound fires first; this catches the rest
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc.pid)
+            return None, f"timed out after {timeout:.0f} s (per-notebook bound); notebook and kernel killed", True
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    if rc == 0:
+        return 0, None, False
+    if rc == _DEAD_KERNEL:
+        return rc, "kernel died (out of memory or killed): " + _error_line(text), False
+    if "CellTimeoutError" in text or "Cell execution timed out" in text:
+        return rc, f"timed out after {timeout:.0f} s in one cell (per-notebook bound)", True
+    return rc, _error_line(text), False
+
+
+def _stamp_notebook(path: Path, res: NotebookResult) -> None:
+    """Record the runner's verdict inside the archived notebook: papermill marks timed-out and
+    dead-kernel notebooks as completed, so its own metadata cannot be trusted for that."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    doc.setdefault("metadata", {})["runbook"] = {"status": res.status, "papermill_exit": res.papermill_exit, "error": res.error}
+    atomic_write_text(path, json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+
+
+def _run_one(nb: Path, run_dir: Path, spec: spec_mod.Deployment, user_params: dict[str, Any], budget: float,
+             opts: RunOptions, log: Log) -> NotebookResult:
+    stem = nb.stem
+    res = NotebookResult(name=stem, status="ok")
+    out_nb, res_json, log_path = run_dir / f"{stem}.ipynb", run_dir / f"{stem}.results.json", run_dir / f"{stem}.log"
+    # The runner-notebook contract (params.RESERVED): what a notebook needs from the run it is part of.
+    parameters = {"deployment": spec.source, "results_path": str(res_json), "artifact_dir": str(run_dir / f"{stem}-raw"),
+                  "archive_root": str(run_dir.parent), "interactive": False, **user_params}
+    t0 = time.monotonic()
+    log(f"{stem}: running (bound {budget:.0f} s)")
+    rc, err, _ = execute(nb, out_nb, parameters, nb.parent, budget, log_path, opts.kernel)
+    res.duration_s = round(time.monotonic() - t0, 2)
+    res.papermill_exit, res.error = rc, err
+    res.log = log_path.name
+    if rc != 0:
+        res.status = "failed"
+    if res_json.exists():
+        try:
+            doc = results.load(res_json)
+            res.findings = counts(doc["findings"])
+            res.failed_findings = [f.to_dict() for f in doc["findings"] if f.status in ("fail", "warn")]
+            res.results = res_json.name
+        except (OSError, ValueError, TypeError) as e:
+            res.status, res.error = "failed", f"unreadable results file: {e}"
+    if out_nb.exists():
+        res.ipynb = out_nb.name
+        _stamp_notebook(out_nb, res)
+        try:
+            archive.export_html(out_nb, run_dir / f"{stem}.html", banner=None if res.status == "ok" else f"This notebook did not complete: {res.error}")
+            res.html = f"{stem}.html"
+        except Exception as e:  # an HTML failure must not lose the run
+            log(f"{stem}: HTML export failed: {e}")
+    log(f"{stem}: {res.status} in {res.duration_s:.1f} s" + (f" — {res.error}" if res.error else ""))
+    return res
+
+
+def _summary_md(s: dict[str, Any]) -> str:
+    lines = [f"# Runbook run {s['run_id']}", "",
+             f"- deployment: `{s['deployment']}` ({s['deployment_file']})",
+             f"- commit: `{s['git_commit'] or 'unknown'}`",
+             f"- started {s['started']}, {s['duration_s']:.0f} s, exit code **{s['exit_code']}** ({s['verdict']})", ""]
+    broken = [n for n in s["notebooks"] if n["status"] == "failed"]
+    if broken:
+        lines += ["## Errors", ""] + [f"- **{n['name']}**: {n['error']}" for n in broken] + [""]
+    lines += ["## Notebooks", "", "| notebook | status | duration | " + " | ".join(STATUSES) + " |",
+              "|---|---|---|" + "---|" * len(STATUSES)]
+    for n in s["notebooks"]:
+        link = f"[{n['name']}]({n['html']})" if n.get("html") else n["name"]
+        lines.append(f"| {link} | {n['status']} | {n['duration_s']:.1f} s | " + " | ".join(str(n["findings"][k]) for k in STATUSES) + " |")
+    att = [(n["name"], f) for n in s["notebooks"] for f in n.get("failed_findings", [])]
+    if att:
+        lines += ["", "## Needs attention", ""]
+        for name, f in sorted(att, key=lambda x: STATUSES.index(x[1]["status"])):
+            lines.append(f"- **{f['status'].upper()}** `{f['id']}` ({name}): {f['title']}" + (f" — fix: {f['remedy']}" if f.get("remedy") else ""))
+    return "\n".join(lines) + "\n"
+
+
+def one_screen(summary: dict[str, Any], run_dir: Path, max_items: int = 12) -> str:
+    """What `make run` prints at the end: one screen, worst first, and where the archive is."""
+    out = [f"Run {summary['run_id']}: {summary['verdict']} (exit {summary['exit_code']})"]
+    for n in summary["notebooks"]:
+        c = n["findings"]
+        tally = ", ".join(f"{c[k]} {k}" for k in STATUSES if c[k])
+        out.append(f"  {n['status']:7} {n['name']:24} {n['duration_s']:6.1f} s  {tally}" + (f"  [{n['error']}]" if n["error"] else ""))
+    att = [f for n in summary["notebooks"] for f in n.get("failed_findings", [])]
+    att.sort(key=lambda f: STATUSES.index(f["status"]))
+    if att:
+        out.append("Needs attention:")
+        for f in att[:max_items]:
+            out.append(f"  {f['status'].upper():4} {f['title']}")
+            if f.get("remedy"):
+                out.append(f"       fix: {f['remedy'][:160]}")
+        if len(att) > max_items:
+            out.append(f"  … and {len(att) - max_items} more in summary.md")
+    out.append(f"Archive: {run_dir}")
+    out.append(f"Index:   {run_dir.parent / 'index.html'}")
+    return "\n".join(out)
+
+
+def run(opts: RunOptions, log: Optional[Log] = None) -> tuple[int, Optional[Path]]:
+    """Execute and archive; returns (exit code, run directory)."""
+    log = log or Log()
+    spec = spec_mod.load(opts.deployment)
+    nbs = discover(Path(opts.notebooks_dir), opts.only)
+    per_nb = params_mod.resolve(opts.params, nbs)
+    out_dir = Path(opts.out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with DeploymentLock(out_dir, spec.name):
+        archive.clean_stale(out_dir, spec.name)
+        started = dt.datetime.now(dt.timezone.utc)
+        stamp = f"{started:%Y%m%dT%H%M%SZ}"
+        run_id, n = f"{stamp}-{spec.name}", 2
+        while (out_dir / run_id).exists():
+            run_id, n = f"{stamp}-{n}-{spec.name}", n + 1
+        tmp = out_dir / f"{archive.INPROGRESS}{run_id}"
+        tmp.mkdir(parents=True)
+        log(f"run {run_id}: {len(nbs)} notebook(s), deployment {spec.name}")
+        t_start = time.monotonic()
+        nb_results: list[NotebookResult] = []
+        for nb in nbs:
+            left = opts.run_timeout - (time.monotonic() - t_start)
+            if left <= 1:
+                nb_results.append(NotebookResult(nb.stem, "skipped", error=f"whole-run bound of {opts.run_timeout:.0f} s reached"))
+                log(f"{nb.stem}: skipped (whole-run bound reached)")
+                continue
+            nb_results.append(_run_one(nb, tmp, spec, per_nb[nb], min(opts.timeout, left), opts, log))
+        tally = {s: sum(r.findings[s] for r in nb_results) for s in STATUSES}
+        code = 2 if any(r.status == "failed" for r in nb_results) else exit_code_for(tally, opts.strict)
+        verdict = {0: "all notebooks ran, no check failed", 1: "checks failed", 2: "a notebook could not run"}[code]
+        summary = {
+            "run_id": run_id, "deployment": spec.name, "deployment_file": spec.source, "git_commit": git_commit(),
+            "started": started.isoformat(timespec="seconds"), "duration_s": round(time.monotonic() - t_start, 2),
+            "exit_code": code, "verdict": verdict, "strict": opts.strict, "findings": tally,
+            "notebooks": [r.__dict__ for r in nb_results],
+        }
+        atomic_write_json(tmp / "summary.json", summary)
+        atomic_write_text(tmp / "summary.md", _summary_md(summary))
+        archive.write_summary_html(tmp, summary)
+        # Scrub secret values the notebooks may have printed before anything becomes visible.
+        extra = secrets.read_env_file(spec.serving.env_file).values() if spec.serving.env_file else ()
+        secrets.redact_tree(tmp, secrets.secret_values(extra=extra))
+        final = out_dir / run_id
+        os.replace(tmp, final)
+        archive.point_latest(out_dir, run_id)
+        removed = archive.apply_retention(out_dir, spec.name, opts.keep)
+        if removed:
+            log(f"retention: removed {len(removed)} old run(s)")
+        archive.write_index(out_dir)
+        log(f"run {run_id}: exit {code} ({verdict})")
+    print(one_screen(summary, final))
+    return code, final

@@ -1,0 +1,28 @@
+"""Stage 30: the systemd unit — built once from spec + what-ifs + recommendations (`build`), then
+rendered, checked, diffed, installed and compared with the running server. `evaluate` is the
+stage's entry point: what 30_service shows and `runbook service report` prints."""
+from runbook.service.check import (
+           check,
+           check_flags,
+           cross_checks,
+           serving_python,
+           verify_unit,
+)
+from runbook.service.diff import diff
+from runbook.service.drift import drift, redact_server_info
+from runbook.service.install import InstallResult, install, wait_ready
+from runbook.service.render import (
+           Build,
+           Rendered,
+           build,
+           effective_flags,
+           parse_args,
+           recommended_flags,
+           render,
+)
+from runbook.service.report import changes_frame, drift_frame, plan_frame
+from runbook.service.stage import ServiceReport, evaluate
+
+__all__ = ["Build", "InstallResult", "Rendered", "ServiceReport", "build", "changes_frame", "check", "check_flags", "cross_checks",
+           "diff", "drift", "drift_frame", "effective_flags", "evaluate", "install", "parse_args", "plan_frame", "recommended_flags",
+           "redact_server_info", "render", "serving_python", "verify_unit", "wait_ready"]

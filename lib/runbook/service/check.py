@@ -1,0 +1,162 @@
+"""Checking the rendered unit: SGLang's own parser on the exact argv, `systemd-analyze verify`, and
+cross-checks against the quant and KV stages.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from runbook.core.errors import InputError, SpecError
+from runbook.core.findings import Finding
+from runbook.core.spec import Deployment
+from runbook.service.render import Build, Rendered, build
+
+PROBE = Path(__file__).with_name("sglang_probe.py")
+
+
+def serving_python(spec: Deployment) -> tuple[Optional[str], list[Finding]]:
+    py = spec.serving.python
+    if os.path.isfile(py) and os.access(py, os.X_OK):
+        return py, []
+    alt = os.environ.get("RUNBOOK_SERVING_PYTHON")
+    if alt and os.path.isfile(alt):
+        return alt, [Finding("service.parser_env", "info", "flags validated with RUNBOOK_SERVING_PYTHON",
+                             detail=f"{py} is not on this machine; {alt} has the same SGLang parser only if its version matches.",
+                             evidence=alt)]
+    return None, [Finding("service.parser", "skip", "SGLang flags not validated: no serving interpreter here",
+                          detail=f"{py} is not on this machine and RUNBOOK_SERVING_PYTHON is unset.",
+                          remedy="Run on the serving host, or `make serving-env` to build a CPU copy of SGLang's parser.")]
+
+
+def check_flags(r: Rendered, python: str, run: Callable = subprocess.run) -> list[Finding]:
+    argv = [("REDACTED" if re.fullmatch(r"\$\{\w+\}", w) else w) for w in r.argv[3:]]
+    cp = run([python, str(PROBE), json.dumps(argv)], capture_output=True, text=True, timeout=180)
+    try:
+        res = json.loads(cp.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        tail = (cp.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        return [Finding("service.parser", "fail", "could not run SGLang's argument parser", evidence=tail[0],
+                        remedy=f"Check that `{python} -c 'import sglang.srt.server_args'` works.")]
+    ver = res.get("version")
+    where = f" on node {r.node}" if r.node else ""
+    if res["ok"]:
+        n = sum(1 for w in r.argv if w.startswith("--"))
+        return [Finding("service.parser", "pass", f"SGLang {ver}'s own parser accepts all {n} flags{where}")]
+    out = []
+    known = res.get("known_flags", [])
+    errors = res.get("errors") or [{"flag": None, "error": res.get("error", "")}]
+    for e in errors:
+        flags = [e["flag"]] if e.get("flag") else re.findall(r"--[a-z0-9-]+", e["error"])
+        for flag in flags or [None]:
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag and flag not in known else []
+            unknown = bool(flag) and flag not in known
+            out.append(Finding(f"service.flag.{(flag or 'argv').lstrip('-')}", "fail",
+                               f"{flag}: not a flag of SGLang {ver}" if unknown else f"{flag or 'argv'}: rejected by SGLang {ver}'s parser{where}",
+                               detail=e["error"],
+                               remedy=(f"Did you mean {close[0]}?" if close else "Remove it or upgrade SGLang.") if unknown
+                               else "Fix the value in serving.flags (or the --arg what-if)."))
+    if res.get("kind") == "semantic" and not res.get("errors"):
+        out = [Finding("service.parser", "fail", f"SGLang {ver} rejects the combination of flags{where}", detail=res.get("error", ""),
+                       remedy="Read the message: a flag conflicts with another or with the parallelism.")]
+    return out
+
+
+def verify_unit(r: Rendered, run: Callable = subprocess.run) -> list[Finding]:
+    exe = shutil.which("systemd-analyze")
+    if not exe:
+        return [Finding("service.systemd", "skip", "systemd-analyze not installed: unit syntax not verified",
+                        remedy="apt-get install systemd (the CI script installs it)")]
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / f"{r.unit_name}.service"
+        path.write_text(r.text)
+        cp = run([exe, "verify", "--man=no", "--recursive-errors=no", str(path)], capture_output=True, text=True, timeout=60)
+    lines = [ln.strip() for ln in (cp.stderr + cp.stdout).splitlines() if ln.strip()]
+    out: list[Finding] = []
+    for ln in lines:
+        m = re.search(r"Command (\S+) is not executable", ln)
+        if m:
+            # The serving interpreter's absence is already a finding of 00_environment.
+            out.append(Finding("service.systemd.binary", "info" if m.group(1) == r.argv[0] else "warn",
+                               f"{m.group(1)} does not exist on this machine",
+                               detail="systemd-analyze checks ExecStart binaries where it runs; on the serving host it must exist.",
+                               evidence=ln.replace(str(Path(d)), "<tmp>")))
+            continue
+        if "fatal" in ln.lower() and any(f.id == "service.systemd.binary" for f in out):
+            continue  # the missing binary is already reported
+        out.append(Finding("service.systemd.syntax", "fail" if "fatal" in ln.lower() else "warn", f"systemd-analyze: {ln.split(': ', 1)[-1]}",
+                           evidence=ln.replace(str(Path(d)), "<tmp>"), remedy="Fix the spec value that produced this line."))
+    if not out:
+        out.append(Finding("service.systemd", "pass", "systemd-analyze verify: no warnings" + (f" (node {r.node})" if r.node else "")))
+    return out
+
+
+def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[Finding]:
+    from runbook import kv as kv_stage
+
+    out: list[Finding] = []
+    par, hw = spec.parallelism, spec.hardware
+    total = hw.gpu_count * max(1, len(par.nodes))
+    out.append(Finding("service.gpus", "pass" if par.gpus == total else "warn",
+                       f"TP {par.tp} × PP {par.pp} = {par.gpus} GPUs of {total}" + (f" (attention DP {par.attn_dp} inside TP)" if par.attn_dp > 1 else ""),
+                       remedy="" if par.gpus == total else "Idle GPUs: raise TP/PP or lower hardware.gpu_count."))
+    kv = str(r.flags.get("kv-cache-dtype", "auto"))
+    if quant_rep is not None:
+        rec = quant_rep.recommended_flags.get("kv-cache-dtype")
+        fp8 = kv in ("fp8_e4m3", "fp8_e5m2") or (kv == "auto" and quant_rep.kv_cache.auto_resolves_to.startswith("fp8"))
+        if rec == "bf16" and fp8:
+            out.append(Finding("service.kv_dtype", "fail", f"--kv-cache-dtype {kv} keeps the FP8 KV cache 10_quant_config flags",
+                               detail=f"the checkpoint declares {quant_rep.kv_cache.declared} KV; k/v scales: {quant_rep.kv_cache.scale_coverage}",
+                               remedy="--arg kv-cache-dtype=bf16 to try it; then set serving.flags.kv-cache-dtype: bf16 (or serving.apply_recommended: true)."))
+        else:
+            out.append(Finding("service.kv_dtype", "pass", f"--kv-cache-dtype {kv} agrees with 10_quant_config"))
+    try:
+        p = kv_stage.evaluate(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": r.flags})}),
+                              loaded=quant_rep.loaded if quant_rep is not None else None)
+    except (InputError, SpecError) as e:
+        return out + [Finding("service.capacity", "skip", "KV capacity not cross-checked", detail=str(e))]
+    res = p.result
+    ctx = r.flags.get("context-length")
+    if res.max_total_num_tokens is not None and ctx is not None:
+        ok = int(ctx) <= res.max_total_num_tokens
+        out.append(Finding("service.context_length", "pass" if ok else "fail",
+                           f"--context-length {int(ctx):,} {'fits' if ok else 'exceeds'} the KV pool of {res.max_total_num_tokens:,} tokens",
+                           remedy="" if ok else "Lower --context-length or raise the KV budget."))
+    mrr = r.flags.get("max-running-requests")
+    if mrr is not None and res.max_running_requests is not None and res.max_running_requests < int(mrr):
+        out.append(Finding("service.max_running_requests", "warn", f"--max-running-requests {mrr} will be capped at {res.max_running_requests}",
+                           detail="by the token pool or the linear-attention state slots (20_kv_memory)",
+                           remedy=f"Set it to {res.max_running_requests} so the unit says what the server does."))
+    spec_frac = spec.serving.flags.get("mem-fraction-static")
+    frac = r.flags.get("mem-fraction-static")
+    if frac != spec_frac:
+        out.append(Finding("service.mem_fraction", "warn", f"--mem-fraction-static {frac} differs from the spec's {spec_frac}",
+                           detail="20_kv_memory's capacity tables used the spec's value.",
+                           remedy="Put the value in the spec so every notebook uses the same one."))
+    elif frac is None:
+        out.append(Finding("service.mem_fraction", "info", f"--mem-fraction-static unset: SGLang picks ≈{res.mem_fraction_static}",
+                           detail=res.mem_fraction_source))
+    if spec.serving.env_file and os.path.exists(spec.serving.env_file):
+        mode = os.stat(spec.serving.env_file).st_mode & 0o777
+        out.append(Finding("service.env_file", "fail" if mode & 0o077 else "pass", f"{spec.serving.env_file} mode {mode:04o}",
+                           remedy=f"chmod 600 {spec.serving.env_file}" if mode & 0o077 else ""))
+    return out
+
+
+def check(spec: Deployment, args: Optional[dict[str, Any]] = None, run: Callable = subprocess.run,
+          built: Optional[Build] = None) -> tuple[list[Rendered], list[Finding]]:
+    b = built or build(spec, args, with_quant=True)
+    units = b.units
+    python, findings = serving_python(spec)
+    for r in units:
+        if python:
+            findings += check_flags(r, python, run)
+        findings += verify_unit(r, run)
+    findings += cross_checks(spec, units[0], b.quant)
+    return units, findings

@@ -1,0 +1,22 @@
+"""Tables for 30_service: what installing would change, the install plan, the drift against the server."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+
+def changes_frame(rep: Any) -> pd.DataFrame | None:
+    return pd.DataFrame(rep.changes) if rep.changes else None
+
+
+def plan_frame(rep: Any) -> pd.DataFrame:
+    return pd.DataFrame(rep.install_plan)
+
+
+def drift_frame(rep: Any) -> pd.DataFrame:
+    """Differing flags when there are any; else what the server reports (or why it could not be read)."""
+    if rep.drift:
+        return pd.DataFrame(rep.drift)
+    why = next((f.title for f in rep.findings if f.id == "service.drift"), "not checked")
+    return pd.Series(rep.server or {"server": why}, name="value").to_frame()

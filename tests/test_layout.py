@@ -1,0 +1,196 @@
+"""The layout's rules, checked from the source: stages import each other only through their package
+roots, every stage has the same shape, and the notebooks' "What to do" names findings that exist."""
+import ast
+import fnmatch
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+LIB = REPO / "lib" / "runbook"
+STAGES = ("env", "quant", "kv", "service", "bench", "accuracy")
+SHARED = ("core", "model", "endpoint", "corpus")
+
+
+def _sources(pkg: str) -> list[Path]:
+    return sorted(p for p in (LIB / pkg).rglob("*.py") if "data" not in p.relative_to(LIB).parts)
+
+
+def _imports(path: Path, text: str) -> list[tuple[str, list[str], int]]:
+    """(module, imported names, line) for every runbook import in a file, relative ones resolved."""
+    tree = ast.parse(text, str(path))
+    pkg = ".".join(("runbook",) + path.relative_to(LIB).parent.parts)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names if a.name.startswith("runbook")]
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level:
+                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                mod = ".".join(base + ([mod] if mod else []))
+            if mod.startswith("runbook"):
+                out.append((mod, [a.name for a in node.names], node.lineno))
+    return out
+
+
+def _all(stage: str) -> list[str]:
+    tree = ast.parse((LIB / stage / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    return []
+
+
+def _violations(path: Path, layer: str, text: str) -> list[str]:
+    bad = []
+    for mod, names, line in _imports(path, text):
+        parts = mod.split(".")
+        if len(parts) < 2:
+            # `from runbook import quant`: a stage through its package root; shared layers import no stage
+            bad += [f"{path.relative_to(REPO)}:{line}: shared layer {layer} imports stage {n}"
+                    for n in names if n in STAGES and layer not in STAGES]
+            continue
+        target = parts[1]
+        if target == layer or target in SHARED:
+            continue
+        if target in STAGES and layer in STAGES and len(parts) == 2 and set(names) <= set(_all(target)):
+            continue
+        bad.append(f"{path.relative_to(REPO)}:{line}: {layer} imports {mod} {names}")
+    return bad
+
+
+def test_no_stage_imports_another_stages_internals():
+    bad = [v for layer in STAGES + SHARED + ("runner",) for p in _sources(layer) for v in _violations(p, layer, p.read_text())]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("layer, text, expect", [
+    ("kv", "from runbook.quant.analysis import inspect\n", "kv imports runbook.quant.analysis"),
+    ("kv", "from runbook.quant import analysis\n", "kv imports runbook.quant"),       # a submodule, not the root's API
+    ("core", "from runbook import kv\n", "shared layer core imports stage kv"),
+    ("model", "from runbook.service.render import build\n", "model imports runbook.service.render"),
+    ("service", "from ..bench.sweep import Level\n", "service imports runbook.bench.sweep"),
+])
+def test_import_rule_catches_a_violation(layer, text, expect):
+    assert any(expect in v for v in _violations(LIB / layer / "planted.py", layer, text))
+
+
+def test_import_rule_allows_package_roots():
+    assert _violations(LIB / "service" / "x.py", "service", "from runbook import kv, quant\nfrom runbook.core.spec import Deployment\n") == []
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_stage_has_the_same_shape(stage):
+    import importlib
+
+    mod = importlib.import_module(f"runbook.{stage}")
+    assert mod.__doc__ and mod.__doc__.startswith("Stage "), stage
+    assert "evaluate" in mod.__all__ and callable(mod.evaluate)
+    assert (LIB / stage / "report.py").is_file(), f"{stage}: tables and plots live in report.py"
+    for name in mod.__all__:
+        assert hasattr(mod, name), f"runbook.{stage}.__all__ names {name}, which it lacks"
+
+
+def _finding_id_patterns() -> list[tuple[re.Pattern, str]]:
+    """Every id a Finding(...) in the library can take: (regex, an example with x for each field)."""
+    pats = []
+    for path in LIB.rglob("*.py"):
+        if "data" in path.relative_to(LIB).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and node.args and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Finding"):
+                continue
+            a = node.args[0]
+            if isinstance(a, ast.Constant) and isinstance(a.value, str):
+                pats.append((re.compile(re.escape(a.value)), a.value))
+            elif isinstance(a, ast.JoinedStr):
+                parts = [v.value if isinstance(v, ast.Constant) else None for v in a.values]
+                pats.append((re.compile("".join(re.escape(p) if p is not None else ".+" for p in parts)),
+                             "".join(p if p is not None else "x" for p in parts)))
+    return pats
+
+
+def _what_to_do_ids(nb: Path) -> list[str]:
+    cells = json.loads(nb.read_text())["cells"]
+    text = next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("## What to do"))
+    return re.findall(r"\*\*`([a-z_][a-z0-9_.*-]*)`", text)
+
+
+@pytest.mark.parametrize("nb", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_what_to_do_names_findings_the_library_emits(nb):
+    pats = _finding_id_patterns()
+    ids = _what_to_do_ids(nb)
+    assert ids, f"{nb.name}: no finding ids in What to do"
+    # `ckpt.*` is met by ckpt.dtypes; `kvquant.fp8_e4m3.scale1.*` by f"kvquant.{fmt}.{scaling}.{source}"
+    missing = [i for i in ids if not any(p.fullmatch(i.replace("*", "x")) or fnmatch.fnmatchcase(ex, i) for p, ex in pats)]
+    assert not missing, f"{nb.name} names findings the library never emits: {missing}"
+
+
+def test_finding_id_check_can_fail():
+    pats = _finding_id_patterns()
+    assert not any(p.fullmatch("kv.no_such_finding") for p, _ in pats)
+    assert any(p.fullmatch("service.flag.x") for p, _ in pats)
+
+
+@pytest.mark.parametrize("nb", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebook_leads_with_the_verdict_and_says_when_cost_side_effects(nb):
+    cells = json.loads(nb.read_text())["cells"]
+    head = "".join(cells[0]["source"])
+    for word in ("**When.**", "**Cost.**", "**Side effects.**"):
+        assert word in head, f"{nb.name}: first cell lacks {word}"
+    code = [c for c in cells if c["cell_type"] == "code"]
+    first = "".join(code[1]["source"])   # the cell after parameters
+    assert ".evaluate(" in first and "notebook.finish(" in first, f"{nb.name}: the verdict is not the first result"
+    casts = re.findall(r"\b(?:int|float|str|bool)\(", "".join("".join(c["source"]) for c in code[1:]))
+    assert not casts, f"{nb.name}: a cell casts a parameter"
+
+
+def test_notebook_given_drops_only_the_unset_sentinels():
+    from runbook.runner import notebook
+
+    assert notebook.given(tp=0, kv_dtype="", contexts=[], chat=False, frac=0.0, url=None) == {}
+    assert notebook.given(tp=8, kv_dtype="bf16", contexts=[8192], chat=True, frac=0.88) == {
+        "tp": 8, "kv_dtype": "bf16", "contexts": [8192], "chat": True, "frac": 0.88}
+
+
+@pytest.mark.parametrize("nb", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebook_imports_resolve(nb):
+    import importlib
+
+    for c in json.loads(nb.read_text())["cells"]:
+        if c["cell_type"] != "code":
+            continue
+        for node in ast.walk(ast.parse("".join(c["source"]))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("runbook"):
+                mod = importlib.import_module(node.module)
+                for a in node.names:
+                    assert hasattr(mod, a.name) or importlib.util.find_spec(f"{node.module}.{a.name}"), \
+                        f"{nb.name}: from {node.module} import {a.name}"
+
+
+def test_corpus_is_intact_and_frozen():
+    from runbook import corpus
+
+    assert corpus.verify() == []
+    assert corpus.manifest()["version"] == corpus.VERSION
+    # frozen: not the library's current sources
+    assert "def test_corpus_is_intact_and_frozen" not in corpus.code_text()
+    assert len(corpus.code_prompts()) >= 8
+
+
+def test_one_sglang_version_constant():
+    import subprocess
+
+    from runbook.core import SGLANG_VERSION
+
+    out = subprocess.run(["make", "-s", "-C", str(REPO), "--eval", "print-v: ; @echo $(SGLANG_VERSION)", "print-v"],
+                         capture_output=True, text=True, timeout=60).stdout.strip()
+    assert out == SGLANG_VERSION
+    serving = __import__("os").environ.get("RUNBOOK_SERVING_PYTHON")
+    if serving:
+        v = subprocess.run([serving, "-c", "from importlib.metadata import version; print(version('sglang'))"],
+                           capture_output=True, text=True, timeout=60).stdout.strip()
+        assert v == SGLANG_VERSION

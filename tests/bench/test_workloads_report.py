@@ -123,3 +123,4 @@ def test_evaluate_compares_with_the_archive(tmp_path, monkeypatch):
     res = bench.evaluate(dep, bench.options_from(dep), archive_root=tmp_path)
     assert [f.id for f in res.findings] == ["bench.regression.c1"] and res.summary["previous_run"]["corpus_version"] == "code-1"
     assert [f.status for f in bench.evaluate(dep, bench.options_from(dep), archive_root=tmp_path / "empty").findings] == ["info"]
+    assert bench.evaluate(dep, bench.options_from(dep), archive_root=None).findings == []   # no archive: not compared

@@ -241,14 +241,13 @@ def evaluate(spec: Deployment, options: Optional[BenchOptions] = None, archive_r
              exclude_run: Optional[str] = None) -> BenchResult:
     """Stage 40's entry point: the sweep, then the regression check against the newest archived
     benchmark of this deployment under `archive_root` (outputs/ for the CLI, the runner's archive
-    for the notebook). The regression findings and the previous run it used are in the result."""
+    for the notebook; none: no comparison). The regression findings and the previous run it used are in the result."""
     from runbook.core.archive import previous_data
 
     o = options or options_from(spec)
     res = run(o, spec.slo)
-    if res.summary.get("levels"):
-        prev = previous_data(Path(archive_root), spec.name, "40_benchmark", exclude_run,
-                             usable=lambda d: bool(d.get("levels"))) if archive_root else None
+    if res.summary.get("levels") and archive_root:
+        prev = previous_data(Path(archive_root), spec.name, "40_benchmark", exclude_run, usable=lambda d: bool(d.get("levels")))
         reg = compare_previous(res.summary, prev, spec.benchmark.regression_threshold_pct)
         res.summary["previous_run"] = {k: prev.get(k) for k in ("corpus_version", "workload", "model")} if prev else None
         res.findings += reg

@@ -7,13 +7,101 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
+from urllib.parse import urlsplit
 
 from runbook.core.errors import LockHeld, RunbookError
 from runbook.core.findings import exit_code, format_text
 from runbook.core.fsutil import atomic_write_text
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors naming the option (cron logs; no usage block)."""
+
+    def error(self, message: str) -> Any:
+        m = re.match(r"argument ([^:]+): (.*)$", " ".join(message.split()))
+        if m:
+            opt, msg = m.groups()
+            opt = opt.split("/")[-1]   # "-h/--help" style: the long form
+            message = f"{opt} {msg}" if msg.startswith("must ") else f"{opt}: {msg}"
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _int(lo: int) -> Callable[[str], int]:
+    def parse(s: str) -> int:
+        try:
+            v = int(s.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer (got {s!r})") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be at least {lo} (got {v})")
+        return v
+    parse.__name__ = "int"
+    return parse
+
+
+def _float(lo: float = 0.0, hi: float = math.inf, lo_ok: bool = False, hi_ok: bool = True) -> Callable[[str], float]:
+    if lo == 0 and not lo_ok and hi == math.inf:
+        want = "positive"
+    else:
+        want = f"in {'[' if lo_ok else '('}{lo:g}, {hi:g}{']' if hi_ok else ')'}"
+
+    def parse(s: str) -> float:
+        try:
+            v = float(s.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number (got {s!r})") from None
+        if not math.isfinite(v) or v < lo or v > hi or (v == lo and not lo_ok) or (v == hi and not hi_ok):
+            raise argparse.ArgumentTypeError(f"must be {want} and finite (got {s.strip()})")
+        return v
+    parse.__name__ = "float"
+    return parse
+
+
+def _list(item: Callable[[str], Any]) -> Callable[[str], list]:
+    """A comma-separated list, each item parsed (and bounded) by `item`."""
+    def parse(s: str) -> list:
+        parts = _csv(s)
+        if not parts:
+            raise argparse.ArgumentTypeError(f"must be a comma-separated list of values (got {s!r})")
+        out = []
+        for x in parts:
+            try:
+                out.append(item(x))
+            except argparse.ArgumentTypeError as e:
+                raise argparse.ArgumentTypeError(f"{e} in {s!r}" if len(parts) > 1 else str(e)) from None
+        return out
+    parse.__name__ = "list"
+    return parse
+
+
+def _url(s: str) -> str:
+    """An http(s) URL with a host, e.g. http://127.0.0.1:30000."""
+    bad = argparse.ArgumentTypeError(f"must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:30000 (got {s!r})")
+    if not s or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in s):
+        raise bad
+    try:
+        u = urlsplit(s)
+        u.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
+    except ValueError:
+        raise bad from None
+    if u.scheme.lower() not in ("http", "https") or not u.hostname:
+        raise bad
+    return s
+
+
+def _names(s: str) -> str:
+    if not _csv(s):
+        raise argparse.ArgumentTypeError(f"must name at least one notebook (got {s!r})")
+    return s
+
+
+_POS_INT = _int(1)
+_POS_FLOAT = _float()
 
 
 def _add_deployment(p: argparse.ArgumentParser) -> None:
@@ -68,7 +156,7 @@ def _cmd_kv(a: argparse.Namespace) -> int:
     from runbook.core import spec
 
     dep = spec.load(a.deployment) if (a.deployment or not a.model_dir) else None
-    ctx = [int(c) for c in _csv(a.contexts)] if a.contexts else None
+    ctx = a.contexts or None
     p = kv.evaluate(dep, a.model_dir, tp=a.tp, pp=a.pp, attn_dp=a.attn_dp, kv_dtype=a.kv_dtype, gpu_mem_gib=a.gpu_mem_gib,
                     weights_gib=a.weights_gib, mem_fraction_static=a.mem_fraction_static, kv_budget_gib=a.kv_budget_gib,
                     page_size=a.page_size, context_len=a.context_len, contexts=ctx)
@@ -131,8 +219,8 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     from runbook.core import spec
 
     dep = spec.load(a.deployment)
-    o = bench.options_from(dep, a.url, model=a.model, concurrency=[int(x) for x in _csv(a.concurrency)] if a.concurrency else None,
-                           rates=[float(x) for x in _csv(a.rate)] if a.rate else None, requests=a.requests, duration_s=a.duration,
+    o = bench.options_from(dep, a.url, model=a.model, concurrency=a.concurrency or None,
+                           rates=a.rate or None, requests=a.requests, duration_s=a.duration,
                            workload=a.workload, input_len=a.input_len, output_len=a.output_len, chat=a.chat or None,
                            tokenizer=a.tokenizer, warmup=a.warmup, out=Path(a.out) if a.out else None, seed=a.seed,
                            compare_url=a.compare_url, timeout_s=a.timeout, flush=a.flush_cache or None,
@@ -156,8 +244,8 @@ def _cmd_accuracy(a: argparse.Namespace) -> int:
     from runbook.core import spec
 
     dep = spec.load(a.deployment)
-    lengths = [int(x) for x in _csv(a.lengths)] if a.lengths else None
-    depths = [float(x) for x in _csv(a.depths)] if a.depths else None
+    lengths = a.lengths or None
+    depths = a.depths or None
     if a.probe == "report":
         rep = accuracy.evaluate(dep, a.url, a.compare_url, a.spec_off_url, lengths, depths, a.tokenizer, a.seed,
                                 a.per_cell, a.out, a.prompts, a.max_tokens)
@@ -191,17 +279,17 @@ def _emit(a: argparse.Namespace, findings: list, doc: dict) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from runbook.runner.run import OUTPUTS
 
-    p = argparse.ArgumentParser(prog="runbook", description="SGLang deployment runbooks: checks, archive, reports.")
+    p = _Parser(prog="runbook", description="SGLang deployment runbooks: checks, archive, reports.")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     r = sub.add_parser("run", help="execute the notebooks with papermill and archive the run")
     _add_deployment(r)
-    r.add_argument("--only", action="append", default=[], metavar="NAME[,NAME]", help="run only these notebooks (e.g. environment,kv_memory)")
+    r.add_argument("--only", action="append", default=[], type=_names, metavar="NAME[,NAME]", help="run only these notebooks (e.g. environment,kv_memory)")
     r.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="set a notebook parameter, typed by its parameters cell")
     r.add_argument("--out", default=str(OUTPUTS), metavar="DIR", help="archive root (default: outputs/)")
-    r.add_argument("--timeout", type=float, default=1800, metavar="SECONDS", help="bound per notebook (default 1800)")
-    r.add_argument("--run-timeout", type=float, default=7200, metavar="SECONDS", help="bound for the whole run (default 7200)")
-    r.add_argument("--keep", type=int, default=None, metavar="N", help="keep only this deployment's N newest runs")
+    r.add_argument("--timeout", type=_POS_FLOAT, default=1800, metavar="SECONDS", help="bound per notebook (default 1800)")
+    r.add_argument("--run-timeout", type=_POS_FLOAT, default=7200, metavar="SECONDS", help="bound for the whole run (default 7200)")
+    r.add_argument("--keep", type=_POS_INT, default=None, metavar="N", help="keep only this deployment's N newest runs")
     r.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
     r.add_argument("--notebooks", default=None, metavar="DIR", help=argparse.SUPPRESS)
     r.add_argument("--kernel", default=None, help="Jupyter kernel name (default: the notebook's, run in this venv)")
@@ -221,17 +309,17 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("kv", help="KV-cache and state memory per GPU, the way SGLang sizes its pools")
     k.add_argument("model_dir", nargs="?", metavar="MODEL_DIR", help="checkpoint or model-card dir (default: the deployment's model)")
     _add_deployment(k)
-    k.add_argument("--tp", type=int, help="tensor parallel size (default: the spec's, else 1)")
-    k.add_argument("--pp", type=int, help="pipeline parallel size")
-    k.add_argument("--attn-dp", type=int, help="attention data parallel size")
+    k.add_argument("--tp", type=_POS_INT, help="tensor parallel size (default: the spec's, else 1)")
+    k.add_argument("--pp", type=_POS_INT, help="pipeline parallel size")
+    k.add_argument("--attn-dp", type=_POS_INT, help="attention data parallel size")
     k.add_argument("--kv-dtype", help="auto, bf16, fp8_e4m3, fp8_e5m2, mxfp8, nvfp4, fp4_mx_block16")
-    k.add_argument("--gpu-mem-gib", type=float, help="memory per GPU")
-    k.add_argument("--weights-gib", type=float, help="weights per GPU (default: from the checkpoint)")
-    k.add_argument("--mem-fraction-static", type=float, help="default: the spec's flag, else SGLang's heuristic")
-    k.add_argument("--kv-budget-gib", type=float, help="KV+state budget per GPU, skipping the memory arithmetic")
-    k.add_argument("--page-size", type=int)
-    k.add_argument("--context-len", type=int, help="default: the spec's --context-length, else the model's")
-    k.add_argument("--contexts", help="context lengths to fit, e.g. 8192,32768,131072,262144")
+    k.add_argument("--gpu-mem-gib", type=_POS_FLOAT, help="memory per GPU")
+    k.add_argument("--weights-gib", type=_POS_FLOAT, help="weights per GPU (default: from the checkpoint)")
+    k.add_argument("--mem-fraction-static", type=_float(0, 1), help="default: the spec's flag, else SGLang's heuristic")
+    k.add_argument("--kv-budget-gib", type=_POS_FLOAT, help="KV+state budget per GPU, skipping the memory arithmetic")
+    k.add_argument("--page-size", type=_POS_INT)
+    k.add_argument("--context-len", type=_POS_INT, help="default: the spec's --context-length, else the model's")
+    k.add_argument("--contexts", type=_list(_POS_INT), help="context lengths to fit, e.g. 8192,32768,131072,262144")
     _add_output(k)
     k.set_defaults(fn=_cmd_kv)
 
@@ -245,31 +333,31 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--yes", action="store_true", help="install: really do it (default: dry run)")
     sv.add_argument("--root", metavar="DIR", help="install: prefix for the unit path (testing, chroots)")
     sv.add_argument("--systemctl", metavar="CMD", help="install: systemctl command to use")
-    sv.add_argument("--ready-url", metavar="URL", help="install: readiness URL (default: http://host:port + systemd.ready_path)")
-    sv.add_argument("--ready-timeout", type=float, metavar="S", help="install: readiness timeout (default: systemd.timeout_start_sec)")
-    sv.add_argument("--url", metavar="URL", help="drift, report: server base URL (default: http://host:port from the spec)")
+    sv.add_argument("--ready-url", metavar="URL", type=_url, help="install: readiness URL (default: http://host:port + systemd.ready_path)")
+    sv.add_argument("--ready-timeout", type=_POS_FLOAT, metavar="S", help="install: readiness timeout (default: systemd.timeout_start_sec)")
+    sv.add_argument("--url", metavar="URL", type=_url, help="drift, report: server base URL (default: http://host:port from the spec)")
     _add_output(sv)
     sv.set_defaults(fn=_cmd_service)
 
     b = sub.add_parser("bench", help="benchmark a running OpenAI-compatible server (SGLang, or llama-server for demos)")
-    b.add_argument("--url", help="server base URL (default: the spec's host:port)")
+    b.add_argument("--url", type=_url, help="server base URL (default: the spec's host:port)")
     _add_deployment(b)
     b.add_argument("--model", help="model name to send (default: the server's first /v1/models entry)")
-    b.add_argument("--concurrency", metavar="1,2,4,...", help="fixed-concurrency levels (default: the spec's plan)")
-    b.add_argument("--rate", metavar="R,...", help="Poisson request-rate levels (requests/s)")
+    b.add_argument("--concurrency", type=_list(_POS_INT), metavar="1,2,4,...", help="fixed-concurrency levels (default: the spec's plan)")
+    b.add_argument("--rate", type=_list(_POS_FLOAT), metavar="R,...", help="Poisson request-rate levels (requests/s)")
     g = b.add_mutually_exclusive_group()
-    g.add_argument("--requests", type=int, metavar="N", help="measured requests per level")
-    g.add_argument("--duration", type=float, metavar="S", help="measure each level for S seconds")
+    g.add_argument("--requests", type=_POS_INT, metavar="N", help="measured requests per level")
+    g.add_argument("--duration", type=_POS_FLOAT, metavar="S", help="measure each level for S seconds")
     b.add_argument("--workload", help="random | code | longctx | prefix | FILE.jsonl")
-    b.add_argument("--input-len", type=int, metavar="N")
-    b.add_argument("--output-len", type=int, metavar="N")
+    b.add_argument("--input-len", type=_POS_INT, metavar="N")
+    b.add_argument("--output-len", type=_POS_INT, metavar="N")
     b.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
     b.add_argument("--tokenizer", metavar="DIR", help="dir with tokenizer.json for exact lengths and client token counts")
-    b.add_argument("--warmup", type=int, metavar="N", help="warm-up requests per level")
+    b.add_argument("--warmup", type=_int(0), metavar="N", help="warm-up requests per level")
     b.add_argument("--out", metavar="DIR", help="write records.jsonl and summary.json here")
-    b.add_argument("--compare-url", metavar="URL", help="A/B: the same workload against this second endpoint")
+    b.add_argument("--compare-url", metavar="URL", type=_url, help="A/B: the same workload against this second endpoint")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per-request timeout")
+    b.add_argument("--timeout", type=_POS_FLOAT, default=600.0, metavar="S", help="per-request timeout")
     b.add_argument("--flush-cache", action="store_true",
                    help="POST /flush_cache before each level (default: the spec's benchmark.flush_cache, off)")
     b.add_argument("--archive", default=str(OUTPUTS), metavar="DIR",
@@ -281,16 +369,16 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("probe", choices=["kvquant", "recall", "identity", "report"],
                     help="report: all three, what 50_accuracy shows (live probes skip without --url)")
     _add_deployment(ac)
-    ac.add_argument("--url", help="recall: the endpoint (default: the spec's); identity: speculative decoding on")
-    ac.add_argument("--compare-url", help="recall, report: A/B second endpoint (e.g. BF16 KV); identity: speculative decoding off")
-    ac.add_argument("--spec-off-url", help="report: the same model with speculative decoding off (greedy identity)")
-    ac.add_argument("--lengths", metavar="N,...", help="recall: haystack token lengths (default: the spec's, up to --context-length)")
-    ac.add_argument("--depths", metavar="F,...", help="recall: needle depths as fractions (default: the spec's)")
-    ac.add_argument("--per-cell", type=int, default=1, help="recall: needles per length × depth cell")
+    ac.add_argument("--url", type=_url, help="recall: the endpoint (default: the spec's); identity: speculative decoding on")
+    ac.add_argument("--compare-url", type=_url, help="recall, report: A/B second endpoint (e.g. BF16 KV); identity: speculative decoding off")
+    ac.add_argument("--spec-off-url", type=_url, help="report: the same model with speculative decoding off (greedy identity)")
+    ac.add_argument("--lengths", type=_list(_POS_INT), metavar="N,...", help="recall: haystack token lengths (default: the spec's, up to --context-length)")
+    ac.add_argument("--depths", type=_list(_float(0, 1, lo_ok=True)), metavar="F,...", help="recall: needle depths as fractions (default: the spec's)")
+    ac.add_argument("--per-cell", type=_POS_INT, default=1, help="recall: needles per length × depth cell")
     ac.add_argument("--tokenizer", metavar="DIR", help="dir with tokenizer.json: exact prompt lengths")
     ac.add_argument("--seed", type=int, default=0)
-    ac.add_argument("--prompts", type=int, default=8, help="identity: number of prompts")
-    ac.add_argument("--max-tokens", type=int, default=64, help="identity: greedy tokens per prompt")
+    ac.add_argument("--prompts", type=_POS_INT, default=8, help="identity: number of prompts")
+    ac.add_argument("--max-tokens", type=_POS_INT, default=64, help="identity: greedy tokens per prompt")
     ac.add_argument("--out", metavar="DIR", help="recall, report: archive the prompts here")
     _add_output(ac)
     ac.set_defaults(fn=_cmd_accuracy)

@@ -5,10 +5,12 @@ turns any problem into one SpecError line naming the file, the key and the expec
 """
 from __future__ import annotations
 
+import math
 import os
 import re
+import stat
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 import yaml
 from pydantic import (
@@ -37,10 +39,30 @@ _OWNED_FLAGS = {
 }
 
 FlagValue = Union[bool, int, float, str, None]
+# SGLang flags whose type the runbook relies on (kv sizing, service checks): checked at load, so a
+# `context-length: lots` is a one-line spec error instead of a traceback in a later stage.
+# name -> (type, lowest allowed, highest allowed, what to write)
+_TYPED_FLAGS: dict[str, tuple[type, float, float, str]] = {
+    "context-length": (int, 1, math.inf, "a token count ≥ 1"),
+    "max-running-requests": (int, 1, math.inf, "a request count ≥ 1"),
+    "max-total-tokens": (int, 1, math.inf, "a token count ≥ 1"),
+    "max-prefill-tokens": (int, 1, math.inf, "a token count ≥ 1"),
+    "chunked-prefill-size": (int, -1, math.inf, "a token count ≥ 1, or -1 to disable chunked prefill"),
+    "page-size": (int, 1, math.inf, "a token count ≥ 1"),
+    "cuda-graph-max-bs": (int, 1, math.inf, "a batch size ≥ 1"),
+    "max-mamba-cache-size": (int, 1, math.inf, "a count ≥ 1"),
+    "mem-fraction-static": (float, 0, 1, "a fraction in (0, 1]"),
+    "mamba-full-memory-ratio": (float, 0, math.inf, "a ratio > 0"),
+    "swa-full-tokens-ratio": (float, 0, math.inf, "a ratio > 0"),
+}
+_BOOL_STRINGS = {"true", "false", "yes", "no", "on", "off"}
+MAX_SPEC_BYTES = 1 << 20      # a deployment spec is a few KiB; anything this big is a mistake (or a bomb)
+_MAX_DEPTH = 64               # nesting levels
+_MAX_NODES = 100_000          # YAML nodes after alias expansion ("billion laughs")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Model(_Strict):
@@ -121,6 +143,26 @@ class Serving(_Strict):
                 raise ValueError(f"{k} looks like a secret: put it in serving.env_file, not in the spec")
         return v
 
+    @field_validator("flags", mode="before")
+    @classmethod
+    def _flag_values(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        for k, val in v.items():
+            if isinstance(val, (dict, list)):
+                raise ValueError(f"{k}: a flag takes one value (a string, number or true/false), not a {type(val).__name__}")
+            if isinstance(val, float) and not math.isfinite(val):
+                raise ValueError(f"{k}: {val} is not a finite number")
+            if isinstance(val, str) and val.strip().lower() in _BOOL_STRINGS:
+                raise ValueError(f"{k}: {val!r} is a quoted string, which SGLang would get as a value, not a switch: "
+                                 f"write {k}: true (unquoted) to set the switch, or false to leave it off")
+            if isinstance(k, str) and k in _TYPED_FLAGS and val is not None:
+                typ, lo, hi, what = _TYPED_FLAGS[k]
+                ok_type = (isinstance(val, int) and not isinstance(val, bool)) or (typ is float and isinstance(val, float))
+                if not ok_type or not (lo <= val <= hi) or (typ is float and val == 0) or (typ is int and val == 0):
+                    raise ValueError(f"{k}: must be {what} (got {val!r})")
+        return v
+
     @field_validator("flags")
     @classmethod
     def _flag_names(cls, v: dict[str, FlagValue]) -> dict[str, FlagValue]:
@@ -147,8 +189,12 @@ class Systemd(_Strict):
         return self.unit_path or f"/etc/systemd/system/{self.unit_name}.service"
 
 
+_PositiveInt = Annotated[int, Field(gt=0)]
+_Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
 class Benchmark(_Strict):
-    concurrency: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    concurrency: list[_PositiveInt] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     workload: str = "code"
     input_len: int = Field(default=1024, gt=0)
     output_len: int = Field(default=256, gt=0)
@@ -161,8 +207,8 @@ class Benchmark(_Strict):
 
 
 class Accuracy(_Strict):
-    recall_lengths: list[int] = Field(default_factory=lambda: [8192, 32768, 131072])
-    recall_depths: list[float] = Field(default_factory=lambda: [0.1, 0.5, 0.9])
+    recall_lengths: list[_PositiveInt] = Field(default_factory=lambda: [8192, 32768, 131072])
+    recall_depths: list[_Fraction] = Field(default_factory=lambda: [0.1, 0.5, 0.9])
     clipped_frac_warn: float = Field(default=0.001, ge=0)
     clipped_frac_fail: float = Field(default=0.01, ge=0)
     attn_rel_err_warn: float = Field(default=0.01, ge=0)
@@ -221,6 +267,10 @@ def _describe(err: Mapping[str, Any], model: type[BaseModel]) -> str:
     got = err.get("input")
     shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
     msg = msg.removeprefix("Value error, ")
+    # A mapping's validator names the entry first ("context-length: must be ..."): make it part of the key path.
+    m = re.match(r"^([^\s:]+): (.*)$", msg)
+    if kind == "value_error" and isinstance(got, dict) and m and m.group(1) in got:
+        return f"{loc}.{m.group(1)}: {m.group(2)}"
     return f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}"
 
 
@@ -251,19 +301,163 @@ def from_dict(data: Any, source: str = "<spec>") -> Deployment:
     return dep
 
 
+_STR = "tag:yaml.org,2002:str"
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int, first: int) -> None:
+        super().__init__(key)
+        self.key, self.line, self.first = key, line, first
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:  # type: ignore[override]
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE:
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, line, seen[key])
+                seen[key] = line
+            except TypeError:
+                continue  # unhashable: SafeConstructor reports it
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_spec(p: Path) -> str:
+    """The spec's text: a regular, small, UTF-8 file, else one SpecError line naming it and the fix."""
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise SpecError(f"{p}: deployment spec not found (see deployments/ for examples)") from None
+    except (OSError, ValueError) as e:
+        raise SpecError(f"{p}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise SpecError(f"{p}: is a directory; give the deployment spec's YAML file (e.g. deployments/<name>.yaml)")
+    if not stat.S_ISREG(st.st_mode):
+        raise SpecError(f"{p}: not a regular file (a FIFO, socket or device); give the deployment spec's YAML file")
+    if st.st_size > MAX_SPEC_BYTES:
+        raise SpecError(f"{p}: {st.st_size:,} bytes is too large for a deployment spec (at most {MAX_SPEC_BYTES:,})")
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
+    except OSError as e:
+        raise SpecError(f"{p}: cannot read: {e.strerror or e}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(f"{p}: too large for a deployment spec (at most {MAX_SPEC_BYTES:,} bytes)")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{p}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); save the file as UTF-8") from None
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    if isinstance(e, yaml.reader.ReaderError):
+        return f"character #x{e.character if isinstance(e.character, int) else ord(e.character):04x} at position {e.position}: {e.reason}"
+    msg = getattr(e, "problem", None) or getattr(e, "context", None) or str(e)
+    return " ".join(str(msg).split())
+
+
+def _check_shape(text: str, p: Path) -> None:
+    """Bound nesting before composing (PyYAML composes recursively)."""
+    depth = 0
+    for ev in yaml.parse(text, Loader=_Loader):
+        if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > _MAX_DEPTH:
+                raise SpecError(f"{p}: line {ev.start_mark.line + 1}: nested more than {_MAX_DEPTH} levels deep; "
+                                "a deployment spec is a few levels of keys")
+        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
+def _count_nodes(root: yaml.Node, p: Path) -> None:
+    """Refuse recursive aliases and alias bombs: count nodes as the constructed data would hold them."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(n: yaml.Node) -> int:
+        if id(n) in sizes:
+            return sizes[id(n)]
+        if id(n) in active:
+            raise SpecError(f"{p}: line {n.start_mark.line + 1}: recursive alias (an anchor used inside itself)")
+        total = 1
+        if isinstance(n, (yaml.MappingNode, yaml.SequenceNode)):
+            active.add(id(n))
+            for child in n.value:
+                for c in (child if isinstance(child, tuple) else (child,)):
+                    total += size(c)
+                    if total > _MAX_NODES:
+                        raise SpecError(f"{p}: line {n.start_mark.line + 1}: aliases expand to more than {_MAX_NODES:,} "
+                                        "values; a deployment spec needs far fewer (remove the alias chain)")
+            active.discard(id(n))
+        sizes[id(n)] = total
+        return total
+
+    size(root)
+
+
+def _env_as_written(root: yaml.Node, p: Path) -> None:
+    """serving.env values are strings: keep a plain scalar's text as written (YAML 1.1 would read `0755` as 493,
+    `1:30` as 90, `1e3` as 1000.0); a value YAML reads as true/false/null must be quoted."""
+    def get(n: Any, key: str) -> Any:
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                if isinstance(k, yaml.ScalarNode) and k.value == key:
+                    return v
+        return None
+
+    env = get(get(root, "serving"), "env")
+    if not isinstance(env, yaml.MappingNode):
+        return
+    for i, (k, v) in enumerate(env.value):
+        if not isinstance(v, yaml.ScalarNode) or v.style is not None:
+            continue
+        line = v.start_mark.line + 1
+        if v.tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
+            env.value[i] = (k, yaml.ScalarNode(_STR, v.value, v.start_mark, v.end_mark, style=v.style))
+        elif v.tag in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:null"):
+            what = "true/false" if v.tag.endswith("bool") else "null (no value)"
+            raise SpecError(f"{p}: line {line}: serving.env.{k.value}: YAML reads {v.value or 'an empty value'!s} as {what}; "
+                            f"quote the value: {k.value}: \"{v.value}\"")
+
+
+def _parse(text: str, p: Path) -> Any:
+    try:
+        _check_shape(text, p)
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            _count_nodes(node, p)
+            _env_as_written(node, p)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except _DuplicateKey as e:
+        raise SpecError(f"{p}: line {e.line}: duplicate key {e.key!r} (first at line {e.first}); keep only one") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f" line {mark.line + 1}:" if mark else ""
+        raise SpecError(f"{p}:{where} not valid YAML: {_yaml_problem(e)}") from None
+    except SpecError:
+        raise
+    except RecursionError:
+        raise SpecError(f"{p}: nested too deeply to be a deployment spec") from None
+    except Exception as e:  # a value PyYAML's constructors cannot build (e.g. `2001-02-30` as a date)
+        raise SpecError(f"{p}: not a valid YAML value ({' '.join(str(e).split()) or type(e).__name__}); "
+                        "quote a value meant as text, e.g. description: \"2001-02-30\"") from None
+
+
 def load(path: str | os.PathLike | None = None) -> Deployment:
     """Load and validate a deployment spec; default: the story's Qwen3.5 NVFP4 deployment."""
     p = Path(path) if path else DEFAULT_SPEC
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{p}: deployment spec not found (see deployments/ for examples)") from None
-    except OSError as e:
-        raise SpecError(f"{p}: cannot read: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise SpecError(f"{p}:{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    data = _parse(_read_spec(p), p)
     return from_dict(data, str(p.resolve()))

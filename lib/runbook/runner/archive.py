@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -67,11 +68,41 @@ def point_latest(out_dir: Path, run_dir_name: str) -> None:
     os.replace(tmp, out_dir / "latest")
 
 
+_MARKER = ".runbook-deployment"  # inside an in-progress folder: whose run it is
+
+
+def run_id_pattern(deployment: str) -> re.Pattern[str]:
+    """Run ids of exactly this deployment: `<UTC stamp>[-N]-<deployment>` (so `rtq` never matches `x-rtq`)."""
+    return re.compile(r"\d{8}T\d{6}Z(?:-\d+)?-" + re.escape(deployment))
+
+
+def _is_run_of(name: str, deployment: str) -> bool:
+    return run_id_pattern(deployment).fullmatch(name) is not None
+
+
+def mark_inprogress(tmp: Path, deployment: str) -> None:
+    """Record the deployment inside its in-progress folder: a run id alone is ambiguous when one
+    deployment's name is a suffix of another's (`<stamp>-2-rtq` is run 2 of `rtq` or a run of `2-rtq`)."""
+    (tmp / _MARKER).write_text(deployment + "\n", encoding="utf-8")
+
+
+def unmark_inprogress(tmp: Path) -> None:
+    (tmp / _MARKER).unlink(missing_ok=True)
+
+
+def _inprogress_owner(d: Path) -> str | None:
+    try:
+        return (d / _MARKER).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def apply_retention(out_dir: Path, deployment: str, keep: int | None) -> list[str]:
-    """Delete this deployment's oldest runs beyond `keep`; other deployments are untouched."""
+    """Delete this deployment's oldest runs beyond `keep`; other deployments are untouched: a run is
+    this deployment's when its summary says so and its folder name is one of this deployment's run ids."""
     if not keep or keep < 1:
         return []
-    mine = [r for r in list_runs(out_dir) if r.get("deployment") == deployment]
+    mine = [r for r in list_runs(out_dir) if r.get("deployment") == deployment and _is_run_of(r["_dir"], deployment)]
     removed = []
     for r in mine[keep:]:
         shutil.rmtree(out_dir / r["_dir"], ignore_errors=True)
@@ -79,9 +110,22 @@ def apply_retention(out_dir: Path, deployment: str, keep: int | None) -> list[st
     return removed
 
 
-def clean_stale(out_dir: Path, deployment: str) -> None:
-    """Remove half-built runs of this deployment left by a killed run (we hold its lock)."""
+def clean_stale(out_dir: Path, deployment: str) -> list[str]:
+    """Remove half-built runs of this deployment left by a killed run (we hold its lock).
+
+    Only `.inprogress-<run id>` folders whose run id is exactly one of this deployment's, and whose
+    marker (when present) names this deployment: another deployment's run in progress is never touched."""
+    removed: list[str] = []
     if not out_dir.is_dir():
-        return
-    for d in out_dir.glob(f"{INPROGRESS}*-{deployment}"):
+        return removed
+    for d in out_dir.iterdir():
+        if not d.name.startswith(INPROGRESS) or d.is_symlink() or not d.is_dir():
+            continue
+        if not _is_run_of(d.name[len(INPROGRESS):], deployment):
+            continue
+        owner = _inprogress_owner(d)
+        if owner is not None and owner != deployment:
+            continue
         shutil.rmtree(d, ignore_errors=True)
+        removed.append(d.name)
+    return removed

@@ -5,7 +5,10 @@ here the annotation in the parameters cell (`tp: int = 8`) decides, through pyda
 """
 from __future__ import annotations
 
+import ast
+import io
 import json
+import tokenize
 import typing
 from pathlib import Path
 from typing import Any, Optional
@@ -37,10 +40,43 @@ def _type(name: Optional[str]) -> Any:
 
 
 def inspect(notebook: Path) -> dict[str, dict[str, Any]]:
-    """The notebook's parameters: name -> {inferred_type_name, default, help}."""
-    import papermill
+    """The notebook's parameters: name -> {inferred_type_name, default, help}.
 
-    return papermill.inspect_notebook(str(notebook))
+    Read with Python's own parser: papermill's line regex skips any line with a second '=' (such as
+    `args: list[str] = []  # e.g. ["kv-cache-dtype=bf16"]`), which hid that parameter from --param."""
+    import nbformat
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    cell = next((c for c in nb.cells if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    if cell is None:
+        return {}
+    src = cell.source
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        import papermill
+
+        return papermill.inspect_notebook(str(notebook))
+    comments: dict[int, str] = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+            if tok.type == tokenize.COMMENT:
+                comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    except (tokenize.TokenError, SyntaxError):  # pragma: no cover - ast.parse accepted it
+        pass
+    out: dict[str, dict[str, Any]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names, ann, value = [node.target.id], ast.unparse(node.annotation), node.value
+        elif isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
+            names, ann, value = [t.id for t in node.targets if isinstance(t, ast.Name)], "None", node.value
+        else:
+            continue
+        for name in names:
+            out[name] = {"name": name, "inferred_type_name": ann,
+                         "default": ast.get_source_segment(src, value) if value is not None else "None",
+                         "help": comments.get(node.end_lineno or node.lineno, "")}
+    return out
 
 
 def coerce(key: str, raw: str, type_name: Optional[str], where: str) -> Any:

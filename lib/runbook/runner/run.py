@@ -1,22 +1,28 @@
 """`python -m runbook run`: execute notebooks/ in order with papermill and archive the run.
 
-Each notebook runs in its own papermill process (so a per-notebook bound can kill it and its
-kernel), writes its results JSON, and is archived with an HTML copy. The run is built in a hidden
-folder and renamed into place, so an interrupted run leaves nothing the index lists.
+Each notebook runs in its own papermill process, in a session of its own under a guard process
+(runner/guard.py), so a per-notebook bound, a SIGTERM/SIGINT of the runner (handled: the notebook's
+processes are killed, exit 128+signal) and a SIGKILL of the runner (the guard sees it) all end the
+notebook and its kernel. Each notebook writes its results JSON and is archived with an HTML copy.
+The run is built in a hidden folder `.inprogress-<run id>` (mode 0700: it may hold unscrubbed
+output) and renamed into place once secrets are scrubbed, so an interrupted run leaves nothing the
+index lists and nothing others can read; the next run of the same deployment removes it.
 """
 from __future__ import annotations
 
 import datetime as dt
 import fcntl
 import json
+import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Iterable, Optional, TextIO
 
 from runbook.core import secrets
 from runbook.core import spec as spec_mod
@@ -31,6 +37,9 @@ NOTEBOOKS = REPO_ROOT / "notebooks"
 OUTPUTS = REPO_ROOT / "outputs"
 EXIT_LOCKED = 75
 _DEAD_KERNEL = 138
+_GUARD = Path(__file__).with_name("guard.py")
+# Sessions (guard pids) of the notebooks running now, killed by the runner's SIGTERM/SIGINT handler.
+_CHILDREN: set[int] = set()
 
 
 @dataclass
@@ -65,13 +74,14 @@ class NotebookResult:
 class Log:
     """Timestamped lines on stderr; colour only on a terminal."""
 
-    def __init__(self, stream: TextIO = sys.stderr):
+    def __init__(self, stream: TextIO = sys.stderr, secrets_: Iterable[str] = ()):
         self.stream = stream
         self.tty = stream.isatty()
+        self.secrets: set[str] = set(secrets_)  # scrubbed from every line (cron mails this log)
 
     def __call__(self, msg: str) -> None:
         ts = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        print(f"{ts} runbook: {msg}", file=self.stream, flush=True)
+        print(f"{ts} runbook: {secrets.redact_text(msg, self.secrets)}", file=self.stream, flush=True)
 
 
 def discover(notebooks_dir: Path, only: list[str]) -> list[Path]:
@@ -136,19 +146,51 @@ def git_commit() -> Optional[str]:
 
 
 def _kill_tree(pid: int) -> None:
+    """SIGKILL a notebook's guard, its session and everything below it (the kernel has a session of its own)."""
     import psutil
 
     try:
         parent = psutil.Process(pid)
+        procs = parent.children(recursive=True) + [parent]
     except psutil.NoSuchProcess:
-        return
-    procs = parent.children(recursive=True) + [parent]
+        procs = []
     for p in procs:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the guard leads its session: anything else left in it
+    except (ProcessLookupError, PermissionError):
+        pass
     psutil.wait_procs(procs, timeout=10)
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    """SIGTERM/SIGINT of the runner: end the running notebook's processes, then exit 128+signal.
+
+    The half-built run stays in its 0700 .inprogress folder; the next run of the deployment removes it."""
+    for pid in list(_CHILDREN):
+        _kill_tree(pid)
+    try:
+        print(f"runbook: stopped by signal {signum}; the running notebook and its kernel were killed", file=sys.stderr, flush=True)
+    finally:
+        os._exit(128 + signum)
+
+
+class _SignalsKillChildren:
+    def __enter__(self) -> "_SignalsKillChildren":
+        import threading
+
+        self.saved: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                self.saved[s] = signal.signal(s, _on_signal)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self.saved.items():
+            signal.signal(s, h)
 
 
 def _error_line(stderr: str) -> str:
@@ -166,19 +208,22 @@ def execute(nb: Path, out_nb: Path, parameters: dict[str, Any], cwd: Path, timeo
 
     Parameters travel as one JSON document through `-y`, so their types survive. Returns
     (exit code or None on timeout, error text, timed_out)."""
-    cmd = [sys.executable, "-m", "papermill", str(nb), str(out_nb), "-y", json.dumps(parameters),
+    cmd = [sys.executable, str(_GUARD), str(os.getpid()), "--", sys.executable, "-m", "papermill", str(nb), str(out_nb), "-y", json.dumps(parameters),
            "--cwd", str(cwd), "--no-progress-bar", "--log-output", "--execution-timeout", str(int(max(1, timeout)))]
     if kernel:
         cmd += ["-k", kernel]
     env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline", PYTHONUNBUFFERED="1")
-    with open(log_path, "w", encoding="utf-8") as logf:
+    with open(log_path, "w", encoding="utf-8") as logf:  # inside the 0700 in-progress folder
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env, cwd=str(cwd))
+        _CHILDREN.add(proc.pid)
         try:
             rc = proc.wait(timeout=timeout + 30)  # papermill's per-cell bound fires first; this catches the rest
         except subprocess.TimeoutExpired:
             _kill_tree(proc.pid)
             return None, f"timed out after {timeout:.0f} s (per-notebook bound); notebook and kernel killed", True
+        finally:
+            _CHILDREN.discard(proc.pid)
     text = log_path.read_text(encoding="utf-8", errors="replace")
     if rc == 0:
         return 0, None, False
@@ -279,23 +324,76 @@ def one_screen(summary: dict[str, Any], run_dir: Path, max_items: int = 12) -> s
     return "\n".join(out)
 
 
+def _bad_number(v: Any, integer: bool = False) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
+        return True
+    return not math.isfinite(v) or v <= 0
+
+
+def validate_options(opts: RunOptions) -> list[str]:
+    """Check the run options before anything is written; returns --only as a list of names.
+
+    Raises SpecError naming the option and the fix (the CLI prints one line and exits 2)."""
+    if _bad_number(opts.timeout):
+        raise SpecError(f"--timeout {opts.timeout}: must be a number of seconds above 0 (e.g. --timeout 1800)")
+    if _bad_number(opts.run_timeout):
+        raise SpecError(f"--run-timeout {opts.run_timeout}: must be a number of seconds above 0 (e.g. --run-timeout 7200)")
+    if opts.keep is not None and _bad_number(opts.keep, integer=True):
+        raise SpecError(f"--keep {opts.keep}: must be a whole number of runs, 1 or more (leave it out to keep every run)")
+    only: list[str] = []
+    for chunk in opts.only:
+        names = [x.strip() for x in str(chunk).split(",")]
+        if not any(names):
+            raise SpecError(f"--only {chunk!r}: names no notebook; give one or more names (e.g. --only environment,kv_memory) "
+                            "or leave --only out to run every notebook")
+        only += [n for n in names if n]
+    return only
+
+
+def _run_secrets(spec: spec_mod.Deployment) -> set[str]:
+    """Secret values to scrub: secret-looking environment variables, the API key variable the spec
+    names, and the values in serving.env_file (relative to the spec file, not the working directory)."""
+    extra: list[str] = []
+    if spec.serving.api_key_env and os.environ.get(spec.serving.api_key_env):
+        extra.append(os.environ[spec.serving.api_key_env])
+    if spec.serving.env_file:
+        extra += secrets.read_env_file(spec.resolve_path(spec.serving.env_file)).values()
+    return secrets.secret_values(extra=extra)
+
+
+def _make_private_dir(path: Path) -> None:
+    path.mkdir(mode=0o700)
+    os.chmod(path, 0o700)  # whatever the umask
+
+
+def _public_mode() -> int:
+    """The mode a plain mkdir gives here (0777 less the umask): a finished run keeps the usual policy."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o777 & ~mask
+
+
 def run(opts: RunOptions, log: Optional[Log] = None) -> tuple[int, Optional[Path]]:
     """Execute and archive; returns (exit code, run directory)."""
     log = log or Log()
+    only = validate_options(opts)
     spec = spec_mod.load(opts.deployment)
-    nbs = discover(Path(opts.notebooks_dir), opts.only)
+    nbs = discover(Path(opts.notebooks_dir), only)
     per_nb = params_mod.resolve(opts.params, nbs)
+    scrub = _run_secrets(spec)
+    log.secrets |= scrub
     out_dir = Path(opts.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    with DeploymentLock(out_dir, spec.name):
+    with DeploymentLock(out_dir, spec.name), _SignalsKillChildren():
         archive.clean_stale(out_dir, spec.name)
         started = dt.datetime.now(dt.timezone.utc)
         stamp = f"{started:%Y%m%dT%H%M%SZ}"
         run_id, n = f"{stamp}-{spec.name}", 2
-        while (out_dir / run_id).exists():
+        while (out_dir / run_id).exists() or (out_dir / f"{archive.INPROGRESS}{run_id}").exists():
             run_id, n = f"{stamp}-{n}-{spec.name}", n + 1
         tmp = out_dir / f"{archive.INPROGRESS}{run_id}"
-        tmp.mkdir(parents=True)
+        _make_private_dir(tmp)
+        archive.mark_inprogress(tmp, spec.name)
         log(f"run {run_id}: {len(nbs)} notebook(s), deployment {spec.name}")
         t_start = time.monotonic()
         nb_results: list[NotebookResult] = []
@@ -319,8 +417,9 @@ def run(opts: RunOptions, log: Optional[Log] = None) -> tuple[int, Optional[Path
         atomic_write_text(tmp / "summary.md", _summary_md(summary))
         archive.write_summary_html(tmp, summary)
         # Scrub secret values the notebooks may have printed before anything becomes visible.
-        extra = secrets.read_env_file(spec.serving.env_file).values() if spec.serving.env_file else ()
-        secrets.redact_tree(tmp, secrets.secret_values(extra=extra))
+        secrets.redact_tree(tmp, scrub)
+        archive.unmark_inprogress(tmp)
+        os.chmod(tmp, _public_mode())
         final = out_dir / run_id
         os.replace(tmp, final)
         archive.point_latest(out_dir, run_id)
@@ -329,5 +428,5 @@ def run(opts: RunOptions, log: Optional[Log] = None) -> tuple[int, Optional[Path
             log(f"retention: removed {len(removed)} old run(s)")
         archive.write_index(out_dir)
         log(f"run {run_id}: exit {code} ({verdict})")
-    print(one_screen(summary, final))
+    print(secrets.redact_text(one_screen(summary, final), scrub))
     return code, final

@@ -5,6 +5,7 @@ unit they talk about is the unit `install` writes.
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,118 @@ from runbook.service import unitfile
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("runbook.service", "templates"), keep_trailing_newline=True,
                           trim_blocks=False, lstrip_blocks=False, autoescape=False)
 _FLAG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# systemd's User=/Group= accept POSIX-portable names (and numeric ids); anything else is refused.
+_ACCOUNT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}|[0-9]{1,10}")
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+# Control characters (C0, DEL, C1) and Unicode line separators: never in a name or path. A quoted
+# ExecStart word or Environment= value may hold a tab (and U+2028/9: systemd splits lines on \n only).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL_BUT_TAB = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_CONTROL_NAMES = {"\n": "a newline", "\r": "a carriage return", "\0": "a NUL byte", "\t": "a tab"}
+
+
+class _EnvRef(str):
+    """An ExecStart word the renderer itself writes as ${VAR} for systemd to expand (the API key)."""
+
+
+def _control(value: str, allow_tab: bool = False) -> Optional[str]:
+    m = (_CONTROL_BUT_TAB if allow_tab else _CONTROL).search(value)
+    if not m:
+        return None
+    return _CONTROL_NAMES.get(m.group(), f"a control character ({m.group()!r})")
+
+
+def _no_control(value: str, field: str, fix: str, allow_tab: bool = False) -> None:
+    what = _control(value, allow_tab)
+    if what:
+        raise SpecError(f"{field}: contains {what}, which a systemd unit line cannot carry; {fix}")
+
+
+def _account(value: str, field: str) -> None:
+    _no_control(value, field, "use a POSIX user/group name (letters, digits, _ . -) or a numeric id")
+    if not _ACCOUNT.fullmatch(value):
+        raise SpecError(f"{field}: {value!r} is not a valid user/group name; use a POSIX name "
+                        "(letters, digits, _ . -, not starting with a digit or -, at most 32 characters) or a numeric id")
+
+
+def _abs_path(value: str, field: str) -> None:
+    _no_control(value, field, "use an absolute path without control characters")
+    if not value.startswith("/") or value != value.strip() or "\\" in value:
+        raise SpecError(f"{field}: {value!r} is not a plain absolute path; use an absolute path (starting with /, "
+                        "no backslash, no leading or trailing spaces, no control characters)")
+
+
+def _is_host(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        pass
+    name = value[:-1] if value.endswith(".") else value
+    return 0 < len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in name.split("."))
+
+
+def _host(value: str, field: str, wildcard_ok: bool = True) -> None:
+    if wildcard_ok and value == "":
+        return
+    if not _is_host(value):
+        raise SpecError(f"{field}: {value!r} is not a host name or IP address; use a hostname "
+                        "(letters, digits, - and .) or an IPv4/IPv6 literal without brackets or port")
+
+
+def _pct(value: str) -> str:
+    """A directive value with systemd specifiers disabled (% -> %%)."""
+    return value.replace("%", "%%")
+
+
+def _flag_source(name: str, spec: Deployment, args: Optional[dict[str, Any]]) -> str:
+    if args and name in args:
+        return f"--arg {name}"
+    if name in spec.serving.flags:
+        return f"serving.flags.{name}"
+    return f"recommended flag {name}"
+
+
+def _validate(spec: Deployment, args: Optional[dict[str, Any]], flags: dict[str, Any]) -> None:
+    """Every spec value that lands in a unit directive, checked for that directive (one SpecError line)."""
+    sd, s = spec.systemd, spec.serving
+    for field, v in (("systemd.user", sd.user), ("systemd.group", sd.group)):
+        if v:
+            _account(v, field)
+    if sd.working_directory:
+        _abs_path(sd.working_directory, "systemd.working_directory")
+    if s.env_file:
+        _abs_path(str(spec.resolve_path(s.env_file)), "serving.env_file")
+    _abs_path(s.python, "serving.python")
+    _host(s.host, "serving.host")
+    for i, node in enumerate(spec.parallelism.nodes):
+        _host(node.address, f"parallelism.nodes[{i}].address", wildcard_ok=False)
+    _no_control(spec.model.path, "model.path", "remove it")
+    if spec.model.served_name is not None:
+        _no_control(spec.model.served_name, "model.served_name", "remove it")
+    if s.api_key_env is not None and not _ENV_NAME.fullmatch(s.api_key_env):
+        raise SpecError(f"serving.api_key_env: {s.api_key_env!r} is not an environment variable name "
+                        "(letters, digits, _; not starting with a digit)")
+    for k in s.flags:
+        if is_secret_key(k):
+            raise SpecError(f"serving.flags.{k}: secrets belong in serving.env_file (referenced through "
+                            "serving.api_key_env), not in the unit; remove the flag from the spec")
+    for k, v in flags.items():
+        where = _flag_source(k, spec, args)
+        if not _FLAG.fullmatch(k):
+            raise SpecError(f"{where}: flag names are lower-case letters, digits and hyphens (e.g. kv-cache-dtype)")
+        for item in (v if isinstance(v, (list, tuple)) else [v]):
+            what = _control(str(item), allow_tab=True) if isinstance(item, str) else None
+            if what:
+                raise SpecError(f"--{k}: contains {what}, which a systemd unit line cannot carry; remove it from {where}")
+    for k, v in s.env.items():
+        if not _ENV_NAME.fullmatch(k):
+            raise SpecError(f"serving.env.{k}: not a valid environment variable name")
+        what = _control(v, allow_tab=True)
+        if what:
+            raise SpecError(f"environment variable {k}: contains {what}, which a systemd unit line cannot carry; "
+                            f"remove it from serving.env.{k}")
 
 
 @dataclass
@@ -82,7 +195,7 @@ def _argv(spec: Deployment, flags: dict[str, Any], rank: int = 0) -> list[tuple[
         else:
             groups.append((f"--{k}", str(v)))
     if s.api_key_env:
-        groups.append(("--api-key", "${" + s.api_key_env + "}"))
+        groups.append(("--api-key", _EnvRef("${" + s.api_key_env + "}")))
     return groups
 
 
@@ -91,40 +204,58 @@ def _exec_start(groups: list[tuple[str, ...]]) -> str:
     for g in groups:
         words = []
         for w in g:
-            expand = bool(re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}", w))
+            # Only the renderer's own ${VAR} reference is left for systemd to expand; a `$` in any
+            # spec or --arg value is written `$$` so the server gets it literally.
+            expand = isinstance(w, _EnvRef)
             words.append(unitfile.quote_word(w, g[0] if g[0].startswith("--") else "ExecStart", expand))
         lines.append(" ".join(words))
     return " \\\n    ".join(lines)
 
 
-def _ready_cmd(spec: Deployment) -> str:
-    url = spec.serving.local_url + spec.systemd.ready_path
+def _ready_url(spec: Deployment) -> str:
+    host, port = spec.serving.host, spec.serving.port
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 literal in a URL
+    return f"http://{host}:{port}{spec.systemd.ready_path}"
+
+
+def _ready_argv(spec: Deployment) -> list[str]:
+    """The readiness check: curl, no shell. As many tries, 5 s apart, as TimeoutStartSec allows."""
     tries = max(1, spec.systemd.timeout_start_sec // 5)
-    # $$ is a literal $ for systemd; the shell then sees $i.
-    return (f"/bin/sh -c 'i=0; until curl -sf -o /dev/null {url}; do i=$$((i+1)); "
-            f"[ $$i -ge {tries} ] && exit 1; sleep 5; done'")
+    return ["/usr/bin/curl", "--retry", str(tries - 1), "--retry-delay", "5", "--retry-connrefused",
+            "--retry-all-errors", "-sf", "-o", "/dev/null", _ready_url(spec)]
+
+
+def _ready_cmd(spec: Deployment) -> str:
+    return " ".join(unitfile.quote_word(w, "serving.host") for w in _ready_argv(spec))
+
+
+def _comment(value: str) -> str:
+    """A value shown in a # comment line: control characters escaped, so it stays one line."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], value)
 
 
 def render(spec: Deployment, args: Optional[dict[str, Any]] = None, recommended: Optional[dict[str, str]] = None) -> list[Rendered]:
     """One unit per node (one unit when the spec names no nodes)."""
     flags = effective_flags(spec, args, recommended)
+    _validate(spec, args, flags)
     nodes: Sequence[Optional[Node]] = spec.parallelism.nodes or [None]
     out = []
     for rank, node in enumerate(nodes):
         groups = _argv(spec, flags, rank)
         env_lines = [unitfile.quote_assignment(k, v) for k, v in spec.serving.env.items()]
-        for k in spec.serving.env:
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
-                raise SpecError(f"serving.env.{k}: not a valid environment variable name")
         name = spec.systemd.unit_name + (f"-{node.name}" if node and len(nodes) > 1 else "")
         text = _ENV.get_template("sglang.service.j2").render(
-            source=Path(spec.source).name if spec.source else "a spec", name=spec.name,
+            source=_comment(Path(spec.source).name) if spec.source else "a spec", name=spec.name,
             node={"name": node.name, "rank": rank, "count": len(nodes)} if node else None,
-            user=spec.systemd.user, group=spec.systemd.group, workdir=spec.systemd.working_directory,
-            environment=env_lines, env_file=spec.serving.env_file, exec_start=_exec_start(groups),
+            user=spec.systemd.user, group=spec.systemd.group,
+            workdir=_pct(spec.systemd.working_directory) if spec.systemd.working_directory else None,
+            environment=env_lines, env_file=_pct(str(spec.resolve_path(spec.serving.env_file))) if spec.serving.env_file else None,
+            exec_start=_exec_start(groups),
             exec_start_post=_ready_cmd(spec), restart_sec=spec.systemd.restart_sec,
             timeout_start_sec=spec.systemd.timeout_start_sec)
-        out.append(Rendered(text, [w for g in groups for w in g], flags, name, node.name if node else None, rank))
+        out.append(Rendered(text, [str(w) for g in groups for w in g], flags, name, node.name if node else None, rank))
     return out
 
 

@@ -16,10 +16,15 @@ _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "s": " ", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
 
 
+_UNREPRESENTABLE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")  # control characters but tab
+_NAMES = {"\n": "a newline", "\r": "a carriage return", "\0": "a NUL byte"}
+
+
 def _reject_unrepresentable(value: str, what: str) -> None:
-    for ch, name in (("\n", "a newline"), ("\r", "a carriage return"), ("\0", "a NUL byte")):
-        if ch in value:
-            raise SpecError(f"{what}: contains {name}, which a systemd unit line cannot carry; remove it")
+    m = _UNREPRESENTABLE.search(value)
+    if m:
+        name = _NAMES.get(m.group(), f"a control character ({m.group()!r})")
+        raise SpecError(f"{what}: contains {name}, which a systemd unit line cannot carry; remove it")
 
 
 def quote_word(value: str, what: str = "value", expand: bool = False) -> str:
@@ -94,7 +99,8 @@ def parse(text: str) -> dict[str, list[tuple[str, str]]]:
     """Sections -> [(key, value)] in order, continuation lines joined, comments dropped."""
     sections: dict[str, list[tuple[str, str]]] = {}
     cur: Optional[str] = None
-    lines = text.splitlines()
+    # systemd ends lines at \n, \r\n, \r or NUL only (str.splitlines also splits at U+2028, \x0c …).
+    lines = re.split(r"\r\n|\r|\n|\0", text)
     i = 0
     while i < len(lines):
         line = lines[i].strip()

@@ -1,0 +1,222 @@
+"""Bad input at the edge: CLI options and the deployment spec file (issue 13).
+
+Every named case runs the real CLI (`python -m runbook`, as cron would) and asserts exit 2, exactly
+one line on stderr, no traceback, and that the line names the option or spec field. Spec cases write
+a variant of the story's deployment into tmp_path (its relative model.card made absolute).
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from conftest import DEFAULT_SPEC
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runbook.core import spec
+from runbook.core.errors import RunbookError
+
+MODEL = DEFAULT_SPEC.parents[1] / "models" / "llama-3.1-70b"
+DEAD_URL = "http://127.0.0.1:9"      # nothing listens: old code that ignores a bad option fails fast
+
+
+def _base_text() -> str:
+    text = DEFAULT_SPEC.read_text()
+    card = (DEFAULT_SPEC.parent / "../models/qwen3.5-397b-a17b-nvfp4").resolve()
+    return re.sub(r"(?m)^(\s*card:) \S+", rf"\1 {card}", text)
+
+
+def _sub(old: str, new: str) -> Callable[[str], str]:
+    def edit(text: str) -> str:
+        assert old in text, old
+        return text.replace(old, new, 1)
+    return edit
+
+
+def _bomb(text: str) -> str:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    return text.replace("description: ", "bomb:\n" + "\n".join("  " + x for x in lines) + "\ndescription: ", 1)
+
+
+# ---- CLI options -------------------------------------------------------------------------------
+# (id, argv with {tmp} for tmp_path, what stderr must name)
+CLI_CASES = [
+    ("kv-contexts-abc", ["kv", MODEL, "--contexts", "abc"], "--contexts"),
+    ("kv-contexts-zero", ["kv", MODEL, "--contexts", "8192,0"], "--contexts"),
+    ("kv-tp-abc", ["kv", MODEL, "--tp", "abc"], "--tp"),
+    ("kv-gpu-mem-nan", ["kv", MODEL, "--gpu-mem-gib", "nan"], "--gpu-mem-gib"),
+    ("kv-gpu-mem-inf", ["kv", MODEL, "--gpu-mem-gib", "inf"], "--gpu-mem-gib"),
+    ("kv-weights-nan", ["kv", MODEL, "--weights-gib", "nan"], "--weights-gib"),
+    ("kv-weights-negative", ["kv", MODEL, "--gpu-mem-gib", "80", "--weights-gib", "-1"], "--weights-gib"),
+    ("kv-budget-inf", ["kv", MODEL, "--kv-budget-gib", "inf"], "--kv-budget-gib"),
+    ("kv-mem-fraction-nan", ["kv", MODEL, "--mem-fraction-static", "nan"], "--mem-fraction-static"),
+    ("kv-context-len-negative", ["kv", MODEL, "--context-len", "-1"], "--context-len"),
+    ("kv-page-size-abc", ["kv", MODEL, "--page-size", "abc"], "--page-size"),
+    ("bench-concurrency-abc", ["bench", "--url", DEAD_URL, "--archive", "", "--concurrency", "abc"], "--concurrency"),
+    ("bench-concurrency-zero", ["bench", "--url", DEAD_URL, "--archive", "", "--concurrency", "0"], "--concurrency"),
+    ("bench-concurrency-negative", ["bench", "--url", DEAD_URL, "--archive", "", "--concurrency", "1,-4"], "--concurrency"),
+    ("bench-rate-abc", ["bench", "--url", DEAD_URL, "--archive", "", "--rate", "abc"], "--rate"),
+    ("bench-rate-zero", ["bench", "--url", DEAD_URL, "--archive", "", "--rate", "0"], "--rate"),
+    ("bench-rate-nan", ["bench", "--url", DEAD_URL, "--archive", "", "--rate", "nan"], "--rate"),
+    ("bench-requests-zero", ["bench", "--url", DEAD_URL, "--archive", "", "--requests", "0"], "--requests"),
+    ("bench-duration-zero", ["bench", "--url", DEAD_URL, "--archive", "", "--duration", "0"], "--duration"),
+    ("bench-duration-inf", ["bench", "--url", DEAD_URL, "--archive", "", "--duration", "inf"], "--duration"),
+    ("bench-warmup-negative", ["bench", "--url", DEAD_URL, "--archive", "", "--warmup", "-1"], "--warmup"),
+    ("bench-timeout-zero", ["bench", "--url", DEAD_URL, "--archive", "", "--timeout", "0"], "--timeout"),
+    ("bench-input-len-zero", ["bench", "--url", DEAD_URL, "--archive", "", "--input-len", "0"], "--input-len"),
+    ("bench-url-not-a-url", ["bench", "--archive", "", "--url", "notaurl"], "--url"),
+    ("bench-url-no-host", ["bench", "--archive", "", "--url", "http://:30000"], "--url"),
+    ("bench-compare-url-ftp", ["bench", "--url", DEAD_URL, "--archive", "", "--compare-url", "ftp://host/x"], "--compare-url"),
+    ("accuracy-lengths-abc", ["accuracy", "recall", "--url", DEAD_URL, "--lengths", "abc"], "--lengths"),
+    ("accuracy-lengths-negative", ["accuracy", "recall", "--url", DEAD_URL, "--lengths", "-5"], "--lengths"),
+    ("accuracy-depths-abc", ["accuracy", "recall", "--url", DEAD_URL, "--depths", "abc"], "--depths"),
+    ("accuracy-depths-out-of-range", ["accuracy", "recall", "--url", DEAD_URL, "--depths", "0.5,1.5"], "--depths"),
+    ("accuracy-per-cell-zero", ["accuracy", "recall", "--url", DEAD_URL, "--per-cell", "0"], "--per-cell"),
+    ("accuracy-prompts-zero", ["accuracy", "identity", "--url", DEAD_URL, "--compare-url", DEAD_URL, "--prompts", "0"], "--prompts"),
+    ("accuracy-max-tokens-zero", ["accuracy", "identity", "--url", DEAD_URL, "--compare-url", DEAD_URL, "--max-tokens", "0"],
+     "--max-tokens"),
+    ("accuracy-url-not-a-url", ["accuracy", "recall", "--url", "notaurl"], "--url"),
+    ("accuracy-spec-off-url", ["accuracy", "report", "--spec-off-url", "localhost"], "--spec-off-url"),
+    ("service-drift-url", ["service", "drift", "--url", "notaurl"], "--url"),
+    ("service-ready-url", ["service", "install", "--root", "{tmp}", "--ready-url", "notaurl"], "--ready-url"),
+    ("service-ready-timeout-zero", ["service", "install", "--root", "{tmp}", "--ready-timeout", "0"], "--ready-timeout"),
+    ("run-timeout-zero", ["run", "--out", "{tmp}/out", "--notebooks", "{tmp}/nb", "--timeout", "0"], "--timeout"),
+    ("run-timeout-negative", ["run", "--out", "{tmp}/out", "--notebooks", "{tmp}/nb", "--timeout", "-5"], "--timeout"),
+    ("run-run-timeout-zero", ["run", "--out", "{tmp}/out", "--notebooks", "{tmp}/nb", "--run-timeout", "0"], "--run-timeout"),
+    ("run-keep-zero", ["run", "--out", "{tmp}/out", "--notebooks", "{tmp}/nb", "--keep", "0"], "--keep"),
+    ("run-keep-negative", ["run", "--out", "{tmp}/out", "--notebooks", "{tmp}/nb", "--keep", "-1"], "--keep"),
+    ("run-only-empty", ["run", "--out", "{tmp}/out", "--notebooks", "{tmp}/nb", "--only", ""], "--only"),
+]
+
+# ---- spec file ---------------------------------------------------------------------------------
+# (id, edit of the spec text or a writer of the spec path, what stderr must name)
+SPEC_CASES: list[tuple[str, Callable, str]] = [
+    ("inf-float-field", _sub("gpu_memory_gib: 96", "gpu_memory_gib: .inf"), "hardware.gpu_memory_gib"),
+    ("inf-size", _sub("size_gib: 233", "size_gib: .inf"), "model.size_gib"),
+    ("inf-slo", _sub("ttft_ms_p99: 3000", "ttft_ms_p99: .inf"), "slo.ttft_ms_p99"),
+    ("nan-flag", _sub("mem-fraction-static: 0.88", "mem-fraction-static: .nan"), "serving.flags.mem-fraction-static"),
+    ("duplicate-key", _sub("  port: 30000\n", "  port: 30000\n  port: 30001\n"), "duplicate key 'port'"),
+    ("duplicate-section", lambda t: t + "\nserving:\n  python: /x\n", "duplicate key 'serving'"),
+    ("string-false-switch", _sub("enable-metrics: true", 'enable-metrics: "false"'), "serving.flags.enable-metrics"),
+    ("string-true-switch", _sub("enable-metrics: true", "disable-radix-cache: 'True'"), "serving.flags.disable-radix-cache"),
+    ("context-length-word", _sub("context-length: 262144", "context-length: lots"), "serving.flags.context-length"),
+    ("context-length-zero", _sub("context-length: 262144", "context-length: 0"), "serving.flags.context-length"),
+    ("context-length-float", _sub("context-length: 262144", "context-length: 1.5"), "serving.flags.context-length"),
+    ("max-running-requests-negative", _sub("context-length: 262144", "context-length: 262144\n    max-running-requests: -3"),
+     "serving.flags.max-running-requests"),
+    ("mem-fraction-above-one", _sub("mem-fraction-static: 0.88", "mem-fraction-static: 8.8"), "serving.flags.mem-fraction-static"),
+    ("concurrency-zero", _sub("concurrency: [1, 2, 4,", "concurrency: [0, 2, 4,"), "benchmark.concurrency"),
+    ("recall-depth-above-one", _sub("recall_depths: [0.1,", "recall_depths: [1.5,"), "accuracy.recall_depths"),
+    ("recall-length-negative", _sub("recall_lengths: [8192,", "recall_lengths: [-8192,"), "accuracy.recall_lengths"),
+    ("bad-date", _sub("description: Qwen", "description: 2001-02-30\nx_description: Qwen"), "not a valid YAML value"),
+    ("nul-byte", _sub("name: qwen", "name: q\x00wen"), "not valid YAML"),
+    ("deep-nesting", _sub("description: Qwen", "description: " + "[" * 5000 + "]" * 5000 + "\nx: Qwen"), "nested"),
+    ("alias-bomb", _bomb, "aliases expand"),
+    ("too-large", lambda t: t + "\n# " + "x" * (1 << 20) + "\n", "too large"),
+]
+
+
+def _spec_file(tmp_path: Path, edit: Callable[[str], str]) -> Path:
+    p = tmp_path / "dep.yaml"
+    p.write_text(edit(_base_text()), encoding="utf-8")
+    return p
+
+
+def _fifo(tmp_path: Path) -> Path:
+    p = tmp_path / "dep.yaml"
+    os.mkfifo(p)
+    return p
+
+
+def _latin1(tmp_path: Path) -> Path:
+    p = tmp_path / "dep.yaml"
+    p.write_bytes(_base_text().replace("description: Qwen", "description: Qw\u00e9n").encode("latin-1"))
+    return p
+
+
+FILE_CASES = [
+    ("fifo", _fifo, "not a regular file"),
+    ("not-utf8", _latin1, "not UTF-8"),
+]
+
+
+def _assert_one_line_error(cp, names: str) -> None:
+    err = cp.stderr
+    assert "Traceback" not in err, err[-2000:]
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert cp.returncode == 2, (cp.returncode, err[-2000:])
+    assert len(lines) == 1 and len(err.strip().splitlines()) == 1, err[-2000:]
+    assert names in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("argv, names", [pytest.param(a, n, id=i) for i, a, n in CLI_CASES])
+def test_bad_cli_option_is_one_line_naming_it(cli, tmp_path, argv, names):
+    cp = cli(*[str(x).replace("{tmp}", str(tmp_path)) for x in argv], timeout=60)
+    _assert_one_line_error(cp, names)
+    assert cp.stderr.startswith("runbook")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("edit, names", [pytest.param(e, n, id=i) for i, e, n in SPEC_CASES])
+def test_bad_spec_is_one_line_naming_file_and_field(cli, tmp_path, edit, names):
+    p = _spec_file(tmp_path, edit)
+    cp = cli("kv", "--deployment", p, timeout=60)
+    _assert_one_line_error(cp, names)
+    assert p.name in cp.stderr
+
+
+@pytest.mark.parametrize("make, names", [pytest.param(m, n, id=i) for i, m, n in FILE_CASES])
+def test_bad_spec_file_is_one_line_naming_it(cli, tmp_path, make, names):
+    p = make(tmp_path)
+    cp = cli("kv", "--deployment", p, timeout=60)   # a FIFO used to block here forever
+    _assert_one_line_error(cp, names)
+    assert p.name in cp.stderr
+
+
+def test_spec_directory_is_refused(cli, tmp_path):
+    cp = cli("kv", "--deployment", tmp_path, timeout=60)
+    _assert_one_line_error(cp, "is a directory")
+
+
+def test_base_spec_variant_loads(tmp_path):
+    """The unedited variant is valid, so each case above fails for its own edit only."""
+    d = spec.load(_spec_file(tmp_path, lambda t: t))
+    assert d.name == "qwen3.5-397b-a17b-nvfp4" and Path(d.model.card or "").is_absolute()
+
+
+def test_env_values_keep_the_text_as_written(tmp_path):
+    """YAML 1.1 reads 0755 as 493, 1:30 as 90 and 1e3 as 1000.0; an env value is the text as written."""
+    edit = _sub("    PYTHONUNBUFFERED: \"1\"\n", "    PYTHONUNBUFFERED: \"1\"\n    UMASK: 0755\n    T: 1:30\n    N: 1e3\n    H: 0x1F\n"
+                "    ONE: 1\n")
+    env = spec.load(_spec_file(tmp_path, edit)).serving.env
+    assert (env["UMASK"], env["T"], env["N"], env["H"], env["ONE"]) == ("0755", "1:30", "1e3", "0x1F", "1")
+
+
+def test_env_value_read_as_boolean_says_quote_it(cli, tmp_path):
+    p = _spec_file(tmp_path, _sub("    NCCL_DEBUG: WARN\n", "    NCCL_DEBUG: WARN\n    NCCL_IB_DISABLE_X: yes\n"))
+    cp = cli("kv", "--deployment", p, timeout=60)
+    _assert_one_line_error(cp, "serving.env.NCCL_IB_DISABLE_X")
+    assert 'quote the value: NCCL_IB_DISABLE_X: "yes"' in cp.stderr
+
+
+# ---- property: random bytes as the spec --------------------------------------------------------
+_FRAGMENTS = [b"name: ", b"serving:\n", b"  env:\n", b"    A: ", b"flags:\n", b"&a ", b"*a", b"[", b"]", b"{", b"}", b": ", b", ",
+              b"- ", b"\n", b"  ", b"0755", b".inf", b".nan", b"1:30", b"2001-02-30", b"!!binary", b"!!int", b"!!timestamp x",
+              b"<<: *a", b"? ", b"'", b'"', b"\xff", b"\x00", b"\xef\xbb\xbf", b"---\n", b"...\n", b"%YAML 1.1\n", b"|\n", b"&b [*b]"]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.binary(max_size=400), st.lists(st.sampled_from(_FRAGMENTS) | st.binary(max_size=8), max_size=40).map(b"".join)))
+def test_random_bytes_as_spec_raise_only_runbook_errors(data):
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "spec.yaml"
+        p.write_bytes(data)
+        try:
+            spec.load(p)
+        except RunbookError as e:
+            assert "\n" not in str(e) and p.name in str(e)

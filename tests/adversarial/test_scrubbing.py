@@ -1,0 +1,116 @@
+"""Secrets scrubbed in every form (raw, JSON-, HTML-, URL-encoded) and everywhere the runner writes:
+the archive and its own stdout/stderr (cron's log). Issue 13."""
+import html
+import json
+import re
+import subprocess
+import sys
+import urllib.parse
+from pathlib import Path
+
+import markupsafe
+import pytest
+from conftest import DEFAULT_SPEC, REPO, RUNNER_PARAMS, make_notebook
+
+from runbook.core import secrets
+
+SECRET = 'Pl4nted&<"se\'k/ret+=x y>Z9'   # & < > " ' / + = and a space: every encoder changes it
+
+
+def spellings(s: str) -> dict[str, str]:
+    """The forms a value takes in output, computed independently of the scrubber."""
+    forms = {
+        "raw": s,
+        "json": json.dumps(s)[1:-1],
+        "html": html.escape(s),
+        "html-noquote": html.escape(s, quote=False),
+        "html-markupsafe": str(markupsafe.escape(s)),
+        "url": urllib.parse.quote(s, safe=""),
+        "url-path": urllib.parse.quote(s),
+        "url-plus": urllib.parse.quote_plus(s),
+    }
+    forms["json-of-html"] = json.dumps(forms["html"])[1:-1]
+    forms["json-of-markupsafe"] = json.dumps(forms["html-markupsafe"])[1:-1]
+    return forms
+
+
+@pytest.mark.parametrize("form", sorted(spellings(SECRET)))
+def test_redact_text_scrubs_each_form(form):
+    spelled = spellings(SECRET)[form]
+    text = f"before {spelled} after"
+    out = secrets.redact_text(text, {SECRET})
+    assert spelled not in out and out == f"before {secrets.MASK} after"
+
+
+@pytest.mark.parametrize("form", sorted(spellings(SECRET)))
+def test_redact_tree_scrubs_each_form(tmp_path, form):
+    spelled = spellings(SECRET)[form]
+    f = tmp_path / "sub" / "out.html"
+    f.parent.mkdir()
+    f.write_text(f"<pre>{spelled}</pre>")
+    f.chmod(0o640)
+    assert secrets.redact_tree(tmp_path, {SECRET}) == [f]
+    assert f.read_text() == f"<pre>{secrets.MASK}</pre>" and f.stat().st_mode & 0o777 == 0o640
+
+
+def test_short_values_are_not_scrubbed_and_minimum_is_documented():
+    assert secrets.MIN_LEN == 6 and "Minimum secret length scrubbed: 6" in (secrets.__doc__ or "")
+    assert secrets.redact_text("a 12345 b", {"12345"}) == "a 12345 b"
+    assert secrets.redact_text("a 123456 b", {"123456"}) == f"a {secrets.MASK} b"
+
+
+def test_read_env_file_quotes_and_export(tmp_path):
+    p = tmp_path / "s.env"
+    p.write_text("# c\nexport HF_TOKEN='hf_abcdef123'\nSGLANG_API_KEY=\"k&<\\\"x12\"\n\n")
+    assert secrets.read_env_file(p) == {"HF_TOKEN": "hf_abcdef123", "SGLANG_API_KEY": 'k&<\\"x12'}
+
+
+def _spec(tmp: Path, env_file: str, api_key_env: str) -> Path:
+    text = DEFAULT_SPEC.read_text()
+    text = re.sub(r"^(\s*)env_file: .*$", rf"\1env_file: {env_file}", text, count=1, flags=re.M)
+    text = re.sub(r"^(\s*)api_key_env: .*$", rf"\1api_key_env: {api_key_env}", text, count=1, flags=re.M)
+    (tmp / "specs").mkdir()
+    p = tmp / "specs" / "dep.yaml"
+    p.write_text(text)
+    return p
+
+
+def _leaky_notebook(d: Path, var: str, file_secret: str) -> None:
+    """Prints the API key (from the variable the spec names) in every form, and the env_file's
+    value, shows them as HTML, then raises with the key in the message."""
+    make_notebook(
+        d / "00_leak.ipynb", RUNNER_PARAMS,
+        "import html, json, os, urllib.parse\n"
+        f"k = os.environ[{var!r}]\n"
+        f"f = {file_secret!r}\n"
+        "print(k, json.dumps(k), html.escape(k), urllib.parse.quote(k, safe=''), urllib.parse.quote_plus(k), f)\n"
+        "from IPython.display import HTML, display\n"
+        "display(HTML('<b>' + html.escape(k) + '</b>'))\n"
+        "k",
+        "raise ValueError('bad key ' + k + ' in ' + f)",
+    )
+
+
+def test_end_to_end_secret_is_nowhere_in_archive_or_runner_output(tmp_path):
+    var = "RB_PLANTED_CLIENT"  # a name that does not itself look secret: only the spec says it holds one
+    assert not secrets.is_secret_key(var)
+    file_secret = "fileSecret-0123456789&<q"
+    spec = _spec(tmp_path, "secrets.env", var)                      # relative: next to the spec, not in the CWD
+    (tmp_path / "specs" / "secrets.env").write_text(f"OTHER_VALUE={file_secret}\n")
+    nbs = tmp_path / "nbs"
+    _leaky_notebook(nbs, var, file_secret)
+    out = tmp_path / "out"
+    env = dict(__import__("os").environ, **{var: SECRET})
+    cp = subprocess.run([sys.executable, "-m", "runbook", "run", "--deployment", str(spec), "--out", str(out),
+                         "--notebooks", str(nbs)], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert cp.returncode == 2, cp.stderr                            # the notebook raised
+    assert "ValueError: bad key" in cp.stderr and secrets.MASK in cp.stderr
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".html" for p in files) and any(p.suffix == ".ipynb" for p in files)
+    for value in (SECRET, file_secret):
+        for form, spelled in spellings(value).items():
+            assert spelled not in cp.stdout and spelled not in cp.stderr, (form, "runner output")
+            for p in files:
+                assert spelled.encode() not in p.read_bytes(), (form, p)
+    summary = json.loads((out / "latest" / "summary.json").read_text())
+    assert secrets.MASK in summary["notebooks"][0]["error"]

@@ -7,6 +7,7 @@ exec-time ${VAR}/$$ expansion, which `_exec_time` below applies as systemd's rep
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -304,3 +305,20 @@ def test_random_flag_values_round_trip_through_systemd(a, b, c):
     assert argv == intended_argv(r)
     assert argv[argv.index("--chat-template") + 1] == a and argv[argv.index("--kv-cache-dtype") + 1] == b
     assert unitfile.split_words(unitfile.values(unitfile.parse(r.text), "Service", "ExecStart")[0]) == r.argv
+
+
+@pytest.mark.parametrize("launch", [
+    "--model-path x --api-key  sk-live-SECRET-123456 --tp-size 8",
+    "--model-path x --api-key\tsk-live-SECRET-123456",
+    "--model-path x --admin-api-key=sk-live-SECRET-123456",
+    ["--model-path", "x", "--api-key", "sk-live-SECRET-123456", "--tp-size", "8"],
+    ["--model-path", "x", "--admin-api-key=sk-live-SECRET-123456"],
+    {"argv": ["--api-key", "sk-live-SECRET-123456"]},
+])
+def test_drift_redacts_launch_command_in_every_shape(launch):
+    from runbook.service import redact_server_info
+
+    out = redact_server_info({"launch_command": launch, "nested": {"cmd": launch}, "tp_size": 8})
+    assert "SECRET" not in json.dumps(out) and out["tp_size"] == 8
+    # the key itself, wherever it appears, when the runbook knows it
+    assert "SECRET" not in json.dumps(redact_server_info({"note": "key sk-live-SECRET-123456"}, "sk-live-SECRET-123456"))

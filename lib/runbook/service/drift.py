@@ -21,19 +21,51 @@ def _get(url: str, api_key: Optional[str], timeout: float = 10.0) -> Any:
         return json.loads(resp.read().decode())
 
 
+_SECRET_OPT = re.compile(r"(--[a-z0-9-]*(?:api-key|token|password|secret)[a-z0-9-]*)(\s+|=)(\S+)", re.I)
+
+
+def _redact_words(words: list[Any], api_key: Optional[str]) -> list[Any]:
+    """An argv list: the word after a secret option (or its =value) is masked."""
+    out, mask_next = [], False
+    for w in words:
+        if not isinstance(w, str):
+            out.append(_redact_value(w, api_key))
+            continue
+        if mask_next:
+            out.append(MASK)
+            mask_next = False
+            continue
+        opt, eq, _ = w.partition("=")
+        if opt.startswith("--") and is_secret_key(opt.lstrip("-")):
+            out.append(f"{opt}={MASK}" if eq else w)
+            mask_next = not eq
+            continue
+        out.append(_redact_value(w, api_key))
+    return out
+
+
+def _redact_value(v: Any, api_key: Optional[str]) -> Any:
+    if isinstance(v, str):
+        v = _SECRET_OPT.sub(lambda m: m.group(1) + m.group(2) + MASK, v)
+        return v.replace(api_key, MASK) if api_key else v
+    if isinstance(v, dict):
+        return redact_server_info(v, api_key)
+    if isinstance(v, (list, tuple)):
+        return _redact_words(list(v), api_key)
+    return v
+
+
 def redact_server_info(info: dict[str, Any], api_key: Optional[str] = None) -> dict[str, Any]:
-    """/server_info returns api_key, admin_api_key, ssl_keyfile_password and launch_command in clear."""
+    """/server_info returns api_key, admin_api_key, ssl_keyfile_password and launch_command in clear.
+
+    Secret-named keys are masked; every string anywhere (launch_command as a string with any
+    whitespace, or as an argv list) has secret options' values and the API key itself masked."""
     out: dict[str, Any] = {}
     for k, v in info.items():
         if is_secret_key(k) or "password" in k:
             out[k] = MASK if v else v
-        elif k == "launch_command" and isinstance(v, str):
-            v = re.sub(r"(--(?:admin-)?api-key[ =])\S+", r"\1" + MASK, v)
-            out[k] = v.replace(api_key, MASK) if api_key else v
-        elif isinstance(v, dict):
-            out[k] = redact_server_info(v, api_key)
         else:
-            out[k] = v
+            out[k] = _redact_value(v, api_key)
     return out
 
 

@@ -220,3 +220,35 @@ def test_random_bytes_as_spec_raise_only_runbook_errors(data):
             spec.load(p)
         except RunbookError as e:
             assert "\n" not in str(e) and p.name in str(e)
+
+
+@pytest.mark.parametrize("flags, field, want", [
+    ({"disable-radix-cache": "false"}, "disable_radix_cache", False),
+    ({"disable-radix-cache": "0"}, "disable_radix_cache", False),
+    ({"disable-radix-cache": True}, "disable_radix_cache", True),
+    ({"context-length": "131072"}, "context_len", 131072),
+])
+def test_kv_reads_what_if_flag_strings_by_their_meaning(flags, field, want):
+    """--arg values reach kv as strings: bool('false') must not mean true."""
+    from conftest import DEFAULT_SPEC
+
+    from runbook import kv
+    from runbook.core import spec
+
+    d = spec.load(DEFAULT_SPEC)
+    d = d.model_copy(update={"serving": d.serving.model_copy(update={"flags": dict(d.serving.flags, **flags)})})
+    assert getattr(kv.evaluate(d).inputs, field) == want
+
+
+@pytest.mark.parametrize("value", ["lots", "nan", "inf"])
+def test_kv_refuses_a_what_if_flag_that_is_not_a_number(value):
+    from conftest import DEFAULT_SPEC
+
+    from runbook import kv
+    from runbook.core import spec
+    from runbook.core.errors import InputError
+
+    d = spec.load(DEFAULT_SPEC)
+    d = d.model_copy(update={"serving": d.serving.model_copy(update={"flags": dict(d.serving.flags, **{"mem-fraction-static": value})})})
+    with pytest.raises(InputError, match="--mem-fraction-static"):
+        kv.evaluate(d)

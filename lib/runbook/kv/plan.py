@@ -26,6 +26,25 @@ _FLAG_FIELDS = {"mem-fraction-static": ("mem_fraction_static", float), "context-
                 "disable-radix-cache": ("disable_radix_cache", bool), "swa-full-tokens-ratio": ("swa_full_tokens_ratio", float)}
 
 
+def _convert(flag: str, typ: type, v: Any) -> Any:
+    """A flag value (spec, or a --arg what-if string) as the type the arithmetic needs; bool("false") is not False."""
+    if typ is bool:
+        if isinstance(v, bool):
+            return v
+        if str(v).strip().lower() in ("true", "1", "yes", "on"):
+            return True
+        if str(v).strip().lower() in ("false", "0", "no", "off"):
+            return False
+    else:
+        try:
+            x = typ(v)
+            if x == x and x not in (float("inf"), float("-inf")):   # not NaN, finite
+                return x
+        except (TypeError, ValueError):
+            pass
+    raise InputError(f"--{flag} {v!r}: not a {typ.__name__} value")
+
+
 @dataclass
 class Plan:
     arch: arch_mod.Arch
@@ -70,7 +89,7 @@ def plan(spec: Optional[Deployment] = None, model_dir: Optional[str] = None, **o
                       gpu_mem_gib=spec.hardware.gpu_memory_gib)
         for flag, (name, typ) in _FLAG_FIELDS.items():
             if flags.get(flag) is not None:
-                inp = replace(inp, **{name: typ(flags[flag])})
+                inp = replace(inp, **{name: _convert(flag, typ, flags[flag])})
     kv_flag = str(overrides.pop("kv_dtype", None) or flags.get("kv-cache-dtype") or "auto")
     weights_gib = overrides.pop("weights_gib", None)
     contexts = overrides.pop("contexts", None)

@@ -11,6 +11,20 @@ DEFAULT_SPEC = REPO / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml"
 SHARED = REPO.parent / "shared" / "reference"
 
 
+def spec_data(**changes) -> dict:
+    """The default spec as a dict, with dotted-path changes applied ("serving.flags": {...})."""
+    import yaml
+
+    data = yaml.safe_load(DEFAULT_SPEC.read_text())
+    for path, value in changes.items():
+        cur = data
+        keys = path.split(".")
+        for k in keys[:-1]:
+            cur = cur[k]
+        cur[keys[-1]] = value
+    return data
+
+
 def make_notebook(path: Path, params: str, *cells: str) -> Path:
     """A notebook with a `parameters` cell and code cells, kernel = the project's kernel."""
     p = new_code_cell(params)

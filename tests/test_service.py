@@ -5,7 +5,7 @@ import stat
 
 import pytest
 import yaml
-from conftest import DEFAULT_SPEC
+from conftest import DEFAULT_SPEC, spec_data
 from httpfake import serve
 
 from runbook import service
@@ -19,13 +19,7 @@ needs_parser = pytest.mark.skipif(not (SERVING_PY and os.path.exists(SERVING_PY)
 
 
 def dep(tmp_path=None, **changes):
-    data = yaml.safe_load(DEFAULT_SPEC.read_text())
-    for path, value in changes.items():
-        cur = data
-        keys = path.split(".")
-        for k in keys[:-1]:
-            cur = cur[k]
-        cur[keys[-1]] = value
+    data = spec_data(**changes)
     if tmp_path is None:
         return spec.from_dict(data, str(DEFAULT_SPEC))
     p = tmp_path / "d.yaml"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-import yaml
+from conftest import spec_data
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,13 +30,7 @@ API_KEY = "sk-test-value-1234"
 
 
 def dep(source: Optional[str] = None, **changes: Any) -> spec.Deployment:
-    data = yaml.safe_load(spec.DEFAULT_SPEC.read_text())
-    for path, value in changes.items():
-        cur = data
-        keys = path.split(".")
-        for k in keys[:-1]:
-            cur = cur[k]
-        cur[keys[-1]] = value
+    data = spec_data(**changes)
     return spec.from_dict(data, source or str(spec.DEFAULT_SPEC))
 
 

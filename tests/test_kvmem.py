@@ -128,11 +128,18 @@ def test_mxfp8_and_fp4_scale_bytes():
 
 
 def test_default_mem_fraction_heuristic():
-    # 96 GiB, TP8, chunked prefill 8192: reserve 512 + 8192*1.5 + 1024 + 2*512 = 14,848 MiB; (98,304-14,848)/98,304
-    assert kvmem.default_mem_fraction_static(96, 8, 1)[0] == 0.849
-    assert kvmem.default_mem_fraction_static(80, 8, 1)[0] == 0.819
-    # 24 GiB TP1: cps 4096, bs 48: 512 + 6144 + 128 + 96 = 6,880 MiB; (24,576-6,880)/24,576 = 0.72
-    assert kvmem.default_mem_fraction_static(24, 1, 1)[0] == 0.72
+    from runbook.kv import defaults
+    llama = load("llama-3.1-70b")
+    # 96 GiB, TP8, chunked prefill 8192: reserve 512 + 8192*1.5 + 1024 + 2*512 (decode graph) + 58 prefill
+    # capture sizes up to 8192 × 8 MiB = 15,312 MiB; (98,304-15,312)/98,304 = 0.844
+    assert defaults.prefill_capture_sizes(8192)[-1] == 8192 and len(defaults.prefill_capture_sizes(8192)) == 58
+    assert defaults.mem_fraction_static(llama, 96, 8, 1).value == 0.844
+    # 24 GiB TP1: cps 4096, bs 48, 50 prefill sizes: 512 + 6144 + 128 + 96 + 400 = 7,280 MiB → 0.704
+    assert defaults.mem_fraction_static(llama, 24, 1, 1).value == 0.704
+    # PP 2 turns the prefill graph off: 512 + 12288 + 2048 + 1024 = 15,872 MiB → 0.839
+    assert defaults.mem_fraction_static(llama, 96, 8, 2).value == 0.839
+    # speculative decoding's 48 running requests cap the decode graph: 512 + 12288 + 1024 + 2*48 + 464 = 14,384 MiB
+    assert defaults.mem_fraction_static(llama, 96, 8, 1, max_running_requests=48).value == 0.854
 
 
 def test_story_frame_numbers():

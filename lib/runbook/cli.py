@@ -151,6 +151,14 @@ def _cmd_quant(a: argparse.Namespace) -> int:
     return exit_code(rep.findings, a.strict)
 
 
+def _cc(v: str) -> str:
+    import re
+
+    if not re.fullmatch(r"\d{1,2}\.\d", v.strip()):
+        raise argparse.ArgumentTypeError(f"{v!r}: a compute capability looks like 9.0 or 12.0")
+    return v.strip()
+
+
 def _cmd_kv(a: argparse.Namespace) -> int:
     from runbook import kv
     from runbook.core import spec
@@ -159,7 +167,11 @@ def _cmd_kv(a: argparse.Namespace) -> int:
     ctx = a.contexts or None
     p = kv.evaluate(dep, a.model_dir, tp=a.tp, pp=a.pp, attn_dp=a.attn_dp, kv_dtype=a.kv_dtype, gpu_mem_gib=a.gpu_mem_gib,
                     weights_gib=a.weights_gib, mem_fraction_static=a.mem_fraction_static, kv_budget_gib=a.kv_budget_gib,
-                    page_size=a.page_size, context_len=a.context_len, contexts=ctx)
+                    page_size=a.page_size, context_len=a.context_len, contexts=ctx,
+                    spec_algorithm=a.speculative_algorithm, spec_num_steps=a.speculative_num_steps,
+                    spec_eagle_topk=a.speculative_eagle_topk, spec_num_draft_tokens=a.speculative_num_draft_tokens,
+                    mamba_ssm_dtype=a.mamba_ssm_dtype, max_running_requests=a.max_running_requests,
+                    attention_backend=a.attention_backend, compute_capability=a.compute_capability)
     if a.json:
         print(json.dumps(p.to_json(), indent=2, default=str))
     else:
@@ -320,6 +332,15 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--page-size", type=_POS_INT)
     k.add_argument("--context-len", type=_POS_INT, help="default: the spec's --context-length, else the model's")
     k.add_argument("--contexts", type=_list(_POS_INT), help="context lengths to fit, e.g. 8192,32768,131072,262144")
+    k.add_argument("--speculative-algorithm", choices=["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"],
+                   help="what-if speculative decoding (NEXTN: the checkpoint's own MTP layers)")
+    k.add_argument("--speculative-num-steps", type=_POS_INT)
+    k.add_argument("--speculative-eagle-topk", type=_POS_INT)
+    k.add_argument("--speculative-num-draft-tokens", type=_POS_INT)
+    k.add_argument("--mamba-ssm-dtype", choices=["float32", "bfloat16", "float16"], help="hybrid models' SSM state dtype")
+    k.add_argument("--max-running-requests", type=_POS_INT)
+    k.add_argument("--attention-backend", help="SGLang attention backend (moves the prefill graph reserve and page size)")
+    k.add_argument("--compute-capability", type=_cc, help="GPU compute capability, e.g. 9.0 (H200), 10.0 (B200), 12.0 (RTX PRO 6000)")
     _add_output(k)
     k.set_defaults(fn=_cmd_kv)
 

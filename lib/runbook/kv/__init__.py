@@ -10,10 +10,11 @@ from runbook.kv.report import (
                                plot_capacity,
                                plot_concurrency,
                                plot_memory,
+                               scenarios_frame,
                                selected_frame,
                                story_frame,
                                text_table,
 )
 
 __all__ = ["Plan", "candidates_frame", "evaluate", "memory_frame", "panel", "plot_capacity", "plot_concurrency",
-           "plot_memory", "selected_frame", "story_frame", "text_table"]
+           "plot_memory", "scenarios_frame", "selected_frame", "story_frame", "text_table"]

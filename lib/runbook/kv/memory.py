@@ -7,11 +7,12 @@ bytes unless a name says gib or mib.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Optional
 
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
+from runbook.kv import defaults
 from runbook.model.arch import Arch
 
 GIB = 1024**3
@@ -20,6 +21,7 @@ KV_DTYPES = ("bfloat16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_mx_block
 _ALIASES = {"bf16": "bfloat16", "auto": None, "float16": "float16", "fp16": "float16"}
 _ESZ = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1, "mxfp8": 1}
 DEFAULT_CONTEXTS = (8192, 32768, 131072, 262144)
+_SSM_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 def normalise_dtype(d: str) -> str:
@@ -52,11 +54,38 @@ class Inputs:
     disable_radix_cache: bool = False
     swa_full_tokens_ratio: float = 0.8
     nvfp4_scale_layouts: int = 1
+    # speculative decoding (--speculative-*): changes the running-request default, adds draft KV
+    # and, on hybrid models, an intermediate SSM state per draft token
+    spec_algorithm: Optional[str] = None
+    spec_num_steps: Optional[int] = None
+    spec_eagle_topk: Optional[int] = None
+    spec_num_draft_tokens: Optional[int] = None
+    mamba_ssm_dtype: Optional[str] = None          # --mamba-ssm-dtype / SGLANG_MAMBA_SSM_DTYPE
+    compute_capability: Optional[str] = None       # "9.0" H100/H200, "10.0" B200, "12.0" RTX PRO 6000
+    attention_backend: Optional[str] = None
+    cuda_graph_max_bs: Optional[int] = None
+    disable_cuda_graph: bool = False
+    disable_overlap_schedule: bool = False
+    context_len_explicit: bool = False             # --context-length given (checked against the model's)
 
     def validate(self) -> None:
         for name in ("tp", "pp", "attn_dp", "page_size"):
-            if getattr(self, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be an integer of at least 1 (got {v!r})")
+            if v > 65536:
+                raise InputError(f"--{name.replace('_', '-')} {v} is not a plausible size (at most 65536)")
+        for name in ("gpu_mem_gib", "kv_budget_gib", "mem_fraction_static", "mamba_full_memory_ratio", "swa_full_tokens_ratio"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf"))):
+                raise InputError(f"--{name.replace('_', '-')} must be a finite number (got {v!r})")
+        for name in ("spec_num_steps", "spec_eagle_topk", "spec_num_draft_tokens", "max_running_requests", "max_total_tokens",
+                     "cuda_graph_max_bs", "context_len", "chunked_prefill_size"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise InputError(f"--{name.replace('_', '-').replace('spec-', 'speculative-')} must be a positive integer (got {v!r})")
+        if self.mamba_ssm_dtype is not None and self.mamba_ssm_dtype not in _SSM_DTYPES:
+            raise InputError(f"--mamba-ssm-dtype {self.mamba_ssm_dtype}: use float32, bfloat16 or float16")
         if self.tp % self.attn_dp:
             raise InputError(f"--attn-dp {self.attn_dp} must divide --tp {self.tp}")
         for name in ("gpu_mem_gib", "kv_budget_gib"):
@@ -109,6 +138,11 @@ class Result:
     kv_limited_requests_at_context: dict[str, Optional[int]] = field(default_factory=dict)
     layout: str = ""
     stages: list[dict[str, Any]] = field(default_factory=list)
+    speculative: Optional[str] = None              # e.g. "EAGLE (3 steps, topk 1, 4 draft tokens)"
+    draft_kv_bytes_per_token_per_gpu: int = 0      # part of kv_bytes_per_token_per_gpu
+    spec_state_bytes_per_gpu: int = 0              # intermediate SSM state for draft tokens (hybrid)
+    page_size: int = 1
+    mem_fraction_detail: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -157,10 +191,16 @@ def cell_bytes(arch: Arch, kv_dtype: str, a_tp: int, full_layers: int, swa_layer
     if arch.mla:
         width = arch.kv_lora_rank + arch.qk_rope_head_dim
         if kv_dtype in ("nvfp4", "fp4_mx_block16"):  # pool_configurator.py:387-397
-            return width * layers / 2 + width // 16 * layers
-        return width * layers * _ESZ[kv_dtype]  # mxfp8's scale branch is MHA-only
+            cell: float = width * layers // 2 + width // 16 * layers
+        else:
+            cell = mla_width_bytes(arch, kv_dtype) * layers  # mxfp8's scale branch is MHA-only
+        return cell + dsa_indexer_bytes(arch, layers)
     h = kv_heads_per_gpu(arch, a_tp)
     dims = arch.head_dim + arch.v_head_dim
+    if arch.hybrid_swa and swa_layers and kv_dtype in ("nvfp4", "fp4_mx_block16"):
+        # HybridSWAPoolConfigurator prices a float4_e2m1fn_x2 element at its storage size: 1 byte.
+        per_layer = h * dims
+        return per_layer * full_layers + swa_ratio * per_layer * swa_layers
     if kv_dtype in ("nvfp4", "fp4_mx_block16"):
         layouts = nvfp4_layouts if kv_dtype == "nvfp4" else 1
         data = h * arch.head_dim / 2 * layers * 2
@@ -178,8 +218,9 @@ def cell_bytes(arch: Arch, kv_dtype: str, a_tp: int, full_layers: int, swa_layer
     return cell
 
 
-def state_bytes_per_request(arch: Arch, a_tp: int, linear_layers: int) -> int:
-    """configs/mamba_utils.py:115-125 with Qwen3Next's Mamba2 shape: conv + SSM state per request."""
+def state_bytes_per_request(arch: Arch, a_tp: int, linear_layers: int, ssm_dtype: Optional[str] = None) -> int:
+    """configs/mamba_utils.py (Mamba2StateShape, mamba2_cache_params) with Qwen3Next's shape: conv + SSM
+    state per request. The SSM dtype: --mamba-ssm-dtype, else the config's mamba_ssm_dtype, else float32."""
     la = arch.linear
     if la is None or linear_layers == 0:
         return 0
@@ -187,8 +228,24 @@ def state_bytes_per_request(arch: Arch, a_tp: int, linear_layers: int) -> int:
     hk = la.num_key_heads if la.num_key_heads % t == 0 else la.num_key_heads + (t - la.num_key_heads)
     conv_dim = la.num_value_heads * la.value_head_dim + 2 * hk * la.key_head_dim
     conv = conv_dim // t * (la.conv_kernel - 1) * _ESZ[la.conv_dtype]
-    ssm = la.num_value_heads // t * la.value_head_dim * la.key_head_dim * _ESZ[la.ssm_dtype]
+    ssm = la.num_value_heads // t * la.value_head_dim * la.key_head_dim * _ESZ[ssm_dtype or la.ssm_dtype]
     return (conv + ssm) * linear_layers
+
+
+def dsa_indexer_bytes(arch: Arch, layers: int) -> int:
+    """pool_configurator.py DefaultPoolConfigurator._compute_dsa_indexer_cell_size: FP8 index keys plus
+    one FP32 scale per 128, per indexed layer."""
+    if not arch.dsa:
+        return 0
+    return (arch.index_head_dim + arch.index_head_dim // 128 * 4) * layers
+
+
+def mla_width_bytes(arch: Arch, kv_dtype: str) -> int:
+    """mem_cache/kv_cache_configurator.py calculate_mla_kv_cache_dim: DSA models store FP8 rows with
+    per-128 scales and a BF16 rope part (the scaled layout of the default DSA kernels)."""
+    if arch.dsa and kv_dtype == "fp8_e4m3":
+        return arch.kv_lora_rank + arch.kv_lora_rank // 128 * 4 + arch.qk_rope_head_dim * 2
+    return (arch.kv_lora_rank + arch.qk_rope_head_dim) * _ESZ[kv_dtype]
 
 
 def pp_stages(num_layers: int, pp: int) -> list[tuple[int, int]]:
@@ -204,38 +261,13 @@ def pp_stages(num_layers: int, pp: int) -> list[tuple[int, int]]:
 
 # ---- budget --------------------------------------------------------------------------------
 
-def default_mem_fraction_static(gpu_mem_gib: float, tp: int, pp: int, attn_dp: int = 1, mla: bool = False,
-                                chunked_prefill_size: Optional[int] = None) -> tuple[float, str]:
-    """arg_groups/memory_hook.py:47-343, without prefill CUDA-graph captures (counted as 0)."""
-    g = gpu_mem_gib
-    if g < 20:
-        cps, bs = 2048, 8
-    elif g < 35:
-        cps, bs = 4096, 48 if tp < 4 else 160
-    elif g < 60:
-        cps, bs = 4096, 32 if tp < 4 else 160
-    elif g < 160:
-        cps, bs = 8192, 256 if tp < 4 else 512
-    else:
-        cps, bs = 16384, 512
-    cps = chunked_prefill_size or cps
-    graph: float = 2 * bs + (1536 if mla else 0)
-    if attn_dp > 1:
-        graph += 3 * bs * attn_dp + (1.5 * bs * attn_dp if bs > 300 else 0)
-    reserved = 512 + max(cps, 2048) * 1.5 + tp * pp / 8 * 1024 + graph
-    if g > 60:
-        reserved = max(reserved, 10240)
-    mib = g * 1024
-    frac = round((mib - reserved) / mib, 3)
-    return frac, f"SGLang default for {g:g} GiB, TP {tp}, PP {pp}, chunked prefill {cps}: reserve {reserved:.0f} MiB → {frac}"
-
-
-def slots_per_request(arch: Arch, disable_radix_cache: bool) -> int:
-    """kv_cache_configurator.py:3062-3088: 1 without radix cache; else 3 + 2 tracking slots
-    (extra_buffer with the overlap scheduler, the GPU default for Qwen3-Next/3.5)."""
+def slots_per_request(arch: Arch, disable_radix_cache: bool, overlap: bool = True) -> int:
+    """kv_cache_configurator.py KVCacheConfigurator._calculate_mamba_ratio: 1 without radix cache; else 3
+    + the extra_buffer tracking slots (mem_cache/allocation_sizing.py get_mamba_tracking_slots): 2 with
+    the overlap scheduler, 1 without it (PP > 1 or --disable-overlap-schedule)."""
     if arch.linear is None:
         return 0
-    return 1 if disable_radix_cache else 5
+    return 1 if disable_radix_cache else 3 + (2 if overlap else 1)
 
 
 def estimate_max_running(tokens: int, context_len: int) -> int:
@@ -250,37 +282,61 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     kv_dtype = normalise_dtype(inp.kv_dtype)
     a_tp = attn_tp(inp)
     findings: list[Finding] = []
+    spec = defaults.speculative(arch, inp.spec_algorithm, inp.spec_num_steps, inp.spec_eagle_topk, inp.spec_num_draft_tokens)
+    ssm_dtype = _SSM_DTYPES.get(inp.mamba_ssm_dtype or "") or None
     stages: list[Stage] = []
+    draft_bytes = 0
     full, swa, lin = set(arch.full_layer_ids), set(arch.swa_layer_ids), set(arch.linear_layer_ids)
     for i, (s, e) in enumerate(pp_stages(arch.num_layers, inp.pp)):
         nf = sum(1 for x in range(s, e) if x in full)
         ns = sum(1 for x in range(s, e) if x in swa)
         nl = sum(1 for x in range(s, e) if x in lin)
-        stages.append(Stage(i, s, e, nf + ns, nf, ns, nl,
-                            cell_bytes(arch, kv_dtype, a_tp, nf, ns, inp.swa_full_tokens_ratio, inp.nvfp4_scale_layouts),
-                            state_bytes_per_request(arch, a_tp, nl)))
+        cell = cell_bytes(arch, kv_dtype, a_tp, nf, ns, inp.swa_full_tokens_ratio, inp.nvfp4_scale_layouts)
+        if spec is not None and spec.draft_kv_layers and nf + ns and not arch.hybrid_swa:
+            # pool_configurator.py DefaultPoolConfigurator: the EAGLE/MTP draft shares the target's per-layer KV size
+            if arch.dsa:
+                target_kv = cell - dsa_indexer_bytes(arch, nf + ns)
+                extra = int(target_kv * spec.draft_kv_layers / (nf + ns)) + dsa_indexer_bytes(arch, spec.draft_kv_layers)
+            else:
+                extra = int(cell * spec.draft_kv_layers / (nf + ns))
+            cell += extra
+            draft_bytes = max(draft_bytes, extra)
+        stages.append(Stage(i, s, e, nf + ns, nf, ns, nl, cell, state_bytes_per_request(arch, a_tp, nl, ssm_dtype)))
     heads = kv_heads_per_gpu(arch, a_tp)
-    ctx = inp.context_len or arch.max_context or 8192
-    slots = slots_per_request(arch, inp.disable_radix_cache)
+    ctx = inp.context_len or arch.max_context or 2048
+    overlap = inp.pp == 1 and not inp.disable_overlap_schedule
+    slots = slots_per_request(arch, inp.disable_radix_cache, overlap)
     per_slot = max(st.state_bytes_per_request for st in stages)  # every rank is charged the largest stage share
+    page = inp.page_size
     res = Result(kv_dtype=kv_dtype, kv_bytes_per_token_per_gpu=0, kv_layers=0, kv_heads_per_gpu=heads,
                  kv_head_replication=replication(arch, a_tp), state_bytes_per_request_per_gpu=per_slot,
                  state_slots_per_request=slots, max_state_slots=None, kv_budget_bytes_per_gpu=None,
                  max_total_num_tokens=None, max_running_requests=None, requests_at_context={}, context_len=ctx,
                  weights_bytes_per_gpu=inp.weights_bytes_per_gpu, layout=layout_words(arch, a_tp),
-                 stages=[asdict(s) for s in stages])
+                 stages=[asdict(s) for s in stages], speculative=spec.words if spec else None,
+                 draft_kv_bytes_per_token_per_gpu=draft_bytes, page_size=page)
     binding = max(stages, key=lambda s: s.cell_bytes)
     res.kv_bytes_per_token_per_gpu = math.ceil(binding.cell_bytes)
     res.kv_layers = binding.kv_layers
-
-    budget = _budget(arch, inp, res, findings)
+    if inp.context_len_explicit and inp.context_len and arch.max_context and inp.context_len > arch.max_context:
+        # configs/model_config.py ModelConfig._derive_context_length raises ValueError
+        findings.append(Finding("kv.context", "fail", f"SGLang refuses to start: --context-length {inp.context_len:,} is above "
+                                                      f"the model's derived context length {arch.max_context:,}",
+                                detail=f"derived from {arch.context_source}; SGLang raises unless "
+                                       "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 is set",
+                                remedy=f"Lower --context-length to at most {arch.max_context:,}, or set "
+                                       "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 in serving.env if the model really extrapolates."))
+    mrr_arg = inp.max_running_requests
+    if mrr_arg is None and spec is not None:
+        mrr_arg = defaults.SPEC_RUNNING_REQUESTS
+    budget = _budget(arch, inp, res, findings, mrr_arg)
     if budget is not None:
-        _pools(arch, inp, res, stages, budget, ctx, slots, per_slot, findings)
+        _pools(arch, inp, res, stages, budget, ctx, slots, per_slot, findings, spec, mrr_arg)
     res.findings = findings + _findings(arch, inp, res)
     return res
 
 
-def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding]) -> Optional[int]:
+def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_arg: Optional[int]) -> Optional[int]:
     if inp.kv_budget_gib is not None:
         res.mem_fraction_source = "KV+state budget given directly"
         return int(inp.kv_budget_gib * GIB)
@@ -291,13 +347,16 @@ def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding]) -> Op
                                 remedy="Give --gpu-mem-gib and --weights-gib (or put the checkpoint here), or --kv-budget-gib."))
         return None
     if inp.mem_fraction_static is None:
-        frac, how = default_mem_fraction_static(inp.gpu_mem_gib, inp.tp, inp.pp, inp.attn_dp, arch.mla, inp.chunked_prefill_size)
+        mf = defaults.mem_fraction_static(arch, inp.gpu_mem_gib, inp.tp, inp.pp, inp.attn_dp, inp.chunked_prefill_size, mrr_arg,
+                                          inp.cuda_graph_max_bs, inp.max_total_tokens, inp.attention_backend, inp.disable_cuda_graph)
+        frac, how = mf.value, mf.words
+        res.mem_fraction_detail = asdict(mf)
     else:
         frac, how = inp.mem_fraction_static, "given (--mem-fraction-static)"
     res.mem_fraction_static, res.mem_fraction_source = frac, how
     total = inp.gpu_mem_gib * GIB
     res.reserved_bytes_per_gpu = int(total * (1 - frac))
-    # kv_cache_configurator.py:2990-3060: rest = free_after_weights - pre_load_free * (1 - fraction)
+    # kv_cache_configurator.py _profile_available_bytes: rest = free_after_weights - pre_load_free * (1 - fraction)
     rest = int(total * frac) - inp.weights_bytes_per_gpu
     if rest <= 0:
         findings.append(Finding("kv.budget", "fail", "no memory left for the KV cache",
@@ -308,25 +367,49 @@ def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding]) -> Op
     return rest
 
 
+def _state_pool(inp: Inputs, rest: int, slots: int, per_slot: int, spec: Optional[defaults.Speculative],
+                mrr_arg: Optional[int]) -> tuple[int, int]:
+    """kv_cache_configurator.py KVCacheConfigurator._handle_max_mamba_cache: (max_mamba_cache_size, bytes
+    of intermediate SSM state for draft tokens). Speculative decoding solves state and draft state jointly."""
+    dp = inp.attn_dp
+    d = spec.num_draft_tokens if spec is not None else 0
+    reqs = max(1, (mrr_arg or 1) // dp)
+    if inp.max_mamba_cache_size is not None:
+        k = inp.max_mamba_cache_size // dp
+        inter = per_slot * (min(reqs, k // slots) + 1) * d if d else 0
+    elif inp.disable_radix_cache and inp.max_running_requests:
+        k = max(1, inp.max_running_requests // dp)
+        inter = per_slot * (k + 1) * d if d else 0
+    else:
+        r = inp.mamba_full_memory_ratio
+        budget = rest * r / (1 + r)
+        if d:
+            k = int((budget - per_slot * (1 + d)) // (per_slot * (1 + d / slots)))
+            inter = per_slot * (min(reqs, k // slots) + 1) * d
+        else:
+            k = int((budget - per_slot) // per_slot)
+            inter = 0
+    return k, inter
+
+
 def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest: int, ctx: int, slots: int, per_slot: int,
-           findings: list[Finding]) -> None:
+           findings: list[Finding], spec: Optional[defaults.Speculative], mrr_arg: Optional[int]) -> None:
     res.kv_budget_bytes_per_gpu = rest
     kv_avail = rest
     max_mamba: Optional[int] = None
     if per_slot:
-        if inp.max_mamba_cache_size is not None:
-            max_mamba = inp.max_mamba_cache_size // inp.attn_dp
-        elif inp.disable_radix_cache and inp.max_running_requests:
-            max_mamba = inp.max_running_requests // inp.attn_dp
-        else:  # kv_cache_configurator.py:3346-3386: r/(1+r) of the budget goes to state
-            r = inp.mamba_full_memory_ratio
-            max_mamba = int((rest * r / (1 + r) - per_slot) // per_slot)
+        max_mamba, inter = _state_pool(inp, rest, slots, per_slot, spec, mrr_arg)
         if max_mamba < 1:
-            findings.append(Finding("kv.state_pool", "fail", "the budget cannot hold one request's linear-attention state",
-                                    detail=f"{per_slot / MIB:.1f} MiB per slot", remedy="Raise the KV budget (TP, memory fraction)."))
+            findings.append(Finding("kv.state_pool", "fail", "SGLang refuses to start: the budget cannot hold one request's "
+                                                            "linear-attention state",
+                                    detail=f"{per_slot / MIB:.1f} MiB per slot"
+                                           + (f", plus {spec.num_draft_tokens} draft-token states per request" if spec else ""),
+                                    remedy="Raise the KV budget (TP, memory fraction), lower --speculative-num-draft-tokens, "
+                                           "or use --mamba-ssm-dtype bfloat16."))
             return
+        res.spec_state_bytes_per_gpu = int(inter)
         res.state_pool_bytes_per_gpu = (max_mamba + 1) * per_slot
-        kv_avail = rest - res.state_pool_bytes_per_gpu
+        kv_avail = int(rest - inter - res.state_pool_bytes_per_gpu)
         res.max_state_slots = max_mamba
     res.kv_pool_bytes_per_gpu = kv_avail
     page = inp.page_size
@@ -340,8 +423,9 @@ def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest: int,
     if tokens < 2:
         res.max_running_requests = 0
         return
+    # kv_cache_configurator.py KVCacheConfigurator.resolve_max_num_reqs
     est = estimate_max_running(tokens, ctx)
-    mrr = min(inp.max_running_requests // inp.attn_dp, tokens // 2) if inp.max_running_requests else min(est, tokens // 2)
+    mrr = min(max(1, mrr_arg // inp.attn_dp), tokens // 2) if mrr_arg else min(est, tokens // 2)
     if max_mamba is not None and slots:
         mrr = min(mrr, max_mamba // slots)
     res.max_running_requests = mrr
@@ -391,8 +475,4 @@ def _findings(arch: Arch, inp: Inputs, res: Result) -> list[Finding]:
 
 def sweep(arch: Arch, inp: Inputs, dtypes: tuple[str, ...] = ("bfloat16", "fp8_e4m3")) -> list[Result]:
     """The same inputs for several KV dtypes, for side-by-side tables."""
-    out = []
-    for d in dtypes:
-        x = Inputs(**{**asdict(inp), "kv_dtype": d})
-        out.append(compute(arch, x))
-    return out
+    return [compute(arch, replace(inp, kv_dtype=d)) for d in dtypes]

@@ -23,12 +23,24 @@ _FLAG_FIELDS = {"mem-fraction-static": ("mem_fraction_static", float), "context-
                 "page-size": ("page_size", int), "chunked-prefill-size": ("chunked_prefill_size", int),
                 "max-running-requests": ("max_running_requests", int), "max-total-tokens": ("max_total_tokens", int),
                 "mamba-full-memory-ratio": ("mamba_full_memory_ratio", float), "max-mamba-cache-size": ("max_mamba_cache_size", int),
-                "disable-radix-cache": ("disable_radix_cache", bool), "swa-full-tokens-ratio": ("swa_full_tokens_ratio", float)}
+                "disable-radix-cache": ("disable_radix_cache", bool), "swa-full-tokens-ratio": ("swa_full_tokens_ratio", float),
+                "speculative-algorithm": ("spec_algorithm", str), "speculative-num-steps": ("spec_num_steps", int),
+                "speculative-eagle-topk": ("spec_eagle_topk", int), "speculative-num-draft-tokens": ("spec_num_draft_tokens", int),
+                "mamba-ssm-dtype": ("mamba_ssm_dtype", str), "attention-backend": ("attention_backend", str),
+                "cuda-graph-max-bs": ("cuda_graph_max_bs", int), "disable-cuda-graph": ("disable_cuda_graph", bool),
+                "disable-overlap-schedule": ("disable_overlap_schedule", bool)}
+# Flags that change SGLang's pools in ways this model does not follow: a warn finding when a spec sets them.
+NOT_MODELLED_FLAGS = ("speculative-draft-model-path", "enable-hisparse", "dcp-size", "attn-cp-size", "enable-two-batch-overlap",
+                      "max-prefill-tokens", "kv-cache-quant-method", "hybrid-kvcache-ratio", "enable-mamba-extra-buffer-lazy",
+                      "mamba-scheduler-strategy", "speculative-dflash-block-size", "disaggregation-mode", "moe-a2a-backend")
 
 
 def _convert(flag: str, typ: type, v: Any) -> Any:
     """A flag value (spec, or a --arg what-if string) as the type the arithmetic needs; bool("false") is not False."""
-    if typ is bool:
+    if typ is str:
+        if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v).strip():
+            return str(v).strip()
+    elif typ is bool:
         if isinstance(v, bool):
             return v
         if str(v).strip().lower() in ("true", "1", "yes", "on"):
@@ -45,6 +57,27 @@ def _convert(flag: str, typ: type, v: Any) -> Any:
     raise InputError(f"--{flag} {v!r}: not a {typ.__name__} value")
 
 
+_SCENARIO_KEYS = ("speculative", "mem_fraction_static", "kv_bytes_per_token_per_gpu", "draft_kv_bytes_per_token_per_gpu",
+                  "state_pool_bytes_per_gpu", "spec_state_bytes_per_gpu", "max_total_num_tokens", "max_running_requests",
+                  "requests_at_context")
+
+
+def scenarios(a: arch_mod.Arch, inp: kvmem.Inputs, result: kvmem.Result) -> list[tuple[str, kvmem.Result]]:
+    """The deployment beside what it would be with (or without) speculative decoding, and with SGLang's
+    own mem_fraction_static when the spec pins one: what MTP costs, and what the default would give."""
+    out = [("as deployed", result)]
+    if inp.spec_algorithm:
+        out.append(("without speculative decoding",
+                    kvmem.compute(a, replace(inp, spec_algorithm=None, spec_num_steps=None, spec_eagle_topk=None,
+                                             spec_num_draft_tokens=None))))
+    elif a.mtp_layers:
+        out.append(("with MTP (NEXTN, 3 steps, topk 1)", kvmem.compute(a, replace(inp, spec_algorithm="NEXTN", spec_num_steps=3,
+                                                                                   spec_eagle_topk=1, spec_num_draft_tokens=4))))
+    if inp.mem_fraction_static is not None and inp.kv_budget_gib is None and inp.gpu_mem_gib is not None:
+        out.append(("SGLang's default mem_fraction_static", kvmem.compute(a, replace(inp, mem_fraction_static=None))))
+    return out
+
+
 @dataclass
 class Plan:
     arch: arch_mod.Arch
@@ -54,6 +87,7 @@ class Plan:
     findings: list[Finding] = field(default_factory=list)
     auto_kv_dtype: str = "bfloat16"
     weights_source: str = ""
+    scenarios: list[tuple[str, kvmem.Result]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d = self.result.to_json()
@@ -62,6 +96,7 @@ class Plan:
         d["weights_source"] = self.weights_source
         d["candidates"] = [{k: c.to_json()[k] for k in ("kv_dtype", "kv_bytes_per_token_per_gpu", "max_total_num_tokens",
                                                          "max_running_requests", "requests_at_context")} for c in self.candidates]
+        d["scenarios"] = [{"scenario": label, **{k: r.to_json()[k] for k in _SCENARIO_KEYS}} for label, r in self.scenarios]
         return d
 
 
@@ -86,28 +121,57 @@ def plan(spec: Optional[Deployment] = None, model_dir: Optional[str] = None, **o
     inp = kvmem.Inputs()
     if spec is not None:
         inp = replace(inp, tp=spec.parallelism.tp, pp=spec.parallelism.pp, attn_dp=spec.parallelism.attn_dp,
-                      gpu_mem_gib=spec.hardware.gpu_memory_gib)
+                      gpu_mem_gib=spec.hardware.gpu_memory_gib, compute_capability=spec.hardware.compute_capability)
+        # arg_groups/serving_hook.py: --mamba-ssm-dtype is passed on as SGLANG_MAMBA_SSM_DTYPE, which wins
+        env_ssm = spec.serving.env.get("SGLANG_MAMBA_SSM_DTYPE")
+        if env_ssm:
+            inp = replace(inp, mamba_ssm_dtype=_convert("mamba-ssm-dtype", str, env_ssm))
         for flag, (name, typ) in _FLAG_FIELDS.items():
             if flags.get(flag) is not None:
                 inp = replace(inp, **{name: _convert(flag, typ, flags[flag])})
+        if flags.get("context-length") is not None:
+            inp = replace(inp, context_len_explicit=True)
     kv_flag = str(overrides.pop("kv_dtype", None) or flags.get("kv-cache-dtype") or "auto")
     weights_gib = overrides.pop("weights_gib", None)
     contexts = overrides.pop("contexts", None)
     inp = replace(inp, **{k: v for k, v in overrides.items() if v is not None})
     if contexts:
         inp = replace(inp, contexts=tuple(int(c) for c in contexts))
+    if overrides.get("context_len") is not None:
+        inp = replace(inp, context_len_explicit=True)
     findings: list[Finding] = []
     inp, source = _weights(inp, ck, spec, weights_gib, note)
-    auto = qrep.kv_cache.auto_resolves_to
+    auto, auto_why = _auto_kv_dtype(a, qrep.kv_cache.auto_resolves_to, inp.compute_capability)
     inp = replace(inp, kv_dtype=auto if kv_flag == "auto" else kvmem.normalise_dtype(kv_flag))
+    if a.dsa and "page-size" not in flags and overrides.get("page_size") is None:
+        # arg_groups/model_overrides/deepseek_v2.py: DSA models run with page size 64
+        inp = replace(inp, page_size=64)
+    for flag in NOT_MODELLED_FLAGS:
+        if flags.get(flag) not in (None, False):
+            findings.append(Finding("kv.not_modelled", "warn", f"--{flag} changes SGLang's pools in a way not modelled here",
+                                    detail="the figures below are for the deployment without it",
+                                    remedy="Compare with the server's logged max_total_num_tokens / max_running_requests "
+                                           "(runbook verify)."))
     result = kvmem.compute(a, inp)
     cands = []
     for d in dict.fromkeys(("bfloat16", "fp8_e4m3", inp.kv_dtype)):
         cands.append(result if d == inp.kv_dtype else kvmem.compute(a, replace(inp, kv_dtype=d)))
+    scen = scenarios(a, inp, result)
     findings.append(Finding("kv.dtype", "info", f"KV dtype {inp.kv_dtype}" + (f" (auto → {auto})" if kv_flag == "auto" else f" (--kv-cache-dtype {kv_flag})"),
-                            detail=f"weights per GPU: {source}"))
+                            detail=(auto_why + "; " if auto_why and kv_flag == "auto" else "") + f"weights per GPU: {source}"))
     findings += result.findings
-    return Plan(a, inp, result, cands, findings, auto, source)
+    return Plan(a, inp, result, cands, findings, auto, source, scen)
+
+
+def _auto_kv_dtype(a: arch_mod.Arch, from_checkpoint: str, cc: Optional[str]) -> tuple[str, str]:
+    """arg_groups/overrides.py: DeepSeek DSA models override `auto` before the checkpoint is read — fp8_e4m3
+    on SM100 and newer, bfloat16 below — whatever hf_quant_config says."""
+    if a.dsa:
+        if cc is None:
+            return "bfloat16", "DSA model: SGLang picks bfloat16 below SM100 and fp8_e4m3 from SM100; no compute_capability in the spec, bfloat16 assumed"
+        major = int(str(cc).split(".")[0])
+        return ("fp8_e4m3" if major >= 10 else "bfloat16"), f"DSA model on SM {cc}: SGLang overrides auto"
+    return from_checkpoint, ""
 
 
 def _weights(inp: kvmem.Inputs, ck: checkpoint.Checkpoint, spec: Optional[Deployment], weights_gib: Optional[float], note: str):

@@ -30,6 +30,22 @@ def candidates_frame(p: Plan):
     return pd.DataFrame(rows).set_index("KV dtype")
 
 
+def scenarios_frame(p: Plan):
+    """The deployment beside itself with (or without) MTP and with SGLang's default memory fraction."""
+    import pandas as pd
+
+    rows = []
+    for label, r in p.scenarios:
+        row = {"scenario": label, "speculative": r.speculative or "off", "mem fraction": r.mem_fraction_static,
+               "B/token/GPU": r.kv_bytes_per_token_per_gpu, "of which draft": r.draft_kv_bytes_per_token_per_gpu,
+               "state pool (GiB)": round(r.state_pool_bytes_per_gpu / GIB, 2),
+               "draft-token state (GiB)": round(r.spec_state_bytes_per_gpu / GIB, 2),
+               "max_total_num_tokens": r.max_total_num_tokens, "max_running_requests": r.max_running_requests}
+        row.update({f"requests @ {int(c) // 1024}K": n for c, n in r.requests_at_context.items()})
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("scenario")
+
+
 def selected_frame(p: Plan):
     """The chosen configuration in one row: what the panel's controls currently describe."""
     import pandas as pd
@@ -65,7 +81,14 @@ def text_table(p: Plan) -> str:
         lines.append("requests that fit: " + ", ".join(f"{int(c):,}: {n}" for c, n in r.requests_at_context.items()))
     lines.append("candidates: " + "; ".join(f"{c.kv_dtype} {c.kv_bytes_per_token_per_gpu:,} B → {_fmt(c.max_total_num_tokens)} tokens"
                                             for c in p.candidates))
+    for label, s in p.scenarios[1:]:
+        lines.append(f"{label}: {s.kv_bytes_per_token_per_gpu:,} B/token/GPU, mem fraction {_fmt3(s.mem_fraction_static)}, "
+                     f"max_total_num_tokens {_fmt(s.max_total_num_tokens)}, max_running_requests {_fmt(s.max_running_requests)}")
     return "\n".join(lines)
+
+
+def _fmt3(x: Optional[float]) -> str:
+    return "—" if x is None else f"{x:.3f}"
 
 
 def plot_capacity(p: Plan):

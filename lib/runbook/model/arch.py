@@ -10,11 +10,19 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from runbook.core.errors import InputError
+from runbook.model import sglang_names as names
 
-# Architectures SGLang sizes with the hybrid SWA pool (model_config.is_hybrid_swa_model).
-_HYBRID_SWA_ARCHS = ("GptOss", "Llama4", "Gemma4", "MiMoV2", "Step3p5", "Step3p7", "Laguna", "DeepseekV4")
 # Gemma-2/3 force disable_hybrid_swa_memory: every layer keeps full-length KV.
 _NO_SWA_SAVING = ("Gemma2", "Gemma3")
+# utils/hf_transformers/common.py CONTEXT_LENGTH_KEYS: the first one present wins.
+_CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+# When config.json has none of them, transformers' config class default applies (SGLang reads the
+# loaded class, not the file). model_type -> max_position_embeddings default of transformers 5.19.
+HF_CONTEXT_DEFAULTS = {"gemma3_text": 131072, "gemma3": 131072, "gemma2": 8192, "llama": 2048, "mistral": 131072,
+                       "qwen2": 32768, "qwen3": 32768, "qwen3_moe": 32768, "deepseek_v3": 4096, "gpt_oss": 131072}
+# Architectures whose SWA split SGLang does not size the way arch.py can (compressed SWA pools,
+# per-layer head dims): figures for them carry a warn finding.
+_SWA_NOT_MODELLED = ("Gemma4", "MiMoV2", "Step3p", "Inkling", "DeepseekV4", "EmbeddingGemma2", "DiffusionGemma", "MuseGlimmer")
 _KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups")
 _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16",
            "float32": "float32", "fp32": "float32", "float": "float32"}
@@ -54,6 +62,13 @@ class Arch:
     hybrid_swa: bool = False          # SGLang sizes SWA layers with their own, smaller pool
     linear: Optional[LinearAttention] = None
     mtp_layers: int = 0
+    multimodal: bool = False          # SGLang serves it as a VLM (model_config.is_multimodal)
+    multimodal_prefill_graph: bool = False   # a VLM allowed to keep the breakable prefill CUDA graph
+    vit_layers: Optional[int] = None
+    vit_hidden: Optional[int] = None
+    dsa: bool = False                 # DeepSeek sparse attention: an FP8 indexer cache per layer too
+    index_head_dim: int = 0
+    context_source: str = ""
     assumptions: list[str] = field(default_factory=list)
 
     @property
@@ -118,12 +133,19 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
     if not isinstance(head_dim, int) or head_dim <= 0:
         head_dim = _int(cfg, "hidden_size", source) // n_heads
     v_head_dim = head_dim
-    mla = isinstance(cfg.get("kv_lora_rank"), int) and cfg["kv_lora_rank"] > 0
+    has_latent = isinstance(cfg.get("kv_lora_rank"), int) and cfg["kv_lora_rank"] > 0
+    # SGLang's MLA judge is by architecture name (model_config.py, ModelConfig._derive_model_shapes).
+    mla = has_latent and (arch_name in names.MLA_ARCHS or not archs)
+    if has_latent and not mla:
+        assumptions.append(f"{arch_name} has kv_lora_rank but is not one of SGLang's MLA architectures: sized as MHA, "
+                           "the way SGLang would")
     kv_lora = rope = 0
     if mla:
         kv_lora = cfg["kv_lora_rank"]
         rope = _int(cfg, "qk_rope_head_dim", source)
-    mtp = int(cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers") or 0)
+    mtp = _nonneg(cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers") or 0, "num_nextn_predict_layers", source)
+    dsa = arch_name in names.DSA_ARCHS and cfg.get("index_topk") is not None and mla
+    index_head_dim = _int(cfg, "index_head_dim", source) if dsa else 0
 
     full, swa, linear_ids = list(range(n)), [], []
     linear: Optional[LinearAttention] = None
@@ -157,8 +179,19 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
         linear_ids = [i for i, c in enumerate(pat) if c == "M"]
         assumptions.append("Nemotron-H style pattern: only '*' layers hold KV; the Mamba state is not sized")
 
+    if arch_name.startswith("Llama4"):
+        # model_config.get_hybrid_layer_ids: every 4th layer is full attention, whatever layer_types says.
+        full = [i for i in range(n) if (i + 1) % 4 == 0]
+        swa = [i for i in range(n) if (i + 1) % 4 != 0]
+    elif arch_name in names.MIMO_V2_ARCHS and isinstance(cfg.get("hybrid_layer_pattern"), list):
+        pat = cfg["hybrid_layer_pattern"]
+        full = [i for i in range(n) if i < len(pat) and pat[i] == 0]
+        swa = [i for i in range(n) if i < len(pat) and pat[i] == 1]
     window = cfg.get("sliding_window") if isinstance(cfg.get("sliding_window"), int) else None
-    hybrid_swa = bool(swa) and (any(arch_name.startswith(a) for a in _HYBRID_SWA_ARCHS) or bool(cfg.get("is_hybrid_swa")))
+    hybrid_swa = bool(swa) and (arch_name in names.HYBRID_SWA_ARCHS or bool(cfg.get("is_hybrid_swa")))
+    if hybrid_swa and arch_name.startswith(_SWA_NOT_MODELLED):
+        assumptions.append(f"{arch_name}: SGLang sizes its sliding-window layers with per-layer head counts/dims or a "
+                           "compressed SWA pool that is not modelled here; the capacity figures are approximate")
     if swa and any(arch_name.startswith(a) for a in _NO_SWA_SAVING):
         hybrid_swa = False
         assumptions.append(f"{arch_name}: SGLang disables the hybrid SWA pool, so sliding layers keep full-length KV")
@@ -166,11 +199,53 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
         full, swa = sorted(full + swa), []
     if not archs:
         assumptions.append(f"no 'architectures' in {source}: standard attention formula assumed")
+    max_context, context_source = _context_len(cfg, model_type, source, assumptions)
+    vision = top.get("vision_config")
+    multimodal = arch_name in names.MULTIMODAL_ARCHS or (cfg is not top)
 
     return Arch(
         architecture=arch_name, model_type=model_type, num_layers=n, full_layer_ids=full, swa_layer_ids=swa,
         linear_layer_ids=linear_ids, num_attention_heads=n_heads, num_kv_heads=int(kv_heads), head_dim=int(head_dim),
         v_head_dim=int(v_head_dim), dtype=model_dtype(cfg, assumptions),
-        max_context=cfg.get("max_position_embeddings") if isinstance(cfg.get("max_position_embeddings"), int) else None,
+        max_context=max_context, context_source=context_source,
         mla=mla, kv_lora_rank=kv_lora, qk_rope_head_dim=rope, sliding_window=window, hybrid_swa=hybrid_swa,
-        linear=linear, mtp_layers=mtp, assumptions=assumptions)
+        linear=linear, mtp_layers=mtp, multimodal=multimodal,
+        multimodal_prefill_graph=arch_name in names.MULTIMODAL_BREAKABLE_GRAPH_ARCHS,
+        vit_layers=_opt_int(vision, ("num_hidden_layers",)) if isinstance(vision, dict) else None,
+        vit_hidden=_opt_int(vision, ("hidden_size",)) if isinstance(vision, dict) else None,
+        dsa=dsa, index_head_dim=index_head_dim, assumptions=assumptions)
+
+
+def _nonneg(v: Any, key: str, source: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise InputError(f"{source}: '{key}' must be a non-negative integer (got {v!r})")
+    return v
+
+
+def _opt_int(d: dict[str, Any], keys: tuple[str, ...]) -> Optional[int]:
+    for k in keys:
+        if isinstance(d.get(k), int) and not isinstance(d.get(k), bool) and d[k] > 0:
+            return int(d[k])
+    return None
+
+
+def _context_len(cfg: dict[str, Any], model_type: str, source: str, assumptions: list[str]) -> tuple[Optional[int], str]:
+    """utils/hf_transformers/common.py get_context_length: the first CONTEXT_LENGTH_KEYS entry, times the
+    rope scaling factor unless the scaling keeps original_max_position_embeddings or is llama3."""
+    rope = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else None
+    factor: float = 1
+    if rope:
+        f = rope.get("factor", 1)
+        factor = f if isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 else 1
+        if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+            factor = 1
+    for key in _CONTEXT_KEYS:
+        v = cfg.get(key)
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise InputError(f"{source}: '{key}' must be a positive integer (got {v!r})")
+            return int(factor * v), f"{key} in config.json" + (f" × rope factor {factor:g}" if factor != 1 else "")
+    if model_type in HF_CONTEXT_DEFAULTS:
+        return HF_CONTEXT_DEFAULTS[model_type], f"transformers' {model_type} config default (config.json has no length)"
+    assumptions.append(f"no context length in {source} and no known default for model_type {model_type!r}: SGLang's 2048 assumed")
+    return 2048, "SGLang's fallback 2048 (config.json has no length)"

@@ -138,7 +138,7 @@ def test_default_mem_fraction_heuristic():
     assert defaults.mem_fraction_static(llama, 24, 1, 1).value == 0.704
     # PP 2 turns the prefill graph off: 512 + 12288 + 2048 + 1024 = 15,872 MiB → 0.839
     assert defaults.mem_fraction_static(llama, 96, 8, 2).value == 0.839
-    # speculative decoding's 48 running requests cap the decode graph: 512 + 12288 + 1024 + 2*48 + 464 = 14,384 MiB
+    # --max-running-requests 48 caps the decode graph: 512 + 12288 + 1024 + 2*48 + 464 = 14,384 MiB
     assert defaults.mem_fraction_static(llama, 96, 8, 1, max_running_requests=48).value == 0.854
 
 

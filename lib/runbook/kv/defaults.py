@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from runbook.model import sglang_names as names
 from runbook.model.arch import Arch
 
 # arg_groups/speculative_hook.py _auto_choose_speculative_params: (steps, topk, draft tokens).
@@ -49,8 +50,23 @@ def speculative(arch: Arch, algorithm: Optional[str], steps: Optional[int], topk
         s, k = steps, topk if topk is not None else 1
         d = draft_tokens if draft_tokens is not None else (s + 1 if k == 1 else s * k + 1)
         src = "given"
-    draft_layers = arch.mtp_layers if (alg in _EAGLE_FAMILY and not draft_model) else 0
+    # spec_aux_hidden_state.py: a path-less draft is sized off the target config's num_nextn_predict_layers
+    # (Qwen3.5's mtp_num_hidden_layers is not that key: its draft adds nothing to the target pool)
+    draft_layers = arch.nextn_layers if (alg in _EAGLE_FAMILY and not draft_model) else 0
     return Speculative(alg, s, k, d, draft_layers, src)
+
+
+# kv_cache_configurator.py mm_runtime_reservation_gb: a VLM keeps SGLANG_VLM_CACHE_SIZE_MB (100) for its
+# embedding cache out of the KV budget; Qwen3-VL on Hopper (model_overrides/qwen3_vl.py) drops that cache
+# and moves features over CUDA IPC, reserving SGLANG_MM_FEATURE_CACHE_MB (1024) instead.
+VLM_CACHE_MIB = 100
+MM_FEATURE_CACHE_MIB = 1024
+
+
+def multimodal_reservation_mib(arch: Arch, cc: Optional[str]) -> int:
+    if arch.architecture.startswith("Qwen3VL") and sm_major(cc) == 9:
+        return MM_FEATURE_CACHE_MIB
+    return VLM_CACHE_MIB
 
 
 # ---- mem_fraction_static (arg_groups/memory_hook.py handle_gpu_memory_settings) --------------
@@ -89,12 +105,11 @@ class MemFraction:
 def prefill_graph_enabled(arch: Arch, pp: int, attention_backend: Optional[str], disable_cuda_graph: bool,
                           disable_prefill_graph: bool) -> bool:
     """cuda_graph_config.default_prefill_backend (breakable on CUDA) and cuda_graph_hook.py's
-    compatibility rules: off under PP, for VLMs outside SGLang's allowlist, for DeepSeek-V3 on trtllm_mla."""
+    compatibility rules as memory_hook sees them: off under PP and for VLMs outside SGLang's allowlist
+    (DeepSeek-V3 on trtllm_mla turns it off only after the memory fraction is set)."""
     if disable_cuda_graph or disable_prefill_graph or pp > 1:
         return False
     if arch.multimodal and not arch.multimodal_prefill_graph:
-        return False
-    if arch.architecture == "DeepseekV3ForCausalLM" and attention_backend == "trtllm_mla":
         return False
     return True
 
@@ -119,7 +134,9 @@ def mem_fraction_static(arch: Arch, gpu_mem_gib: float, tp: int, pp: int, attn_d
     cps = chunked_prefill_size or cps_default
     bs = cuda_graph_max_bs or bs_default
     if cuda_graph_max_bs is None and max_running_requests is not None and bs > max_running_requests:
-        bs = max_running_requests   # a smaller running-request limit caps the default decode graph
+        # a smaller --max-running-requests caps the default decode graph (speculative decoding's 48 is set
+        # later in the resolution and does not)
+        bs = max_running_requests
     prefill = prefill_graph_enabled(arch, pp, attention_backend, disable_cuda_graph, disable_prefill_graph)
     graph: float = 0 if disable_cuda_graph else 2 * bs
     if attn_dp > 1:
@@ -135,10 +152,118 @@ def mem_fraction_static(arch: Arch, gpu_mem_gib: float, tp: int, pp: int, attn_d
         reserved = max(reserved, 10 * 1024)
     frac = round((mib - reserved) / mib, 3)
     factor = 1.0
-    if arch.multimodal and not language_only:
+    if arch.multimodal and arch.has_vision_config and not language_only:
         factor = vlm_factor(arch)
         frac = frac * factor
     words = (f"SGLang default for {gpu_mem_gib:g} GiB, TP {tp}, PP {pp}, chunked prefill {cps}, decode graph up to {bs}"
              f"{', prefill graph' if prefill else ''}: reserve {reserved:.0f} MiB → {round((mib - reserved) / mib, 3)}"
              + (f" × {factor:.4f} for the vision tower = {frac:.4f}" if factor != 1.0 else ""))
     return MemFraction(frac, cps, bs, prefill, reserved, factor, words)
+
+
+# ---- attention backend and page size (arg_groups/model_override_base.py get_default_attn_backend,
+# arg_groups/model_overrides/*, arg_groups/overrides.py _mla_backend_page_constraints) ------------
+
+_QWEN_HYBRID = ("Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+                "InternS2PreviewForConditionalGeneration", "InternS2MobiusForConditionalGeneration")
+_TRTLLM_MLA_ON_SM100 = ("DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration")   # deepseek_v2.py, kimi overrides
+_PER_MODEL = {"Gemma4": {10: "trtllm_mha"}, "GptOss": {10: "trtllm_mha", 9: "fa3"}, "Llama4": {10: "trtllm_mha", 9: "fa3"}}
+
+
+def sm_major(cc: Optional[str]) -> Optional[int]:
+    return int(str(cc).split(".")[0]) if cc else None
+
+
+def attention_backend(arch: Arch, cc: Optional[str], given: Optional[str] = None,
+                      spec: Optional[Speculative] = None) -> Optional[str]:
+    """The backend SGLang picks when --attention-backend is not given; None when the GPU is unknown."""
+    if given:
+        return given
+    major = sm_major(cc)
+    if major is None:
+        return None
+    if arch.dsa:
+        return "dsa"                                   # model_overrides/deepseek_v2.py
+    if arch.mla:
+        if major == 9:
+            return "fa3"
+        if major == 10:
+            return "trtllm_mla" if arch.architecture in _TRTLLM_MLA_ON_SM100 else "flashinfer"
+        return "triton"
+    for prefix, by_sm in _PER_MODEL.items():           # model_overrides/gemma4.py, gpt_oss.py, llama4.py
+        if arch.architecture.startswith(prefix):
+            return by_sm.get(major, "triton")
+    topk_one = spec is None or spec.eagle_topk <= 1
+    if arch.architecture in _QWEN_HYBRID and major == 10:
+        # model_overrides/qwen3_5.py: triton, unless speculative decoding lets trtllm_mha run (page 64)
+        return "trtllm_mha" if spec is not None and topk_one else "triton"
+    if major == 9 and topk_one:
+        return "fa3"
+    if major == 10 and topk_one:
+        return "fa4" if arch.head_dim != arch.v_head_dim else "trtllm_mha"
+    return "triton" if arch.architecture in names.SWA_SINK_ARCHS else "flashinfer"
+
+
+def page_size(arch: Arch, backend: Optional[str], given: Optional[int], kv_dtype: str, cc: Optional[str]) -> tuple[int, str]:
+    """The page size SGLang runs with, and why, when the backend or the model forces one."""
+    major = sm_major(cc)
+    if given is None and arch.dsa:
+        return 64, "DeepSeek DSA runs with page size 64 (model_overrides/deepseek_v2.py)"
+    page = given or 1
+    decode = backend
+    if kv_dtype == "nvfp4" and not arch.mla and major in (10, 12):
+        decode = "trtllm_mha"   # mem_cache/kv_cache_hook.py: NVFP4 KV decodes on trtllm_mha
+    if backend == "flashmla":
+        return 64, "FlashMLA only supports page size 64"
+    if backend in ("trtllm_mla", "cutedsl_mla") and page not in (32, 64):
+        return 64, f"{backend} only supports page size 32 or 64"
+    if (backend == "trtllm_mha" or decode == "trtllm_mha") and page not in (16, 32, 64, 128):
+        return 64, "trtllm_mha only supports page size 16, 32, 64 or 128"
+    if backend == "fa4" and not arch.mla and major == 10:
+        return 128, "FA4 only supports page size 128 for non-MLA models"
+    return page, ""
+
+
+def fp4_workspace_esz(backend: Optional[str], cc: Optional[str]) -> int:
+    """fp4_kv_cache_quant_method.py: trtllm_mha reads FP4 natively (no dequant workspace); FlashInfer prefill
+    dequantises into an FP8 workspace (1 byte per element)."""
+    return 0 if backend == "trtllm_mha" and sm_major(cc) == 10 else 1
+
+
+_BACKENDS_ALLOWED = {"Gemma4": ("trtllm_mha", "triton", "fa4", "ascend", "intel_xpu", "intel_amx", "aiter"),
+                     "GptOss": ("triton", "trtllm_mha", "fa3", "fa4", "ascend", "intel_amx", "intel_xpu", "aiter"),
+                     "Llama4": ("fa3", "aiter", "triton", "ascend", "trtllm_mha", "intel_xpu")}
+_NVFP4_PREFILL = ("flashinfer", "trtllm_mha")
+
+
+def refusals(arch: Arch, kv_dtype: str, backend: Optional[str], cc: Optional[str]) -> list[tuple[str, str, str]]:
+    """Start-up refusals SGLang raises for this model, KV dtype, backend and GPU: (condition, where, fix)."""
+    out = []
+    major = sm_major(cc)
+    if arch.dsa and kv_dtype not in ("bfloat16", "fp8_e4m3"):
+        out.append((f"DeepSeek DSA supports only bf16 or fp8_e4m3 KV, not {kv_dtype}",
+                    "arg_groups/model_overrides/deepseek_v2.py", "Use --kv-cache-dtype fp8_e4m3 or bf16."))
+    if kv_dtype == "nvfp4" and major is not None and major not in (10, 12):
+        out.append((f"--kv-cache-dtype nvfp4 needs Blackwell SM100 or SM120 (this GPU is SM {cc})",
+                    "arg_groups/kv_cache_hook.py", "Use fp8_e4m3 (or fp4_mx_block16 for the block-16 FP4 recipe)."))
+    elif kv_dtype == "nvfp4" and arch.mla and not arch.dsa:
+        out.append(("an NVFP4 KV cache on MLA needs flashinfer/trtllm_mla, and trtllm_mla has no NVFP4 prefill",
+                    "arg_groups/kv_cache_hook.py", "Use --kv-cache-dtype fp8_e4m3."))
+    elif kv_dtype == "nvfp4" and backend is not None and backend not in _NVFP4_PREFILL:
+        out.append((f"NVFP4 prefill needs an FP8 workspace or native NVFP4, and the {backend} backend provides neither",
+                    "arg_groups/kv_cache_hook.py", "Use --attention-backend flashinfer or trtllm_mha, or another KV dtype."))
+    if kv_dtype in ("mxfp8", "nvfp4", "fp4_mx_block16") and backend == "trtllm_mla" and not arch.dsa:
+        out.append((f"the TensorRT-LLM MLA backend supports only fp8_e4m3, bf16 or auto KV, not {kv_dtype}",
+                    "layers/attention/trtllm_mla_backend.py", "Use --kv-cache-dtype fp8_e4m3."))
+    for prefix, allowed in _BACKENDS_ALLOWED.items():
+        if arch.architecture.startswith(prefix) and backend is not None and backend not in allowed:
+            out.append((f"{arch.architecture} does not run on the {backend} attention backend (allowed: {', '.join(allowed)})",
+                        f"arg_groups/model_overrides/{prefix.lower()}", f"Use --attention-backend {allowed[0]}."))
+    return out
+
+
+def dsa_raw_layout(arch: Arch, cc: Optional[str]) -> bool:
+    """arg_groups/overrides.py _dsa_split_backend_resolution: FP8 DSA runs the trtllm kernels (raw MLA rows)
+    from SM100, flashmla_kv (scaled rows) on Hopper, and flashinfer_sparse_mla (scaled) for GLM on SM120."""
+    major = sm_major(cc) or 0
+    return arch.dsa and major >= 10 and not (arch.architecture == "GlmMoeDsaForCausalLM" and major == 12)

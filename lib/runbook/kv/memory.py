@@ -43,7 +43,7 @@ class Inputs:
     weights_bytes_per_gpu: Optional[int] = None
     mem_fraction_static: Optional[float] = None   # None: SGLang's default heuristic
     kv_budget_gib: Optional[float] = None         # given: skips the memory arithmetic
-    page_size: int = 1
+    page_size: Optional[int] = None               # None: SGLang's default for the backend and model
     context_len: Optional[int] = None
     contexts: tuple[int, ...] = DEFAULT_CONTEXTS
     chunked_prefill_size: Optional[int] = None
@@ -71,6 +71,8 @@ class Inputs:
     def validate(self) -> None:
         for name in ("tp", "pp", "attn_dp", "page_size"):
             v = getattr(self, name)
+            if v is None and name == "page_size":
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be an integer of at least 1 (got {v!r})")
             if v > 65536:
@@ -142,6 +144,7 @@ class Result:
     draft_kv_bytes_per_token_per_gpu: int = 0      # part of kv_bytes_per_token_per_gpu
     spec_state_bytes_per_gpu: int = 0              # intermediate SSM state for draft tokens (hybrid)
     page_size: int = 1
+    attention_backend: Optional[str] = None
     mem_fraction_detail: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
 
@@ -185,36 +188,40 @@ def layout_words(arch: Arch, a_tp: int) -> str:
 
 
 def cell_bytes(arch: Arch, kv_dtype: str, a_tp: int, full_layers: int, swa_layers: int = 0,
-               swa_ratio: float = 0.8, nvfp4_layouts: int = 1) -> float:
-    """Bytes of KV per token on one GPU (pool_configurator.py): MHA/GQA, MLA, FP4 and hybrid SWA."""
+               swa_ratio: float = 0.8, nvfp4_layouts: int = 1, dequant_workspace_esz: int = 1,
+               raw_dsa_layout: bool = False) -> float:
+    """Bytes of KV per token on one GPU (pool_configurator.py): MHA/GQA, MLA, DSA, FP4 and hybrid SWA.
+    `dequant_workspace_esz`: bytes per element of the FP4 dequant workspace (0: the backends need none)."""
     layers = full_layers + swa_layers
     if arch.mla:
         width = arch.kv_lora_rank + arch.qk_rope_head_dim
         if kv_dtype in ("nvfp4", "fp4_mx_block16"):  # pool_configurator.py:387-397
             cell: float = width * layers // 2 + width // 16 * layers
         else:
-            cell = mla_width_bytes(arch, kv_dtype) * layers  # mxfp8's scale branch is MHA-only
+            cell = mla_width_bytes(arch, kv_dtype, raw_dsa_layout) * layers  # mxfp8's scale branch is MHA-only
         return cell + dsa_indexer_bytes(arch, layers)
     h = kv_heads_per_gpu(arch, a_tp)
     dims = arch.head_dim + arch.v_head_dim
-    if arch.hybrid_swa and swa_layers and kv_dtype in ("nvfp4", "fp4_mx_block16"):
-        # HybridSWAPoolConfigurator prices a float4_e2m1fn_x2 element at its storage size: 1 byte.
-        per_layer = h * dims
-        return per_layer * full_layers + swa_ratio * per_layer * swa_layers
+    if arch.hybrid_swa and swa_layers:
+        # HybridSWAPoolConfigurator (pool_configurator.py): full layers per token plus swa_full_tokens_ratio of the
+        # sliding ones; it prices a float4_e2m1fn_x2 element at its storage size (1 byte), mxfp8 with its scales.
+        esz = 1 if kv_dtype in ("nvfp4", "fp4_mx_block16") else _ESZ[kv_dtype]
+        swa_h = max(1, arch.swa_num_kv_heads // a_tp) if arch.swa_num_kv_heads else h
+        swa_dims = (arch.swa_head_dim or arch.head_dim) + (arch.swa_v_head_dim or arch.swa_head_dim or arch.v_head_dim)
+        per_full: float = h * dims * esz + (h * dims / 32 if kv_dtype == "mxfp8" else 0)
+        per_swa: float = swa_h * swa_dims * esz + (swa_h * swa_dims / 32 if kv_dtype == "mxfp8" else 0)
+        return per_full * full_layers + swa_ratio * per_swa * swa_layers
     if kv_dtype in ("nvfp4", "fp4_mx_block16"):
+        # layers/quantization/fp4_kv_cache_quant_method.py compute_cell_size
         layouts = nvfp4_layouts if kv_dtype == "nvfp4" else 1
-        data = h * arch.head_dim / 2 * layers * 2
-        scales = h * arch.head_dim / 16 * layers * 2 * layouts
-        workspace = h * arch.head_dim * 2 * 2  # per-token dequant workspace (bf16), not per layer
+        data = h * (arch.head_dim // 2) * layers * 2
+        scales = h * (arch.head_dim // 16) * layers * 2 * layouts
+        workspace = h * arch.head_dim * 2 * dequant_workspace_esz  # per token, shared by all layers
         return data + scales + workspace
     esz = _ESZ[kv_dtype]
-    per_layer = h * dims * esz
-    if arch.hybrid_swa and swa_layers:
-        cell = per_layer * full_layers + swa_ratio * per_layer * swa_layers   # pool_configurator.py:786-803
-    else:
-        cell = per_layer * layers
+    cell = h * dims * esz * layers
     if kv_dtype == "mxfp8":
-        cell += h * dims * layers // 32   # one E8M0 scale byte per 32 elements (:526-530)
+        cell += h * dims * layers // 32   # one E8M0 scale byte per 32 elements
     return cell
 
 
@@ -240,10 +247,10 @@ def dsa_indexer_bytes(arch: Arch, layers: int) -> int:
     return (arch.index_head_dim + arch.index_head_dim // 128 * 4) * layers
 
 
-def mla_width_bytes(arch: Arch, kv_dtype: str) -> int:
+def mla_width_bytes(arch: Arch, kv_dtype: str, raw_dsa_layout: bool = False) -> int:
     """mem_cache/kv_cache_configurator.py calculate_mla_kv_cache_dim: DSA models store FP8 rows with
-    per-128 scales and a BF16 rope part (the scaled layout of the default DSA kernels)."""
-    if arch.dsa and kv_dtype == "fp8_e4m3":
+    per-128 scales and a BF16 rope part, except when a TRT-LLM DSA kernel reads the raw MLA layout."""
+    if arch.dsa and kv_dtype == "fp8_e4m3" and not raw_dsa_layout:
         return arch.kv_lora_rank + arch.kv_lora_rank // 128 * 4 + arch.qk_rope_head_dim * 2
     return (arch.kv_lora_rank + arch.qk_rope_head_dim) * _ESZ[kv_dtype]
 
@@ -284,6 +291,9 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     findings: list[Finding] = []
     spec = defaults.speculative(arch, inp.spec_algorithm, inp.spec_num_steps, inp.spec_eagle_topk, inp.spec_num_draft_tokens)
     ssm_dtype = _SSM_DTYPES.get(inp.mamba_ssm_dtype or "") or None
+    backend = defaults.attention_backend(arch, inp.compute_capability, inp.attention_backend, spec)
+    for why in defaults.refusals(arch, kv_dtype, backend, inp.compute_capability):
+        findings.append(Finding("kv.refused", "fail", "SGLang refuses to start: " + why[0], detail=why[1], remedy=why[2]))
     stages: list[Stage] = []
     draft_bytes = 0
     full, swa, lin = set(arch.full_layer_ids), set(arch.swa_layer_ids), set(arch.linear_layer_ids)
@@ -291,7 +301,9 @@ def compute(arch: Arch, inp: Inputs) -> Result:
         nf = sum(1 for x in range(s, e) if x in full)
         ns = sum(1 for x in range(s, e) if x in swa)
         nl = sum(1 for x in range(s, e) if x in lin)
-        cell = cell_bytes(arch, kv_dtype, a_tp, nf, ns, inp.swa_full_tokens_ratio, inp.nvfp4_scale_layouts)
+        cell = cell_bytes(arch, kv_dtype, a_tp, nf, ns, inp.swa_full_tokens_ratio, inp.nvfp4_scale_layouts,
+                          defaults.fp4_workspace_esz(backend, inp.compute_capability),
+                          raw_dsa_layout=defaults.dsa_raw_layout(arch, inp.compute_capability))
         if spec is not None and spec.draft_kv_layers and nf + ns and not arch.hybrid_swa:
             # pool_configurator.py DefaultPoolConfigurator: the EAGLE/MTP draft shares the target's per-layer KV size
             if arch.dsa:
@@ -307,14 +319,16 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     overlap = inp.pp == 1 and not inp.disable_overlap_schedule
     slots = slots_per_request(arch, inp.disable_radix_cache, overlap)
     per_slot = max(st.state_bytes_per_request for st in stages)  # every rank is charged the largest stage share
-    page = inp.page_size
+    page, page_why = defaults.page_size(arch, backend, inp.page_size, kv_dtype, inp.compute_capability)
     res = Result(kv_dtype=kv_dtype, kv_bytes_per_token_per_gpu=0, kv_layers=0, kv_heads_per_gpu=heads,
                  kv_head_replication=replication(arch, a_tp), state_bytes_per_request_per_gpu=per_slot,
                  state_slots_per_request=slots, max_state_slots=None, kv_budget_bytes_per_gpu=None,
                  max_total_num_tokens=None, max_running_requests=None, requests_at_context={}, context_len=ctx,
                  weights_bytes_per_gpu=inp.weights_bytes_per_gpu, layout=layout_words(arch, a_tp),
                  stages=[asdict(s) for s in stages], speculative=spec.words if spec else None,
-                 draft_kv_bytes_per_token_per_gpu=draft_bytes, page_size=page)
+                 draft_kv_bytes_per_token_per_gpu=draft_bytes, page_size=page, attention_backend=backend)
+    if page_why:
+        findings.append(Finding("kv.page_size", "info", f"page size {page}", detail=page_why))
     binding = max(stages, key=lambda s: s.cell_bytes)
     res.kv_bytes_per_token_per_gpu = math.ceil(binding.cell_bytes)
     res.kv_layers = binding.kv_layers
@@ -329,14 +343,15 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     mrr_arg = inp.max_running_requests
     if mrr_arg is None and spec is not None:
         mrr_arg = defaults.SPEC_RUNNING_REQUESTS
-    budget = _budget(arch, inp, res, findings, mrr_arg)
+    budget = _budget(arch, inp, res, findings, mrr_arg, backend)
     if budget is not None:
         _pools(arch, inp, res, stages, budget, ctx, slots, per_slot, findings, spec, mrr_arg)
     res.findings = findings + _findings(arch, inp, res)
     return res
 
 
-def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_arg: Optional[int]) -> Optional[int]:
+def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_arg: Optional[int],
+            backend: Optional[str]) -> Optional[int]:
     if inp.kv_budget_gib is not None:
         res.mem_fraction_source = "KV+state budget given directly"
         return int(inp.kv_budget_gib * GIB)
@@ -347,8 +362,9 @@ def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_a
                                 remedy="Give --gpu-mem-gib and --weights-gib (or put the checkpoint here), or --kv-budget-gib."))
         return None
     if inp.mem_fraction_static is None:
-        mf = defaults.mem_fraction_static(arch, inp.gpu_mem_gib, inp.tp, inp.pp, inp.attn_dp, inp.chunked_prefill_size, mrr_arg,
-                                          inp.cuda_graph_max_bs, inp.max_total_tokens, inp.attention_backend, inp.disable_cuda_graph)
+        mf = defaults.mem_fraction_static(arch, inp.gpu_mem_gib, inp.tp, inp.pp, inp.attn_dp, inp.chunked_prefill_size,
+                                          inp.max_running_requests,
+                                          inp.cuda_graph_max_bs, inp.max_total_tokens, backend, inp.disable_cuda_graph)
         frac, how = mf.value, mf.words
         res.mem_fraction_detail = asdict(mf)
     else:
@@ -358,6 +374,8 @@ def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_a
     res.reserved_bytes_per_gpu = int(total * (1 - frac))
     # kv_cache_configurator.py _profile_available_bytes: rest = free_after_weights - pre_load_free * (1 - fraction)
     rest = int(total * frac) - inp.weights_bytes_per_gpu
+    if arch.multimodal:
+        rest -= defaults.multimodal_reservation_mib(arch, inp.compute_capability) * MIB
     if rest <= 0:
         findings.append(Finding("kv.budget", "fail", "no memory left for the KV cache",
                                 detail=f"{inp.gpu_mem_gib:g} GiB × {frac} = {total * frac / GIB:.1f} GiB static, but weights take "
@@ -412,7 +430,7 @@ def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest: int,
         kv_avail = int(rest - inter - res.state_pool_bytes_per_gpu)
         res.max_state_slots = max_mamba
     res.kv_pool_bytes_per_gpu = kv_avail
-    page = inp.page_size
+    page = res.page_size
     tokens = min(int(kv_avail // st.cell_bytes) // page * page for st in stages if st.cell_bytes > 0) if any(
         st.cell_bytes for st in stages) else 0
     if inp.max_total_tokens:

@@ -143,9 +143,6 @@ def plan(spec: Optional[Deployment] = None, model_dir: Optional[str] = None, **o
     inp, source = _weights(inp, ck, spec, weights_gib, note)
     auto, auto_why = _auto_kv_dtype(a, qrep.kv_cache.auto_resolves_to, inp.compute_capability)
     inp = replace(inp, kv_dtype=auto if kv_flag == "auto" else kvmem.normalise_dtype(kv_flag))
-    if a.dsa and "page-size" not in flags and overrides.get("page_size") is None:
-        # arg_groups/model_overrides/deepseek_v2.py: DSA models run with page size 64
-        inp = replace(inp, page_size=64)
     for flag in NOT_MODELLED_FLAGS:
         if flags.get(flag) not in (None, False):
             findings.append(Finding("kv.not_modelled", "warn", f"--{flag} changes SGLang's pools in a way not modelled here",

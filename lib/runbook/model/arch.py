@@ -18,11 +18,11 @@ _NO_SWA_SAVING = ("Gemma2", "Gemma3")
 _CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
 # When config.json has none of them, transformers' config class default applies (SGLang reads the
 # loaded class, not the file). model_type -> max_position_embeddings default of transformers 5.19.
-HF_CONTEXT_DEFAULTS = {"gemma3_text": 131072, "gemma3": 131072, "gemma2": 8192, "llama": 2048, "mistral": 131072,
+HF_CONTEXT_DEFAULTS = {"gemma3_text": 131072, "gemma2": 8192, "llama": 2048, "mistral": 131072,
                        "qwen2": 32768, "qwen3": 32768, "qwen3_moe": 32768, "deepseek_v3": 4096, "gpt_oss": 131072}
 # Architectures whose SWA split SGLang does not size the way arch.py can (compressed SWA pools,
 # per-layer head dims): figures for them carry a warn finding.
-_SWA_NOT_MODELLED = ("Gemma4", "MiMoV2", "Step3p", "Inkling", "DeepseekV4", "EmbeddingGemma2", "DiffusionGemma", "MuseGlimmer")
+_SWA_NOT_MODELLED = ("MiMoV2", "Step3p", "Inkling", "DeepseekV4", "EmbeddingGemma2", "DiffusionGemma", "MuseGlimmer")
 _KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups")
 _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16",
            "float32": "float32", "fp32": "float32", "float": "float32"}
@@ -60,10 +60,15 @@ class Arch:
     qk_rope_head_dim: int = 0
     sliding_window: Optional[int] = None
     hybrid_swa: bool = False          # SGLang sizes SWA layers with their own, smaller pool
+    swa_num_kv_heads: Optional[int] = None   # sliding layers' own KV heads / head dims (Gemma-4, MiMo), else the full ones
+    swa_head_dim: Optional[int] = None
+    swa_v_head_dim: Optional[int] = None
     linear: Optional[LinearAttention] = None
-    mtp_layers: int = 0
+    mtp_layers: int = 0               # MTP/NextN layers shipped with the checkpoint (either config key)
+    nextn_layers: int = 0             # num_nextn_predict_layers: the draft layers SGLang adds to the target pool
     multimodal: bool = False          # SGLang serves it as a VLM (model_config.is_multimodal)
     multimodal_prefill_graph: bool = False   # a VLM allowed to keep the breakable prefill CUDA graph
+    has_vision_config: bool = False   # SGLang scales mem_fraction_static only when there is one
     vit_layers: Optional[int] = None
     vit_hidden: Optional[int] = None
     dsa: bool = False                 # DeepSeek sparse attention: an FP8 indexer cache per layer too
@@ -143,7 +148,8 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
     if mla:
         kv_lora = cfg["kv_lora_rank"]
         rope = _int(cfg, "qk_rope_head_dim", source)
-    mtp = _nonneg(cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers") or 0, "num_nextn_predict_layers", source)
+    nextn = _nonneg(cfg.get("num_nextn_predict_layers") or 0, "num_nextn_predict_layers", source)
+    mtp = nextn or _nonneg(cfg.get("mtp_num_hidden_layers") or 0, "mtp_num_hidden_layers", source)
     dsa = arch_name in names.DSA_ARCHS and cfg.get("index_topk") is not None and mla
     index_head_dim = _int(cfg, "index_head_dim", source) if dsa else 0
 
@@ -200,8 +206,21 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
     if not archs:
         assumptions.append(f"no 'architectures' in {source}: standard attention formula assumed")
     max_context, context_source = _context_len(cfg, model_type, source, assumptions)
+    swa_heads = swa_hd = swa_vhd = None
+    if hybrid_swa and arch_name.startswith("Gemma4") and isinstance(cfg.get("global_head_dim"), int):
+        # Gemma-4: full-attention layers use global_head_dim and num_global_key_value_heads, sliding ones
+        # head_dim and num_key_value_heads (SGLang's Gemma4 config mapping, utils/hf_transformers/config.py)
+        swa_heads, swa_hd, swa_vhd = int(kv_heads), int(head_dim), int(v_head_dim)
+        kv_heads = cfg.get("num_global_key_value_heads") or kv_heads
+        head_dim = v_head_dim = _int(cfg, "global_head_dim", source)
+    elif hybrid_swa:
+        # model_config.get_swa_num_kv_heads / swa_head_dim / swa_v_head_dim (MiMo-V2 and opt-in configs)
+        swa_heads = cfg.get("swa_num_key_value_heads") if isinstance(cfg.get("swa_num_key_value_heads"), int) else None
+        swa_hd = cfg.get("swa_head_dim") if isinstance(cfg.get("swa_head_dim"), int) else None
+        swa_vhd = cfg.get("swa_v_head_dim") if isinstance(cfg.get("swa_v_head_dim"), int) else swa_hd
     vision = top.get("vision_config")
-    multimodal = arch_name in names.MULTIMODAL_ARCHS or (cfg is not top)
+    # ModelConfig: a multimodal architecture (or a nested text_config), unless SGLang keeps it text-only by default
+    multimodal = (arch_name in names.MULTIMODAL_ARCHS or cfg is not top) and arch_name not in names.MULTIMODAL_OFF_BY_DEFAULT_ARCHS
 
     return Arch(
         architecture=arch_name, model_type=model_type, num_layers=n, full_layer_ids=full, swa_layer_ids=swa,
@@ -209,10 +228,12 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
         v_head_dim=int(v_head_dim), dtype=model_dtype(cfg, assumptions),
         max_context=max_context, context_source=context_source,
         mla=mla, kv_lora_rank=kv_lora, qk_rope_head_dim=rope, sliding_window=window, hybrid_swa=hybrid_swa,
-        linear=linear, mtp_layers=mtp, multimodal=multimodal,
+        swa_num_kv_heads=swa_heads, swa_head_dim=swa_hd, swa_v_head_dim=swa_vhd,
+        linear=linear, mtp_layers=mtp, nextn_layers=nextn, multimodal=multimodal,
         multimodal_prefill_graph=arch_name in names.MULTIMODAL_BREAKABLE_GRAPH_ARCHS,
-        vit_layers=_opt_int(vision, ("num_hidden_layers",)) if isinstance(vision, dict) else None,
-        vit_hidden=_opt_int(vision, ("hidden_size",)) if isinstance(vision, dict) else None,
+        has_vision_config=isinstance(vision, dict),
+        vit_layers=_opt_int(vision, ("num_hidden_layers", "vt_num_hidden_layers")) if isinstance(vision, dict) else None,
+        vit_hidden=_opt_int(vision, ("hidden_size", "vt_hidden_size")) if isinstance(vision, dict) else None,
         dsa=dsa, index_head_dim=index_head_dim, assumptions=assumptions)
 
 

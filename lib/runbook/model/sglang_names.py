@@ -198,3 +198,11 @@ DSA_ARCHS = frozenset({
     "MistralLarge3ForCausalLM",
     "PixtralForConditionalGeneration",
 })
+
+# ModelConfig.__init__ mm_disabled_models: multimodal stays off unless --enable-multimodal
+MULTIMODAL_OFF_BY_DEFAULT_ARCHS = frozenset({
+    "Gemma3ForConditionalGeneration",
+    "InklingForConditionalGeneration",
+    "Llama4ForConditionalGeneration",
+    "Step3VLForConditionalGeneration",
+})

@@ -123,8 +123,13 @@ def test_mxfp8_and_fp4_scale_bytes():
     a = load("llama-3.1-70b")
     # mxfp8: 1 B/elem + 1 scale byte per 32: 20,480 + 1*256*80//32 = 21,120
     assert kvmem.compute(a, kvmem.Inputs(kv_dtype="mxfp8", tp=8)).kv_bytes_per_token_per_gpu == 21_120
-    # nvfp4: data 1*128/2*80*2 = 10,240; scales 1*128/16*80*2 = 1,280; workspace 1*128*2*2 = 512
-    assert kvmem.compute(a, kvmem.Inputs(kv_dtype="nvfp4", tp=8)).kv_bytes_per_token_per_gpu == 12_032
+    # nvfp4: data 1*128/2*80*2 = 10,240; scales 1*128/16*80*2 = 1,280; FlashInfer's FP8 dequant workspace
+    # 1*128*2*1 = 256 (RTX PRO 6000); on B200 trtllm_mha reads FP4 natively: no workspace
+    assert kvmem.compute(a, kvmem.Inputs(kv_dtype="nvfp4", tp=8, compute_capability="12.0")).kv_bytes_per_token_per_gpu == 11_776
+    assert kvmem.compute(a, kvmem.Inputs(kv_dtype="nvfp4", tp=8, compute_capability="10.0")).kv_bytes_per_token_per_gpu == 11_520
+    # and SGLang refuses NVFP4 KV on Hopper
+    r = kvmem.compute(a, kvmem.Inputs(kv_dtype="nvfp4", tp=8, compute_capability="9.0"))
+    assert [f.id for f in r.findings if f.status == "fail"] == ["kv.refused"]
 
 
 def test_default_mem_fraction_heuristic():

@@ -143,6 +143,10 @@ def plan(spec: Optional[Deployment] = None, model_dir: Optional[str] = None, **o
     inp, source = _weights(inp, ck, spec, weights_gib, note)
     auto, auto_why = _auto_kv_dtype(a, qrep.kv_cache.auto_resolves_to, inp.compute_capability)
     inp = replace(inp, kv_dtype=auto if kv_flag == "auto" else kvmem.normalise_dtype(kv_flag))
+    if inp.spec_algorithm and str(inp.spec_algorithm).upper() not in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"):
+        findings.append(Finding("kv.not_modelled", "warn", f"--speculative-algorithm {inp.spec_algorithm}: its draft memory is not modelled",
+                                detail="the 48-request default is applied; the draft's own pool is not",
+                                remedy="Compare with the server's logged max_total_num_tokens / max_running_requests."))
     for flag in NOT_MODELLED_FLAGS:
         if flags.get(flag) not in (None, False):
             findings.append(Finding("kv.not_modelled", "warn", f"--{flag} changes SGLang's pools in a way not modelled here",

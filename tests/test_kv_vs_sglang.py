@@ -1,0 +1,187 @@
+"""Differential test: every KV figure the runbook prints equals SGLang 0.5.23's own, case by case.
+
+The oracle (tests/oracle/sglang_kv.py) runs in the serving venv and drives SGLang's argument parser,
+server-argument resolution, ModelConfig, KV-dtype resolution, pool configurator and
+resolve_max_num_reqs on CPU; only the GPU probes are emulated (listed in its docstring). The
+cases (tests/oracle/kv_cases.py) cover the real model configs in tests/fixtures/models over TP, PP,
+attention DP, KV dtypes, speculative decoding, GPUs and memory flags. The runbook side goes through
+the same entry point as `runbook kv` and notebook 20: a deployment spec whose flags are the case's argv.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from conftest import REPO, spec_data
+
+from runbook import kv
+from runbook.core import spec as spec_mod
+from runbook.core.errors import InputError, SpecError
+
+ORACLE = REPO / "tests" / "oracle"
+SERVING_PY = os.environ.get("RUNBOOK_SERVING_PYTHON") or str(REPO / ".venv-serving" / "bin" / "python")
+pytestmark = pytest.mark.skipif(not Path(SERVING_PY).exists(), reason=f"no serving venv at {SERVING_PY} (make serving-env)")
+
+sys.path.insert(0, str(ORACLE))
+import kv_cases  # noqa: E402
+
+CASES = kv_cases.cases()
+# Findings that mean "SGLang would not start with this": the runbook must say so where SGLang refuses.
+REFUSAL_IDS = {"kv.context", "kv.state_pool", "kv.budget", "kv.dtype", "kv.refused"}
+_PARALLEL = {"--tp-size": "tp", "--tp": "tp", "--pp-size": "pp", "--pp": "pp", "--dp-size": "attn_dp", "--dp": "attn_dp",
+             "--attn-dp-size": "attn_dp"}
+
+
+@lru_cache(maxsize=1)
+def oracle() -> dict[str, dict]:
+    proc = subprocess.run([SERVING_PY, str(ORACLE / "sglang_kv.py")], input=json.dumps(CASES), capture_output=True,
+                          text=True, timeout=900, cwd=str(REPO))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {r["id"]: r for r in json.loads(proc.stdout)}
+
+
+def _typed(v: str):
+    """An argv word as the YAML scalar a spec author would write (8 → int, 0.88 → float)."""
+    for t in (int, float):
+        try:
+            return t(v)
+        except ValueError:
+            pass
+    return v
+
+
+def argv_to_spec(case: dict) -> spec_mod.Deployment:
+    """The case's SGLang argv as a deployment spec: parallelism from the parallel flags, the rest as serving.flags."""
+    argv, flags, par = list(case["argv"]), {}, {"tp": 1, "pp": 1, "attn_dp": 1}
+    dp_attention = "--enable-dp-attention" in argv
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        takes_value = nxt is not None and not nxt.startswith("--")
+        if a in _PARALLEL and takes_value:
+            par[_PARALLEL[a]] = int(nxt)
+        elif a == "--enable-dp-attention":
+            pass
+        elif takes_value:
+            flags[a[2:]] = _typed(nxt)
+        else:
+            flags[a[2:]] = True
+        i += 2 if takes_value else 1
+    if not dp_attention and "--attn-dp-size" not in argv:
+        par["attn_dp"] = 1
+    gpu = case["gpu"]
+    n = par["tp"] * par["pp"]
+    data = spec_data(**{"model.path": case["model_dir"], "model.card": None, "model.size_gib": None,
+                        "hardware.gpu_count": max(8, n), "hardware.gpu_memory_gib": gpu["total_mib"] / 1024,
+                        "hardware.compute_capability": gpu["sm"], "hardware.gpu_model": gpu["name"],
+                        "parallelism.tp": par["tp"], "parallelism.pp": par["pp"], "parallelism.attn_dp": par["attn_dp"],
+                        "serving.flags": flags})
+    return spec_mod.from_dict(data, f"<case {case['id']}>")
+
+
+def runbook_figures(case: dict) -> dict:
+    try:
+        dep = argv_to_spec(case)
+        p = kv.evaluate(dep, case["model_dir"], weights_gib=case["weights_bytes_per_gpu"] / 2**30)
+    except (InputError, SpecError) as e:
+        return {"input_error": str(e)}
+    r = p.result
+    return {"plan": p, "refusals": [f for f in p.findings if f.status == "fail" and f.id in REFUSAL_IDS],
+            "mem_fraction_static": r.mem_fraction_static, "context_len": r.context_len, "page_size": r.page_size,
+            "kv_cache_dtype": r.kv_dtype, "cell_size": r.kv_bytes_per_token_per_gpu,
+            "state_bytes_per_request": r.state_bytes_per_request_per_gpu or None,
+            "mamba_slots_per_request": r.state_slots_per_request or None, "max_mamba_cache_size": r.max_state_slots,
+            "max_total_num_tokens": r.max_total_num_tokens, "swa_max_total_num_tokens": r.swa_tokens,
+            "max_running_requests": r.max_running_requests}
+
+
+def differences(case: dict, want: dict, got: dict) -> list[str]:
+    if "input_error" in got:
+        return [f"runbook refused the inputs: {got['input_error']}"]
+    if want.get("refused"):
+        return [] if got["refusals"] else [f"SGLang refuses ({want['refused'][:160]}) but the runbook has no fail finding"]
+    out = [f"runbook says SGLang refuses ({f.id}: {f.title}) but SGLang starts" for f in got["refusals"]]
+    want = dict(want)
+    ranks = want.get("pp_ranks") or []
+    if len(ranks) > 1:
+        # the runbook prints the binding (largest) stage; the oracle's top level is PP rank 0
+        want["total_cell_size"] = max(r["total_cell_size"] for r in ranks)
+    if want.get("state_pool_bytes") and want.get("max_mamba_cache_size"):
+        # per GPU, one slot is this stage's share of the layers (the pool holds max_mamba_cache_size + 1)
+        want["state_bytes_per_request"] = want["state_pool_bytes"] // (want["max_mamba_cache_size"] + 1)
+    for key in ("context_len", "page_size", "kv_cache_dtype", "state_bytes_per_request", "mamba_slots_per_request",
+                "max_mamba_cache_size", "max_total_num_tokens", "swa_max_total_num_tokens", "max_running_requests"):
+        if key in want and want[key] != got[key]:
+            out.append(f"{key}: SGLang {want[key]!r}, runbook {got[key]!r}")
+    cell = want.get("total_cell_size", want.get("cell_size"))   # target + draft: what the pool divides by
+    if cell is not None and math.ceil(cell) != got["cell_size"]:
+        out.append(f"cell_size: SGLang {cell!r}, runbook {got['cell_size']!r}")
+    if want.get("mem_fraction_static") is not None and not math.isclose(want["mem_fraction_static"], got["mem_fraction_static"] or -1,
+                                                                        abs_tol=1e-9):
+        out.append(f"mem_fraction_static: SGLang {want['mem_fraction_static']!r}, runbook {got['mem_fraction_static']!r}")
+    return out
+
+
+def test_the_table_is_big_enough():
+    assert len(CASES) >= 150
+    models = {Path(c["model_dir"]).name for c in CASES}
+    assert len(models) >= 10, models
+
+
+def test_the_oracle_ran_every_case():
+    res = oracle()
+    assert set(res) == {c["id"] for c in CASES}
+    broken = {k: v["oracle_error"] for k, v in res.items() if v.get("oracle_error")}
+    assert not broken, broken
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_runbook_equals_sglang(case):
+    want = oracle()[case["id"]]
+    if want.get("oracle_error"):
+        pytest.fail(f"oracle could not run this case: {want['oracle_error']}")
+    diffs = differences(case, want, runbook_figures(case))
+    assert not diffs, f"{case['id']} ({' '.join(case['argv'])}):\n  " + "\n  ".join(diffs)
+
+
+_LISTS = r"""
+import inspect, json, re, sys
+sys.path.insert(0, sys.argv[1]); import sglang_env; sglang_env.install()
+import sglang.srt.configs.model_config as m
+src = inspect.getsource(m.ModelConfig)
+i = src.index("temporary special judge for MLA"); j = src.index('"DeepseekV4ForCausalLM" in self.hf_config.architectures', i)
+hs = inspect.getsource(m.is_hybrid_swa_model); hs = hs[hs.index("hybrid_swa_archs = {"):]; hs = hs[:hs.index("}")]
+import transformers
+ctx = {}
+for mt in json.loads(sys.argv[2]):
+    ctx[mt] = getattr(transformers.AutoConfig.for_model(mt), "max_position_embeddings", None)
+print(json.dumps({
+    "MULTIMODAL_ARCHS": list(m.multimodal_model_archs),
+    "MULTIMODAL_BREAKABLE_GRAPH_ARCHS": list(m.multimodal_breakable_cuda_graph_supported_model_archs),
+    "MLA_ARCHS": re.findall(r'"(\w+)" in self.hf_config.architectures', src[i:j]),
+    "HYBRID_SWA_ARCHS": re.findall(r'"(\w+)"', hs) + list(m.SWA_SINK_ARCHS) + list(m.MIMO_V2_MODEL_ARCHS),
+    "SWA_SINK_ARCHS": list(m.SWA_SINK_ARCHS), "MIMO_V2_ARCHS": list(m.MIMO_V2_MODEL_ARCHS),
+    "DSA_ARCHS": [a for a in re.findall(r'"(\w+)"', inspect.getsource(m.is_deepseek_dsa)) if a != "index_topk"],
+    "context_defaults": ctx}))
+"""
+
+
+def test_architecture_names_and_context_defaults_are_sglangs():
+    """sglang_names.py's sets are SGLang's lists; HF_CONTEXT_DEFAULTS are transformers' config-class defaults."""
+    from runbook.model import arch, sglang_names
+
+    proc = subprocess.run([SERVING_PY, "-c", _LISTS, str(ORACLE), json.dumps(sorted(arch.HF_CONTEXT_DEFAULTS))],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    for name in ("MULTIMODAL_ARCHS", "MULTIMODAL_BREAKABLE_GRAPH_ARCHS", "MLA_ARCHS", "HYBRID_SWA_ARCHS", "SWA_SINK_ARCHS",
+                 "MIMO_V2_ARCHS", "DSA_ARCHS"):
+        assert set(got[name]) == set(getattr(sglang_names, name)), name
+    assert got["context_defaults"] == arch.HF_CONTEXT_DEFAULTS

@@ -300,3 +300,66 @@ def test_hf_repo_id_resolves_offline_to_the_cached_snapshot(tmp_path, monkeypatc
     assert ck.dir == snap and quant.inspect(ck).weights.algo == "FP8"
     with pytest.raises(InputError, match="no Hugging Face snapshot of it is cached"):
         checkpoint.load("acme/not-downloaded")
+
+
+# ---- rules that follow SGLang's own code (cross-checked in test_quant_vs_sglang.py) ----------------
+
+def test_sglang_refusals_are_fail_findings_with_a_fix(tmp_path):
+    cfg = json.loads((FIX / "quant-examples" / "fbgemm-fp8_llama-3.1-405b-instruct-fp8.config.json").read_text())
+    rep = run(make(tmp_path / "fb", cfg))
+    f = ids(rep)["quant.refused"]
+    assert f.status == "fail" and "Unknown quantization method: fbgemm_fp8" in f.title and "fbgemm_fp8 loader" in f.remedy
+    assert "quantization" not in rep.recommended_flags
+    cfg = json.loads((FIX / "quant-examples" / "gptq_genz-70b-3bit.config.json").read_text())
+    rep = run(make(tmp_path / "g3", cfg))
+    assert ids(rep)["quant.refused"].status == "fail" and "quantization" not in rep.recommended_flags
+    rep = run(make(tmp_path / "g3b", cfg), {"quantization": "gptq_marlin"})
+    f = ids(rep)["quant.refused"]
+    assert f.status == "fail" and "does not match" in f.title
+
+
+def test_flag_mismatch_is_a_fail_and_modelopt_mixed_without_nvfp4_is_w4afp8(tmp_path):
+    hq = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "MIXED_PRECISION",
+                                                              "quantized_layers": {"model.layers.0.mlp": {"quant_algo": "W4A8_AWQ"}}}}
+    rep = run(make(tmp_path / "mx", llama_config(), hf_quant_config=hq))
+    assert rep.recommended_flags["quantization"] == "w4afp8" and rep.kv_cache.auto_resolves_to == "bfloat16"
+    rep = run(make(tmp_path / "mx2", llama_config(), hf_quant_config=hq), {"quantization": "modelopt_mixed"})
+    f = ids(rep)["quant.flag"]
+    assert f.status == "fail" and "(w4afp8) does not match" in f.detail and "--quantization w4afp8" in f.remedy
+    hq["quantization"]["quantized_layers"]["model.layers.1.mlp"] = {"quant_algo": "NVFP4", "group_size": 16}
+    assert run(make(tmp_path / "mx3", llama_config(), hf_quant_config=hq)).recommended_flags["quantization"] == "modelopt_mixed"
+
+
+def test_flat_modelopt_kv_scheme_string(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint, "check_config", lambda *a: None)  # checkpoint.load rejects a string scheme
+    fp8 = {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_scheme": "FP8"}
+    rep = run(make(tmp_path / "f8", llama_config(quant=fp8)))
+    assert rep.kv_cache.declared == "FP8" and rep.kv_cache.auto_resolves_to == "bfloat16"  # ModelOptFp8Config: dict only
+    nv = {"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_scheme": "FP8", "group_size": 16, "ignore": []}
+    assert run(make(tmp_path / "f4", llama_config(quant=nv))).kv_cache.auto_resolves_to == "fp8_e4m3"  # ModelOptFp4Config reads it
+
+
+def test_compressed_tensors_kv_scheme_needs_strategy_tensor(tmp_path):
+    q = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {},
+         "kv_cache_scheme": {"type": "float", "num_bits": 8, "dynamic": False, "symmetric": True}}
+    rep = run(make(tmp_path / "ct", llama_config(quant=q)))
+    assert rep.kv_cache.auto_resolves_to == "bfloat16" and "ignores it" in ids(rep)["kv.auto"].detail
+
+
+def test_gptq_side_file_only_needs_the_flag(tmp_path):
+    side = json.loads((FIX / "quant-examples" / "gptq_llama-2-13b-chat.quantize_config.json").read_text())
+    rep = run(make(tmp_path / "g4", llama_config(), files={"quantize_config.json": side}))
+    assert ids(rep)["quant.side_file"].status == "warn" and rep.recommended_flags["quantization"] == "gptq_marlin"
+    side = json.loads((FIX / "quant-examples" / "gptq_genz-70b-3bit.quantize_config.json").read_text())
+    rep = run(make(tmp_path / "g3", llama_config(), files={"quantize_config.json": side}))
+    assert ids(rep)["quant.side_file"].status == "fail" and "bits=3" in ids(rep)["quant.side_file"].title
+    assert "quantization" not in rep.recommended_flags
+
+
+def test_mla_counts_only_the_scale_names_deepseeks_loader_maps():
+    names = [f"model.layers.{i}.self_attn.{n}" for i, n in enumerate(
+        ["k_proj.k_scale", "v_proj.v_scale", "attn_mqa.k_scale", "k_scale", "kv_scale", "k_proj.output_scale"])]
+    per_layer, _ = quant.scale_tensors(names, list(range(6)), 6, mla=True)
+    assert sorted(per_layer) == [0, 1, 2]
+    per_layer, _ = quant.scale_tensors(names, list(range(6)), 6)
+    assert sorted(per_layer) == [0, 1, 2, 3, 4, 5]

@@ -219,8 +219,11 @@ def test_install_rolls_back_when_not_ready(tmp_path, recorder):
     _, unit, res = _install_over_old_unit(tmp_path, recorder, 503, 0.5)
     assert res.rolled_back and res.findings[0].status == "fail" and "HTTP 503" in res.findings[0].detail
     assert unit.read_text() == "old unit\n"
+    # The rollback asks systemd what is running instead of assuming it (issue 13): the last call is is-active.
     assert recorder[1].read_text().splitlines() == ["daemon-reload", "restart sglang-qwen.service",
-                                                    "daemon-reload", "restart sglang-qwen.service"]
+                                                    "daemon-reload", "restart sglang-qwen.service",
+                                                    "is-active sglang-qwen.service"]
+    assert "previous unit restored; service sglang-qwen.service is active" in res.findings[0].title
 
 
 def test_install_without_previous_unit_removes_it_on_failure(tmp_path, recorder):

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, cast
+from typing import Any, Callable, Iterator, Optional, cast, overload
 
 import numpy as np
 
@@ -26,10 +27,49 @@ from runbook.corpus import VERSION as CORPUS_VERSION
 from runbook.endpoint.client import RequestSpec
 
 
+class LazyRequests(Sequence):
+    """A workload's requests, built on first use and in order (so a `--duration` level planned for
+    100,000 requests builds only those it sends); byte-identical to building them all up front."""
+
+    def __init__(self, n: int, gen: Iterator[RequestSpec] | Callable[[int], RequestSpec]):
+        self._n = n
+        self._gen = gen
+        self._memo: list[RequestSpec] = []
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> RequestSpec: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[RequestSpec]: ...
+
+    def __getitem__(self, i: int | slice) -> RequestSpec | list[RequestSpec]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        if callable(self._gen):
+            return self._gen(i)
+        while len(self._memo) <= i:
+            self._memo.append(next(self._gen))
+        return self._memo[i]
+
+    def __iter__(self) -> Iterator[RequestSpec]:
+        for i in range(self._n):
+            yield self[i]
+
+    @property
+    def built(self) -> int:
+        return len(self._memo)
+
+
 @dataclass
 class Workload:
     name: str
-    requests: list[RequestSpec]
+    requests: Sequence[RequestSpec]
     exact_lengths: bool
     description: str
     corpus_version: str = ""   # what the prompts were built from; the regression check compares only equal ones
@@ -60,6 +100,29 @@ def _text_of_length(tok: Any, text: str, n: int) -> str:
     return s
 
 
+MAX_WORKLOAD_BYTES = 1 << 30   # a JSON Lines prompt file; beyond 1 GiB it is not a workload
+
+
+def read_workload_file(path: Path) -> tuple[bytes, str]:
+    """The bytes and UTF-8 text of a workload file; InputError naming the file, the line and byte offset, and the fix."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_WORKLOAD_BYTES:
+            raise InputError(f"{path}: {size:,} bytes is too large for a workload file (at most {MAX_WORKLOAD_BYTES:,})")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_WORKLOAD_BYTES + 1)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the workload file: {e.strerror or e}") from None
+    if len(raw) > MAX_WORKLOAD_BYTES:
+        raise InputError(f"{path}: too large for a workload file (at most {MAX_WORKLOAD_BYTES:,} bytes)")
+    try:
+        return raw, raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise InputError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at byte offset {e.start}); "
+                         "save the workload file as UTF-8 (JSON Lines)") from None
+
+
 def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, tokenizer: Any = None,
           vocab_size: Optional[int] = None, chat: bool = False, seed: int = 0, range_ratio: float = 0.0,
           ignore_eos: bool = True) -> Workload:
@@ -68,72 +131,87 @@ def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, token
         lo, hi = int(input_len * (1 - range_ratio)), int(input_len * (1 + range_ratio))
         lens = rng.integers(max(1, lo), max(1, hi) + 1, size=n)
         vocab = vocab_size or (tokenizer.get_vocab_size() if tokenizer is not None else None)
-        reqs = []
-        for i, L in enumerate(lens):
-            if vocab and not chat:
-                ids = rng.integers(10, vocab - 10, size=int(L)).tolist()
-                reqs.append(RequestSpec(i, ids, output_len, int(L), ignore_eos))
-            elif tokenizer is not None:
-                ids = rng.integers(10, tokenizer.get_vocab_size() - 10, size=int(L)).tolist()
-                txt = tokenizer.decode(ids)
-                reqs.append(RequestSpec(i, txt, output_len, _count(tokenizer, txt), ignore_eos))
-            else:
-                words = ["".join(chr(c) for c in rng.integers(97, 123, size=3)) for _ in range(int(L))]
-                reqs.append(RequestSpec(i, " ".join(words), output_len, None, ignore_eos))
+
+        def gen_random() -> Iterator[RequestSpec]:
+            for i, L in enumerate(lens):
+                if vocab and not chat:
+                    ids = rng.integers(10, vocab - 10, size=int(L)).tolist()
+                    yield RequestSpec(i, ids, output_len, int(L), ignore_eos)
+                elif tokenizer is not None:
+                    ids = rng.integers(10, tokenizer.get_vocab_size() - 10, size=int(L)).tolist()
+                    txt = tokenizer.decode(ids)
+                    yield RequestSpec(i, txt, output_len, _count(tokenizer, txt), ignore_eos)
+                else:
+                    words = ["".join(chr(c) for c in rng.integers(97, 123, size=3)) for _ in range(int(L))]
+                    yield RequestSpec(i, " ".join(words), output_len, None, ignore_eos)
         exact = bool((vocab and not chat))
-        return Workload(name, reqs, exact, f"random token ids, input length U[{lo}, {hi}], output {output_len}",
+        return Workload(name, LazyRequests(n, gen_random()), exact, f"random token ids, input length U[{lo}, {hi}], output {output_len}",
                         f"random-seed{seed}")
     if name == "code":
         ps = code_prompts()
-        reqs = [RequestSpec(i, ps[i % len(ps)], output_len, _count(tokenizer, ps[i % len(ps)]), ignore_eos) for i in range(n)]
+        counts = [_count(tokenizer, p) for p in ps]
+        reqs = LazyRequests(n, lambda i: RequestSpec(i, ps[i % len(ps)], output_len, counts[i % len(ps)], ignore_eos))
         return Workload(name, reqs, tokenizer is not None, f"{len(ps)} shipped coding prompts, output {output_len}",
                         CORPUS_VERSION)
     if name == "longctx":
         text = code_text()
-        reqs = []
-        for i in range(n):
-            # Different requests start at different offsets so the prefix cache cannot serve them.
-            start = (i * 7919) % max(1, len(text) // 2)
-            body = text[start:] + text[:start]
-            if tokenizer is not None and not chat:
-                ids = _exact_ids(tokenizer, body, input_len)
-                reqs.append(RequestSpec(i, ids, output_len, len(ids), ignore_eos))
-            else:
-                s = _text_of_length(tokenizer, body, input_len)
-                reqs.append(RequestSpec(i, s, output_len, _count(tokenizer, s), ignore_eos))
-        return Workload(name, reqs, tokenizer is not None, f"code text cut to {input_len} tokens, output {output_len}",
+
+        def gen_long() -> Iterator[RequestSpec]:
+            for i in range(n):
+                # Different requests start at different offsets so the prefix cache cannot serve them.
+                start = (i * 7919) % max(1, len(text) // 2)
+                body = text[start:] + text[:start]
+                if tokenizer is not None and not chat:
+                    ids = _exact_ids(tokenizer, body, input_len)
+                    yield RequestSpec(i, ids, output_len, len(ids), ignore_eos)
+                else:
+                    s = _text_of_length(tokenizer, body, input_len)
+                    yield RequestSpec(i, s, output_len, _count(tokenizer, s), ignore_eos)
+        return Workload(name, LazyRequests(n, gen_long()), tokenizer is not None, f"code text cut to {input_len} tokens, output {output_len}",
                         CORPUS_VERSION)
     if name == "prefix":
         shared = ("You are a senior engineer working in this repository. Answer with code.\n\n# Repository context\n"
                   + _text_of_length(tokenizer, code_text(), max(1, int(input_len * 0.9))))
         ps = code_prompts()
-        reqs = []
-        for i in range(n):
+        pcounts = [_count(tokenizer, shared + q) for q in ps]
+
+        def one_prefix(i: int) -> RequestSpec:
             q = ps[i % len(ps)]
             prompt: Any = [{"role": "system", "content": shared}, {"role": "user", "content": q}] if chat else shared + "\n\n# Task\n" + q
-            reqs.append(RequestSpec(i, prompt, output_len, _count(tokenizer, shared + q), ignore_eos, {"shared_prefix": True}))
-        return Workload(name, reqs, tokenizer is not None, f"shared ~{int(input_len * 0.9)}-token system prompt + a question per turn",
+            return RequestSpec(i, prompt, output_len, pcounts[i % len(ps)], ignore_eos, {"shared_prefix": True})
+        return Workload(name, LazyRequests(n, one_prefix), tokenizer is not None, f"shared ~{int(input_len * 0.9)}-token system prompt + a question per turn",
                         CORPUS_VERSION)
     path = Path(name)
     if not path.is_file():
         raise InputError(f"--workload {name}: not random|code|longctx|prefix and not a file")
-    raw = path.read_bytes()
+    raw, text = read_workload_file(path)
     reqs = []
-    for i, line in enumerate(raw.decode("utf-8", errors="replace").splitlines()):
+    for i, line in enumerate(text.splitlines()):
         if not line.strip():
             continue
         try:
             d = json.loads(line)
         except json.JSONDecodeError as e:
             raise InputError(f"{path}:{i + 1}: not JSON ({e.msg})") from None
+        except (RecursionError, ValueError):
+            raise InputError(f"{path}:{i + 1}: not a usable JSON line (nested too deeply or a number too long)") from None
+        if not isinstance(d, dict):
+            raise InputError(f"{path}:{i + 1}: each line must be a JSON object with \"prompt\" (or \"messages\"), "
+                             f"got {type(d).__name__}")
         prompt = d.get("messages") if chat and "messages" in d else d.get("prompt")
         if prompt is None:
             raise InputError(f"{path}:{i + 1}: needs \"prompt\" (or \"messages\" with --chat)")
-        reqs.append(RequestSpec(len(reqs), prompt, int(d.get("max_tokens", output_len)),
+        mt = d.get("max_tokens", output_len)
+        n_out = (mt if isinstance(mt, int) and not isinstance(mt, bool) else int(mt) if isinstance(mt, float) and mt.is_integer()
+                 else int(mt.strip()) if isinstance(mt, str) and mt.strip().isdigit() else None)
+        if n_out is None or not 0 < n_out <= 1 << 24:
+            raise InputError(f"{path}:{i + 1}: \"max_tokens\" must be a token count in [1, {1 << 24:,}] (got {str(mt)[:40]!r})")
+        reqs.append(RequestSpec(len(reqs), prompt, n_out,
                                 _count(tokenizer, prompt) if isinstance(prompt, str) else None, ignore_eos))
     if not reqs:
         raise InputError(f"{path}: no requests")
-    reqs = [reqs[i % len(reqs)] for i in range(n)]
-    reqs = [RequestSpec(i, r.prompt, r.max_tokens, r.prompt_tokens, r.ignore_eos) for i, r in enumerate(reqs)]
-    return Workload(path.name, reqs, tokenizer is not None, f"prompts from {path}",
+    base = reqs
+    lazy = LazyRequests(n, lambda i: RequestSpec(i, base[i % len(base)].prompt, base[i % len(base)].max_tokens,
+                                                base[i % len(base)].prompt_tokens, base[i % len(base)].ignore_eos))
+    return Workload(path.name, lazy, tokenizer is not None, f"prompts from {path}",
                     "file-" + hashlib.sha256(raw).hexdigest()[:16])

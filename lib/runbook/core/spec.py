@@ -9,8 +9,9 @@ import math
 import os
 import re
 import stat
+import types
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -42,18 +43,19 @@ FlagValue = Union[bool, int, float, str, None]
 # SGLang flags whose type the runbook relies on (kv sizing, service checks): checked at load, so a
 # `context-length: lots` is a one-line spec error instead of a traceback in a later stage.
 # name -> (type, lowest allowed, highest allowed, what to write)
+_I32 = 2**31 - 1               # SGLang keeps token and request counts in int32 tensors
 _TYPED_FLAGS: dict[str, tuple[type, float, float, str]] = {
-    "context-length": (int, 1, math.inf, "a token count ≥ 1"),
-    "max-running-requests": (int, 1, math.inf, "a request count ≥ 1"),
-    "max-total-tokens": (int, 1, math.inf, "a token count ≥ 1"),
-    "max-prefill-tokens": (int, 1, math.inf, "a token count ≥ 1"),
-    "chunked-prefill-size": (int, -1, math.inf, "a token count ≥ 1, or -1 to disable chunked prefill"),
-    "page-size": (int, 1, math.inf, "a token count ≥ 1"),
-    "cuda-graph-max-bs": (int, 1, math.inf, "a batch size ≥ 1"),
-    "max-mamba-cache-size": (int, 1, math.inf, "a count ≥ 1"),
+    "context-length": (int, 1, _I32, f"a token count in [1, {_I32:,}]"),
+    "max-running-requests": (int, 1, _I32, f"a request count in [1, {_I32:,}]"),
+    "max-total-tokens": (int, 1, _I32, f"a token count in [1, {_I32:,}]"),
+    "max-prefill-tokens": (int, 1, _I32, f"a token count in [1, {_I32:,}]"),
+    "chunked-prefill-size": (int, -1, _I32, f"a token count in [1, {_I32:,}], or -1 to disable chunked prefill"),
+    "page-size": (int, 1, 1 << 20, f"a token count in [1, {1 << 20:,}]"),
+    "cuda-graph-max-bs": (int, 1, 1 << 20, f"a batch size in [1, {1 << 20:,}]"),
+    "max-mamba-cache-size": (int, 1, _I32, f"a count in [1, {_I32:,}]"),
     "mem-fraction-static": (float, 0, 1, "a fraction in (0, 1]"),
-    "mamba-full-memory-ratio": (float, 0, math.inf, "a ratio > 0"),
-    "swa-full-tokens-ratio": (float, 0, math.inf, "a ratio > 0"),
+    "mamba-full-memory-ratio": (float, 0, 1000, "a ratio in (0, 1000]"),
+    "swa-full-tokens-ratio": (float, 0, 1000, "a ratio in (0, 1000]"),
 }
 _BOOL_STRINGS = {"true", "false", "yes", "no", "on", "off"}
 MAX_SPEC_BYTES = 1 << 20      # a deployment spec is a few KiB; anything this big is a mistake (or a bomb)
@@ -61,8 +63,49 @@ _MAX_DEPTH = 64               # nesting levels
 _MAX_NODES = 100_000          # YAML nodes after alias expansion ("billion laughs")
 
 
+# Sane upper bounds: far above any real deployment, low enough that 2**70 GPUs or 1e30 GiB is an error,
+# not a MemoryError (or a silently absurd plan) in a later stage.
+MAX_GPUS_PER_NODE = 1024
+MAX_PARALLEL = 1024           # tp, pp, attn_dp
+MAX_NODES = 1024
+MAX_GPU_MEMORY_GIB = 4096     # the largest GPUs today have under 300 GiB
+MAX_CHECKPOINT_GIB = 1 << 20  # 1 PiB
+MAX_TOKENS = 1 << 24          # benchmark and recall lengths: 16M tokens
+MAX_LIST = 1000               # entries in a list of levels, lengths or depths
+MAX_SECONDS = 7 * 24 * 3600
+
+
+def _unwrap(tp: Any) -> Any:
+    """int / float / bool / str / "flag" / ("list", kind) / ("dict", kind) / ("model", cls) / "any" for an annotation."""
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _unwrap(get_args(tp)[0])
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        return _unwrap(args[0]) if len(args) == 1 else "flag"
+    if origin is Literal:
+        return str
+    if origin is list:
+        return ("list", _unwrap(get_args(tp)[0]))
+    if origin is dict:
+        return ("dict", _unwrap(get_args(tp)[1]))
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return ("model", tp)
+    return tp if tp in (int, float, bool, str) else "any"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_as_numbers(cls, data: Any) -> Any:
+        """pydantic reads true as 1 for an int field: `tp: yes` must not mean TP 1."""
+        if isinstance(data, dict):
+            for name, f in cls.model_fields.items():
+                if isinstance(data.get(name), bool) and _unwrap(f.annotation) in (int, float):
+                    raise ValueError(f"{name}: must be a number, not true/false (got {data[name]!r})")
+        return data
 
 
 class Model(_Strict):
@@ -70,13 +113,13 @@ class Model(_Strict):
     card: Optional[str] = Field(None, description="local dir with config.json etc. to inspect when path is not on this machine")
     served_name: Optional[str] = None
     revision: Optional[str] = None
-    size_gib: Optional[float] = Field(None, gt=0, description="checkpoint size when it is not on this machine; read from its index when it is")
+    size_gib: Optional[float] = Field(None, gt=0, le=MAX_CHECKPOINT_GIB, description="checkpoint size when it is not on this machine; read from its index when it is")
 
 
 class Hardware(_Strict):
     gpu_model: str
-    gpu_count: int = Field(gt=0)
-    gpu_memory_gib: float = Field(gt=0, description="memory per GPU")
+    gpu_count: int = Field(gt=0, le=MAX_GPUS_PER_NODE, description="GPUs per node")
+    gpu_memory_gib: float = Field(gt=0, le=MAX_GPU_MEMORY_GIB, description="memory per GPU")
     compute_capability: Optional[str] = Field(None, pattern=r"^\d+\.\d+$")
     require_gpus: bool = Field(False, description="true on the serving host: a missing driver then fails the run")
 
@@ -87,10 +130,11 @@ class Node(_Strict):
 
 
 class Parallelism(_Strict):
-    tp: int = Field(default=1, gt=0)
-    pp: int = Field(default=1, gt=0)
-    attn_dp: int = Field(default=1, gt=0, description="attention data parallel size (SGLang --dp-size with --enable-dp-attention)")
-    nodes: list[Node] = Field(default_factory=list, description="multi-node: one entry per node, rank 0 first")
+    tp: int = Field(default=1, gt=0, le=MAX_PARALLEL)
+    pp: int = Field(default=1, gt=0, le=MAX_PARALLEL)
+    attn_dp: int = Field(default=1, gt=0, le=MAX_PARALLEL,
+                         description="attention data parallel size (SGLang --dp-size with --enable-dp-attention)")
+    nodes: list[Node] = Field(default_factory=list, max_length=MAX_NODES, description="multi-node: one entry per node, rank 0 first")
     dist_init_port: int = Field(default=50000, gt=0, lt=65536)
 
     @model_validator(mode="after")
@@ -180,8 +224,8 @@ class Systemd(_Strict):
     user: Optional[str] = None
     group: Optional[str] = None
     working_directory: Optional[str] = None
-    timeout_start_sec: int = Field(1800, gt=0, description="long enough to load ~400 GB of weights")
-    restart_sec: int = Field(30, ge=0)
+    timeout_start_sec: int = Field(1800, gt=0, le=MAX_SECONDS, description="long enough to load ~400 GB of weights")
+    restart_sec: int = Field(30, ge=0, le=MAX_SECONDS)
     ready_path: Literal["/ready", "/health", "/health_generate"] = "/ready"
 
     @property
@@ -189,26 +233,26 @@ class Systemd(_Strict):
         return self.unit_path or f"/etc/systemd/system/{self.unit_name}.service"
 
 
-_PositiveInt = Annotated[int, Field(gt=0)]
+_PositiveInt = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
 _Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
 class Benchmark(_Strict):
-    concurrency: list[_PositiveInt] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    concurrency: list[_PositiveInt] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64], max_length=MAX_LIST)
     workload: str = "code"
-    input_len: int = Field(default=1024, gt=0)
-    output_len: int = Field(default=256, gt=0)
-    requests_per_level: int = Field(default=64, gt=0)
-    warmup: int = Field(default=2, ge=0)
-    regression_threshold_pct: float = Field(default=10.0, gt=0)
+    input_len: int = Field(default=1024, gt=0, le=MAX_TOKENS)
+    output_len: int = Field(default=256, gt=0, le=MAX_TOKENS)
+    requests_per_level: int = Field(default=64, gt=0, le=10_000_000)
+    warmup: int = Field(default=2, ge=0, le=1_000_000)
+    regression_threshold_pct: float = Field(default=10.0, gt=0, le=1000)
     # POST /flush_cache before each level, so every level starts with a cold prefix cache. Off by
     # default: on a production server it drops every user's cached prefixes.
     flush_cache: bool = False
 
 
 class Accuracy(_Strict):
-    recall_lengths: list[_PositiveInt] = Field(default_factory=lambda: [8192, 32768, 131072])
-    recall_depths: list[_Fraction] = Field(default_factory=lambda: [0.1, 0.5, 0.9])
+    recall_lengths: list[_PositiveInt] = Field(default_factory=lambda: [8192, 32768, 131072], max_length=MAX_LIST)
+    recall_depths: list[_Fraction] = Field(default_factory=lambda: [0.1, 0.5, 0.9], max_length=MAX_LIST)
     clipped_frac_warn: float = Field(default=0.001, ge=0)
     clipped_frac_fail: float = Field(default=0.01, ge=0)
     attn_rel_err_warn: float = Field(default=0.01, ge=0)
@@ -216,9 +260,9 @@ class Accuracy(_Strict):
 
 
 class SLO(_Strict):
-    ttft_ms_p99: Optional[float] = Field(default=None, gt=0)
-    tpot_ms_p99: Optional[float] = Field(default=None, gt=0)
-    e2e_ms_p99: Optional[float] = Field(default=None, gt=0)
+    ttft_ms_p99: Optional[float] = Field(default=None, gt=0, le=MAX_SECONDS * 1000)
+    tpot_ms_p99: Optional[float] = Field(default=None, gt=0, le=MAX_SECONDS * 1000)
+    e2e_ms_p99: Optional[float] = Field(default=None, gt=0, le=MAX_SECONDS * 1000)
 
 
 class Deployment(_Strict):
@@ -428,6 +472,82 @@ def _env_as_written(root: yaml.Node, p: Path) -> None:
                             f"quote the value: {k.value}: \"{v.value}\"")
 
 
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+# Plain scalars only YAML 1.1 reads as numbers, and not as the digits show: base 60 (`30:00` is 1800,
+# `1:30` is 90) and a leading-zero octal (`0755` is 493). YAML 1.2 and every reader would not agree.
+_YAML11_ONLY = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?|0[0-7_]+)$")
+
+
+def _as_written(root: yaml.Node, p: Path) -> None:
+    """Everywhere in the spec (serving.env has its own, older check with the same rules), a plain scalar is read
+    the way its field needs, never by a YAML 1.1 surprise:
+
+    - string fields (and serving.flags values SGLang gets as text): a number or date is kept as the text
+      written (`served_name: 0755` stays "0755", `compute_capability: 12.0` stays "12.0", a flag `x: 1:30`
+      stays "1:30"); yes/no/on/off/true/false must be quoted (YAML reads them as booleans); dates are left
+      to the loader (an impossible one is refused with "quote a value meant as text");
+    - number fields (and the flags the runbook computes with): base-60 (`port: 30:00`) and leading-zero
+      octal (`port: 030000`) are refused, as is a boolean; `0x1F`, `1_000` and quoted digits are numbers.
+    """
+    def line(n: yaml.Node) -> int:
+        return n.start_mark.line + 1
+
+    def scalar(n: yaml.ScalarNode, kind: Any, where: str, key: str) -> None:
+        if n.style is not None:        # quoted or block scalar: a string, as written
+            return
+        if kind is str:
+            if n.tag in (_INT_TAG, _FLOAT_TAG):
+                n.tag = _STR
+            elif n.tag == _BOOL_TAG:
+                raise SpecError(f"{p}: line {line(n)}: {where}: YAML reads {n.value} as true/false, not text; "
+                                f"quote the value: {key}: \"{n.value}\"")
+        elif kind in (int, float):
+            if n.tag in (_INT_TAG, _FLOAT_TAG) and _YAML11_ONLY.match(n.value):
+                how = "base 60" if ":" in n.value else "octal"
+                read = yaml.safe_load(n.value)
+                raise SpecError(f"{p}: line {line(n)}: {where}: YAML 1.1 reads {n.value} as {read} ({how}); "
+                                f"write the number you mean in plain decimal digits, without leading zeros or colons")
+            if n.tag == _BOOL_TAG:
+                raise SpecError(f"{p}: line {line(n)}: {where}: YAML reads {n.value} as true/false; write a number")
+
+    def walk(n: yaml.Node, kind: Any, where: str, key: str) -> None:
+        if isinstance(kind, tuple) and isinstance(n, yaml.MappingNode):
+            what, sub = kind
+            for k, v in n.value:
+                if not isinstance(k, yaml.ScalarNode):
+                    continue
+                if k.tag == _MERGE:
+                    for m in (v.value if isinstance(v, yaml.SequenceNode) else [v]):
+                        walk(m, kind, where, key)
+                    continue
+                name = k.value
+                path = f"{where}.{name}" if where else name
+                if what == "model":
+                    f = sub.model_fields.get(name)
+                    if f is None or (sub is Serving and name == "env"):   # unknown keys: pydantic says so
+                        continue
+                    walk(v, _unwrap(f.annotation), path, name)
+                elif what == "dict":
+                    child = sub
+                    if sub == "flag":
+                        typed = _TYPED_FLAGS.get(name)
+                        child = typed[0] if typed else "flag"
+                    walk(v, child, path, name)
+        elif isinstance(kind, tuple) and kind[0] == "list" and isinstance(n, yaml.SequenceNode):
+            for i, item in enumerate(n.value):
+                walk(item, kind[1], f"{where}[{i}]", key)
+        elif isinstance(n, yaml.ScalarNode):
+            if kind == "flag":
+                # A value SGLang gets as text: keep YAML 1.1-only numbers and dates as written; true/false stay switches.
+                if n.style is None and n.tag in (_INT_TAG, _FLOAT_TAG) and _YAML11_ONLY.match(n.value):
+                    n.tag = _STR
+                return
+            scalar(n, kind, where, key)
+
+    walk(root, ("model", Deployment), "", "")
+
+
 def _parse(text: str, p: Path) -> Any:
     try:
         _check_shape(text, p)
@@ -438,6 +558,7 @@ def _parse(text: str, p: Path) -> Any:
                 return None
             _count_nodes(node, p)
             _env_as_written(node, p)
+            _as_written(node, p)
             return loader.construct_document(node)
         finally:
             loader.dispose()

@@ -22,15 +22,10 @@ GIB = 1024**3
 FP8_KV = ("fp8_e4m3", "fp8_e5m2")
 FP4_KV = ("nvfp4", "fp4_mx_block16")
 KV_CHOICES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
-_QUANT_FLAG = {("modelopt", "NVFP4"): "modelopt_fp4", ("modelopt", "FP8"): "modelopt_fp8",
-               ("modelopt", "MIXED_PRECISION"): "modelopt_mixed", ("compressed-tensors", None): "compressed-tensors",
-               ("fp8", None): "fp8", ("fbgemm_fp8", None): "fbgemm_fp8", ("mxfp4", None): "mxfp4",
-               ("awq", None): "awq_marlin", ("gptq", None): "gptq_marlin"}
-_FLAG_ALIASES = {("modelopt", "modelopt_fp4"), ("modelopt", "modelopt_fp8"), ("awq", "awq_marlin"), ("gptq", "gptq_marlin"),
-                 ("modelopt_fp4", "modelopt_fp4"), ("w8a8_fp8", "fp8")}
 # Scale tensor names SGLang's maybe_remap_kv_scale_name accepts (ModelOpt, llm-compressor, Quark, deprecated kv_scale).
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
 _SCALE = re.compile(r"(?:^|\.)(?:k_scale|v_scale|kv_scale|k_proj\.output_scale|v_proj\.output_scale)$")
+_MLA_SCALE = re.compile(r"(?:^|\.)self_attn\.(?:k_proj\.k_scale|v_proj\.v_scale|attn_mqa\.k_scale|attn_mqa\.v_scale)$")
 _KINDS = [("lm_head", "lm_head"), ("embed", "embeddings"), ("linear_attn", "linear attention"),
           ("self_attn", "attention"), ("attn", "attention"), ("shared_expert", "shared experts"),
           ("router", "router / gates"), ("gate", "router / gates"), ("visual", "vision tower"), ("vision", "vision tower"),
@@ -51,6 +46,9 @@ class Weights:
     total_bytes: Optional[int] = None
     bytes_per_gpu: Optional[int] = None
     dtype_counts: dict[str, int] = field(default_factory=dict)
+    sglang_quantization: Optional[str] = None    # ModelConfig.quantization under the deployment's flags
+    sglang_config_class: Optional[str] = None    # the --quantization whose config class SGLang builds
+    sglang_refusal: Optional[str] = None         # SGLang's start-up error, if it would refuse
 
 
 @dataclass
@@ -65,6 +63,7 @@ class KVCache:
     layers_with_scales: Optional[int] = None     # None: cannot tell (no index or shards here)
     scale_coverage: str = "unknown"              # all | some | none | unknown | file
     scale_tensor_names: list[str] = field(default_factory=list)
+    kv_cache_quant_algo: Optional[str] = None    # what SGLang's quant config reports (configure_kv_cache_dtype reads it)
 
 
 @dataclass
@@ -119,6 +118,8 @@ def _algo_from_bits(w: dict[str, Any]) -> str:
 
 def _modelopt(qc: dict[str, Any], src: str, w: Weights, kv: KVCache, nested: bool) -> None:
     q = qc.get("quantization", {}) if nested else qc
+    if not isinstance(q, dict):
+        q = {}
     w.quant_method = "modelopt"
     w.producer, w.producer_version = _producer(qc.get("producer"))
     w.producer = w.producer or "modelopt"
@@ -171,6 +172,8 @@ def _parse(ck: Checkpoint, w: Weights, kv: KVCache, findings: list[Finding]) -> 
         return
     w.source = src
     method = str(qc.get("quant_method") or ("modelopt" if "quantization" in qc or "quant_algo" in qc else "")).lower()
+    if not isinstance(qc.get("quantization", {}), dict):
+        qc = {k: v for k, v in qc.items() if k != "quantization"}
     if src == "hf_quant_config.json" or method == "modelopt" or (not method and "quantization" in qc):
         _modelopt(qc, src, w, kv, nested="quantization" in qc)
     elif method == "compressed-tensors":
@@ -224,8 +227,13 @@ def _kinds(patterns: list[str]) -> list[str]:
     return out
 
 
-def scale_tensors(names: list[str], kv_layer_ids: list[int], num_layers: int) -> tuple[dict[int, list[str]], list[str]]:
-    """KV scale tensors per target-model layer (MTP/draft layers excluded)."""
+def scale_tensors(names: list[str], kv_layer_ids: list[int], num_layers: int, mla: bool = False) -> tuple[dict[int, list[str]], list[str]]:
+    """KV scale tensors per target-model layer (MTP/draft layers excluded).
+
+    MLA models (DeepSeek V2/V3, Kimi K2): models/deepseek_common/deepseek_weight_loader.py does not call
+    maybe_remap_kv_scale_name; a name with k_scale/v_scale that is not a parameter gets `k_proj`/`v_proj`
+    replaced by `attn_mqa`, so only `self_attn.{k,v}_proj.{k,v}_scale` and the native `self_attn.attn_mqa.*`
+    load; other names are skipped with a warning and the layer runs with scale 1.0."""
     per_layer: dict[int, list[str]] = {}
     for n in names:
         if n.startswith("mtp.") or ".mtp." in n:
@@ -236,11 +244,460 @@ def scale_tensors(names: list[str], kv_layer_ids: list[int], num_layers: int) ->
         i, rest = int(m.group(1)), m.group(2)
         if i >= num_layers:
             continue  # DeepSeek's NextN layer sits after the last target layer
-        if _SCALE.search(rest):
+        if (_MLA_SCALE.search(rest) if mla else _SCALE.search(rest)):
             per_layer.setdefault(i, []).append(n)
     kv = set(kv_layer_ids)
     examples = [n for i in sorted(per_layer) if i in kv for n in sorted(per_layer[i])][:4]
     return {i: v for i, v in per_layer.items() if i in kv}, examples
+
+
+# ---- what SGLang itself decides ------------------------------------------------------------------
+# A step-by-step reading of SGLang 0.5.23's own decision on a CUDA host (SM 80+), from the files alone.
+# Each step names the SGLang function it follows; tests/test_quant_vs_sglang.py checks the result against
+# SGLang's code itself (tests/oracle/sglang_quant.py).
+
+# layers/quantization/__init__.py BASE_QUANTIZATION_METHODS as registered on a CUDA host ("mxfp4" is added
+# under is_cuda(); plain "gptq" only on CPU/NPU/XPU, so a CUDA host does not have it), in registry order.
+SGLANG_QUANT_METHODS = ("fp8", "mxfp8", "minimax_m3_nvfp4", "blockwise_int8", "modelopt", "modelopt_fp8", "modelopt_fp4",
+                        "nvfp4_online", "modelopt_mixed", "w8a8_int8", "w8a8_fp8", "awq", "awq_marlin", "bitsandbytes", "gguf",
+                        "gptq_marlin", "moe_wna16", "compressed-tensors", "w4afp8", "petit_nvfp4", "quark", "quark_mxfp4",
+                        "auto-round", "auto-round-int8", "modelslim", "quark_int4fp8_moe", "humming", "mxfp_w4a8", "mxfp4")
+# configs/model_config.py ModelConfig._verify_quantization: compatible_quantization_methods (flag -> checkpoint
+# methods it may run) and REQUANTIZATION_METHODS (flags that requantize any checkpoint online).
+_SGLANG_COMPATIBLE = {"modelopt_fp8": ("modelopt",), "modelopt_fp4": ("modelopt", "fp8"), "modelopt_mixed": ("modelopt",),
+                      "nvfp4_online": ("fp8", "modelopt_fp8"), "minimax_m3_nvfp4": ("mxfp8",), "petit_nvfp4": ("modelopt",),
+                      "w8a8_int8": ("compressed-tensors", "compressed_tensors"), "w8a8_fp8": ("compressed-tensors", "compressed_tensors"),
+                      "auto-round-int8": ("compressed-tensors", "compressed_tensors")}
+_SGLANG_REQUANT = ("quark_mxfp4",)
+# layers/modelopt_utils.py _MODELOPT_QUANT_ALGO_TO_METHOD (canonicalize_modelopt_quant_algo).
+_MODELOPT_CANONICAL = {"FP8": "modelopt_fp8", "MXFP8": "mxfp8", "FP4": "modelopt_fp4", "NVFP4": "modelopt_fp4",
+                       "NVFP4_AWQ": "modelopt_fp4", "W4A16_NVFP4": "modelopt_fp4"}
+# get_supported_act_dtypes() of each config class (model_loader/loader.py _get_quantization_config rejects others).
+_HALF = ("bfloat16", "float16")
+_ACT_DTYPES = {"awq": ("float16",), "w4afp8": ("bfloat16",)}
+# marlin_utils.py MARLIN_SUPPORTED_GROUP_SIZES (check_marlin_supported, device capability >= 80).
+_MARLIN_GROUPS = (-1, 32, 64, 128)
+
+
+_UNKNOWN_FIX = {
+    "fbgemm_fp8": "SGLang has no fbgemm_fp8 loader and no --quantization maps to it: serve an FP8 export it reads "
+                  "(quant_method fp8 / compressed-tensors / ModelOpt FP8, e.g. re-quantized with llm-compressor or ModelOpt).",
+    "gptq": "Plain gptq is not registered on CUDA hosts; gptq_marlin takes only 4/8-bit symmetric GPTQ with bits, group_size "
+            "(-1/32/64/128), sym and desc_act set. Use such an export (e.g. a 4-bit GPTQ or AWQ build) or an FP8/NVFP4 one.",
+    "": "config.json's quantization_config has no quant_method (and is no ModelOpt FP8/FP4/MIXED_PRECISION/MXFP8 config): "
+        "add the right quant_method.",
+}
+
+
+class SGLangRefusal(Exception):
+    """SGLang would stop at start-up; `stage` says where, `fix` what to change."""
+
+    def __init__(self, stage: str, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.stage, self.fix = stage, fix
+
+
+@dataclass
+class SGLangView:
+    quantization: Optional[str] = None           # ModelConfig.quantization after _verify_quantization
+    quant_method: Optional[str] = None           # the checkpoint's method as SGLang reads it
+    config_class: Optional[str] = None           # get_quantization_config(quantization).__name__
+    kv_cache_quant_algo: Optional[str] = None    # the quant config's kv_cache_quant_algo
+    refusal: Optional[SGLangRefusal] = None
+
+
+def _modelopt_section(d: Any) -> dict[str, Any]:
+    # configs/model_config.py unwrap_modelopt_quantization_config
+    q = d.get("quantization", d) if isinstance(d, dict) else None
+    if not isinstance(q, dict):
+        return {}
+    nested = q.get("quantization")
+    return nested if isinstance(nested, dict) else q
+
+
+def _sg_parse_modelopt(d: Any) -> Optional[dict[str, Any]]:
+    """configs/model_config.py ModelConfig._parse_modelopt_quant_config."""
+    j = _modelopt_section(d)
+    if not j:
+        return None
+    algo = j.get("quant_algo")
+    if algo == "MIXED_PRECISION":
+        layers = j.get("quantized_layers") or {}
+        if not isinstance(layers, dict):
+            raise SGLangRefusal("model_config", f"'quantized_layers' is a {type(layers).__name__}, not an object",
+                                "Re-export the checkpoint: quantized_layers maps module names to their quant_algo.")
+        nvfp4 = any(str(li.get("quant_algo", "")).upper() in ("NVFP4", "W4A16_NVFP4") for li in layers.values() if isinstance(li, dict))
+        return {"quant_method": "modelopt_mixed" if nvfp4 else "w4afp8", "quant_algo": algo}
+    if isinstance(algo, str) and algo and "FP4" in algo:
+        return {"quant_method": "modelopt_fp4", "quant_algo": algo}
+    if algo == "FP8":
+        return {"quant_method": "modelopt_fp8", "quant_algo": algo}
+    if algo == "MXFP8":
+        out: dict[str, Any] = {"quant_method": "mxfp8", "quant_algo": algo, "activation_scheme": "dynamic"}
+        kv_algo = j.get("kv_cache_quant_algo")
+        scheme = j.get("kv_cache_scheme")
+        if kv_algo is None and isinstance(scheme, dict) and scheme.get("type") == "float" and scheme.get("num_bits") == 8:
+            kv_algo = "FP8"
+        if kv_algo is not None:
+            out["kv_cache_quant_algo"] = kv_algo
+        return out
+    return None
+
+
+def _sg_hf_quant_cfg(ck: Checkpoint) -> tuple[Optional[dict[str, Any]], str]:
+    """configs/model_config.py ModelConfig._parse_quant_hf_config: config.json's quantization_config (a flat
+    ModelOpt one gains the parsed quant_method), else compression_config, else hf_quant_config.json parsed by
+    _parse_modelopt_quant_config. quantize_config.json / quant_config.json are not read here."""
+    qc = ck.config.get("quantization_config")
+    if qc is not None:
+        if not isinstance(qc, dict):
+            raise SGLangRefusal("model_config", f"config.json quantization_config is a {type(qc).__name__}, not an object",
+                                "Fix config.json: quantization_config must be a JSON object.")
+        qc = dict(qc)
+        if "quant_method" not in qc or qc["quant_method"] == "modelopt":
+            parsed = _sg_parse_modelopt({"quantization": qc})
+            if parsed:
+                qc.update(parsed)
+        return qc, "config.json"
+    cc = ck.config.get("compression_config")
+    if cc is not None:
+        return (dict(cc) if isinstance(cc, dict) else cc), "config.json"
+    if ck.hf_quant_config is not None:
+        return _sg_parse_modelopt(ck.hf_quant_config), "hf_quant_config.json"
+    return None, ""
+
+
+def _sg_marlin_gptq(qc: dict[str, Any]) -> bool:
+    """gptq/gptq.py GPTQMarlinConfig.is_gptq_marlin_compatible (+ marlin_utils.check_marlin_supported)."""
+    bits, gs, sym, act = qc.get("bits"), qc.get("group_size"), qc.get("sym"), qc.get("desc_act")
+    if str(qc.get("quant_method", "")).lower() != "gptq" or None in (bits, gs, sym, act):
+        return False
+    return (bits, sym) in ((4, True), (8, True)) and gs in _MARLIN_GROUPS
+
+
+def _sg_marlin_awq(qc: dict[str, Any]) -> bool:
+    """awq/awq.py AWQMarlinConfig.is_awq_marlin_compatible: 4-bit with zero points (marlin's uint4), group in the marlin list."""
+    bits, gs, zp = qc.get("bits"), qc.get("group_size"), qc.get("zero_point")
+    if str(qc.get("quant_method", "")).lower() != "awq" or None in (bits, gs, zp):
+        return False
+    return bits == 4 and bool(zp) and gs in _MARLIN_GROUPS
+
+
+def _sg_override(qc: dict[str, Any], user: Optional[str]) -> Optional[str]:
+    """The override_quantization_method loop of _verify_quantization, in registry order."""
+    if user in _SGLANG_REQUANT:
+        return None
+    # base_config.py QuantizationConfig._modelopt_override_quantization_method (ModelOpt config classes)
+    if user != "nvfp4_online":
+        algo = qc.get("quant_algo", "")
+        if not isinstance(algo, str):
+            raise SGLangRefusal("model_config", f"quant_algo is a {type(algo).__name__}, not a string",
+                                "Fix the checkpoint's quant_algo (e.g. \"FP8\", \"NVFP4\").")
+        if user == "modelopt" and algo.upper() in _MODELOPT_CANONICAL:
+            return _MODELOPT_CANONICAL[algo.upper()]
+        if qc.get("quant_method", "") in ("modelopt_fp8", "modelopt_fp4"):
+            return str(qc["quant_method"])
+    # modelopt_quant.py ModelOptMixedPrecisionConfig.override_quantization_method
+    if qc.get("quant_method", "") == "modelopt_mixed":
+        return "modelopt_mixed"
+    # awq/awq.py AWQMarlinConfig.override_quantization_method
+    if _sg_marlin_awq(qc) and user in (None, "marlin", "awq_marlin"):
+        return "awq_marlin"
+    # gptq/gptq.py GPTQMarlinConfig.override_quantization_method (check_marlin_format: already marlin -> no)
+    marlin_fmt = qc.get("checkpoint_format") == "marlin" or qc.get("is_marlin_format", False)
+    if not marlin_fmt and _sg_marlin_gptq(qc) and user in (None, "marlin", "gptq_marlin"):
+        return "gptq_marlin"
+    # moe_wna16.py MoeWNA16Config.override_quantization_method: only when asked for
+    if user == "moe_wna16":
+        m, bits = str(qc.get("quant_method", "")).lower(), qc.get("bits")
+        if (m == "gptq" and not qc.get("desc_act") and bits in (4, 8)) or (m == "awq" and bits == 4):
+            return "moe_wna16"
+    # humming.py HummingConfig.override_quantization_method
+    if user == "humming" and qc.get("quant_method") != "mxfp4":
+        return "humming"
+    return None
+
+
+def _sg_verify(ck: Checkpoint, user: Optional[str]) -> tuple[Optional[str], Optional[str], Optional[dict[str, Any]]]:
+    """configs/model_config.py ModelConfig._verify_quantization -> (quantization, checkpoint method, parsed cfg)."""
+    user = user.lower() if user else None
+    qc, _ = _sg_hf_quant_cfg(ck)
+    method: Optional[str] = None
+    if qc is not None:
+        if not isinstance(qc, dict):
+            raise SGLangRefusal("model_config", "compression_config is not an object", "Fix config.json.")
+        raw = qc.get("quant_method", "" if not user else user)
+        if not isinstance(raw, str):
+            raise SGLangRefusal("model_config", f"quant_method is a {type(raw).__name__}, not a string",
+                                "Fix the checkpoint's quant_method.")
+        method = raw.lower()
+        over = _sg_override(qc, user)
+        if over:
+            method = user = over
+        if user is None:
+            user = method
+        elif user != method and not (method in _SGLANG_COMPATIBLE.get(user, ()) or user in _SGLANG_REQUANT):
+            raise SGLangRefusal("model_config", f"Quantization method specified in the model config ({method}) does not match "
+                                f"the quantization method specified in the `quantization` argument ({user}).",
+                                f"Drop --quantization (SGLang detects {method!r}) or pass a method compatible with it.")
+    if user is not None and user not in SGLANG_QUANT_METHODS:
+        raise SGLangRefusal("model_config", f"Unknown quantization method: {user}. Must be one of SGLang's registered methods.",
+                            _UNKNOWN_FIX.get(user, "Use a checkpoint whose quant_method SGLang registers (see "
+                                             "layers/quantization/__init__.py), or pass a registered --quantization."))
+    return user, method, qc
+
+
+def _sg_config_file(ck: Checkpoint, quantization: str) -> Optional[dict[str, Any]]:
+    """model_loader/weight_utils.py get_quant_config when config.json declares nothing: the class's
+    get_config_filenames() among the checkpoint's *.json files."""
+    names = {"gptq_marlin": ("quantize_config.json",), "awq_marlin": ("quantize_config.json",), "moe_wna16": ("quantize_config.json",),
+             "awq": ("quant_config.json", "quantize_config.json")}.get(quantization)
+    if quantization.startswith("modelopt") or quantization == "petit_nvfp4":
+        names = ("hf_quant_config.json",)
+    if names is None:
+        return None  # classes with no config file (fp8, w4afp8, compressed-tensors, mxfp4, ...) are built with defaults
+    found = sorted(p.name for p in ck.dir.glob("*.json") if any(p.name.endswith(n) for n in names))
+    if not found:
+        if quantization == "modelopt_fp4":
+            return {"__online__": True}
+        raise SGLangRefusal("quant_config", f"Cannot find the config file for {quantization}",
+                            f"Add {names[0]} to the checkpoint, or a quantization_config to config.json.")
+    if len(found) > 1:
+        raise SGLangRefusal("quant_config", f"Found multiple config files for {quantization}: {found}",
+                            "Keep one of them in the checkpoint directory.")
+    import json as _json
+
+    try:
+        doc = _json.loads((ck.dir / found[0]).read_text())
+    except ValueError as e:
+        raise SGLangRefusal("quant_config", f"{found[0]}: {e}", f"Fix {found[0]}.") from None
+    if not isinstance(doc, dict):
+        raise SGLangRefusal("quant_config", f"{found[0]} is not a JSON object", f"Fix {found[0]}.")
+    return doc
+
+
+def _need(cfg: dict[str, Any], *keys: str) -> Any:
+    # base_config.py QuantizationConfig.get_from_keys
+    for k in keys:
+        if k in cfg:
+            return cfg[k]
+    raise SGLangRefusal("quant_config", f"Cannot find any of {list(keys)} in the model's quantization config.",
+                        f"Add {keys[0]!r} to the checkpoint's quantization config.")
+
+
+def _kv_modelopt_fp8(cfg: dict[str, Any], flat: bool) -> Optional[str]:
+    # modelopt_quant.py ModelOptFp8Config.from_config: a flat config reads kv_cache_scheme only as a dict
+    # (float, 8 bits -> FP8) and otherwise kv_cache_quant_algo; a string kv_cache_scheme counts for nothing.
+    if flat:
+        scheme = cfg.get("kv_cache_scheme")
+        kv = (("FP8" if scheme.get("type") == "float" and scheme.get("num_bits") == 8 else None)
+              if isinstance(scheme, dict) else cfg.get("kv_cache_quant_algo"))
+        algo = cfg.get("quant_algo")
+    else:
+        q = cfg.get("quantization")
+        if not isinstance(q, dict):
+            raise SGLangRefusal("quant_config", "Cannot find 'quant_algo' in the model's quantization config.",
+                                "The ModelOpt config needs quant_algo (flat) or quantization.quant_algo (hf_quant_config.json).")
+        algo, kv = q.get("quant_algo"), q.get("kv_cache_quant_algo")
+    if algo is None:
+        raise SGLangRefusal("quant_config", "Cannot find 'quant_algo' in the model's quantization config.",
+                            "Add quant_algo to the ModelOpt config.")
+    if algo != "FP8":
+        raise SGLangRefusal("quant_config", f"ModelOptFp8Config only supports regular FP8 quantization, but found {algo!r}.",
+                            "SGLang has no ModelOpt kernel for this quant_algo: use an FP8/NVFP4/MXFP8 export.")
+    return kv if isinstance(kv, str) or kv is None else str(kv)
+
+
+def _kv_modelopt_fp4(cfg: dict[str, Any], flat: bool) -> Optional[str]:  # noqa: C901
+    # modelopt_quant.py ModelOptFp4Config.from_config: flat configs take kv_cache_scheme as a dict (float 8 -> FP8,
+    # else "auto") or as a string (FP8/FLOAT8 -> FP8, FP4/FLOAT4/NVFP4 -> NVFP4, else "auto"); nested read
+    # quantization.kv_cache_quant_algo. An "fp8" checkpoint is requantized online (no KV algo).
+    if cfg.get("__online__") or str(cfg.get("quant_method", "")).lower() == "fp8":
+        return None
+    kv: Any
+    if flat:
+        algo, scheme = cfg.get("quant_algo"), cfg.get("kv_cache_scheme")
+        if isinstance(scheme, dict):
+            kv = "FP8" if scheme.get("type") == "float" and scheme.get("num_bits") == 8 else "auto"
+        elif isinstance(scheme, str):
+            s = scheme.strip().upper()
+            kv = "FP8" if s in ("FP8", "FLOAT8") else "NVFP4" if s in ("FP4", "FLOAT4", "NVFP4") else "auto"
+        else:
+            kv = cfg.get("kv_cache_quant_algo") or "auto"
+        gs = cfg.get("group_size")
+        if gs is None:
+            groups = cfg.get("config_groups") or {}
+            first: Any = next(iter(groups.values()), {}) if isinstance(groups, dict) else {}
+            gs = first.get("weights", {}).get("group_size") if isinstance(first, dict) and isinstance(first.get("weights", {}), dict) else None
+        if gs is None and isinstance(algo, str) and "NVFP4" in algo:
+            gs = 16
+        excl = cfg.get("ignore", cfg.get("modules_to_not_convert", cfg.get("exclude_modules", [])))
+    else:
+        q = cfg.get("quantization")
+        if not isinstance(q, dict) or "quant_algo" not in q:
+            raise SGLangRefusal("quant_config", "Cannot find 'quant_algo' in the model's quantization config.",
+                                "The ModelOpt config needs quantization.quant_algo.")
+        algo, kv = q["quant_algo"], (q.get("kv_cache_quant_algo") or "auto")
+        sizes: set[int] = {v for v in (cfg.get("group_size"), q.get("group_size")) if isinstance(v, int)}
+        for g in (cfg.get("config_groups") or {}).values():
+            if isinstance(g, dict):
+                sizes |= {int(v["group_size"]) for v in [g, *g.values()] if isinstance(v, dict) and isinstance(v.get("group_size"), int)}
+        if len(sizes) != 1:  # ModelOptFp4Config.common_group_size
+            raise SGLangRefusal("quant_config", "No group_size found in config." if not sizes else
+                                f"Inconsistent group_size values: {sorted(sizes)}", "Fix group_size in hf_quant_config.json.")
+        gs, excl = sizes.pop(), q.get("exclude_modules", [])
+    if algo not in ("FP8", "NVFP4", "NVFP4_AWQ", "W4A16_NVFP4"):
+        raise SGLangRefusal("quant_config", "ModelOpt currently only supports: FP8, NVFP4, NVFP4_AWQ, W4A16_NVFP4 quantizations "
+                            f"in sglang (found {algo!r}).", "SGLang has no kernel for this ModelOpt quant_algo.")
+    if gs is None or excl is None:
+        raise SGLangRefusal("quant_config", "NVFP4 quantization requires group_size and exclude_modules specified in the "
+                            "quantization config", "Add group_size (16) and exclude_modules / ignore to the config.")
+    return kv if isinstance(kv, str) else None
+
+
+def _kv_modelopt_mixed(cfg: dict[str, Any], flat: bool) -> Optional[str]:
+    # modelopt_quant.py ModelOptMixedPrecisionConfig.from_config
+    kv: Any
+    if flat:
+        algo, scheme = cfg.get("quant_algo"), cfg.get("kv_cache_scheme")
+        if isinstance(scheme, dict):
+            kv = ("FP8" if scheme.get("type") == "float" and scheme.get("num_bits") == 8 else
+                  "NVFP4" if scheme.get("type") == "float" and scheme.get("num_bits") == 4 else "auto")
+        else:
+            kv = cfg.get("kv_cache_quant_algo")
+        layers = cfg.get("quantized_layers", {})
+    else:
+        q = cfg.get("quantization")
+        if not isinstance(q, dict):
+            raise SGLangRefusal("quant_config", "Cannot find 'quantization' in the model's quantization config.",
+                                "Fix hf_quant_config.json.")
+        algo, kv, layers = q.get("quant_algo"), q.get("kv_cache_quant_algo"), q.get("quantized_layers", {})
+    if algo != "MIXED_PRECISION":
+        raise SGLangRefusal("quant_config", "ModelOptMixedPrecisionConfig only supports MIXED_PRECISION checkpoints.",
+                            "Fix quant_algo.")
+    if not layers:
+        raise SGLangRefusal("quant_config", "MIXED_PRECISION quantization requires a non-empty quantized_layers map.",
+                            "Re-export with ModelOpt: quantized_layers lists each layer's algorithm.")
+    return kv if isinstance(kv, str) else None
+
+
+def _kv_fp8(cfg: dict[str, Any], flat: bool) -> Optional[str]:
+    # fp8.py Fp8Config.from_config: quant_method and activation_scheme are required; KV from kv_cache_quant_algo.
+    _need(cfg, "quant_method")
+    _need(cfg, "activation_scheme")
+    kv = cfg.get("kv_cache_quant_algo")
+    return kv if isinstance(kv, str) else None
+
+
+def _kv_compressed_tensors(cfg: dict[str, Any], flat: bool) -> Optional[str]:
+    # compressed_tensors.py CompressedTensorsConfig.kv_cache_quant_algo -> CompressedTensorsKVCacheMethod
+    # .is_supported_scheme: float, 8 bits, strategy exactly "tensor", symmetric, not dynamic.
+    scheme = cfg.get("kv_cache_scheme")
+    if scheme is None:
+        return None
+    if not isinstance(scheme, dict):
+        # configure_kv_cache_dtype's getattr(..., None) swallows the AttributeError (auto would be the model dtype),
+        # but CompressedTensorsConfig.get_quant_method for the first RadixAttention calls .get() on it and fails.
+        raise SGLangRefusal("attention_init", f"kv_cache_scheme is a {type(scheme).__name__}; SGLang reads it with .get()",
+                            "Fix kv_cache_scheme: an object such as {type: float, num_bits: 8, strategy: tensor}.")
+    ok = (scheme.get("type") == "float" and scheme.get("num_bits") == 8 and scheme.get("strategy") == "tensor"
+          and scheme.get("symmetric", True) and not scheme.get("dynamic", False))
+    return "FP8" if ok else None
+
+
+def _kv_gptq_marlin(cfg: dict[str, Any], flat: bool) -> Optional[str]:
+    # gptq/gptq.py GPTQMarlinConfig.from_config / __init__: TYPE_MAP holds (4, sym) and (8, sym) only.
+    bits, sym = _need(cfg, "bits"), None
+    _need(cfg, "group_size")
+    _need(cfg, "desc_act")
+    sym = _need(cfg, "sym")
+    if (bits, sym) not in ((4, True), (8, True)):
+        raise SGLangRefusal("quant_config", f"Unsupported quantization config: bits={bits}, sym={sym}",
+                            "gptq_marlin runs 4- and 8-bit symmetric GPTQ only; use a 4/8-bit symmetric export.")
+    return None
+
+
+def _kv_awq_marlin(cfg: dict[str, Any], flat: bool) -> Optional[str]:
+    _need(cfg, "bits")
+    _need(cfg, "group_size")
+    _need(cfg, "zero_point")
+    return None
+
+
+def _kv_awq(cfg: dict[str, Any], flat: bool) -> Optional[str]:
+    _need(cfg, "w_bit", "bits")
+    _need(cfg, "q_group_size", "group_size")
+    _need(cfg, "zero_point")
+    return None
+
+
+_KV_FROM_CONFIG = {'modelopt': _kv_modelopt_fp8, 'modelopt_fp8': _kv_modelopt_fp8, 'modelopt_fp4': _kv_modelopt_fp4, 'modelopt_mixed': _kv_modelopt_mixed, 'fp8': _kv_fp8, 'mxfp8': _kv_fp8, 'compressed-tensors': _kv_compressed_tensors, 'gptq_marlin': _kv_gptq_marlin, 'awq_marlin': _kv_awq_marlin, 'awq': _kv_awq}
+
+
+def _sg_kv_algo(quantization: str, cfg: dict[str, Any]) -> Optional[str]:
+    """from_config of the class SGLang picks; returns its kv_cache_quant_algo, raising where from_config does.
+    w4afp8, mxfp4 and the rest have no kv_cache_quant_algo attribute: None."""
+    fn = _KV_FROM_CONFIG.get(quantization)
+    return fn(cfg, cfg.get("quant_algo") is not None) if fn else None
+
+
+def sglang_view(ck: Checkpoint, user_quant: Optional[str], model_dtype: str) -> SGLangView:
+    """What SGLang does with this checkpoint under `--quantization user_quant` (None: not given)."""
+    v = SGLangView()
+    try:
+        q, method, qc = _sg_verify(ck, user_quant)
+        v.quantization, v.quant_method = q, method
+        if q is None:
+            return v
+        # model_loader/weight_utils.py get_quant_config -> checkpoint_quantization.resolve_checkpoint_quant_spec:
+        # config.json's quantization_config (as _parse_quant_hf_config left it), else text_config's, else
+        # compression_config; modelopt_mixed without its layer map / KV metadata falls through to the file.
+        cfg: Optional[dict[str, Any]] = None
+        if ck.config.get("quantization_config") is not None or ck.config.get("compression_config") is not None:
+            cfg = dict(qc) if isinstance(qc, dict) else None
+        elif isinstance(ck.config.get("text_config"), dict) and isinstance(ck.config["text_config"].get("quantization_config"), dict):
+            cfg = dict(ck.config["text_config"]["quantization_config"])
+        if cfg is not None and q == "modelopt_mixed" and ("quantized_layers" not in cfg or
+                                                          ("kv_cache_quant_algo" not in cfg and "kv_cache_scheme" not in cfg)):
+            cfg = None
+        cls = q
+        if cfg is None:
+            cfg = _sg_config_file(ck, q)
+            if cfg is None:  # no config file for this class: built with its defaults, no KV algo
+                v.config_class = q
+                return _sg_dtype_check(v, q, model_dtype)
+            producer = cfg.get("producer", {})
+            if q.startswith("modelopt") and not isinstance(producer, dict):
+                raise SGLangRefusal("quant_config", f"'producer' in hf_quant_config.json is a {type(producer).__name__}; "
+                                    "SGLang reads producer.name", "Make producer an object: {\"name\": \"modelopt\", ...}.")
+            if q.startswith("modelopt") and str(producer.get("name", "")).startswith("modelopt"):
+                algo = _modelopt_section(cfg).get("quant_algo")
+                if algo is None:
+                    raise SGLangRefusal("quant_config", f"Invalid quant_config, quantization method: {q}",
+                                        "hf_quant_config.json has no quant_algo.")
+                cls = "modelopt_fp8" if (algo == "FP8" or q == "modelopt_fp8") else "modelopt_fp4" if "FP4" in str(algo) else q
+        v.kv_cache_quant_algo = _sg_kv_algo(cls, cfg)
+        v.config_class = cls
+        return _sg_dtype_check(v, q, model_dtype)
+    except SGLangRefusal as e:
+        v.refusal = e
+        return v
+
+
+def _sg_dtype_check(v: SGLangView, q: str, model_dtype: str) -> SGLangView:
+    # model_loader/loader.py _get_quantization_config: model dtype must be in get_supported_act_dtypes()
+    ok = _ACT_DTYPES.get(q, _HALF)
+    if model_dtype not in ok:
+        v.refusal = SGLangRefusal("quant_config", f"{model_dtype} is not supported for quantization method {q}. "
+                                  f"Supported dtypes: {list(ok)}", f"Serve with --dtype {ok[0]}" +
+                                  (" (AWQ's non-marlin kernel is float16-only)" if q == "awq" else "") + ".")
+    return v
+
+
+def sglang_auto_kv(view: SGLangView, model_dtype: str) -> str:
+    """mem_cache/kv_cache_dtype.py configure_kv_cache_dtype under auto: FP8 iff kv_cache_quant_algo is "FP8"."""
+    algo = view.kv_cache_quant_algo
+    return "fp8_e4m3" if isinstance(algo, str) and algo.upper() == "FP8" else model_dtype
 
 
 def _norm_kv(flag: str, auto: str) -> str:
@@ -282,7 +739,16 @@ def inspect(ck: Checkpoint, flags: Optional[dict[str, Any]] = None, tp: int = 1,
     w.total_bytes = ck.total_bytes
     w.bytes_per_gpu = w.total_bytes // (tp * pp) if w.total_bytes else None
 
-    kv.auto_resolves_to = "fp8_e4m3" if kv.honoured else a.dtype
+    user_q = str(flags["quantization"]) if flags.get("quantization") else None
+    auto_view = sglang_view(ck, None, a.dtype)
+    view = sglang_view(ck, user_q, a.dtype) if user_q else auto_view
+    side = _side_file_view(ck, auto_view, a.dtype)
+    eff = view if view.refusal is None else auto_view if auto_view.refusal is None else view
+    w.sglang_quantization, w.sglang_config_class = view.quantization, view.config_class
+    w.sglang_refusal = str(view.refusal) if view.refusal else None
+    kv.kv_cache_quant_algo = eff.kv_cache_quant_algo
+    kv.auto_resolves_to = sglang_auto_kv(eff, a.dtype)
+    kv.honoured = kv.auto_resolves_to in FP8_KV
     kv.flag = str(flags.get("kv-cache-dtype") or "auto")
     if kv.flag not in KV_CHOICES:
         findings.append(Finding("kv.flag", "fail", f"--kv-cache-dtype {kv.flag} is not a choice SGLang {SGLANG_VERSION} accepts",
@@ -291,7 +757,7 @@ def inspect(ck: Checkpoint, flags: Optional[dict[str, Any]] = None, tp: int = 1,
     kv.kv_layers = len(a.kv_layer_ids)
     qpp = flags.get("quantization-param-path")
     if ck.has_weights:
-        per_layer, kv.scale_tensor_names = scale_tensors(list(ck.weight_map), a.kv_layer_ids, a.num_layers)
+        per_layer, kv.scale_tensor_names = scale_tensors(list(ck.weight_map), a.kv_layer_ids, a.num_layers, a.mla)
         kv.layers_with_scales = len(per_layer)
         kv.scale_coverage = ("all" if kv.layers_with_scales == kv.kv_layers else "some" if kv.layers_with_scales else "none")
     if qpp:
@@ -300,8 +766,9 @@ def inspect(ck: Checkpoint, flags: Optional[dict[str, Any]] = None, tp: int = 1,
     findings += _weights_findings(w, a, tp, pp, ck, location_note)
     findings += _dtype_findings(ck, w)
     findings += _kv_findings(kv, a, qpp, ck)
-    rec = _recommend(w, kv)
-    findings += _flag_findings(flags, rec, w)
+    rec = _recommend(w, kv, auto_view, side)
+    findings += _refusal_findings(ck, w, auto_view, view, side, user_q)
+    findings += _flag_findings(flags, rec, w, view, auto_view)
     ckinfo = {"dir": str(ck.dir), "complete": ck.complete, "has_weights": ck.has_weights, "shards": len(ck.shards),
               "tensors": len(ck.weight_map), "bytes_read": ck.bytes_read, "architecture": a.architecture, "note": location_note}
     return QuantReport(ckinfo, w, kv, rec, findings, (ck, location_note))
@@ -336,7 +803,7 @@ def _kv_findings(kv: KVCache, a: arch_mod.Arch, qpp: Any, ck: Checkpoint) -> lis
     decl = f"the checkpoint declares {kv.declared} KV in {kv.declared_in}" if kv.declared else "the checkpoint declares no KV quantization"
     out.append(Finding("kv.auto", "info", f"--kv-cache-dtype auto resolves to {kv.auto_resolves_to}",
                        detail=f"{decl}; " + ("SGLang follows it" if kv.honoured else
-                               ("SGLang ignores it (only a static per-tensor FP8 scheme counts), " if kv.declared else "") + "so auto means the model dtype") + f". {layers}."))
+                               (f"SGLang ignores it (its quant config reports kv_cache_quant_algo={kv.kv_cache_quant_algo!r}; only \"FP8\" switches auto to FP8), " if kv.declared else "") + "so auto means the model dtype") + f". {layers}."))
     if kv.effective in FP8_KV:
         n, total = kv.layers_with_scales, kv.kv_layers
         if kv.scale_coverage == "file":
@@ -380,11 +847,31 @@ def _kv_findings(kv: KVCache, a: arch_mod.Arch, qpp: Any, ck: Checkpoint) -> lis
     return out
 
 
-def _recommend(w: Weights, kv: KVCache) -> dict[str, str]:
+def _side_file_view(ck: Checkpoint, auto_view: SGLangView, model_dtype: str) -> Optional[SGLangView]:
+    """A GPTQ/AWQ checkpoint whose quantization lives only in quantize_config.json / quant_config.json:
+    ModelConfig._parse_quant_hf_config never reads those, so SGLang sees it unquantized unless --quantization
+    names a method whose get_config_filenames() finds the file (weight_utils.get_quant_config)."""
+    if auto_view.refusal or auto_view.quantization or ck.quantize_config is None:
+        return None
+    qc = ck.quantize_config
+    awq = "w_bit" in qc or "zero_point" in qc or str(qc.get("quant_method", "")).lower() == "awq"
+    cands = ("awq_marlin", "awq") if awq else ("gptq_marlin",)
+    first: Optional[SGLangView] = None
+    for c in cands:
+        v = sglang_view(ck, c, model_dtype)
+        if v.refusal is None:
+            return v
+        first = first or v
+    return first
+
+
+def _recommend(w: Weights, kv: KVCache, auto_view: SGLangView, side: Optional[SGLangView]) -> dict[str, str]:
     rec: dict[str, str] = {}
-    q = _QUANT_FLAG.get((w.quant_method or "", w.algo if w.quant_method == "modelopt" else None))
-    if q:
-        rec["quantization"] = q
+    # What SGLang's _verify_quantization resolves to by itself; never a method it refuses.
+    if auto_view.refusal is None and auto_view.quantization:
+        rec["quantization"] = auto_view.quantization
+    elif side is not None and side.refusal is None and side.quantization:
+        rec["quantization"] = side.quantization
     if kv.auto_resolves_to in FP8_KV and kv.scale_coverage in ("none", "some", "unknown"):
         rec["kv-cache-dtype"] = "bf16"
     else:
@@ -392,14 +879,49 @@ def _recommend(w: Weights, kv: KVCache) -> dict[str, str]:
     return rec
 
 
-def _flag_findings(flags: dict[str, Any], rec: dict[str, str], w: Weights) -> list[Finding]:
+def _refusal_findings(ck: Checkpoint, w: Weights, auto_view: SGLangView, view: SGLangView, side: Optional[SGLangView],
+                      user_q: Optional[str]) -> list[Finding]:
+    out: list[Finding] = []
+    if side is not None:
+        if side.refusal is None:
+            out.append(Finding("quant.side_file", "warn", f"SGLang does not read {w.source or 'quantize_config.json'} unless --quantization is given",
+                               detail="ModelConfig._parse_quant_hf_config looks only at config.json's quantization_config / compression_config "
+                                      "and hf_quant_config.json; without the flag the packed weights are loaded as if unquantized.",
+                               remedy=f"Pass --quantization {side.quantization} (serving.flags.quantization), or copy the file's "
+                                      "contents into config.json's quantization_config."))
+        else:
+            out.append(Finding("quant.side_file", "fail", f"SGLang {SGLANG_VERSION} cannot serve this {w.algo} checkpoint: {side.refusal}",
+                               detail=f"{w.source} is read only under --quantization {side.quantization}, and that refuses it; "
+                                      "without the flag SGLang loads the packed weights as if unquantized.",
+                               remedy=side.refusal.fix or "Use a checkpoint in a format SGLang serves."))
+    if view.refusal is None:
+        return out
+    r = view.refusal
+    if user_q and auto_view.refusal is None:
+        return out  # the flag is the cause: reported by _flag_findings as quant.flag
+    out.append(Finding("quant.refused", "fail", f"SGLang {SGLANG_VERSION} refuses to start: {r}",
+                       detail=f"Raised while building the {'model config' if r.stage == 'model_config' else 'quantization config' if r.stage == 'quant_config' else 'attention layers'}"
+                              f" (checkpoint quant_method {auto_view.quant_method or view.quant_method!r}).",
+                       evidence=f"read from {w.source}" if w.source else "",
+                       remedy=r.fix or "Use a checkpoint whose quant_method SGLang registers."))
+    return out
+
+
+def _flag_findings(flags: dict[str, Any], rec: dict[str, str], w: Weights, view: SGLangView, auto_view: SGLangView) -> list[Finding]:
     out = []
     have, want = flags.get("quantization"), rec.get("quantization")
-    if have and want and have != want and (have, want) not in _FLAG_ALIASES:
-        out.append(Finding("quant.flag", "warn", f"--quantization {have} but the checkpoint is {w.algo} ({w.quant_method})",
+    if have and view.refusal is not None and auto_view.refusal is None:
+        fix = f"Use --quantization {want}, or omit it: SGLang detects the checkpoint's method." if want else \
+            "Omit --quantization: SGLang serves this checkpoint unquantized."
+        out.append(Finding("quant.flag", "fail", f"--quantization {have}: SGLang {SGLANG_VERSION} refuses to start",
+                           detail=str(view.refusal), remedy=fix))
+    elif have and view.refusal is None and view.quantization != (want or view.quantization):
+        out.append(Finding("quant.flag", "warn", f"--quantization {have} runs as {view.quantization}, not {want} ({w.algo}, {w.quant_method})",
+                           detail="SGLang accepts the combination (a compatible or requantizing method) but does not pick it by itself.",
                            remedy=f"Use --quantization {want} (or omit it: SGLang detects the checkpoint's method)."))
-    elif have and want:
-        out.append(Finding("quant.flag", "pass", f"--quantization {have} matches the checkpoint ({w.algo})"))
+    elif have and view.refusal is None:
+        out.append(Finding("quant.flag", "pass", f"--quantization {have} matches the checkpoint ({w.algo})" +
+                           (f"; SGLang runs it as {view.quantization}" if view.quantization != have else "")))
     if rec.get("kv-cache-dtype") == "bf16" and str(flags.get("kv-cache-dtype", "auto")) in ("auto", *FP8_KV):
         out.append(Finding("quant.recommend", "warn", "recommended: --kv-cache-dtype bf16",
                            detail="The spec's setting keeps an FP8 KV cache whose scales are missing or unverifiable.",

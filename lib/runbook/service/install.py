@@ -1,11 +1,22 @@
 """Installing the unit (opt-in): back up, write atomically, daemon-reload, restart, wait for
 readiness, roll back on failure.
+
+Once the new unit file is written, ANY failure — a systemctl call that fails or runs past its
+timeout, readiness not reached in time, an exception, Ctrl-C or SIGTERM/SIGHUP — rolls back: the
+previous unit file is restored byte for byte (mode kept), or the new one removed (its service
+stopped first) when there was none; systemd is reloaded again; the previous service is restarted
+when the install had restarted it. The finding then says which unit is installed now and what
+`systemctl is-active` answers for the service, rather than assuming it is running again.
 """
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shutil
+import signal
 import subprocess
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -14,9 +25,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from runbook.core.findings import Finding
-from runbook.core.fsutil import atomic_write_text
 from runbook.core.spec import Deployment
 from runbook.service.render import Rendered
+
+CTL_TIMEOUT_S = 120.0   # one systemctl call (daemon-reload on a busy host takes seconds, restart returns once started)
+_STDERR_TAIL = 300
 
 
 @dataclass
@@ -25,14 +38,31 @@ class InstallResult:
     findings: list[Finding] = field(default_factory=list)
     rolled_back: bool = False
     backup: Optional[str] = None
+    interrupted: bool = False                 # Ctrl-C / SIGTERM / SIGHUP arrived during the install
+    installed: Optional[str] = None           # after the call: "new", "previous", "none" or "unknown"
+    service_state: Optional[str] = None       # `systemctl is-active` after a rollback (active, inactive, failed, …)
+
+
+class _Interrupted(BaseException):
+    """SIGTERM/SIGHUP during an install: handled like Ctrl-C (roll back, report)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _StepFailed(Exception):
+    pass
 
 
 def wait_ready(url: str, timeout: float, interval: float = 2.0) -> tuple[bool, str]:
+    """(True, "200") once `url` answers 200 within `timeout` seconds, else (False, the last reason)."""
     deadline = time.monotonic() + timeout
     last = "no answer"
     while True:
+        left = max(0.5, deadline - time.monotonic())
         try:
-            with urllib.request.urlopen(url, timeout=min(10.0, max(1.0, timeout))) as resp:
+            with urllib.request.urlopen(url, timeout=min(10.0, left)) as resp:
                 if resp.status == 200:
                     return True, "200"
                 last = str(resp.status)
@@ -40,77 +70,329 @@ def wait_ready(url: str, timeout: float, interval: float = 2.0) -> tuple[bool, s
             last = f"HTTP {e.code}"
         except (urllib.error.URLError, OSError) as e:
             last = str(getattr(e, "reason", e))
+        except Exception as e:  # noqa: BLE001 - a malformed URL or a broken answer: not ready, with the reason
+            last = f"{type(e).__name__}: {e}"
         if time.monotonic() >= deadline:
             return False, last
-        time.sleep(interval)
+        time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
+
+
+def _tail(text: Optional[str]) -> str:
+    lines = [x for x in (text or "").strip().splitlines() if x.strip()]
+    return lines[-1][:_STDERR_TAIL] if lines else ""
+
+
+def _run_ctl(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """One systemctl call, bounded in time; raises _StepFailed with a one-line reason."""
+    try:
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise _StepFailed(f"timed out after {timeout:g} s") from None
+    except OSError as e:
+        raise _StepFailed(f"cannot run {argv[0]}: {e.strerror or e}") from None
+    return cp
+
+
+def _write_bytes(path: Path, data: bytes, mode: int) -> None:
+    """Atomic byte-exact write (temp file in the same dir, fsync, rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _unchanged(path: Path, prev: Optional[bytes]) -> bool:
+    try:
+        return (path.read_bytes() == prev) if path.exists() else prev is None
+    except OSError:
+        return False
+
+
+def _backup_name(path: Path) -> Path:
+    """A backup path that does not exist yet (two installs in one second keep both backups)."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    cand = path.with_name(f"{path.name}.bak-{stamp}")
+    n = 1
+    while cand.exists() or cand.is_symlink():
+        cand = path.with_name(f"{path.name}.bak-{stamp}.{n}")
+        n += 1
+    return cand
+
+
+class _Signals:
+    """Turn SIGTERM/SIGHUP into _Interrupted while installing; hold SIGINT/SIGTERM/SIGHUP off while rolling back.
+    Only in the main thread (signal handlers cannot be set elsewhere)."""
+
+    SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
+
+    def __init__(self) -> None:
+        self.main = threading.current_thread() is threading.main_thread()
+        self.saved: dict[int, Any] = {}
+        self.pending: list[int] = []
+
+    def _raise(self, signum: int, _frame: Any) -> None:
+        raise _Interrupted(signum)
+
+    def _note(self, signum: int, _frame: Any) -> None:
+        self.pending.append(signum)
+
+    def _set(self, handler: Callable[[int, Any], None], sigs: Sequence[int]) -> None:
+        if not self.main:
+            return
+        for s in sigs:
+            try:
+                prev = signal.signal(s, handler)
+            except (OSError, ValueError):
+                continue
+            self.saved.setdefault(s, prev)
+
+    def guard(self) -> None:
+        self._set(self._raise, self.SIGNALS)
+
+    def defer(self) -> None:
+        self._set(self._note, self.SIGNALS + (signal.SIGINT,))
+
+    def restore(self) -> None:
+        for s, h in self.saved.items():
+            try:
+                signal.signal(s, h)
+            except (OSError, ValueError, TypeError):
+                pass
+        self.saved.clear()
 
 
 def install(spec: Deployment, r: Rendered, dry_run: bool = True, root: Optional[Path] = None,
             systemctl: Sequence[str] = ("systemctl",), ready_url: Optional[str] = None, ready_timeout: Optional[float] = None,
-            interval: float = 2.0, log: Callable[[str], None] = lambda s: None) -> InstallResult:
-    """Back up, write atomically, daemon-reload, restart, wait for readiness; roll back on failure."""
+            interval: float = 2.0, log: Callable[[str], None] = lambda s: None,
+            ctl_timeout: float = CTL_TIMEOUT_S) -> InstallResult:
+    """Back up, write atomically, daemon-reload, restart, wait for readiness; roll back on any failure after the write."""
+    res = InstallResult()
     target = Path(spec.systemd.installed_path)
+    unit = f"{r.unit_name}.service"
+    sysctl = list(systemctl)
+    if not target.is_absolute():
+        res.findings.append(Finding("service.install", "fail", f"systemd.unit_path {target} is not absolute: nothing changed",
+                                    remedy="Give systemd.unit_path as an absolute path, e.g. /etc/systemd/system/<name>.service."))
+        return res
     path = (Path(root) / target.relative_to("/")) if root else target
     url = ready_url or spec.serving.local_url + spec.systemd.ready_path
     timeout = ready_timeout if ready_timeout is not None else spec.systemd.timeout_start_sec
-    res = InstallResult()
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    backup = path.with_name(f"{path.name}.bak-{stamp}") if path.exists() else None
-    unit = f"{r.unit_name}.service"
-    sysctl = list(systemctl)
+    new = r.text.encode("utf-8")
 
-    def step(name: str, command: str, action: Optional[Callable[[], Any]] = None) -> bool:  # the return value is ignored
-        entry = {"step": name, "command": command, "status": "planned" if dry_run else "ok"}
+    # What is there now, read once as bytes: the rollback writes exactly these bytes back.
+    prev: Optional[bytes] = None
+    prev_mode = 0o644
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "is a directory")
+        if path.exists():
+            prev_mode = path.stat().st_mode & 0o7777
+            prev = path.read_bytes()
+    except OSError as e:
+        res.findings.append(Finding("service.install", "fail", f"cannot read the installed unit {path}: nothing changed",
+                                    detail=e.strerror or str(e),
+                                    remedy="Point systemd.unit_path (or --root) at a unit file, and check its permissions."))
+        return res
+    backup = _backup_name(path) if prev is not None else None
+
+    def record(name: str, command: str) -> dict[str, str]:
+        entry = {"step": name, "command": command, "status": "planned" if dry_run else "running"}
         res.steps.append(entry)
         log(f"{'(dry run) ' if dry_run else ''}{name}: {command}")
-        if dry_run or action is None:
-            return True
+        return entry
+
+    def run_step(name: str, command: str, action: Callable[[], Any]) -> Any:
+        """Run one step; a failure (or an exception) marks it and raises _StepFailed."""
+        entry = record(name, command)
         try:
-            action()
-        except (OSError, subprocess.CalledProcessError) as e:
+            out = action()
+        except _StepFailed as e:
             entry["status"] = f"failed: {e}"
-            return False
-        return True
+            raise _StepFailed(f"{name}: {e}") from None
+        except OSError as e:
+            entry["status"] = f"failed: {e.strerror or e}"
+            raise _StepFailed(f"{name}: {e.strerror or e}") from None
+        except BaseException as e:
+            entry["status"] = f"failed: {type(e).__name__}" + (f": {e}" if str(e) else "")
+            raise
+        entry["status"] = "ok"
+        return out
 
     def ctl(*a: str) -> None:
-        subprocess.run(sysctl + list(a), check=True, capture_output=True, text=True, timeout=300)
+        cp = _run_ctl(sysctl + list(a), ctl_timeout)
+        if cp.returncode != 0:
+            raise _StepFailed(f"exit {cp.returncode}" + (f": {_tail(cp.stderr) or _tail(cp.stdout)}" if (cp.stderr or cp.stdout) else ""))
 
-    if path.exists() and path.read_text(encoding="utf-8", errors="replace") == r.text:
+    def cmd(*a: str) -> str:
+        return " ".join(sysctl + list(a))
+
+    if prev is not None and prev == new:
+        res.installed = "new"
         res.findings.append(Finding("service.install", "pass", f"{path} already matches the spec: nothing to do"))
         return res
-    if backup:
-        res.backup = str(backup)
-        if not step("back up", f"cp -p {path} {backup}", lambda: shutil.copy2(path, backup)):
-            res.findings.append(Finding("service.install", "fail", "backup failed: nothing changed", remedy="Check permissions."))
-            return res
-    ok = step("write unit", f"write {path} (temp file + rename, mode 0644)", lambda: atomic_write_text(path, r.text, 0o644))
-    ok = ok and step("reload", " ".join(sysctl + ["daemon-reload"]), lambda: ctl("daemon-reload"))
-    ok = ok and step("restart", " ".join(sysctl + ["restart", unit]), lambda: ctl("restart", unit))
-    why = ""
-    if ok and not dry_run:
-        entry = {"step": "wait for readiness", "command": f"GET {url} until 200 (≤ {timeout:.0f} s)", "status": "ok"}
-        res.steps.append(entry)
-        ready, why = wait_ready(url, timeout, interval)
-        if not ready:
-            entry["status"] = f"failed: {why}"
-            ok = False
-    elif dry_run:
-        step("wait for readiness", f"GET {url} until 200 (≤ {timeout:.0f} s)")
+
+    ready_cmd = f"GET {url} until 200 (≤ {timeout:.0f} s)"
     if dry_run:
+        if backup:
+            record("back up", f"cp -p {path} {backup}")
+        record("write unit", f"write {path} (temp file + rename, mode 0644)")
+        record("reload", cmd("daemon-reload"))
+        record("restart", cmd("restart", unit))
+        record("wait for readiness", ready_cmd)
         res.findings.append(Finding("service.install", "info", "dry run: nothing changed",
                                     detail=f"{len(res.steps)} steps planned; `--yes` carries them out (root needed for /etc/systemd)."))
         return res
-    if ok:
-        res.findings.append(Finding("service.install", "pass", f"installed {path} and the server is ready", evidence=url))
-        return res
-    res.rolled_back = True
+
     if backup:
-        step("roll back", f"restore {backup} -> {path}", lambda: atomic_write_text(path, backup.read_text(), 0o644))
-    else:
-        step("roll back", f"remove {path}", lambda: path.unlink(missing_ok=True))
-    step("reload", " ".join(sysctl + ["daemon-reload"]), lambda: ctl("daemon-reload"))
-    step("restart previous", " ".join(sysctl + ["restart", unit]), lambda: ctl("restart", unit) if backup else None)
-    res.findings.append(Finding("service.install", "fail", "the new unit did not become ready: rolled back",
-                                detail=f"readiness: {why or 'a step failed'}", evidence=f"backup {backup}" if backup else "",
-                                remedy=f"`journalctl -u {unit}` for why; the previous unit is running again."))
+        try:
+            run_step("back up", f"cp -p {path} {backup}", lambda: shutil.copy2(path, backup))
+        except (_StepFailed, Exception) as e:
+            res.findings.append(Finding("service.install", "fail", "backup failed: nothing changed", detail=str(e),
+                                        remedy="Check permissions on the unit's directory."))
+            return res
+        res.backup = str(backup)
+
+    sig = _Signals()
+    restarted = False      # the restart was attempted: the running service may be the new one
+    why = ""
+    stage = ""
+    sig.guard()
+    try:
+        try:
+            stage = "write unit"
+            run_step("write unit", f"write {path} (temp file + rename, mode 0644)", lambda: _write_bytes(path, new, 0o644))
+            stage = "reload"
+            run_step("reload", cmd("daemon-reload"), lambda: ctl("daemon-reload"))
+            stage = "restart"
+            restarted = True
+            run_step("restart", cmd("restart", unit), lambda: ctl("restart", unit))
+            stage = "wait for readiness"
+            entry = record("wait for readiness", ready_cmd)
+            ready, reason = wait_ready(url, timeout, interval)
+            if not ready:
+                entry["status"] = f"failed: {reason}"
+                raise _StepFailed(f"readiness: {reason}")
+            entry["status"] = "ok"
+        except _StepFailed as e:
+            why = str(e)
+            if stage == "write unit" and _unchanged(path, prev):
+                # The write is atomic (temp file + rename): a failed write left the old state.
+                res.installed = "previous" if prev is not None else "none"
+                res.findings.append(Finding("service.install", "fail", f"cannot write {path}: nothing changed", detail=why,
+                                            evidence=f"backup {backup}" if backup else "",
+                                            remedy="Check that the unit's directory is writable (root for /etc/systemd) and not full."))
+                return res
+        except (KeyboardInterrupt, _Interrupted) as e:
+            res.interrupted = True
+            name = signal.Signals(e.signum).name if isinstance(e, _Interrupted) else "SIGINT (Ctrl-C)"
+            why = f"interrupted by {name} during {stage}"
+        except Exception as e:  # noqa: BLE001 - anything else after the write must still roll back
+            why = f"{stage}: {type(e).__name__}" + (f": {' '.join(str(e).split())}" if str(e) else "")
+        else:
+            res.installed = "new"
+            res.findings.append(Finding("service.install", "pass", f"installed {path} and the server is ready", evidence=url))
+            return res
+        sig.restore()
+        sig.defer()         # a second Ctrl-C must not stop the rollback half way
+        _roll_back(res, path, prev, prev_mode, new, backup, unit, cmd, ctl, lambda *a: _run_ctl(sysctl + list(a), ctl_timeout),
+                   record, restarted, why)
+        if sig.pending:
+            res.interrupted = True
+    finally:
+        sig.restore()
     return res
+
+
+def _roll_back(res: InstallResult, path: Path, prev: Optional[bytes], prev_mode: int, new: bytes, backup: Optional[Path],
+               unit: str, cmd: Callable[..., str], ctl: Callable[..., None], query: Callable[..., subprocess.CompletedProcess],
+               record: Callable[[str, str], dict[str, str]], restarted: bool, why: str) -> None:
+    """Undo the install and say honestly what is installed and running afterwards. Never raises."""
+    res.rolled_back = True
+    problems: list[str] = []
+
+    def attempt(name: str, command: str, action: Callable[[], Any]) -> bool:
+        entry = record(name, command)
+        try:
+            action()
+        except _StepFailed as e:
+            entry["status"] = f"failed: {e}"
+        except OSError as e:
+            entry["status"] = f"failed: {e.strerror or e}"
+        except Exception as e:  # noqa: BLE001 - a rollback step failing is reported, never raised
+            entry["status"] = f"failed: {type(e).__name__}: {e}"
+        else:
+            entry["status"] = "ok"
+            return True
+        problems.append(f"{name} {entry['status']}")
+        return False
+
+    if prev is None:
+        if restarted:
+            attempt("stop new", cmd("stop", unit), lambda: ctl("stop", unit))
+        attempt("roll back", f"remove {path}", lambda: path.unlink(missing_ok=True))
+    else:
+        old = prev
+        src = f"{backup}" if backup else "the bytes read before the install"
+        attempt("roll back", f"restore {src} -> {path} (byte for byte, mode {prev_mode:04o})",
+                lambda: _write_bytes(path, old, prev_mode))
+    attempt("reload", cmd("daemon-reload"), lambda: ctl("daemon-reload"))
+    if prev is not None and restarted:
+        attempt("restart previous", cmd("restart", unit), lambda: ctl("restart", unit))
+
+    # What is really there now: read back, not assumed.
+    try:
+        on_disk: Optional[bytes] = path.read_bytes() if path.exists() else None
+    except OSError:
+        res.installed = "unknown"
+    else:
+        res.installed = ("previous" if prev is not None and on_disk == prev else
+                         "none" if prev is None and on_disk is None else
+                         "new" if on_disk == new else "unknown")
+    state = _is_active(query, cmd, unit, record)
+    res.service_state = state
+
+    if res.installed == "previous":
+        what = f"previous unit restored; service {unit} is {state}"
+    elif res.installed == "none":
+        what = f"new unit removed (there was none before); service {unit} is {state}"
+    elif res.installed == "new":
+        what = f"ROLLBACK FAILED: the NEW unit is still installed at {path}; service {unit} is {state}"
+    else:
+        what = f"ROLLBACK FAILED: {path} holds neither the previous nor the new unit; service {unit} is {state}"
+    service_ok = state == "active" if (prev is not None and restarted) else True
+    if res.installed in ("previous", "none") and not problems and service_ok:
+        remedy = f"`journalctl -u {unit}` for why the install failed; fix it and run install again."
+    elif res.installed in ("previous", "none"):
+        remedy = (f"The unit file is rolled back but not every step succeeded: see `systemctl status {unit}` and "
+                  f"`journalctl -u {unit}`, then `systemctl daemon-reload && systemctl restart {unit}` by hand.")
+    else:
+        undo = f"`cp -p {backup} {path}`" if backup else f"`rm {path}`"
+        remedy = f"Undo it by hand: {undo}, then `systemctl daemon-reload` and `systemctl restart {unit}`."
+    title = ("interrupted: rolled back — " if res.interrupted else "install failed: rolled back — ") + what
+    detail = why + (f"; rollback problems: {'; '.join(problems)}" if problems else "")
+    res.findings.append(Finding("service.install", "fail", title, detail=detail,
+                                evidence=f"backup {backup}" if backup else "", remedy=remedy))
+
+
+def _is_active(query: Callable[..., subprocess.CompletedProcess], cmd: Callable[..., str], unit: str,
+               record: Callable[[str, str], dict[str, str]]) -> str:
+    """`systemctl is-active UNIT`: its one-word answer (active, inactive, failed, activating, …), or why there is none."""
+    entry = record("is it running", cmd("is-active", unit))
+    try:
+        cp = query("is-active", unit)
+    except _StepFailed as e:
+        entry["status"] = f"failed: {e}"
+        return f"in an unknown state (is-active {e})"
+    word = _tail(cp.stdout).split()[0] if _tail(cp.stdout) else ""
+    entry["status"] = word or f"exit {cp.returncode}"
+    if word and all(c.isalnum() or c == "-" for c in word) and len(word) <= 32:
+        return word
+    return "active" if cp.returncode == 0 else f"not active (is-active exit {cp.returncode})"

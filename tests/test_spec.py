@@ -92,3 +92,12 @@ def test_relative_paths_resolve_against_the_spec_file(tmp_path):
     (tmp_path / "card").mkdir()
     d = spec.load(_write(tmp_path, data))
     assert d.resolve_path(d.model.card) == (tmp_path / "card").resolve()
+
+
+def test_local_url_brackets_ipv6_literals():
+    from conftest import spec_data
+
+    from runbook.core import spec as spec_mod
+    url = {h: spec_mod.from_dict(spec_data(**{"serving.host": h})).serving.local_url for h in ("::1", "0.0.0.0", "::", "10.0.0.5")}
+    assert url == {"::1": "http://[::1]:30000", "0.0.0.0": "http://127.0.0.1:30000", "::": "http://127.0.0.1:30000",
+                   "10.0.0.5": "http://10.0.0.5:30000"}

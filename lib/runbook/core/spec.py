@@ -163,6 +163,8 @@ class Serving(_Strict):
     def local_url(self) -> str:
         """Where clients on this host reach the server (a wildcard bind address means loopback)."""
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"   # an IPv6 literal in a URL
         return f"http://{host}:{self.port}"
 
     @field_validator("env", mode="before")

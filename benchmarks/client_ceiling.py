@@ -22,7 +22,7 @@ from runbook.bench.sweep import Level, run_level  # noqa: E402
 from runbook.endpoint.client import Client, RequestSpec  # noqa: E402
 
 
-def serve(port: int, tokens: int) -> None:
+def serve(port: int, tokens: int, ttft_s: float = 0.0) -> None:
     from aiohttp import web
 
     chunk = {"choices": [{"index": 0, "text": " tok", "finish_reason": None}]}
@@ -35,6 +35,8 @@ def serve(port: int, tokens: int) -> None:
         await request.read()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        if ttft_s:
+            await asyncio.sleep(ttft_s)
         for _ in range(tokens):
             await resp.write(line)     # no delay: as fast as the socket takes it
         await resp.write(tail)
@@ -53,7 +55,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=256, help="chunks per request")
     ap.add_argument("--requests-per-stream", type=int, default=4)
+    ap.add_argument("--send-overhead", action="store_true",
+                    help="instead: TTFT p50 minus the server's scripted 150 ms at concurrency 1 and 32 (send overhead)")
     a = ap.parse_args()
+    if a.send_overhead:
+        return send_overhead()
+    sg = sglang_client_available()
+    print("SGLang's client (sglang.benchmark.serving in .venv-serving): " + (sg or "importable"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -72,6 +80,41 @@ def main() -> None:
             print(f"concurrency {conc}: {ok}/{len(reqs)} ok, {chunks:,} chunks in {wall:.2f} s = {chunks / wall:,.0f} chunks/s; "
                   f"client CPU {cpu / chunks * 1e6:.1f} s per million chunks (CPU share {lr.cpu_share:.0%}); "
                   f"loop lag p50 {lr.lag_ms['p50']:.2f} ms, p99 {lr.lag_ms['p99']:.2f} ms; client-bound: {lr.client_bound}")
+    finally:
+        p.terminate()
+        p.join(5)
+
+
+def sglang_client_available() -> str:
+    """'' when .venv-serving can import SGLang's benchmark client, else why not."""
+    import subprocess
+
+    py = Path(__file__).resolve().parents[1] / ".venv-serving" / "bin" / "python"
+    if not py.is_file():
+        return "not run: no .venv-serving"
+    cp = subprocess.run([str(py), "-c", "import sglang.benchmark.serving"], capture_output=True, text=True, timeout=120)
+    return "" if cp.returncode == 0 else "not run: " + (cp.stderr.strip().splitlines() or ["import failed"])[-1]
+
+
+def send_overhead(ttft_s: float = 0.150, tokens: int = 8) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = mp.Process(target=serve, args=(port, tokens, ttft_s), daemon=True)
+    p.start()
+    time.sleep(1.0)
+    try:
+        import numpy as np
+
+        from runbook.bench import metrics
+
+        for conc in (1, 32):
+            reqs = [RequestSpec(i, "x", tokens, 8) for i in range(conc * 4)]
+            lr = asyncio.run(run_level(Client(f"http://127.0.0.1:{port}", "zero"), reqs, Level(f"c{conc}", conc), warmup=conc, flush=False))
+            ttft = [metrics.ttft_s(r) for r in lr.records if r.ok]
+            q = [r.queue_s for r in lr.records]
+            print(f"concurrency {conc}: TTFT p50 {np.median(ttft) * 1000:.2f} ms (scripted {ttft_s * 1000:.0f} ms): "
+                  f"overhead {(np.median(ttft) - ttft_s) * 1000:+.2f} ms; client queue p50 {np.median(q) * 1000:.2f} ms")
     finally:
         p.terminate()
         p.join(5)

@@ -62,11 +62,12 @@ def test_multi_token_chunks_give_per_token_itl(server):
     assert s["tokens_per_chunk"] == 3 and s["itl_ms"]["p50"] == pytest.approx(20, abs=1)
 
 
-def test_usage_only_at_the_end_counts_chunks_and_reports_discrepancy(server):
+def test_usage_only_at_the_end_is_spread_and_reports_discrepancy(server):
     clock = VirtualClock()
     srv = server(Script(tokens=8, tokens_per_chunk=2, continuous_usage=False), clock)
     r = send(srv.url, clock, max_tokens=8)[0]
-    assert r.count_source == "chunks" and r.output_tokens_client == 4 and r.output_tokens == 8
+    assert r.count_source == "usage_spread" and r.chunk_tokens == [2, 2, 2, 2]
+    assert r.output_tokens_client == 4 and r.output_tokens == 8      # the client's own count: 4 chunks
     s = metrics.summarise([r])
     assert s["output_tokens"] == 8 and s["output_token_discrepancy"] == 4
 

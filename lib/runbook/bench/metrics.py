@@ -6,9 +6,17 @@
 - Inter-chunk latency: the gaps between consecutive output chunks (one sample per gap).
 - ITL (per token): each gap divided evenly over the tokens of the later chunk — one sample per token,
   so speculative decoding's multi-token chunks are not mistaken for slow tokens.
-- Throughput: output (and input+output) tokens of successful requests / measured window, where the
-  window runs from the first send to the last completion of the level's measured requests.
-- Goodput: successful requests meeting every SLO in the spec / window; attainment counts failures.
+  Tokens per chunk come from the server's usage; a late count is spread over the chunks it covers
+  (`count_source`: usage is exact, anything else is an approximation and the report says so).
+- Throughput: output (and input+output) tokens of successful requests / measured window. The window
+  runs from the first send to the moment the last measured request finished, where a request finishes
+  at its last output chunk if it succeeded and when its error arrived if it failed (timeout, close,
+  HTTP error, bad chunk) — whether or not it had streamed anything before.
+- Goodput: successful requests meeting every SLO in the spec / window; attainment counts failures. A
+  metric a request does not have (TPOT of a 1-token output) is not held against it — the same rule
+  as the level's SLO check, whose p99 is over the requests that have the metric.
+- Client queue: asked to send → request headers on the wire (waiting for a pooled connection); kept
+  out of TTFT and reported apart.
 Percentiles are numpy's linear interpolation.
 """
 from __future__ import annotations
@@ -44,10 +52,14 @@ def chunk_gaps_s(r: RequestRecord) -> list[float]:
 
 
 def itl_per_token_s(r: RequestRecord) -> list[float]:
+    """Each gap over the tokens of the later chunk; a chunk credited 0 tokens passes its gap on."""
     out: list[float] = []
+    acc = 0.0
     for gap, n in zip(chunk_gaps_s(r), r.chunk_tokens[1:], strict=False):
-        n = max(1, n)
-        out += [gap / n] * n
+        acc += gap
+        if n > 0:
+            out += [acc / n] * n
+            acc = 0.0
     return out
 
 
@@ -64,18 +76,39 @@ def stats(xs: Iterable[Optional[float]], scale: float = 1000.0) -> dict[str, Opt
     return out
 
 
+def finished_at(r: RequestRecord) -> float:
+    """When the request's outcome was known: last output chunk of a success, the error's arrival of a failure."""
+    if r.ok and r.chunk_times:
+        return r.chunk_times[-1]
+    return r.end_time if r.end_time is not None else (r.chunk_times[-1] if r.chunk_times else r.send_time)
+
+
 def window_s(records: Sequence[RequestRecord]) -> float:
-    starts = [r.send_time for r in records]
-    ends = [r.chunk_times[-1] if r.chunk_times else (r.end_time or r.send_time) for r in records]
-    return max(ends) - min(starts) if records else 0.0
+    if not records:
+        return 0.0
+    return max(finished_at(r) for r in records) - min(r.send_time for r in records)
 
 
 def meets_slo(r: RequestRecord, slo: Any) -> bool:
+    """Every SLO the spec sets, for one request; a metric the request does not have (TPOT of a
+    1-token output) is not applicable and does not count as a miss."""
     if not r.ok:
         return False
     checks = [(getattr(slo, "ttft_ms_p99", None), ttft_s(r)), (getattr(slo, "tpot_ms_p99", None), tpot_s(r)),
               (getattr(slo, "e2e_ms_p99", None), e2e_s(r))]
-    return all(limit is None or (v is not None and v * 1000 <= limit) for limit, v in checks)
+    return all(limit is None or v is None or v * 1000 <= limit for limit, v in checks)
+
+
+def level_meets_slo(s: dict[str, Any], slo: Any) -> bool:
+    """The level-wide check: each metric's p99 over the requests that have it; none have it: not applicable."""
+    if not s.get("completed"):
+        return False
+    for m in ("ttft", "tpot", "e2e"):
+        limit = getattr(slo, f"{m}_ms_p99", None)
+        p99 = (s.get(f"{m}_ms") or {}).get("p99")
+        if limit is not None and p99 is not None and p99 > limit:
+            return False
+    return True
 
 
 def summarise(records: Sequence[RequestRecord], slo: Any = None) -> dict[str, Any]:
@@ -104,6 +137,9 @@ def summarise(records: Sequence[RequestRecord], slo: Any = None) -> dict[str, An
         "tokens_per_chunk": out_tok / chunks if chunks else None,
         "spec_accept_length_mean": (float(np.mean(acc)) if (acc := [r.spec_accept_length for r in ok if r.spec_accept_length]) else None),
         "count_sources": sorted({r.count_source for r in ok}),
+        "server_counted": all(r.usage is not None and isinstance(r.usage.get("completion_tokens"), int) for r in ok),
+        "itl_exact": all(r.count_source == "usage" for r in ok),
+        "client_queue_ms": stats(r.queue_s for r in records),
     }
     if good is not None:
         s["goodput_req_s"] = good / win if win > 0 else 0.0

@@ -1,19 +1,22 @@
 """`runbook bench`: build the workload, sweep the levels, summarise, compare; the same call for CLI and notebook."""
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, cast
 
+import numpy as np
+
 from runbook.bench import metrics, workloads
 from runbook.bench.sweep import Level, LevelResult, run_level
 from runbook.core.findings import Finding, Status
 from runbook.core.spec import Deployment
-from runbook.core.stats import bootstrap_ci
-from runbook.endpoint.client import Client
+from runbook.endpoint.client import EXACT_SOURCES, Client
 from runbook.endpoint.reach import model_name, probe, run_sync
 from runbook.model.tokenizer import load_tokenizer
 
@@ -40,6 +43,9 @@ class BenchOptions:
     range_ratio: float = 0.0
     flush: bool = False      # POST /flush_cache before each level (spec: benchmark.flush_cache)
     progress: bool = False
+    telemetry: bool = True   # NVML + /metrics about once a second during each level (bench.telemetry)
+    telemetry_interval_s: float = 1.0
+    nvml: Any = None         # injected NVML module (tests); None: pynvml when a driver is there
 
 
 @dataclass
@@ -55,6 +61,8 @@ def level_summary(lr: LevelResult, slo: Any = None) -> dict[str, Any]:
     s.update({"label": lr.level.label, "concurrency": lr.level.concurrency, "rate": lr.level.rate,
               "client_bound": lr.client_bound, "lag_ms": lr.lag_ms, "cpu_share": lr.cpu_share,
               "cache_flushed": lr.flushed, "server": lr.server.get("gauges", {}), "spec_accept": lr.server.get("spec_accept", {})})
+    if lr.telemetry is not None:
+        s["telemetry"] = lr.telemetry.get("summary", {})
     return s
 
 
@@ -79,30 +87,59 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
     records_path = out / "records.jsonl" if out else None
     findings: list[Finding] = []
     summaries, results = [], []
+    wl = None
     for lv in levels_of(o):
         n = o.requests or max(8, 4 * (lv.concurrency or int((lv.rate or 1) * 10)))
         wl = workloads.build(o.workload, n, o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed, o.range_ratio)
         client = Client(o.url, model, o.chat, api_key, o.timeout_s, tok)
-        bar = _bar(len(wl.requests), lv.label) if o.progress else None
+        bar = _bar(len(wl.requests), lv.label) if o.progress and not o.duration_s else None
+        tel = _telemetry(o)
         lr = await run_level(client, wl.requests, lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
-                             bar.update if bar else None)
+                             bar.update if bar else None, telemetry=tel)
         if bar:
             bar.close()
         lr.summary = level_summary(lr, slo)
         summaries.append(lr.summary)
         results.append(lr)
+        if out and lr.telemetry and lr.telemetry.get("samples"):
+            with open(out / "telemetry.jsonl", "a", encoding="utf-8") as tf:
+                for smp in lr.telemetry["samples"]:
+                    tf.write(json.dumps(finite(smp), allow_nan=False) + "\n")
+    if wl is None:
+        wl = workloads.build(o.workload, 1, o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed, o.range_ratio)
     summary: dict[str, Any] = {"url": o.url, "model": model, "workload": o.workload, "workload_description": wl.description,
                "corpus_version": wl.corpus_version, "cache_flush": o.flush,
                "exact_lengths": wl.exact_lengths, "input_len": o.input_len, "output_len": o.output_len, "chat": o.chat,
+               "range_ratio": o.range_ratio, "seed": o.seed, "requests_per_level": o.requests, "duration_s": o.duration_s,
                "levels": summaries}
     findings += level_findings(summaries, o.workload, slo)
     if o.compare_url:
         ab, ab_findings = await ab_compare(o, model, api_key, tok, vocab_size)
         summary["ab"] = ab
         findings += ab_findings
+    summary = finite(summary)
     if out:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str, allow_nan=False))
     return BenchResult(summary, findings, results, records_path)
+
+
+def finite(x: Any) -> Any:
+    """NaN and ±inf → None, recursively: `--json` must be strict JSON."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x
+
+
+def _telemetry(o: BenchOptions) -> Any:
+    if not o.telemetry:
+        return None
+    from runbook.bench.telemetry import Telemetry
+
+    return Telemetry(interval_s=o.telemetry_interval_s, nvml=o.nvml)
 
 
 def run(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] = None) -> BenchResult:
@@ -113,6 +150,13 @@ def _bar(total: int, label: str):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=label, disable=not sys.stderr.isatty() and "ipykernel" not in sys.modules, leave=False)
+
+
+_SOURCE_WHY = ("usage: the server's continuous usage, exact. usage_spread: the server's count arrived late (on the last "
+               "chunk or after it) and was spread evenly over the chunks it covers. tokenizer: no usage; the local "
+               "tokenizer's count of the text, spread over the chunks. requested: no usage, ignore_eos honoured; max_tokens "
+               "spread over the chunks. chunks: no count at all; one token per chunk (TPOT too high, tok/s too low when "
+               "chunks carry several tokens).")
 
 
 def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> list[Finding]:
@@ -132,7 +176,7 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
             out.append(Finding(f"bench.client_bound.{tag}", "warn", f"{tag}: the client, not the server, limited this level",
                                detail=f"event-loop lag p99 {s['lag_ms']['p99']:.1f} ms, CPU share {s['cpu_share']:.0%}",
                                remedy="Do not publish this level's numbers; run the client on a less loaded machine or lower concurrency."))
-        if s["output_tokens_client"] and s["output_tokens"]:
+        if s.get("server_counted", True) and s["output_tokens_client"] and s["output_tokens"]:
             gap = abs(s["output_token_discrepancy"]) / max(1, s["output_tokens"])
             if gap > 0.02:
                 out.append(Finding(f"bench.token_count.{tag}", "warn", f"{tag}: server and client token counts differ by {gap:.1%}",
@@ -140,14 +184,39 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
                                    remedy=("Re-tokenizing each chunk's text over-counts tokens split across chunks; every reported figure uses the server's usage."
                                            if "tokenizer" in s["count_sources"] else
                                            "Give --tokenizer the model's tokenizer, or enable continuous usage stats on the server.")))
+        approx = [c for c in s.get("count_sources", []) if c not in EXACT_SOURCES]
+        if s["completed"] and approx:
+            st2: Status = "warn" if set(approx) - {"usage_spread"} else "info"
+            out.append(Finding(f"bench.token_source.{tag}", st2,
+                               f"{tag}: per-token ITL and TPOT rest on an approximate token count ({', '.join(approx)})",
+                               detail=_SOURCE_WHY, remedy=("The client asks for stream_options.continuous_usage_stats; this server "
+                                                           "did not send a count per chunk. Give --tokenizer for a local count.")))
+        q = (s.get("client_queue_ms") or {}).get("p99")
+        if q is not None and q > 5.0:
+            out.append(Finding(f"bench.client_queue.{tag}", "info", f"{tag}: requests waited up to {q:.1f} ms (p99) for a connection",
+                               detail="The wait is measured apart (client_queue_ms) and is not part of TTFT."))
+    tel = [s for s in levels if s.get("telemetry")]
+    for s in tel:
+        t = s["telemetry"]
+        kv, q, rt = t["kv_token_usage"]["max"], t["num_queue_reqs"]["max"], t.get("retracted")
+        if kv is not None or t["gpu_util_pct"]["mean"] is not None:
+            parts = [f"KV token usage peak {kv:.0%}" if kv is not None else "",
+                     f"GPU utilisation mean {t['gpu_util_pct']['mean']:.0f}%" if t["gpu_util_pct"]["mean"] is not None else "",
+                     f"queued up to {q:.0f}" if q else "", "requests retracted" if rt else ""]
+            out.append(Finding(f"bench.telemetry.{s['label']}", "warn" if rt else "info", f"{s['label']}: " + ", ".join(p for p in parts if p),
+                               detail=f"{t['samples']} samples about once a second during the level",
+                               remedy="Retractions: the KV pool is too small for this load; lower concurrency or raise the pool." if rt else ""))
+    if tel and all(s["telemetry"].get("skipped", {}).keys() >= {"gpu", "server"} for s in tel):
+        sk = tel[0]["telemetry"]["skipped"]
+        out.append(Finding("bench.telemetry", "skip", "no telemetry during the levels: no NVML and no /metrics",
+                           detail="; ".join(f"{k}: {v}" for k, v in sk.items())))
     ok = [s for s in levels if s["completed"]]
     if ok:
         best = max(ok, key=lambda s: s["output_tok_s"])
         out.append(Finding("bench.peak", "info", f"peak output {best['output_tok_s']:.1f} tok/s at {best['label']}",
                            detail=f"TPOT p50 {best['tpot_ms']['p50'] or 0:.1f} ms, TTFT p99 {best['ttft_ms']['p99'] or 0:.0f} ms"))
     if slo is not None and any(getattr(slo, k, None) for k in ("ttft_ms_p99", "tpot_ms_p99", "e2e_ms_p99")) and ok:
-        meeting = [s for s in ok if all(getattr(slo, f"{m}_ms_p99", None) is None or (s[f"{m}_ms"]["p99"] or 0) <= getattr(slo, f"{m}_ms_p99")
-                                        for m in ("ttft", "tpot", "e2e"))]
+        meeting = [s for s in ok if metrics.level_meets_slo(s, slo)]
         out.append(Finding("bench.slo", "pass" if meeting else "fail",
                            f"SLOs met up to {meeting[-1]['label']}" if meeting else "no level meets the SLOs",
                            detail=f"ttft p99 ≤ {slo.ttft_ms_p99} ms, tpot p99 ≤ {slo.tpot_ms_p99} ms",
@@ -155,67 +224,188 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
     return out
 
 
+AB_MIN_BLOCKS = 8
+
+
 async def ab_compare(o: BenchOptions, model: Optional[str], api_key: Optional[str], tok: Any,
                      vocab_size: Optional[int]) -> tuple[dict[str, Any], list[Finding]]:
-    """Same prompts against A (--url) and B (--compare-url) at the first level; paired differences."""
+    """The same prompts against A (--url) and B (--compare-url) at the first level, interleaved: the
+    requests are cut into blocks of one level's width (the concurrency), and each block runs on both
+    arms back to back in a random order (AB or BA). Blocks, not requests, are the independent units:
+    requests that ran together share the server's state. `--duration` bounds the whole comparison."""
+    import random
+    import time as _time
+
     lv = levels_of(o)[0]
-    n = o.requests or max(8, 4 * (lv.concurrency or 1))
-    wl = workloads.build(o.workload, n, o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed, o.range_ratio)
-    arms = {}
-    for name, url in (("a", o.url), ("b", o.compare_url)):
-        # ab_compare is only called with compare_url set
-        arms[name] = await run_level(Client(cast(str, url), model, o.chat, api_key, o.timeout_s, tok), wl.requests, lv, o.warmup, o.flush)
-    return paired(arms["a"].records, arms["b"].records, o.url, o.compare_url or "")
+    width = lv.concurrency or max(1, int(round(lv.rate or 1)))
+    n_req = o.requests if o.requests and not o.duration_s else max(8, 4 * width)
+    n_blocks = max(AB_MIN_BLOCKS, -(-n_req // width))
+    planned = n_blocks * width if not o.duration_s else max(n_blocks * width, 64 * width)
+    wl = workloads.build(o.workload, planned, o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed, o.range_ratio)
+    clients = {"a": Client(o.url, model, o.chat, api_key, o.timeout_s, tok),
+               "b": Client(cast(str, o.compare_url), model, o.chat, api_key, o.timeout_s, tok)}
+    order_rng = random.Random(o.seed)
+    recs: dict[str, list] = {"a": [], "b": []}
+    block_of: dict[int, int] = {}
+    orders: list[str] = []
+    deadline = _time.perf_counter() + o.duration_s if o.duration_s else None
+    sessions = {k: c.session(limit=width) for k, c in clients.items()}
+    try:
+        from runbook.bench.sweep import _warmup
+
+        for k, c in clients.items():
+            await _warmup(c, sessions[k], wl.requests, o.warmup, width)
+        for blk in range(len(wl.requests) // width):
+            if deadline is not None and blk >= 2 and _time.perf_counter() >= deadline:
+                break
+            if deadline is None and blk >= n_blocks:
+                break
+            reqs = [wl.requests[i] for i in range(blk * width, (blk + 1) * width)]
+            for r in reqs:
+                block_of[r.id] = blk
+            order = ["a", "b"] if order_rng.random() < 0.5 else ["b", "a"]
+            orders.append("".join(order).upper())
+            for arm in order:
+                c, s = clients[arm], sessions[arm]
+                recs[arm] += await asyncio.gather(*(c.send(s, r, f"ab-{arm}") for r in reqs))
+    finally:
+        for s in sessions.values():
+            await s.close()
+    res, findings = paired(recs["a"], recs["b"], o.url, o.compare_url or "", block_of)
+    res.update({"level": lv.label, "block_size": width, "order": "".join(orders)})
+    return res, findings
 
 
-def paired(a_recs: list, b_recs: list, a_url: str, b_url: str) -> tuple[dict[str, Any], list[Finding]]:
+def _t_interval(xs: list[float]) -> tuple[Optional[float], Optional[float], Optional[float]]:
+    """Mean with a Student-t 95% interval, treating each value as one independent unit."""
+    if not xs:
+        return None, None, None
+    a = np.asarray(xs, dtype=float)
+    m = float(a.mean())
+    if a.size < 2:
+        return m, None, None
+    from scipy import stats as st
+
+    half = float(st.t.ppf(0.975, a.size - 1) * a.std(ddof=1) / math.sqrt(a.size))
+    return m, m - half, m + half
+
+
+def paired(a_recs: list, b_recs: list, a_url: str, b_url: str,
+           block_of: Optional[dict[int, int]] = None) -> tuple[dict[str, Any], list[Finding]]:
+    """Paired B − A differences. With `block_of` (request id → block) the interval is over block means
+    (a t interval with blocks as the units); without, each request is its own block (sequential, c1)."""
+    findings: list[Finding] = []
+    for name, url, rs in (("A", a_url, a_recs), ("B", b_url, b_recs)):
+        if rs and not any(r.ok for r in rs):
+            findings.append(Finding(f"bench.ab.failed.{name.lower()}", "fail", f"A/B: arm {name} failed every request ({len(rs)})",
+                                    detail=f"{url}: " + ", ".join(sorted({r.error_kind for r in rs if r.error_kind})),
+                                    remedy="Check that endpoint is up and serves the same model; no comparison is possible."))
     a = {r.id: r for r in a_recs if r.ok}
     b = {r.id: r for r in b_recs if r.ok}
     ids = sorted(set(a) & set(b))
     mismatched = [i for i in ids if a[i].output_tokens != b[i].output_tokens]
-    res: dict[str, Any] = {"a": a_url, "b": b_url, "pairs": len(ids), "output_length_mismatches": len(mismatched)}
-    findings: list[Finding] = []
+    res: dict[str, Any] = {"a": a_url, "b": b_url, "pairs": len(ids), "output_length_mismatches": len(mismatched),
+                           "failed": {"a": sum(not r.ok for r in a_recs), "b": sum(not r.ok for r in b_recs)}}
     if mismatched:
         findings.append(Finding("bench.ab.lengths", "warn", f"A/B: {len(mismatched)} of {len(ids)} pairs generated different lengths",
                                 detail="A paired comparison needs equal output lengths (ignore_eos); those pairs are excluded.",
                                 remedy="Check that both servers honour ignore_eos / min_tokens."))
     keep = [i for i in ids if i not in mismatched]
+    blocks = block_of or {i: i for i in keep}
     for name, fn in (("tpot_ms", metrics.tpot_s), ("ttft_ms", metrics.ttft_s), ("e2e_ms", metrics.e2e_s)):
-        diffs = [(cast(float, fn(b[i])) - cast(float, fn(a[i]))) * 1000 for i in keep if fn(a[i]) is not None and fn(b[i]) is not None]
-        mean, lo, hi = bootstrap_ci(diffs)
-        res[name] = {"mean_diff_b_minus_a": mean, "ci95": [lo, hi], "n": len(diffs)}
-        if diffs:
+        per_block: dict[int, list[float]] = {}
+        diffs = []
+        for i in keep:
+            fa, fb = fn(a[i]), fn(b[i])
+            if fa is None or fb is None:
+                continue
+            d = (fb - fa) * 1000
+            diffs.append(d)
+            per_block.setdefault(blocks.get(i, i), []).append(d)
+        means = [float(np.mean(v)) for _, v in sorted(per_block.items())]
+        _, lo, hi = _t_interval(means)
+        mean = float(np.mean(diffs)) if diffs else None
+        res[name] = {"mean_diff_b_minus_a": mean, "ci95": [lo, hi], "n": len(diffs), "blocks": len(means)}
+        if diffs and lo is not None and hi is not None:
             sig = lo > 0 or hi < 0
             findings.append(Finding(f"bench.ab.{name}", "info", f"A/B {name}: B − A = {mean:+.2f} ms (95% CI {lo:+.2f} … {hi:+.2f})",
-                                    detail="significant" if sig else "not distinguishable from zero at 95%"))
+                                    detail=("significant" if sig else "not distinguishable from zero at 95%")
+                                    + f" ({len(means)} blocks of interleaved requests)"))
     return res, findings
 
 
+REGRESSION_KEY = ("workload", "corpus_version", "input_len", "output_len", "chat", "range_ratio")
+ERROR_RATE_SLACK = 0.01          # error rate up by more than 1 point: a regression
+LENGTH_TOLERANCE = 0.05          # mean output (or input) tokens per request differing by more: other work
+
+
 def compare_previous(current: dict[str, Any], previous: Optional[dict[str, Any]], threshold_pct: float) -> list[Finding]:
-    """Regressions against the previous archived run of the same deployment."""
+    """Regressions against the previous archived run of the same deployment, like with like only: the
+    same workload, corpus version, lengths and chat mode for the run, and per level the same level with
+    the same measured mean input and output lengths. Throughput, TPOT p50, TTFT p50/p99 and the error
+    rate are compared; a level failing more requests than before is a regression even when its
+    remaining requests are fast."""
     if not previous or not previous.get("levels"):
         return [Finding("bench.regression", "info", "no previous benchmark of this deployment to compare with")]
-    key = ("workload", "corpus_version", "input_len", "output_len", "chat")
-    differ = [k for k in key if previous.get(k) != current.get(k)]
+    differ = [k for k in REGRESSION_KEY if previous.get(k, _DEFAULTS.get(k)) != current.get(k, _DEFAULTS.get(k))]
     if differ:
         return [Finding("bench.regression", "skip", "previous run measured different work: not compared",
                         detail="; ".join(f"{k}: {previous.get(k)!r} then, {current.get(k)!r} now" for k in differ),
                         remedy="Compare runs with the same workload and corpus version; the next run compares with this one.")]
-    prev = {(p["concurrency"], p["rate"]): p for p in previous["levels"]}
-    out = []
+    prev = {(p.get("concurrency"), p.get("rate")): p for p in previous["levels"]}
+    out: list[Finding] = []
+    compared, skipped = 0, []
     for s in current.get("levels", []):
-        p = prev.get((s["concurrency"], s["rate"]))
-        if not p or not p["output_tok_s"] or not s["completed"]:
+        p = prev.get((s.get("concurrency"), s.get("rate")))
+        if not p:
             continue
-        drop = (p["output_tok_s"] - s["output_tok_s"]) / p["output_tok_s"] * 100
-        if drop > threshold_pct:
-            out.append(Finding(f"bench.regression.{s['label']}", "warn", f"{s['label']}: output throughput down {drop:.0f}% since the previous run",
-                               detail=f"{p['output_tok_s']:.1f} → {s['output_tok_s']:.1f} tok/s", remedy="Diff the service unit and environment between the runs."))
-        pt, ct = (p["tpot_ms"] or {}).get("p50"), (s["tpot_ms"] or {}).get("p50")
-        if pt and ct and (ct - pt) / pt * 100 > threshold_pct:
-            out.append(Finding(f"bench.regression.tpot.{s['label']}", "warn", f"{s['label']}: TPOT p50 up {(ct - pt) / pt * 100:.0f}%",
-                               detail=f"{pt:.1f} → {ct:.1f} ms"))
+        why = _unlike(p, s)
+        if why:
+            skipped.append(f"{s['label']}: {why}")
+            continue
+        compared += 1
+        tag = s["label"]
+        pe, ce = float(p.get("error_rate") or 0.0), float(s.get("error_rate") or 0.0)
+        if ce > pe + ERROR_RATE_SLACK:
+            out.append(Finding(f"bench.regression.errors.{tag}", "fail" if ce > 0.05 else "warn",
+                               f"{tag}: {ce:.0%} of requests failed, {pe:.0%} in the previous run",
+                               detail=", ".join(f"{k}: {v}" for k, v in (s.get("errors") or {}).items()),
+                               remedy="Read the failed records (error_kind, error) and the server log."))
+        if not s.get("completed"):
+            continue
+        if p.get("output_tok_s") and s.get("output_tok_s") is not None:
+            drop = (p["output_tok_s"] - s["output_tok_s"]) / p["output_tok_s"] * 100
+            if drop > threshold_pct:
+                out.append(Finding(f"bench.regression.{tag}", "warn", f"{tag}: output throughput down {drop:.0f}% since the previous run",
+                                   detail=f"{p['output_tok_s']:.1f} → {s['output_tok_s']:.1f} tok/s", remedy="Diff the service unit and environment between the runs."))
+        for key, pct, name in (("tpot_ms", "p50", "TPOT p50"), ("ttft_ms", "p50", "TTFT p50"), ("ttft_ms", "p99", "TTFT p99")):
+            pt, ct = (p.get(key) or {}).get(pct), (s.get(key) or {}).get(pct)
+            if pt and ct and (ct - pt) / pt * 100 > threshold_pct:
+                kind = key.split("_")[0] + ("" if pct == "p50" else "_" + pct)
+                out.append(Finding(f"bench.regression.{kind}.{tag}", "warn", f"{tag}: {name} up {(ct - pt) / pt * 100:.0f}%",
+                                   detail=f"{pt:.1f} → {ct:.1f} ms"))
+    if skipped:
+        out.append(Finding("bench.regression.unlike", "info", f"{len(skipped)} level(s) not compared: other work than the previous run",
+                           detail="; ".join(skipped)))
+    if not compared:
+        return out or [Finding("bench.regression", "skip", "no level of the previous run matches this run's levels: not compared")]
     return out or [Finding("bench.regression", "pass", f"no regression beyond {threshold_pct:g}% against the previous run")]
+
+
+_DEFAULTS: dict[str, Any] = {"range_ratio": 0.0}
+
+
+def _unlike(p: dict[str, Any], s: dict[str, Any]) -> str:
+    """Why two levels measured different work (mean lengths per successful request), or ''."""
+    for key, name in (("output_tokens", "output"), ("input_tokens", "input")):
+        pn, cn = p.get(key), s.get(key)
+        pc, cc = p.get("completed") or 0, s.get("completed") or 0
+        if not (isinstance(pn, (int, float)) and isinstance(cn, (int, float)) and pc and cc):
+            continue
+        pm, cm = pn / pc, cn / cc
+        if max(pm, cm) > 0 and abs(pm - cm) / max(pm, cm) > LENGTH_TOLERANCE:
+            return f"mean {name} {pm:.0f} then, {cm:.0f} now tokens per request"
+    return ""
 
 
 def options_from(spec: Deployment, url: Optional[str] = None, **overrides: Any) -> BenchOptions:
@@ -227,6 +417,8 @@ def options_from(spec: Deployment, url: Optional[str] = None, **overrides: Any) 
     for k, v in overrides.items():
         if v not in (None, "", []):
             setattr(o, k, v)
+    if overrides.get("rates") and not overrides.get("concurrency"):
+        o.concurrency = []          # --rate alone runs rate levels alone, not the spec's concurrency plan too
     if not o.tokenizer and not url:
         # Benchmarking the spec's own server: its model's tokenizer, when the checkpoint is here.
         from runbook.model.location import locate

@@ -36,6 +36,7 @@ class LevelResult:
     client_bound: bool
     server: dict[str, Any] = field(default_factory=dict)
     flushed: Optional[bool] = None
+    telemetry: Optional[dict[str, Any]] = None
 
 
 class LagMonitor:
@@ -115,34 +116,47 @@ def server_deltas(before: Optional[dict[str, float]], after: Optional[dict[str, 
 
 
 async def _warmup(client: Client, session: aiohttp.ClientSession, reqs: Sequence[RequestSpec], n: int, conc: int) -> None:
-    if n <= 0:
+    if n <= 0 or not len(reqs):
         return
     sem = asyncio.Semaphore(max(1, conc))
 
     async def one(r: RequestSpec) -> None:
         async with sem:
-            await client.send(session, RequestSpec(-1, r.prompt, min(16, r.max_tokens), r.prompt_tokens, r.ignore_eos), "warmup")
+            await client.send(session, RequestSpec(-1, r.prompt, min(16, r.max_tokens), r.prompt_tokens, r.ignore_eos, r.meta), "warmup")
 
     await asyncio.gather(*(one(reqs[i % len(reqs)]) for i in range(n)))
 
 
+PREPARE_AHEAD = 4096   # bodies encoded before the level starts (the rest, for long --duration levels, as they go)
+
+
 async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, warmup: int = 2, flush: bool = True,
                     records_path: Optional[Path] = None, seed: int = 0, duration_s: Optional[float] = None,
-                    progress: Optional[Callable[[int], None]] = None) -> LevelResult:
-    conc = level.concurrency or 256
-    conn = aiohttp.TCPConnector(limit=conc, limit_per_host=conc, keepalive_timeout=30)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as session:
+                    progress: Optional[Callable[[int], None]] = None, telemetry: Any = None) -> LevelResult:
+    """One level. Fixed concurrency: that many workers, each sending its next request when the last
+    finished. A rate: Poisson arrivals, open loop — no cap on requests in flight, so a slow server
+    shows as growing latency, never as client-side waiting counted into TTFT (any pool wait is
+    `queue_s`, reported apart). `--duration`: no request is started after the deadline; those in
+    flight then finish and are measured. `telemetry`: a bench.telemetry.Telemetry sampled during the level."""
+    open_loop = level.rate is not None and not level.concurrency
+    conc = level.concurrency or 1
+    async with client.session(limit=0 if open_loop else conc) as session:
         flushed = await flush_cache(session, client.base_url) if flush else None
-        await _warmup(client, session, reqs, warmup, level.concurrency or 1)
+        await _warmup(client, session, reqs, warmup, conc)
         before = await scrape(session, client.base_url)
         records: list[RequestRecord] = []
         out = open(records_path, "a", encoding="utf-8") if records_path else None
-        deadline = time.perf_counter() + duration_s if duration_s else None
+        if duration_s is None:
+            ahead = len(reqs)
+        else:   # what the level will likely send; the rest (a --duration level is planned long) as it goes
+            likely = int((level.rate or 0) * duration_s * 1.5) + 16 if open_loop else conc * 64
+            ahead = min(len(reqs), PREPARE_AHEAD, likely)
+        bodies = [client.encode(reqs[i]) for i in range(ahead)]       # before the clock starts
 
-        async def do(r: RequestSpec) -> None:
-            if deadline and time.perf_counter() > deadline:
-                return
-            rec = await client.send(session, r, level.label)
+        async def do(i: int) -> None:
+            r = reqs[i]
+            rec = await client.send(session, r, level.label, bodies[i] if i < ahead else None)
+            rec.meta.update({k: v for k, v in r.meta.items() if k in ("session", "turn", "scheduled_s")})
             records.append(rec)
             if out:  # appended as it finishes: a crash later loses nothing already measured
                 out.write(json.dumps(rec.to_dict()) + "\n")
@@ -150,33 +164,45 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
             if progress:
                 progress(1)
 
+        if telemetry is not None:
+            await telemetry.start(session, client.base_url, level.label)
         try:
             with LagMonitor() as lag:
-                if level.rate:
+                t0 = time.perf_counter()
+                deadline = t0 + duration_s if duration_s else None
+                if open_loop:
+                    assert level.rate is not None
                     rng = np.random.default_rng(seed)
-                    gaps = rng.exponential(1.0 / level.rate, size=len(reqs))
-                    t0 = time.perf_counter()
                     tasks = []
-                    for r, at in zip(reqs, np.cumsum(gaps), strict=True):
+                    at = 0.0
+                    for i in range(len(reqs)):
+                        at += float(rng.exponential(1.0 / level.rate))
+                        if deadline is not None and t0 + at > deadline:
+                            break
                         delay = t0 + at - time.perf_counter()
                         if delay > 0:
                             await asyncio.sleep(delay)
-                        tasks.append(asyncio.create_task(do(r)))
+                        tasks.append(asyncio.create_task(do(i)))
                     await asyncio.gather(*tasks)
                 else:
-                    queue: asyncio.Queue[RequestSpec] = asyncio.Queue()
-                    for r in reqs:
-                        queue.put_nowait(r)
+                    nxt = iter(range(len(reqs)))
 
                     async def worker() -> None:
-                        while not queue.empty():
-                            await do(queue.get_nowait())
+                        for i in nxt:
+                            if deadline is not None and time.perf_counter() >= deadline:
+                                return
+                            await do(i)
 
                     await asyncio.gather(*(worker() for _ in range(conc)))
         finally:
             if out:
                 out.close()
+            if telemetry is not None:
+                await telemetry.stop()
         after = await scrape(session, client.base_url)
     lag_ms = metrics.stats(lag.samples)
     bound = (lag_ms["p99"] or 0) > LAG_BOUND_MS or lag.cpu_share > CPU_BOUND_SHARE
-    return LevelResult(level, records, {}, lag_ms, lag.cpu_share, bound, server_deltas(before, after), flushed)
+    lr = LevelResult(level, records, {}, lag_ms, lag.cpu_share, bound, server_deltas(before, after), flushed)
+    if telemetry is not None:
+        lr.telemetry = telemetry.result()
+    return lr

@@ -185,7 +185,7 @@ def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, token
     if not path.is_file():
         raise InputError(f"--workload {name}: not random|code|longctx|prefix and not a file")
     raw, text = read_workload_file(path)
-    reqs = []
+    rows: list[RequestSpec] = []
     for i, line in enumerate(text.splitlines()):
         if not line.strip():
             continue
@@ -206,11 +206,11 @@ def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, token
                  else int(mt.strip()) if isinstance(mt, str) and mt.strip().isdigit() else None)
         if n_out is None or not 0 < n_out <= 1 << 24:
             raise InputError(f"{path}:{i + 1}: \"max_tokens\" must be a token count in [1, {1 << 24:,}] (got {str(mt)[:40]!r})")
-        reqs.append(RequestSpec(len(reqs), prompt, n_out,
+        rows.append(RequestSpec(len(rows), prompt, n_out,
                                 _count(tokenizer, prompt) if isinstance(prompt, str) else None, ignore_eos))
-    if not reqs:
+    if not rows:
         raise InputError(f"{path}: no requests")
-    base = reqs
+    base = rows
     lazy = LazyRequests(n, lambda i: RequestSpec(i, base[i % len(base)].prompt, base[i % len(base)].max_tokens,
                                                 base[i % len(base)].prompt_tokens, base[i % len(base)].ignore_eos))
     return Workload(path.name, lazy, tokenizer is not None, f"prompts from {path}",

@@ -1,8 +1,21 @@
 """One streamed OpenAI-compatible request -> a RequestRecord. No argparse, no metrics.
 
-Every SSE line is stamped with the clock on arrival, before it is parsed. Token counts per chunk come
-from the server's usage deltas when it sends continuous usage, else from the local tokenizer, else
-one token per chunk (recorded as `count_source`, so reports can say which).
+- Send time: stamped when the request's headers are on the wire (aiohttp's request tracing, for a
+  session made by `Client.session`), so waiting for a pooled connection is not in TTFT; that wait is
+  recorded apart as `queue_s`. Bodies can be encoded before a level starts (`Client.encode`).
+- The stream is parsed per the SSE specification from raw bytes: `data:` lines (one optional space
+  after the colon, several lines joined by a newline) make up an event, dispatched at a blank line;
+  `event:`, `id:`, `retry:` and comment lines are allowed; an `event: error` or a JSON chunk with an
+  `"error"` member (SGLang's mid-stream error) is the request's failure (`server_error`). Every read
+  is stamped with the clock on arrival, before it is parsed.
+- Anything wrong with one request (wrong-shape JSON, a redirect, a closed stream, a timeout) is that
+  request's own `error_kind`; a level never aborts because of one response.
+- Tokens per chunk (for per-token ITL) come from the server's usage: continuous usage credits each
+  chunk its own delta (`usage`); a count that arrives late (only on the last chunk, or only in the
+  trailing usage chunk) is spread evenly over the chunks it covers (`usage_spread`). Without usage:
+  the local tokenizer's count of the whole text (`tokenizer`), else under ignore_eos with
+  finish_reason "length" the requested count (`requested`), else one token per chunk (`chunks`).
+  `count_source` says which; only `usage` is exact.
 """
 from __future__ import annotations
 
@@ -14,7 +27,10 @@ from typing import Any, Callable, Optional
 
 import aiohttp
 
-ERROR_KINDS = ("connect", "http_4xx", "http_5xx", "timeout", "stream_closed", "malformed", "no_output")
+ERROR_KINDS = ("connect", "http_4xx", "http_5xx", "redirect", "timeout", "stream_closed", "malformed", "server_error",
+               "no_output", "short_output", "client_error")
+EXACT_SOURCES = ("usage",)
+MAX_EVENT_BYTES = 64 << 20       # one SSE event larger than this is not a chunk
 
 
 @dataclass
@@ -32,12 +48,13 @@ class RequestRecord:
     id: int
     send_time: float = 0.0
     chunk_times: list[float] = field(default_factory=list)    # arrival of each chunk that carried output
-    chunk_tokens: list[int] = field(default_factory=list)
-    end_time: Optional[float] = None                          # end of stream ([DONE] or close)
+    chunk_tokens: list[int] = field(default_factory=list)     # tokens credited to each chunk (see count_source)
+    end_time: Optional[float] = None                          # end of stream ([DONE] or close) or the error's arrival
     text: str = ""
     reasoning_text: str = ""
     usage: Optional[dict[str, Any]] = None
-    count_source: str = "none"                                # usage | tokenizer | chunks
+    count_source: str = "none"                                # usage | usage_spread | tokenizer | requested | chunks
+    client_tokens: int = 0                                    # the client's own count: tokenizer over the text, else chunks
     prompt_tokens_client: Optional[int] = None
     max_tokens: int = 0
     status: Optional[int] = None
@@ -46,7 +63,9 @@ class RequestRecord:
     retries: int = 0
     finish_reason: Optional[str] = None
     spec_accept_length: Optional[float] = None
+    queue_s: float = 0.0                                      # asked to send → headers on the wire (connection-pool wait)
     level: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -54,23 +73,66 @@ class RequestRecord:
 
     @property
     def output_tokens_client(self) -> int:
-        return sum(self.chunk_tokens)
+        return self.client_tokens
 
     @property
     def output_tokens(self) -> int:
-        """Server usage when present (the definition we report), else the client count."""
-        if self.usage and isinstance(self.usage.get("completion_tokens"), int):
-            return self.usage["completion_tokens"]
-        return self.output_tokens_client
+        """Server usage when present (the definition we report), else the attributed client count."""
+        if self.usage and _is_int(self.usage.get("completion_tokens")):
+            return int(self.usage["completion_tokens"])
+        return sum(self.chunk_tokens)
 
     @property
     def input_tokens(self) -> Optional[int]:
-        if self.usage and isinstance(self.usage.get("prompt_tokens"), int):
-            return self.usage["prompt_tokens"]
+        if self.usage and _is_int(self.usage.get("prompt_tokens")):
+            return int(self.usage["prompt_tokens"])
         return self.prompt_tokens_client
+
+    @property
+    def cached_tokens(self) -> Optional[int]:
+        """Prompt tokens the server served from its prefix cache, where its usage says so."""
+        u = self.usage or {}
+        d = u.get("prompt_tokens_details")
+        if isinstance(d, dict) and _is_int(d.get("cached_tokens")):
+            return int(d["cached_tokens"])
+        return int(u["cached_tokens"]) if _is_int(u.get("cached_tokens")) else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class _Fail(Exception):
+    def __init__(self, kind: str, msg: str):
+        super().__init__(msg)
+        self.kind, self.msg = kind, msg
+
+
+class _ReusedConnectionClosed(Exception):
+    pass
+
+
+def spread(total: int, n: int) -> list[int]:
+    """`total` tokens over `n` chunks as evenly as integers allow (extra tokens on the later chunks)."""
+    if n <= 0:
+        return []
+    base, extra = divmod(max(0, total), n)
+    return [base + (1 if i >= n - extra else 0) for i in range(n)]
+
+
+async def _on_headers_sent(session: Any, ctx: Any, params: Any) -> None:
+    t = getattr(ctx, "trace_request_ctx", None)
+    if isinstance(t, dict) and "rec" in t:
+        t["rec"].send_time = t["clock"]()
+
+
+def trace_config() -> aiohttp.TraceConfig:
+    tc = aiohttp.TraceConfig()
+    tc.on_request_headers_sent.append(_on_headers_sent)
+    return tc
 
 
 class Client:
@@ -87,10 +149,17 @@ class Client:
         self.tokenizer = tokenizer
         self.clock = clock
         self.extra_body = extra_body or {}
+        self._headers = self.headers()
 
     @property
     def url(self) -> str:
         return self.base_url + ("/v1/chat/completions" if self.chat else "/v1/completions")
+
+    def session(self, limit: int = 100, **kw: Any) -> aiohttp.ClientSession:
+        """A session whose requests are stamped when their headers are written (limit 0: no pool cap)."""
+        conn = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=30)
+        return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None),
+                                     trace_configs=[trace_config()], **kw)
 
     def body(self, req: RequestSpec) -> dict[str, Any]:
         b: dict[str, Any] = {"max_tokens": req.max_tokens, "stream": True, "temperature": 0.0,
@@ -104,8 +173,15 @@ class Client:
         if req.ignore_eos:
             b["ignore_eos"] = True           # SGLang and llama-server both accept it
             b["min_tokens"] = req.max_tokens
+        extra = req.meta.get("extra_body") if isinstance(req.meta, dict) else None
+        if isinstance(extra, dict):
+            b.update(extra)
         b.update(self.extra_body)
         return b
+
+    def encode(self, req: RequestSpec) -> bytes:
+        """The request body as bytes: encode before the level so the send path does no JSON work."""
+        return json.dumps(self.body(req), separators=(",", ":")).encode()
 
     def headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -113,23 +189,28 @@ class Client:
             h["Authorization"] = f"Bearer {self.api_key}"
         return h
 
-    def _count(self, text: str) -> int:
-        if self.tokenizer is not None:
-            return max(1, len(self.tokenizer.encode(text, add_special_tokens=False).ids))
-        return 1
+    def _tok_count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    async def send(self, session: aiohttp.ClientSession, req: RequestSpec, level: str = "") -> RequestRecord:
+    async def send(self, session: aiohttp.ClientSession, req: RequestSpec, level: str = "",
+                   body: Optional[bytes] = None) -> RequestRecord:
         rec = RequestRecord(id=req.id, prompt_tokens_client=req.prompt_tokens, max_tokens=req.max_tokens, level=level)
+        payload = body if body is not None else self.encode(req)
         for _attempt in range(2):
-            rec.send_time = self.clock()
+            asked = self.clock()
+            rec.send_time = asked            # replaced on the wire by the trace hook (Client.session)
             try:
-                await asyncio.wait_for(self._stream(session, req, rec), timeout=self.timeout_s)
+                await asyncio.wait_for(self._stream(session, req, rec, payload), timeout=self.timeout_s)
+                rec.queue_s = max(0.0, rec.send_time - asked)
                 return rec
             except _ReusedConnectionClosed:
                 # A pooled connection the server had already closed (llama-server closes after every
                 # stream): not a failed request. Retry once on a fresh connection.
                 rec.retries += 1
+                rec.chunk_times, rec.chunk_tokens, rec.text, rec.reasoning_text, rec.usage = [], [], "", "", None
                 continue
+            except _Fail as e:
+                rec.error_kind, rec.error = e.kind, e.msg
             except asyncio.TimeoutError:
                 rec.error_kind, rec.error = "timeout", f"no complete response within {self.timeout_s:.0f} s"
             except aiohttp.ClientConnectorError as e:
@@ -138,61 +219,109 @@ class Client:
                 rec.error_kind, rec.error = "stream_closed", f"{type(e).__name__}: {e}"
             except aiohttp.ClientError as e:
                 rec.error_kind, rec.error = "connect", f"{type(e).__name__}: {e}"
+            except Exception as e:  # noqa: BLE001 - one odd response must never abort the level
+                rec.error_kind, rec.error = "client_error", f"{type(e).__name__}: {e}"[:300]
             rec.end_time = self.clock()
+            rec.queue_s = max(0.0, rec.send_time - asked)
             return rec
         rec.error_kind, rec.error = "stream_closed", "connection closed before a response, twice"
+        rec.end_time = self.clock()
         return rec
 
-    async def _stream(self, session: aiohttp.ClientSession, req: RequestSpec, rec: RequestRecord) -> None:
+    async def _stream(self, session: aiohttp.ClientSession, req: RequestSpec, rec: RequestRecord, payload: bytes) -> None:
         got_headers = False
+        cum: list[Optional[int]] = []          # completion_tokens seen on each output chunk, if any
         try:
-            async with session.post(self.url, json=self.body(req), headers=self.headers()) as resp:
+            async with session.post(self.url, data=payload, headers=self._headers, allow_redirects=False,
+                                    trace_request_ctx={"rec": rec, "clock": self.clock}) as resp:
                 got_headers = True
                 rec.status = resp.status
+                if 300 <= resp.status < 400:
+                    where = resp.headers.get("Location", "?")
+                    raise _Fail("redirect", f"HTTP {resp.status} to {where[:200]}: a POST is not re-sent to a redirect; "
+                                            "give the final URL")
                 if resp.status >= 400:
-                    body = (await resp.text())[:300]
-                    rec.error_kind = "http_5xx" if resp.status >= 500 else "http_4xx"
-                    rec.error = f"HTTP {resp.status}: {body}"
-                    rec.end_time = self.clock()
-                    return
+                    text = (await resp.content.read(300)).decode("utf-8", errors="replace")
+                    raise _Fail("http_5xx" if resp.status >= 500 else "http_4xx", f"HTTP {resp.status}: {text}")
                 done = False
-                prev_completion = 0
-                async for raw in resp.content:
+                buf = b""
+                data: list[bytes] = []
+                event = b""
+                t_event = 0.0
+                async for piece in resp.content.iter_any():
                     now = self.clock()            # stamped on arrival, before parsing
-                    line = raw.decode("utf-8", errors="replace").strip()
-                    if not line or line.startswith(":"):
+                    buf += piece
+                    if b"\n" not in piece and len(buf) < MAX_EVENT_BYTES:
                         continue
-                    if not line.startswith("data:"):
-                        rec.error_kind, rec.error = "malformed", f"not an SSE data line: {line[:80]!r}"
-                        rec.end_time = now
-                        return
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        rec.end_time = now
+                    lines = buf.split(b"\n")
+                    buf = lines.pop()
+                    for line in lines:
+                        if line.endswith(b"\r"):
+                            line = line[:-1]
+                        if not line:                                  # blank line: dispatch the event
+                            if data:
+                                payload_b = data[0] if len(data) == 1 else b"\n".join(data)
+                                data = []
+                                if self._event(payload_b, event, t_event, rec, cum):
+                                    done = True
+                                    break
+                            event = b""
+                            continue
+                        if line[:1] == b":":
+                            continue                                  # comment / keep-alive
+                        name, _, value = line.partition(b":")
+                        if value[:1] == b" ":
+                            value = value[1:]
+                        if name == b"data":
+                            if not data:
+                                t_event = now
+                            data.append(value)
+                        elif name == b"event":
+                            event = value
+                        # id, retry and unknown fields: ignored, as the SSE specification says
+                    if done:
                         break
-                    try:
-                        msg = json.loads(data)
-                    except json.JSONDecodeError:
-                        rec.error_kind, rec.error = "malformed", f"chunk is not JSON: {data[:80]!r}"
-                        rec.end_time = now
-                        return
-                    prev_completion = self._chunk(msg, now, rec, prev_completion)
-                if rec.end_time is None:
-                    rec.end_time = self.clock()
+                    if len(buf) > MAX_EVENT_BYTES:
+                        raise _Fail("malformed", f"an SSE line longer than {MAX_EVENT_BYTES:,} bytes")
+                rec.end_time = self.clock() if not done else rec.end_time
                 if not done and rec.finish_reason is None:
-                    rec.error_kind, rec.error = "stream_closed", "stream ended without [DONE] or a finish reason"
-                elif not rec.chunk_times:
-                    rec.error_kind, rec.error = "no_output", "the stream carried no output tokens"
+                    raise _Fail("stream_closed", "stream ended without [DONE] or a finish reason")
+                self._attribute(rec, req, cum)
+                if not rec.chunk_times:
+                    raise _Fail("no_output", "the stream carried no output tokens")
+                self._check_length(rec, req)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             if not got_headers and not isinstance(e, aiohttp.ClientConnectorError):
                 raise _ReusedConnectionClosed() from e
             raise
 
-    def _chunk(self, msg: dict[str, Any], now: float, rec: RequestRecord, prev_completion: int) -> int:
+    def _event(self, data: bytes, event: bytes, now: float, rec: RequestRecord, cum: list[Optional[int]]) -> bool:
+        """One dispatched SSE event; True at [DONE]. Raises _Fail for this request's own error."""
+        if data == b"[DONE]":
+            rec.end_time = now
+            return True
+        if event == b"error":
+            raise _Fail("server_error", f"server sent an error event: {data[:200].decode('utf-8', 'replace')}")
+        try:
+            msg = json.loads(data)
+        except (ValueError, RecursionError):
+            raise _Fail("malformed", f"chunk is not JSON: {data[:80]!r}") from None
+        if not isinstance(msg, dict):
+            raise _Fail("malformed", f"chunk is JSON {type(msg).__name__}, not an object: {data[:80]!r}")
+        if msg.get("error") or msg.get("object") == "error":
+            err = msg.get("error") if msg.get("error") else msg.get("message")
+            if isinstance(err, dict):
+                err = err.get("message") or err
+            raise _Fail("server_error", f"server error mid-stream: {str(err)[:200]}")
+        self._chunk(msg, now, rec, cum)
+        return False
+
+    def _chunk(self, msg: dict[str, Any], now: float, rec: RequestRecord, cum: list[Optional[int]]) -> None:
         usage = msg.get("usage")
+        if usage is not None and not isinstance(usage, dict):
+            raise _Fail("malformed", f"usage is {type(usage).__name__}, not an object")
         if isinstance(usage, dict):
-            rec.usage = usage
+            rec.usage = dict(usage)
             details = usage.get("completion_tokens_details") or {}
             if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
                 rec.usage["reasoning_tokens"] = details["reasoning_tokens"]
@@ -201,30 +330,85 @@ class Client:
         for src in (ext, details):
             if isinstance(src, dict) and isinstance(src.get("spec_accept_length"), (int, float)):
                 rec.spec_accept_length = float(src["spec_accept_length"])
+        choices = msg.get("choices")
+        if choices is None:
+            choices = []
+        if not isinstance(choices, list):
+            raise _Fail("malformed", f"choices is {type(choices).__name__}, not a list")
         text, reasoning = "", ""
-        for ch in msg.get("choices") or []:
+        for ch in choices:
+            if not isinstance(ch, dict):
+                raise _Fail("malformed", f"a choice is {type(ch).__name__}, not an object")
             if self.chat:
                 delta = ch.get("delta") or {}
-                text += delta.get("content") or ""
-                reasoning += delta.get("reasoning_content") or delta.get("reasoning") or ""
+                if not isinstance(delta, dict):
+                    raise _Fail("malformed", f"delta is {type(delta).__name__}, not an object")
+                parts = (delta.get("content"), delta.get("reasoning_content") or delta.get("reasoning"))
             else:
-                text += ch.get("text") or ""
-            if ch.get("finish_reason"):
-                rec.finish_reason = ch["finish_reason"]
+                parts = (ch.get("text"), None)
+            for k, p in enumerate(parts):
+                if p is not None and not isinstance(p, str):
+                    raise _Fail("malformed", f"{'content' if k == 0 else 'reasoning'} is {type(p).__name__}, not a string")
+            text += parts[0] or ""
+            reasoning += parts[1] or ""
+            fr = ch.get("finish_reason")
+            if fr:
+                rec.finish_reason = str(fr)
         if not (text or reasoning):
-            return prev_completion
+            return
         rec.text += text
         rec.reasoning_text += reasoning
         rec.chunk_times.append(now)
         completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        if isinstance(completion, int) and completion > prev_completion:
-            rec.chunk_tokens.append(completion - prev_completion)
-            rec.count_source = "usage"
-            return completion
-        rec.chunk_tokens.append(self._count(text + reasoning))
-        rec.count_source = "tokenizer" if self.tokenizer is not None else "chunks"
-        return prev_completion
+        cum.append(completion if isinstance(completion, int) and not isinstance(completion, bool) else None)
 
+    def _attribute(self, rec: RequestRecord, req: RequestSpec, cum: list[Optional[int]]) -> None:
+        """Tokens per chunk, and the client's own count; see the module docstring."""
+        n = len(rec.chunk_times)
+        if self.tokenizer is not None and n:
+            rec.client_tokens = self._tok_count(rec.reasoning_text + rec.text)
+        else:
+            rec.client_tokens = n
+        final_raw = (rec.usage or {}).get("completion_tokens")
+        final: Optional[int] = final_raw if isinstance(final_raw, int) and not isinstance(final_raw, bool) else None
+        if not n:
+            rec.chunk_tokens = []
+            return
+        if final is not None:
+            counts = [0] * n
+            prev_i, prev_c, continuous = -1, 0, True
+            for i, c in enumerate(cum):
+                if c is None or c < prev_c:
+                    continue
+                if i - prev_i > 1:
+                    continuous = False
+                counts[prev_i + 1:i + 1] = spread(c - prev_c, i - prev_i)
+                prev_i, prev_c = i, c
+            rest = final - prev_c
+            if prev_i < n - 1:
+                continuous = False
+                counts[prev_i + 1:] = spread(rest, n - 1 - prev_i)
+            elif rest > 0:
+                counts[-1] += rest           # counted but never streamed as text (e.g. a stop token)
+            rec.chunk_tokens = counts
+            rec.count_source = "usage" if continuous else "usage_spread"
+        elif self.tokenizer is not None:
+            rec.chunk_tokens = spread(max(n, rec.client_tokens), n)
+            rec.count_source = "tokenizer"
+        elif req.ignore_eos and rec.finish_reason == "length":
+            rec.chunk_tokens = spread(max(n, req.max_tokens), n)
+            rec.count_source = "requested"
+        else:
+            rec.chunk_tokens = [1] * n
+            rec.count_source = "chunks"
 
-class _ReusedConnectionClosed(Exception):
-    pass
+    def _check_length(self, rec: RequestRecord, req: RequestSpec) -> None:
+        if not req.ignore_eos or req.max_tokens <= 0:
+            return
+        got_raw = (rec.usage or {}).get("completion_tokens")
+        got: Optional[int] = got_raw if isinstance(got_raw, int) and not isinstance(got_raw, bool) else None
+        if got is not None and got < req.max_tokens:
+            raise _Fail("short_output", f"ignore_eos: {got} of max_tokens {req.max_tokens} tokens generated "
+                                        f"(finish_reason {rec.finish_reason!r}); the server did not honour ignore_eos")
+        if got is None and rec.finish_reason == "stop":
+            raise _Fail("short_output", f"ignore_eos: the stream stopped (finish_reason 'stop') before max_tokens {req.max_tokens}")

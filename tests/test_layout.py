@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO
 
 LIB = REPO / "lib" / "runbook"
-STAGES = ("env", "quant", "kv", "service", "bench", "accuracy")
+STAGES = ("env", "quant", "kv", "service", "bench", "accuracy", "verify")
 SHARED = ("core", "model", "endpoint", "corpus")
 
 

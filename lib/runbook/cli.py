@@ -122,11 +122,54 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
     only = [n for chunk in a.only for n in _csv(chunk)]
     opts = RunOptions(deployment=a.deployment, only=only, params=a.param, out=Path(a.out), timeout=a.timeout,
-                      run_timeout=a.run_timeout, keep=a.keep, strict=a.strict, kernel=a.kernel)
+                      run_timeout=a.run_timeout, keep=a.keep, strict=a.strict, kernel=a.kernel, archive_url=a.archive_url)
     if a.notebooks:
         opts.notebooks_dir = Path(a.notebooks)
     code, _ = run(opts)
     return code
+
+
+def _archive_url(s: str) -> str:
+    from runbook.core.spec import archive_url_problem
+
+    problem = archive_url_problem(s)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return s
+
+
+def _cmd_push(a: argparse.Namespace) -> int:
+    from runbook.runner.run import push
+
+    res = push(Path(a.out), a.archive_url, a.deployment, a.run, everything=True)
+    if a.json:
+        print(json.dumps([r.__dict__ for r in res], indent=2))
+    else:
+        for r in res:
+            print(f"{'uploaded' if r.ok else 'FAILED  '} {r.run_id} -> {r.url}" + ("" if r.ok else f" ({r.error})"))
+        if not res:
+            print("nothing to upload: every run is in the store")
+    return 0 if all(r.ok for r in res) else 1
+
+
+def _cmd_fleet(a: argparse.Namespace) -> int:
+    from runbook import fleet
+    from runbook.runner.upload import open_store
+
+    fs, root = open_store(a.source)
+    fl = fleet.collect(a.source, workers=a.workers, fs=fs, root=root)
+    doc = fleet.build(fl, trend=a.trend, links=a.links, link_base=a.link_base, expires=int(a.expires), fs=fs)
+    html, js = fleet.write(doc, Path(a.out))
+    if a.publish:
+        fs.pipe_file(f"{root}/index.html", html.read_bytes())
+        fs.pipe_file(f"{root}/fleet.json", js.read_bytes())
+    if a.json:
+        print(js.read_text())
+    else:
+        print(f"{doc['runs']} completed runs, {len(doc['hosts'])} hosts, {len(doc['deployments'])} deployments "
+              f"({fl.objects_listed} objects listed in {fl.timings['list_s']:.2f} s, summaries read in {fl.timings['read_s']:.2f} s)")
+        print(f"Index: {html}\nJSON:  {js}" + (f"\nPublished: {a.source.rstrip('/')}/index.html" if a.publish else ""))
+    return 0
 
 
 def _cmd_env(a: argparse.Namespace) -> int:
@@ -281,6 +324,29 @@ def _cmd_accuracy(a: argparse.Namespace) -> int:
     return exit_code(findings, a.strict)
 
 
+def _since(s: str) -> str:
+    from runbook.verify.logsource import parse_since
+
+    try:
+        parse_since(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"must be a time: {e}") from None
+    return s.strip()
+
+
+def _cmd_verify(a: argparse.Namespace) -> int:
+    from runbook import verify
+    from runbook.core import spec
+
+    rep = verify.evaluate(spec.load(a.deployment), log=a.log, unit=a.unit, url=a.url, since=a.since)
+    if a.json:
+        print(json.dumps(rep.to_json(), indent=2, default=str))
+    else:
+        print(verify.text_table(rep))
+        print(format_text(rep.findings, colour=sys.stdout.isatty()))
+    return exit_code(rep.findings, a.strict)
+
+
 def _emit(a: argparse.Namespace, findings: list, doc: dict) -> None:
     if a.json:
         print(json.dumps(doc, indent=2, default=str))
@@ -305,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
     r.add_argument("--notebooks", default=None, metavar="DIR", help=argparse.SUPPRESS)
     r.add_argument("--kernel", default=None, help="Jupyter kernel name (default: the notebook's, run in this venv)")
+    r.add_argument("--archive-url", type=_archive_url, default=None, metavar="URL",
+                   help="also upload the run to s3://BUCKET/PREFIX/<host>/<run id>/ (default: $RUNBOOK_ARCHIVE_URL, else the spec's archive.url)")
     r.set_defaults(fn=_cmd_run)
 
     e = sub.add_parser("env", help="GPU, driver, serving-environment and host checks")
@@ -403,6 +471,38 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--out", metavar="DIR", help="recall, report: archive the prompts here")
     _add_output(ac)
     ac.set_defaults(fn=_cmd_accuracy)
+
+    vf = sub.add_parser("verify", help="the running server against the plan: its start-up log and /server_info")
+    _add_deployment(vf)
+    src = vf.add_mutually_exclusive_group()
+    src.add_argument("--log", metavar="FILE", help="a saved server log (default: the unit's journal)")
+    src.add_argument("--unit", metavar="NAME", help="systemd unit whose journal to read (default: the spec's systemd.unit_name)")
+    vf.add_argument("--url", type=_url, help="also compare /server_info of this server")
+    vf.add_argument("--since", type=_since, metavar="TIME", help="read from this time, e.g. '2026-01-05 10:00' (default: the unit's last start)")
+    _add_output(vf)
+    vf.set_defaults(fn=_cmd_verify)
+
+    pu = sub.add_parser("push", help="upload local runs that are not yet in the archive store (what a failed upload left)")
+    _add_deployment(pu)
+    pu.add_argument("--out", default=str(OUTPUTS), metavar="DIR", help="archive root (default: outputs/)")
+    pu.add_argument("--archive-url", type=_archive_url, default=None, metavar="URL",
+                    help="s3://BUCKET/PREFIX (default: $RUNBOOK_ARCHIVE_URL, else the spec's archive.url)")
+    pu.add_argument("--run", action="append", default=[], metavar="RUN_ID", help="upload exactly this run (again); repeatable")
+    pu.add_argument("--json", action="store_true", help="print the uploads as JSON")
+    pu.set_defaults(fn=_cmd_push)
+
+    fl = sub.add_parser("fleet", help="one static index of every host's runs in an archive store")
+    fl.add_argument("--from", dest="source", required=True, type=_archive_url, metavar="URL", help="s3://BUCKET/PREFIX the hosts upload to")
+    fl.add_argument("--out", default="fleet", metavar="DIR", help="write index.html and fleet.json here (default: fleet/)")
+    fl.add_argument("--links", choices=["relative", "presigned"], default="relative",
+                    help="run links relative to PREFIX (the page served from the store; see --publish) or presigned URLs")
+    fl.add_argument("--link-base", type=_url, default=None, metavar="URL", help="relative links under this base, e.g. https://runbooks.example.com/fleet")
+    fl.add_argument("--expires", type=_float(1, 7 * 86400), default=7 * 86400, metavar="S", help="presigned links' lifetime (default and max 7 days)")
+    fl.add_argument("--trend", type=_POS_INT, default=30, metavar="N", help="runs per host and deployment in the trends (default 30)")
+    fl.add_argument("--workers", type=_int(1), default=64, metavar="N", help="summaries read concurrently (default 64)")
+    fl.add_argument("--publish", action="store_true", help="also write index.html and fleet.json to PREFIX/ in the store")
+    fl.add_argument("--json", action="store_true", help="print the fleet JSON")
+    fl.set_defaults(fn=_cmd_fleet)
     return p
 
 

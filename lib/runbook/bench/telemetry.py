@@ -79,9 +79,9 @@ class Telemetry:
             if self._nvml_in is not None:
                 nv = self._nvml_in
             else:
-                from runbook.env.gpus import _load_nvml
+                import pynvml  # nvidia-ml-py, the same binding stage 00 uses
 
-                nv = _load_nvml()
+                nv = pynvml
             nv.nvmlInit()
             self._handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
             self._nvml = nv

@@ -9,7 +9,7 @@ from runbook.service.check import (
            verify_unit,
 )
 from runbook.service.diff import diff
-from runbook.service.drift import drift, redact_server_info
+from runbook.service.drift import drift, redact_server_info, server_state
 from runbook.service.install import InstallResult, install, wait_ready
 from runbook.service.render import (
            Build,
@@ -25,4 +25,4 @@ from runbook.service.stage import ServiceReport, evaluate
 
 __all__ = ["Build", "InstallResult", "Rendered", "ServiceReport", "build", "changes_frame", "check", "check_flags", "cross_checks",
            "diff", "drift", "drift_frame", "effective_flags", "evaluate", "install", "parse_args", "plan_frame", "recommended_flags",
-           "redact_server_info", "render", "serving_python", "verify_unit", "wait_ready"]
+           "redact_server_info", "render", "server_state", "serving_python", "verify_unit", "wait_ready"]

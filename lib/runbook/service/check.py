@@ -35,6 +35,24 @@ def serving_python(spec: Deployment) -> tuple[Optional[str], list[Finding]]:
                           remedy="Run on the serving host, or `make serving-env` to build a CPU copy of SGLang's parser.")]
 
 
+def abbreviations(argv: list[str], known: list[str], ver: Any = None) -> list[Finding]:
+    """argparse takes a unique prefix for a flag (--kv-cache-dtyp is --kv-cache-dtype): a warn naming the
+    full flag, since a future SGLang flag with the same prefix makes it ambiguous (or means another flag)."""
+    if not known:
+        return []
+    out = []
+    for w in argv:
+        flag = w.split("=", 1)[0]
+        if not flag.startswith("--") or flag in known:
+            continue
+        full = [k for k in known if k.startswith(flag)]
+        if len(full) == 1:
+            out.append(Finding(f"service.flag_abbrev.{flag.lstrip('-')}", "warn",
+                               f"{flag} is an abbreviation of {full[0]}: SGLang {ver or ''} accepts it only while no other flag shares the prefix",
+                               remedy=f"Write {full[0]} in serving.flags (or the --arg what-if)."))
+    return out
+
+
 def check_flags(r: Rendered, python: str, run: Callable = subprocess.run) -> list[Finding]:
     argv = [("REDACTED" if re.fullmatch(r"\$\{\w+\}", w) else w) for w in r.argv[3:]]
     cp = run([python, str(PROBE), json.dumps(argv)], capture_output=True, text=True, timeout=180)
@@ -46,11 +64,12 @@ def check_flags(r: Rendered, python: str, run: Callable = subprocess.run) -> lis
                         remedy=f"Check that `{python} -c 'import sglang.srt.server_args'` works.")]
     ver = res.get("version")
     where = f" on node {r.node}" if r.node else ""
+    known = res.get("known_flags", [])
+    abbrev = abbreviations(argv, known, ver)
     if res["ok"]:
         n = sum(1 for w in r.argv if w.startswith("--"))
-        return [Finding("service.parser", "pass", f"SGLang {ver}'s own parser accepts all {n} flags{where}")]
-    out = []
-    known = res.get("known_flags", [])
+        return [Finding("service.parser", "pass", f"SGLang {ver}'s own parser accepts all {n} flags{where}")] + abbrev
+    out = list(abbrev)
     errors = res.get("errors") or [{"flag": None, "error": res.get("error", "")}]
     for e in errors:
         flags = [e["flag"]] if e.get("flag") else re.findall(r"--[a-z0-9-]+", e["error"])

@@ -1,24 +1,22 @@
 """The running server against the unit: /server_info (redacted) compared flag by flag."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import urllib.error
-import urllib.request
 from typing import Any, Callable, Optional
 
 from runbook.core.findings import Finding
 from runbook.core.secrets import MASK, is_secret_key
 from runbook.core.spec import Deployment
+from runbook.endpoint.reach import BadResponse, failure_finding, fetch_json, served_models
 from runbook.service import unitfile
 from runbook.service.render import Build, build
 
 
 def _get(url: str, api_key: Optional[str], timeout: float = 10.0) -> Any:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read().decode())
+    """Bounded in size and time (reach.fetch_json): a body that never ends or is gigabytes long is a BadResponse."""
+    return fetch_json(url, api_key, timeout=timeout, expect=None)
 
 
 _SECRET_OPT = re.compile(r"(--[a-z0-9-]*(?:api-key|token|password|secret)[a-z0-9-]*)(\s+|=)(\S+)", re.I)
@@ -81,6 +79,27 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
+# Runtime state /server_info reports (resolved server arguments and the scheduler's info), and the
+# SGLang flag that sets each: compared with the unit as built even when the spec leaves the flag unset.
+RUNTIME_KEYS = {"kv_cache_dtype": "kv-cache-dtype", "context_length": "context-length",
+                "max_total_num_tokens": "max-total-tokens", "max_running_requests": "max-running-requests",
+                "mem_fraction_static": "mem-fraction-static", "page_size": "page-size"}
+
+
+def server_state(info: dict[str, Any]) -> dict[str, Any]:
+    """The runtime values in a /server_info answer: top level first, else the first DP rank's internal state."""
+    states = info.get("internal_states")
+    first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    out: dict[str, Any] = {}
+    for key in RUNTIME_KEYS:
+        v = info.get(key)
+        if v is None:
+            v = first.get(key)
+        if v is not None:
+            out[key] = v
+    return out
+
+
 def drift(spec: Deployment, url: Optional[str] = None, args: Optional[dict[str, Any]] = None,
           fetch: Callable[[str, Optional[str]], Any] = _get,
           built: Optional[Build] = None) -> tuple[list[dict[str, str]], list[Finding], dict[str, Any]]:
@@ -97,39 +116,68 @@ def drift(spec: Deployment, url: Optional[str] = None, args: Optional[dict[str, 
                 return [], [Finding("service.drift", "fail", f"{base} refused the API key (401)",
                                     remedy=f"Export {spec.serving.api_key_env or 'the API key variable'} for this run.")], {}
             continue
+        except BadResponse as e:   # it answered, with HTML, garbage, too much or too slowly: not "no server"
+            return [], [failure_finding("service.drift", base + path, e)], {}
         except (urllib.error.URLError, OSError, ValueError) as e:
             return [], [Finding("service.drift", "skip", f"no server reachable at {base}", evidence=str(getattr(e, "reason", e)),
                                 remedy="Start the service, or give the server's URL.")], {}
-    if not isinstance(info, dict):
+    if info is None:
         return [], [Finding("service.drift", "skip", f"{base} has no /server_info", remedy="Is this an SGLang server?")], {}
+    if not isinstance(info, dict):
+        return [], [failure_finding("service.drift", base + "/server_info",
+                                    BadResponse(base + "/server_info", f"expected an object, got {type(info).__name__}"))], {}
     info = redact_server_info(info, api_key)
-    r = (built or build(spec, args)).unit
+    b = built or build(spec, args)
+    r = b.unit
     expected = unitfile.flags_of(r.argv[3:])
     expected.pop("api-key", None)
     rows, findings = [], []
     want: str | bool
     for flag, want in expected.items():
         key = flag.replace("-", "_")
-        if key not in info:
+        if key not in info or info[key] is None:
             continue
         have = info[key]
         if want == "true":
             want = True
         if not _same(have, want):
             rows.append({"flag": flag, "spec": str(want), "server": str(have)})
+    state = server_state(info)
+    for key, flag in RUNTIME_KEYS.items():
+        # runtime values the unit leaves to SGLang's default, or that only the scheduler reports
+        if key == flag.replace("-", "_") and flag in expected and info.get(key) is not None:
+            continue   # compared above
+        want_rt = expected.get(flag)
+        if key not in state:
+            continue
+        if want_rt is None and flag == "kv-cache-dtype":
+            # unset in the unit: SGLang's `auto`, which the server may report resolved (the checkpoint's KV dtype)
+            auto = getattr(getattr(b.quant, "kv_cache", None), "auto_resolves_to", None)
+            if not (_same(state[key], "auto") or (auto and _same(state[key], auto))) and auto:
+                rows.append({"flag": flag, "spec": f"auto (→ {auto})", "server": str(state[key])})
+            continue
+        if want_rt is None:
+            continue
+        if flag == "max-total-tokens":
+            if int(state[key]) > int(want_rt):   # SGLang caps the pool at --max-total-tokens; fewer is memory
+                rows.append({"flag": flag, "spec": f"at most {want_rt}", "server": str(state[key])})
+            continue
+        if not _same(state[key], want_rt):
+            rows.append({"flag": flag, "spec": str(want_rt), "server": str(state[key])})
     try:
-        models = fetch(base + "/v1/models", api_key)
-        served = [m.get("id") for m in models.get("data", [])]
-    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        served = served_models(fetch(base + "/v1/models", api_key), base + "/v1/models")
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):   # BadResponse is a ValueError
         served = []
     for row in rows:
         findings.append(Finding(f"service.drift.{row['flag']}", "fail", f"server runs --{row['flag']} {row['server']}, the spec says {row['spec']}",
                                 remedy="Restart the service from the rendered unit (`service install --yes`), or update the spec if the server is right."))
     kv_in_use = info.get("kv_cache_dtype")
     if not rows:
-        findings.append(Finding("service.drift", "pass", f"running server matches the spec on {sum(1 for f in expected if f.replace('-', '_') in info)} flags",
+        n = len({f for f in expected if f.replace('-', '_') in info} | {f for k, f in RUNTIME_KEYS.items() if k in state})
+        findings.append(Finding("service.drift", "pass", f"running server matches the unit on {n} flags and runtime values",
                                 detail=f"KV cache dtype in use: {kv_in_use}; serving {', '.join(map(str, served)) or '?'}"))
     subset: dict[str, Any] = {k: info.get(k) for k in ("model_path", "kv_cache_dtype", "tp_size", "context_length", "max_total_num_tokens",
                                        "max_running_requests", "version", "launch_command") if k in info}
+    subset.update({k: v for k, v in state.items() if subset.get(k) is None})
     subset["served_models"] = served
     return rows, findings, subset

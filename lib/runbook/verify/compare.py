@@ -1,0 +1,182 @@
+"""Predicted (20_kv_memory's figures for the unit) against observed (the log, /server_info): rows and findings."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from runbook.core.findings import Finding, Status
+from runbook.verify.logparse import Facts, kv_dtype_name
+
+GIB = 1024**3
+KEYS = ("kv_dtype", "max_total_num_tokens", "max_running_requests", "context_len", "weights_gib_per_gpu",
+        "avail_mem_gib_after_start")
+WARN_SHORT, FAIL_SHORT = 0.02, 0.10   # token pool below the plan by more than this: warn, fail
+
+
+def _dtype(v: Any) -> Optional[str]:
+    if v in (None, "", "auto"):
+        return None
+    return kv_dtype_name(str(v).lower())
+
+
+def predicted(result: Any, reserved_note: bool = True) -> dict[str, Any]:
+    """From kv.evaluate(spec).result: the same figures `runbook kv` prints."""
+    w = result.weights_bytes_per_gpu
+    reserved = result.reserved_bytes_per_gpu
+    return {"kv_dtype": result.kv_dtype, "max_total_num_tokens": result.max_total_num_tokens,
+            "max_running_requests": result.max_running_requests, "context_len": result.context_len,
+            "weights_gib_per_gpu": round(w / GIB, 2) if w else None,
+            # 1 − mem_fraction_static of the GPU: what is left before CUDA graphs and activations take their share
+            "avail_mem_gib_after_start": round(reserved / GIB, 2) if reserved else None}
+
+
+def observed(facts: Facts) -> dict[str, Any]:
+    kv = facts.rank0(facts.kv)
+    w = facts.rank0(facts.weights)
+    s = facts.scheduler or {}
+    return {"kv_dtype": kv["dtype"] if kv else None,
+            "max_total_num_tokens": s.get("max_total_num_tokens", kv["tokens"] if kv else None),
+            "max_running_requests": s.get("max_running_requests"), "context_len": s.get("context_len"),
+            "weights_gib_per_gpu": w["usage_gib"] if w else None,
+            "avail_mem_gib_after_start": s.get("available_gpu_mem_gib")}
+
+
+def bytes_per_token(facts: Facts) -> Optional[int]:
+    kv = facts.rank0(facts.kv)
+    if not kv or not kv["tokens"] or not kv["size_gib"]:
+        return None
+    return round(kv["size_gib"] * GIB / kv["tokens"])   # sizes are logged with 2 decimals: approximate
+
+
+def _causes(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags: dict[str, Any], gpu_mem_gib: Optional[float],
+            plan_frac: Optional[float]) -> list[str]:
+    out = []
+    if obs.get("weights_gib_per_gpu") and pred.get("weights_gib_per_gpu") and obs["weights_gib_per_gpu"] > pred["weights_gib_per_gpu"] * 1.03:
+        out.append(f"weights take {obs['weights_gib_per_gpu']:.2f} GiB per GPU, the plan {pred['weights_gib_per_gpu']:.2f}")
+    w = facts.rank0(facts.weights)
+    if w and gpu_mem_gib:
+        seen = w["avail_gib"] + w["usage_gib"]   # free memory before the weights loaded
+        if seen < gpu_mem_gib * 0.95:
+            out.append(f"only {seen:.1f} of {gpu_mem_gib:g} GiB were free before the weights loaded: another process holds GPU memory "
+                       "(nvidia-smi; 00_environment lists the processes)")
+    frac = unit_flags.get("mem-fraction-static")
+    if frac is not None and plan_frac is not None and abs(float(frac) - float(plan_frac)) > 1e-6:
+        out.append(f"the unit's --mem-fraction-static {frac} is not the plan's {plan_frac}")
+    elif frac is None:
+        out.append("--mem-fraction-static is unset: SGLang's heuristic picked the fraction")
+    if facts.graphs:
+        mem = max(g["mem_gib"] for g in facts.graphs)
+        out.append(f"CUDA graphs took {mem:.2f} GiB (largest capture); post-capture sizing or a larger --cuda-graph-max-bs-decode "
+                   "shrinks the pool")
+    return out or ["mem-fraction, CUDA-graph memory, or another process on the GPU"]
+
+
+def compare(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags: dict[str, Any], where: str = "log",
+            gpu_mem_gib: Optional[float] = None, plan_frac: Optional[float] = None,
+            id_prefix: str = "verify") -> list[Finding]:
+    """Token pool vs plan (warn > 2 % short, fail > 10 %), KV dtype and context length vs the unit (fail)."""
+    out: list[Finding] = []
+    want_dtype = _dtype(unit_flags.get("kv-cache-dtype")) or _dtype(pred.get("kv_dtype"))
+    have_dtype = _dtype(obs.get("kv_dtype"))
+    if have_dtype is not None and want_dtype is not None:
+        ok = have_dtype == want_dtype
+        out.append(Finding(f"{id_prefix}.kv_dtype", "pass" if ok else "fail",
+                           f"KV cache dtype {have_dtype} ({where})" + ("" if ok else f", the unit asks for {want_dtype}"),
+                           remedy="" if ok else "The server is not running the unit: restart it from the rendered unit "
+                                                "(`service install --yes`), and check --kv-cache-dtype in the spec."))
+    want_ctx = unit_flags.get("context-length") or pred.get("context_len")
+    if obs.get("context_len") is not None and want_ctx is not None:
+        ok = int(obs["context_len"]) == int(want_ctx)
+        out.append(Finding(f"{id_prefix}.context_len", "pass" if ok else "fail",
+                           f"context length {int(obs['context_len']):,} ({where})" + ("" if ok else f", the unit asks for {int(want_ctx):,}"),
+                           remedy="" if ok else "The server runs another --context-length than the unit: restart it from the rendered unit."))
+    p, o = pred.get("max_total_num_tokens"), obs.get("max_total_num_tokens")
+    if p and o is not None:
+        short = (p - o) / p
+        status: Status = "fail" if short > FAIL_SHORT else "warn" if short > WARN_SHORT else "pass"
+        title = (f"KV pool {o:,} tokens ({where}), plan {p:,}: " +
+                 (f"{short:.1%} below the plan" if short > 0 else f"{-short:.1%} above the plan"))
+        detail = ""
+        remedy = ""
+        if status != "pass":
+            detail = "likely causes: " + "; ".join(_causes(pred, obs, facts, unit_flags, gpu_mem_gib, plan_frac))
+            remedy = ("Free the GPU of other processes, set --mem-fraction-static in the spec, or re-plan in 20_kv_memory with the "
+                      "observed weights (--weights-gib); check the requests that fit at your context length.")
+        out.append(Finding(f"{id_prefix}.tokens", status, title, detail=detail, remedy=remedy))
+    p, o = pred.get("max_running_requests"), obs.get("max_running_requests")
+    if p and o is not None:
+        low = (p - o) / p
+        out.append(Finding(f"{id_prefix}.max_running_requests", "warn" if low > FAIL_SHORT else "pass",
+                           f"max_running_requests {o} ({where}), plan {p}",
+                           remedy="" if low <= FAIL_SHORT else "Fewer requests run at once than planned: see the token pool finding."))
+    return out
+
+
+def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> list[Finding]:
+    """Weights, headroom and the warnings SGLang logged."""
+    out: list[Finding] = []
+    pw, ow = pred.get("weights_gib_per_gpu"), obs.get("weights_gib_per_gpu")
+    if ow is not None:
+        big = pw is not None and pw > 0 and ow > pw * 1.10
+        out.append(Finding("verify.weights", "warn" if big else "info", f"weights {ow:.2f} GiB per GPU" + (f", plan {pw:.2f}" if pw else ""),
+                           detail="the plan's figure is the checkpoint's size / GPUs (or the spec's model.size_gib estimate)",
+                           remedy="Re-plan with `runbook kv --weights-gib " + f"{ow:.2f}`." if big else ""))
+    avail = obs.get("avail_mem_gib_after_start")
+    if avail is not None:
+        low = avail < 1.0
+        out.append(Finding("verify.headroom", "warn" if low else "info", f"{avail:.2f} GiB free per GPU after start-up",
+                           detail="activations of long prefills and sampling need this room",
+                           remedy="Lower --mem-fraction-static a little (e.g. by 0.02) or --chunked-prefill-size." if low else ""))
+    w = facts.warnings
+    fp8 = w.get("fp8_kv_no_scales")
+    if fp8:
+        out.append(Finding("verify.fp8_kv_scales", "fail", "FP8 KV cache without scaling factors: SGLang defaults them to 1.0",
+                           detail="values outside FP8's range are clipped in every attention layer (the story's warning)",
+                           evidence=fp8.lines[0],
+                           remedy="--kv-cache-dtype bf16 (10_quant_config's recommendation), or a checkpoint with calibrated k/v scales."))
+    elif facts.kv:
+        out.append(Finding("verify.fp8_kv_scales", "pass", "no FP8-KV-without-scales warning in the log"))
+    moe = w.get("moe_default_config")
+    if moe:
+        path = moe.groups[0][0] if moe.groups and moe.groups[0] else ""
+        out.append(Finding("verify.moe_config", "warn", "SGLang uses its default MoE kernel config: no tuned config for this GPU",
+                           detail=f"config file not found: {path}" if path else "", evidence=moe.lines[0],
+                           remedy="Tune one for this GPU and shape with SGLang's benchmark/kernels/fused_moe_triton tuner and put "
+                                  "it where the line says; until then MoE layers run with generic tiles."))
+    ca = w.get("custom_allreduce_disabled")
+    if ca:
+        out.append(Finding("verify.custom_allreduce", "warn", "custom all-reduce is disabled: NCCL does every all-reduce",
+                           detail=ca.groups[0][1] if ca.groups else "", evidence=ca.lines[0],
+                           remedy="Expected on more than two PCIe-only GPUs; pass --disable-custom-all-reduce to say so, and keep "
+                                  "NCCL_P2P_LEVEL right for the topology (00_environment)."))
+    rt = w.get("retraction")
+    if rt:
+        reqs = sum(int(g[0]) for g in rt.groups if g and g[0].isdigit())
+        out.append(Finding("verify.retraction", "warn", f"the KV pool filled up {rt.count}× and SGLang retracted running requests",
+                           detail=f"{reqs} requests retracted in the first {len(rt.groups)} events", evidence=rt.lines[0],
+                           remedy="Fewer long requests at once (--max-running-requests), a larger pool (BF16 → FP8 only with "
+                                  "scales, more memory), or a shorter --context-length; retraction recomputes their prefill."))
+    oomg = w.get("oom_graph_capture")
+    if oomg:
+        out.append(Finding("verify.oom_graph_capture", "fail", "out of memory while capturing CUDA graphs: the KV pool took their room",
+                           evidence=oomg.lines[0],
+                           remedy="Lower --mem-fraction-static (e.g. by 0.03) so graphs and activations fit, or lower "
+                                  "--cuda-graph-max-bs-decode (SGLang's own advice); re-plan the pool in 20_kv_memory."))
+    oom = w.get("oom")
+    if oom and not oomg:
+        out.append(Finding("verify.oom", "fail", f"CUDA out of memory ({oom.count}×)", evidence=oom.lines[0],
+                           remedy="Lower --mem-fraction-static or --chunked-prefill-size; look for another process on the GPU."))
+    nem = w.get("not_enough_memory")
+    if nem:
+        out.append(Finding("verify.not_enough_memory", "fail", "SGLang found no memory for the KV pool and refused to start",
+                           evidence=nem.lines[0], remedy="Raise --mem-fraction-static, or more GPUs (TP) so the weights per GPU shrink."))
+    gcf = w.get("graph_capture_failed")
+    if gcf and not oomg:
+        out.append(Finding("verify.graph_capture", "fail", "CUDA-graph capture failed", evidence=gcf.lines[0],
+                           remedy="Read the line; SGLang suggests a smaller --cuda-graph-max-bs-decode or another attention backend."))
+    jit = w.get("deepgemm_jit")
+    if jit:
+        out.append(Finding("verify.jit_compile", "warn", f"DeepGEMM JIT-compiled {jit.count} kernel shapes at start-up",
+                           evidence=jit.lines[0],
+                           remedy="Precompile once (`python3 -m sglang.compile_deep_gemm` with the unit's flags) and keep "
+                                  "SGLANG_DG_CACHE_DIR on persistent disk, so a restart does not recompile."))
+    return out

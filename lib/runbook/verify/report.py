@@ -1,0 +1,64 @@
+"""Stage 35's tables and plot: predicted vs observed, the warnings SGLang logged, start-up timeline."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def compare_frame(rep: Any):
+    import pandas as pd
+
+    return pd.DataFrame(rep.rows()).set_index("quantity")
+
+
+def warnings_frame(rep: Any):
+    import pandas as pd
+
+    rows = [{"id": w.id, "count": w.count, "first line": w.lines[0] if w.lines else ""} for w in rep.facts.warnings.values()]
+    return pd.DataFrame(rows, columns=["id", "count", "first line"])
+
+
+def startup_frame(rep: Any):
+    """Per TP rank: weight load, KV pool, and each CUDA-graph capture (GiB as SGLang logs them)."""
+    import pandas as pd
+
+    f = rep.facts
+    rows = []
+    for r in sorted(set(f.weights) | set(f.kv)):
+        w, k = f.weights.get(r, {}), f.kv.get(r, {})
+        rows.append({"rank": r, "step": "weights + KV pool", "seconds": w.get("elapsed_s"), "GiB": w.get("usage_gib"),
+                     "detail": f"KV {k.get('dtype')} {k.get('tokens', 0):,} tokens, {k.get('size_gib')} GiB" if k else ""})
+    for g in f.graphs:
+        rows.append({"rank": g["rank"], "step": f"capture {g['name']}", "seconds": g["elapsed_s"], "GiB": g["mem_gib"],
+                     "detail": f"max bs {g['max_bs']}, {g['avail_gib']} GiB free after" if g.get("max_bs") else f"{g['avail_gib']} GiB free after"})
+    return pd.DataFrame(rows, columns=["rank", "step", "seconds", "GiB", "detail"])
+
+
+def text_table(rep: Any) -> str:
+    lines = [f"{'quantity':<28} {'predicted':>16} {'observed':>16} {'server':>16}"]
+    for r in rep.rows():
+        cell = lambda v: "—" if v is None else (f"{v:,}" if isinstance(v, int) else str(v))   # noqa: E731
+        lines.append(f"{r['quantity']:<28} {cell(r['predicted']):>16} {cell(r['observed']):>16} {cell(r['server']):>16}")
+    return "\n".join(lines)
+
+
+def plot_memory(rep: Any):
+    """One GPU (rank 0): weights, KV pool and CUDA graphs, predicted beside observed."""
+    from runbook.core import plots
+
+    fig, ax = plots.figure((7, 2.6))
+    pred, obs = rep.predicted, rep.observed
+    kv0 = rep.facts.rank0(rep.facts.kv) or {}
+    graphs = sum(g["mem_gib"] for g in rep.facts.graphs if g["rank"] == 0)
+    bars = {"predicted": [pred.get("weights_gib_per_gpu") or 0, 0, 0, pred.get("avail_mem_gib_after_start") or 0],
+            "observed": [obs.get("weights_gib_per_gpu") or 0, kv0.get("size_gib") or 0, graphs, obs.get("avail_mem_gib_after_start") or 0]}
+    labels = ["weights", "KV pool", "CUDA graphs", "free after start"]
+    for i, vals in enumerate(bars.values()):
+        left = 0.0
+        for lab, v in zip(labels, vals, strict=True):
+            ax.barh(i, v, left=left, label=lab if i == 1 else None)
+            left += v
+    ax.set_yticks([0, 1], list(bars))
+    ax.set_xlabel("GiB per GPU")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig

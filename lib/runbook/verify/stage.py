@@ -1,0 +1,158 @@
+"""Stage 35's entry point: read the last start's log (and /server_info), compare with the plan."""
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from runbook import kv, service
+from runbook.core import secrets
+from runbook.core.errors import InputError, SpecError
+from runbook.core.findings import Finding
+from runbook.core.spec import Deployment
+from runbook.verify import compare, logparse, logsource
+
+
+@dataclass
+class VerifyReport:
+    findings: list[Finding]
+    source: str = ""
+    facts: logparse.Facts = field(default_factory=logparse.Facts)
+    observed: dict[str, Any] = field(default_factory=dict)
+    predicted: dict[str, Any] = field(default_factory=dict)
+    server: dict[str, Any] = field(default_factory=dict)
+    unit: dict[str, Any] = field(default_factory=dict)          # the unit's kv-cache-dtype, context-length, mem-fraction-static
+    bytes_per_token: dict[str, Optional[int]] = field(default_factory=dict)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The predicted-vs-observed table (one row per quantity; `server` from /server_info when read)."""
+        srv = {"kv_dtype": self.server.get("kv_cache_dtype"), "max_total_num_tokens": self.server.get("max_total_num_tokens"),
+               "max_running_requests": self.server.get("max_running_requests"), "context_len": self.server.get("context_length")}
+        out = [{"quantity": k, "predicted": self.predicted.get(k), "observed": self.observed.get(k), "server": srv.get(k)}
+               for k in compare.KEYS]
+        out.insert(1, {"quantity": "kv_bytes_per_token_per_gpu", "predicted": self.bytes_per_token.get("predicted"),
+                       "observed": self.bytes_per_token.get("observed"), "server": None})
+        return out
+
+    def warnings(self) -> list[dict[str, str]]:
+        return [{"id": w.id, "line": ln} for w in self.facts.warnings.values() for ln in w.lines]
+
+    def data(self) -> dict[str, Any]:
+        return {"observed": {k: self.observed.get(k) for k in compare.KEYS},
+                "predicted": {k: self.predicted.get(k) for k in compare.KEYS},
+                "log": {"source": self.source, "start_time": self.facts.start_time, "ready": self.facts.ready,
+                        "starts_seen": self.facts.starts_seen, "lines": self.facts.lines},
+                "warnings": self.warnings(), "rows": self.rows(), "server": self.server, "unit": self.unit,
+                "startup": self.facts.to_json()}
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.data(), findings=[f.to_dict() for f in self.findings])
+
+
+def _scrub(rep: VerifyReport, spec: Deployment) -> VerifyReport:
+    """No secret of the spec's (env_file values, the API key variable) in any line the report carries."""
+    vals = secrets.secret_values()
+    if spec.serving.env_file:
+        vals |= secrets.secret_values({}, secrets.read_env_file(spec.resolve_path(spec.serving.env_file)).values())
+    if not vals:
+        return rep
+    red = lambda s: secrets.redact_text(s, vals) if isinstance(s, str) else s   # noqa: E731
+    rep.findings = [Finding(f.id, f.status, red(f.title), red(f.detail), red(f.evidence), red(f.remedy)) for f in rep.findings]
+    for w in rep.facts.warnings.values():
+        w.lines = [red(ln) for ln in w.lines]
+    rep.source = red(rep.source)
+    return rep
+
+
+def evaluate(spec: Deployment, log: Optional[str | Path] = None, unit: Optional[str] = None, url: Optional[str] = None,
+             since: Optional[str] = None, journalctl: str = "journalctl", systemctl: str = "systemctl",
+             drift: Optional[Callable[..., Any]] = None) -> VerifyReport:
+    """Stage 35: the running server against the plan. `log` (a saved file) wins over `unit` (the journal;
+    default: the spec's systemd unit); `url` adds /server_info; `since` bounds what is read."""
+    since_dt: Optional[dt.datetime] = None
+    if since:
+        try:
+            since_dt = logsource.parse_since(since)
+        except ValueError as e:
+            raise InputError(f"--since: {e}") from None
+    findings: list[Finding] = []
+    # The unit exactly as render/install build it, and the plan for it (the figures `runbook kv` prints).
+    flags: dict[str, Any] = dict(spec.serving.flags)
+    try:
+        flags = dict(service.build(spec).unit.flags)
+    except (InputError, SpecError) as e:
+        findings.append(Finding("verify.unit", "skip", "the unit could not be built; the spec's flags are used", detail=str(e)))
+    pred: dict[str, Any] = {}
+    bpt_pred: Optional[int] = None
+    plan_frac = None
+    try:
+        p = kv.evaluate(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": flags})}))
+        pred = compare.predicted(p.result)
+        bpt_pred, plan_frac = p.result.kv_bytes_per_token_per_gpu, p.result.mem_fraction_static
+    except (InputError, SpecError) as e:
+        findings.append(Finding("verify.plan", "skip", "no plan to compare with: 20_kv_memory could not run", detail=str(e),
+                                remedy="Fix what 20_kv_memory reports."))
+    unit_name = unit or spec.systemd.unit_name
+    src = logsource.from_file(log, since_dt) if log else logsource.from_journal(unit_name, since, journalctl, systemctl)
+    parser = logparse.Parser(None if log else unit_name)
+    for ln in src.lines:
+        parser.feed(ln)
+    facts = parser.facts
+    findings += src.findings
+    rep = VerifyReport(findings, src.source, facts, unit={k: flags.get(k) for k in ("kv-cache-dtype", "context-length", "mem-fraction-static")})
+    rep.predicted = pred
+    rep.observed = compare.observed(facts)
+    rep.bytes_per_token = {"predicted": bpt_pred, "observed": compare.bytes_per_token(facts)}
+    if not src.findings:
+        if src.errors and not facts.lines:
+            findings.append(Finding("verify.log", "skip", f"the journal of {unit_name} could not be read", evidence=src.errors[0],
+                                    remedy="Run as a user who may read the journal (systemd-journal group), or give --log FILE."))
+        elif not facts.lines and not facts.sglang_lines:
+            findings.append(Finding("verify.log", "skip", f"no server log lines in {src.source}" + (f" since {since}" if since else ""),
+                                    detail="the unit has not run since boot, or the file is not an SGLang log",
+                                    remedy="Start the service, or give a saved log with --log FILE."))
+        else:
+            findings.append(Finding("verify.log", "info", f"read the last start of {src.source}: {facts.lines:,} lines",
+                                    detail=(f"started {facts.start_time}" if facts.start_time else "start time not in the log")
+                                    + (f"; {facts.starts_seen} starts in the source, only the last is read" if facts.starts_seen > 1 else "")
+                                    + ("; " + src.errors[0] if src.errors else "")))
+            if facts.scheduler is None:
+                findings.append(Finding("verify.started", "fail" if facts.warnings.keys() & {"oom", "oom_graph_capture", "not_enough_memory",
+                                                                                           "graph_capture_failed"} else "warn",
+                                        "the last start never logged the scheduler's pool line (max_total_num_tokens=…)",
+                                        detail="the server failed during start-up, is still loading, or the log is cut",
+                                        remedy="Read the failure findings below; `journalctl -u " + unit_name + "` has the traceback."))
+            elif not facts.ready:
+                findings.append(Finding("verify.started", "warn", "the server sized its pools but never logged that it is ready",
+                                        remedy="Still starting (CUDA graphs, JIT), or it died after start-up: check `systemctl status`."))
+            else:
+                findings.append(Finding("verify.started", "pass", "the server started and logged that it is ready",
+                                        detail=f"ready at {facts.ready_time}" if facts.ready_time else ""))
+            if pred:
+                findings += compare.compare(pred, rep.observed, facts, flags, "log", spec.hardware.gpu_memory_gib, plan_frac)
+            findings += compare.log_findings(pred, rep.observed, facts)
+    if url:
+        findings += _server(spec, url, rep, flags, plan_frac, drift or service.drift)
+    return _scrub(rep, spec)
+
+
+def _server(spec: Deployment, url: str, rep: VerifyReport, flags: dict[str, Any], plan_frac: Optional[float],
+            drift: Callable[..., Any]) -> list[Finding]:
+    _, dfind, info = drift(spec, url)
+    if not info:
+        f = dfind[0] if dfind else Finding("service.drift", "skip", f"no answer from {url}")
+        return [Finding("verify.server", "fail" if f.status == "fail" else "skip", f.title, f.detail, f.evidence, f.remedy)]
+    rep.server = {k: info.get(k) for k in ("kv_cache_dtype", "context_length", "max_total_num_tokens", "max_running_requests",
+                                           "version", "served_models") if k in info}
+    obs = {"kv_dtype": info.get("kv_cache_dtype") if info.get("kv_cache_dtype") not in (None, "auto") else rep.observed.get("kv_dtype"),
+           "context_len": info.get("context_length"), "max_total_num_tokens": info.get("max_total_num_tokens"),
+           "max_running_requests": info.get("max_running_requests")}
+    out = compare.compare(rep.predicted, obs, rep.facts, flags, "/server_info", spec.hardware.gpu_memory_gib, plan_frac,
+                          id_prefix="verify.server") if rep.predicted else []
+    lt, st = rep.observed.get("max_total_num_tokens"), info.get("max_total_num_tokens")
+    if lt is not None and st is not None and int(lt) != int(st):
+        out.append(Finding("verify.server.restarted", "warn", f"/server_info reports {int(st):,} tokens, the log's last start {int(lt):,}",
+                           detail="the log read is not this server's current run (another start, another host, or an old file)",
+                           remedy="Read the journal of the unit that serves this URL, or a log of its current start."))
+    return out or [Finding("verify.server", "info", f"/server_info read from {url}")]

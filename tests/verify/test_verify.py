@@ -1,0 +1,274 @@
+"""runbook verify: log lines rendered from the installed SGLang's own format strings -> facts -> findings."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+
+import pytest
+import yaml
+from conftest import DEFAULT_SPEC, spec_data
+from httpfake import serve
+
+from runbook import verify
+from runbook.core import spec
+from runbook.verify import logparse
+
+from .sglang_formats import SRT, line, render
+
+pytestmark = pytest.mark.skipif(SRT is None, reason="no .venv-serving with SGLang's sources (make serving-env)")
+
+PLAN_TOKENS, PLAN_MRR, CTX = 2_034_058, 233, 262_144
+SECRET = "sk-verify-SECRET-987654"
+
+
+def dep(tmp_path=None, **changes):
+    data = spec_data(**changes)
+    if tmp_path is None:
+        return spec.from_dict(data, str(DEFAULT_SPEC))
+    env = tmp_path / "qwen.env"
+    env.write_text(f"SGLANG_API_KEY={SECRET}\nHF_TOKEN=hf_verifysecret_123456\n")
+    env.chmod(0o600)
+    data["serving"]["env_file"] = str(env)
+    data["model"]["card"] = str((DEFAULT_SPEC.parent / data["model"]["card"]).resolve())
+    p = tmp_path / "d.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return spec.load(p)
+
+
+def ids(findings):
+    return {f.id: f for f in findings}
+
+
+# --- one start-up, every line from SGLang's own format strings -------------------------------------------------
+
+def startup(tokens=PLAN_TOKENS, dtype="torch.bfloat16", ctx=CTX, mrr=PLAN_MRR, weights=29.3, tp=8, fp8_no_scales=False,
+            moe_default=False, oom_at_capture=False, journal=False, ts="2026-01-05 10:00:00", secret=SECRET) -> list[str]:
+    L = lambda msg, rank=0: line(msg, rank, ts, journal)   # noqa: E731
+    out = [L(render("entrypoints/engine.py", "server_args=", {"_server_args_for_logging(server_args)":
+                                                              {"kv_cache_dtype": "bf16", "api_key": secret}}), None)]
+    out.append(L(render("distributed/device_communicators/custom_all_reduce_utils.py", "more than two PCIe-only GPUs",
+                        {"cls_name": "CustomAllreduce"})))
+    for r in range(tp):
+        out.append(L(render("model_executor/model_runner.py", "Load weight end. ",
+                            {"self.weight_load_time": 61.2, "type(self.model).__name__": "Qwen3_5MoeForConditionalGeneration",
+                             "quant_str + ', ' if quant_str else ''": "quant=modelopt_fp4, quant_algo=NVFP4, ",
+                             "after_avail_memory": 94.5 - weights, "self.weight_load_mem_usage": weights}), r))
+        if fp8_no_scales:
+            out.append(L(render("model_executor/model_runner_components/load_model_utils.py", "Using FP8 KV cache but no scaling"), r))
+        out.append(L(render("mem_cache/memory_pool.py", "#tokens: {}, K size",
+                            {"cache_name": "KV Cache", "'VA upper bound' if self.post_capture_active else 'is allocated'": "is allocated",
+                             "self.dtype": dtype, "num_tokens": tokens, "k_size_GB": tokens * 7680 / 2**30,
+                             "v_size_GB": tokens * 7680 / 2**30}), r))
+        out.append(L(render("mem_cache/memory_pool.py", "ssm_state size: {}GB ",
+                            {"size": 1169, "get_tensor_size_bytes(conv_state) / GB": 3.1,
+                             "get_tensor_size_bytes(temporal_state) / GB": 23.0}), r))
+        if moe_default:
+            out.append(L(render("layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py", "Using default MoE kernel config",
+                                args=("/srv/sglang/configs/E=64,N=256,device_name=NVIDIA_RTX_PRO_6000_Blackwell.json",)), r))
+        out.append(L(render("model_executor/model_runner_components/cuda_graph_setup.py", "num_tokens_per_req={}, ",
+                            {"capture_name": "target decode", "graph_backend[model_runner.device]": "CUDA graph",
+                                                      "decode_backend": "full", "num_tokens_per_req": 1, "before_mem": 5.6}), r))
+        if oom_at_capture:
+            err = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 94.97 GiB of which 1.1 GiB is "
+                   f"free. launch: --api-key {secret}")
+            out.append(L("Exception: " + render("model_executor/runner/decode_cuda_graph_runner.py", "Capture cuda graph failed",
+                                                 {"e": err, "CUDA_GRAPH_CAPTURE_FAILED_MSG": "Possible solutions:"}), r))
+            return out
+        out.append(L(render("model_executor/model_runner_components/cuda_graph_setup.py", "bs={}, ",
+                            {"capture_name": "target decode", "graph_backend[model_runner.device]": "CUDA graph",
+                                                    "runner.capture_bs": [1, 2, 4, 8, 16, 32, 64, 128, 256],
+                                                    "capture_time": 41.5, "memory_usage_gb": 1.2, "after_mem": 4.4}), r))
+    out.append(L(render("managers/scheduler.py", "max_total_num_tokens=",
+                        {"max_total_num_tokens": tokens, "chunked_prefill_size": 8192, "max_prefill_tokens": 16384,
+                         "max_running_requests": mrr, "self.model_config.context_len": ctx,
+                         "'available_cpu_mem' if self.device == 'cpu' else 'available_gpu_mem'": "available_gpu_mem",
+                         "startup_available_gpu_memory_gb": 4.4})))
+    out.append(L("The server is fired up and ready to roll!", None))
+    return out
+
+
+def run_log(tmp_path, lines, d=None, **kw):
+    p = tmp_path / "server.log"
+    p.write_text("\n".join(lines) + "\n")
+    return verify.evaluate(d or dep(), log=p, **kw)
+
+
+def test_every_pattern_matches_the_rendered_line():
+    f = logparse.parse(startup(moe_default=True))
+    assert f.scheduler == {"max_total_num_tokens": PLAN_TOKENS, "chunked_prefill_size": 8192, "max_prefill_tokens": 16384,
+                           "max_running_requests": PLAN_MRR, "context_len": CTX, "available_gpu_mem_gib": 4.4}
+    assert f.kv[0]["dtype"] == "bfloat16" and f.kv[7]["tokens"] == PLAN_TOKENS and f.kv[0]["size_gib"] > 28
+    assert f.weights[0]["usage_gib"] == 29.3 and "modelopt_fp4" in f.weights[0]["quant"] and f.weights[0]["elapsed_s"] == 61.2
+    assert f.mamba[0]["max_mamba_cache_size"] == 1169
+    assert f.graphs[0]["max_bs"] == 256 and f.graphs[0]["mem_gib"] == 1.2 and f.ready
+    assert set(f.warnings) == {"moe_default_config", "custom_allreduce_disabled"}
+    assert f.warnings["moe_default_config"].count == 8
+
+
+def test_default_deployment_passes(tmp_path):
+    rep = run_log(tmp_path, startup())
+    f = ids(rep.findings)
+    assert f["verify.tokens"].status == "pass" and f["verify.kv_dtype"].status == "pass"
+    assert f["verify.context_len"].status == "pass" and f["verify.started"].status == "pass"
+    assert f["verify.fp8_kv_scales"].status == "pass"
+    assert not [x for x in rep.findings if x.status == "fail"]
+    j = rep.to_json()
+    assert set(j["observed"]) == set(j["predicted"]) == {"kv_dtype", "max_total_num_tokens", "max_running_requests", "context_len",
+                                                          "weights_gib_per_gpu", "avail_mem_gib_after_start"}
+    assert j["observed"]["max_total_num_tokens"] == j["predicted"]["max_total_num_tokens"] == PLAN_TOKENS
+    assert j["log"]["source"].startswith("file:") and j["log"]["start_time"] == "2026-01-05 10:00:00"
+    assert all(set(w) == {"id", "line"} for w in j["warnings"])
+
+
+def test_pool_20pct_smaller_fails_with_causes(tmp_path):
+    rep = run_log(tmp_path, startup(tokens=int(PLAN_TOKENS * 0.8), weights=34.0))
+    f = ids(rep.findings)["verify.tokens"]
+    assert f.status == "fail" and "20.0% below" in f.title and "weights take 34.00 GiB" in f.detail and f.remedy
+
+
+def test_pool_5pct_smaller_warns(tmp_path):
+    assert ids(run_log(tmp_path, startup(tokens=int(PLAN_TOKENS * 0.95))).findings)["verify.tokens"].status == "warn"
+
+
+def test_fp8_kv_without_scales_fails(tmp_path):
+    rep = run_log(tmp_path, startup(dtype="torch.float8_e4m3fn", fp8_no_scales=True))
+    f = ids(rep.findings)
+    assert f["verify.fp8_kv_scales"].status == "fail" and "Defaulting to scaling factors of 1.0" in f["verify.fp8_kv_scales"].evidence
+    assert f["verify.kv_dtype"].status == "fail" and "bfloat16" in f["verify.kv_dtype"].title   # the unit asks for bf16
+    assert any(w["id"] == "fp8_kv_no_scales" for w in rep.to_json()["warnings"])
+
+
+def test_default_moe_config_on_sm120_warns(tmp_path):
+    f = ids(run_log(tmp_path, startup(moe_default=True)).findings)["verify.moe_config"]
+    assert f.status == "warn" and "RTX_PRO_6000" in f.detail
+
+
+def test_context_length_other_than_the_units_fails(tmp_path):
+    assert ids(run_log(tmp_path, startup(ctx=131072)).findings)["verify.context_len"].status == "fail"
+
+
+def test_oom_at_graph_capture_fails_with_remedy_and_no_secret(tmp_path):
+    d = dep(tmp_path)
+    rep = run_log(tmp_path, startup(oom_at_capture=True), d)
+    f = ids(rep.findings)
+    assert f["verify.oom_graph_capture"].status == "fail" and "--mem-fraction-static" in f["verify.oom_graph_capture"].remedy
+    assert f["verify.started"].status == "fail" and "verify.oom" not in f
+    text = json.dumps(rep.to_json())
+    assert SECRET not in text and "***redacted***" in text
+
+
+def test_only_the_last_start_counts(tmp_path):
+    first = startup(fp8_no_scales=True, dtype="torch.float8_e4m3fn", ts="2026-01-04 09:00:00")
+    rep = run_log(tmp_path, first + startup(ts="2026-01-05 10:00:00"))
+    f = ids(rep.findings)
+    assert f["verify.fp8_kv_scales"].status == "pass" and rep.facts.starts_seen == 2
+    assert rep.to_json()["log"]["start_time"] == "2026-01-05 10:00:00"
+
+
+def test_since_reads_from_that_time(tmp_path):
+    first = startup(ts="2026-01-04 09:00:00")
+    crashed = [line("Not enough memory. Please try to increase --mem-fraction-static.", 0, "2026-01-05 10:00:00")]
+    rep = run_log(tmp_path, first + crashed, since="2026-01-05")
+    assert ids(rep.findings)["verify.not_enough_memory"].status == "fail"
+
+
+@pytest.mark.parametrize("garbage", [
+    b"\x00\xff\xfe\x80" * 5000 + b"\n",
+    b"x" * (3 << 20),                                           # a 3 MiB line without a newline
+    b"[2026-01-05 10:00:00 TP0] max_total_num_tokens=12",        # truncated mid-line
+    b"[2026-01-05 10:00:00 TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: \n",
+    "[2026-01-05 10:00:00 TP0] Load weight end. elapsed=é s, type=\u2028, avail mem=nan GB\n".encode(),
+])
+def test_hostile_logs_give_findings_not_tracebacks(tmp_path, garbage):
+    p = tmp_path / "bad.log"
+    p.write_bytes(b"\n".join(s.encode() for s in startup()[:3]) + b"\n" + garbage)
+    rep = verify.evaluate(dep(), log=p)
+    assert rep.findings and len(json.dumps(rep.to_json())) < 200_000
+
+
+def test_missing_log_is_skip(tmp_path):
+    rep = verify.evaluate(dep(), log=tmp_path / "nope.log")
+    assert ids(rep.findings)["verify.log"].status == "skip"
+
+
+def _fake_journalctl(tmp_path, lines, rc=0):
+    out = tmp_path / "journal.txt"
+    out.write_text("\n".join(lines) + "\n")
+    exe = tmp_path / "journalctl"
+    exe.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/argv\ncat {out}\nexit {rc}\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_journal_path_with_a_scripted_journalctl(tmp_path):
+    systemd = "2026-01-05T09:59:59+0000 gpu-host systemd[1]: Starting sglang-qwen.service - SGLang qwen3.5-397b..."
+    old = startup(tokens=10, journal=True, ts="2026-01-04 08:00:00")
+    exe = _fake_journalctl(tmp_path, old + [systemd] + startup(journal=True))
+    rep = verify.evaluate(dep(), journalctl=exe, systemctl="/nonexistent/systemctl")
+    f = ids(rep.findings)
+    assert f["verify.tokens"].status == "pass" and rep.source == "journal:sglang-qwen"
+    assert rep.facts.start_time == "2026-01-05T09:59:59+0000"
+    assert (tmp_path / "argv").read_text().split() == ["-u", "sglang-qwen", "-b", "-o", "short-iso", "--no-pager"]
+
+
+def test_journalctl_failing_is_skip(tmp_path):
+    exe = _fake_journalctl(tmp_path, [], rc=1)
+    assert ids(verify.evaluate(dep(), journalctl=exe).findings)["verify.log"].status == "skip"
+    assert ids(verify.evaluate(dep(), journalctl="/nonexistent/journalctl").findings)["verify.log"].status == "skip"
+
+
+def _journal_usable() -> str:
+    if not os.path.isdir("/run/systemd/system"):
+        return "systemd is not PID 1 here: no journal to write a transient unit into"
+    if not shutil.which("systemd-run") or os.geteuid() != 0:
+        return "needs systemd-run as root to start a transient unit"
+    return ""
+
+
+@pytest.mark.skipif(bool(_journal_usable()), reason=_journal_usable() or "journal available")
+def test_real_journal(tmp_path):
+    unit = f"runbook-verify-test-{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "lines.txt"
+    log.write_text("\n".join(startup()) + "\n")
+    subprocess.run(["systemd-run", f"--unit={unit}", "--wait", "cat", str(log)], check=True, capture_output=True, timeout=60)
+    time.sleep(1)
+    rep = verify.evaluate(dep(), unit=unit)
+    assert ids(rep.findings)["verify.tokens"].status == "pass"
+
+
+def test_server_info_with_a_different_pool(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_API_KEY", SECRET)
+    info = {"kv_cache_dtype": "bf16", "context_length": CTX, "max_total_num_tokens": int(PLAN_TOKENS * 0.85),
+            "max_running_requests": PLAN_MRR, "api_key": SECRET, "launch_command": f"--api-key {SECRET} --tp-size 8",
+            "internal_states": [{"max_total_num_tokens": int(PLAN_TOKENS * 0.85)}], "version": "0.5.23"}
+    with serve({"/server_info": (200, info), "/v1/models": (200, {"data": [{"id": "qwen3.5-397b"}]})}) as (url, _):
+        rep = run_log(tmp_path, startup(), dep(tmp_path), url=url)
+    f = ids(rep.findings)
+    assert f["verify.server.tokens"].status == "fail" and f["verify.server.kv_dtype"].status == "pass"
+    assert f["verify.server.restarted"].status == "warn" and f["verify.tokens"].status == "pass"
+    assert rep.to_json()["rows"][2]["server"] == int(PLAN_TOKENS * 0.85)
+    assert SECRET not in json.dumps(rep.to_json())
+
+
+def test_server_unreachable_is_skip(tmp_path):
+    rep = run_log(tmp_path, startup(), url="http://127.0.0.1:9")
+    assert ids(rep.findings)["verify.server"].status == "skip"
+
+
+def test_cli_json_and_exit_codes(tmp_path, cli):
+    d = dep(tmp_path)
+    p = tmp_path / "s.log"
+    p.write_text("\n".join(startup()) + "\n")
+    cp = cli("verify", "--deployment", d.source, "--log", p, "--json")
+    assert cp.returncode == 0, cp.stderr
+    j = json.loads(cp.stdout)
+    assert {"observed", "predicted", "log", "warnings", "findings"} <= set(j)
+    p.write_text("\n".join(startup(fp8_no_scales=True, dtype="torch.float8_e4m3fn")) + "\n")
+    cp = cli("verify", "--deployment", d.source, "--log", p)
+    assert cp.returncode == 1 and "verify.fp8_kv_scales" in cp.stdout and SECRET not in cp.stdout + cp.stderr
+    assert cli("verify", "--since", "yesterday").returncode == 2
+    assert cli("verify", "--log", p, "--unit", "x").returncode == 2

@@ -363,3 +363,15 @@ def test_mla_counts_only_the_scale_names_deepseeks_loader_maps():
     assert sorted(per_layer) == [0, 1, 2]
     per_layer, _ = quant.scale_tensors(names, list(range(6)), 6)
     assert sorted(per_layer) == [0, 1, 2, 3, 4, 5]
+
+
+def test_dsa_auto_kv_follows_sglangs_override_by_gpu():
+    """DeepSeek-V3.2 ships no kv_cache_quant_algo, yet SGLang picks fp8_e4m3 from SM100 and bf16 below."""
+    from conftest import REPO
+
+    from runbook import quant
+    from runbook.model import checkpoint
+    ck = checkpoint.load(REPO / "tests" / "fixtures" / "models" / "deepseek-v3.2")
+    assert quant.inspect(ck, {}, compute_capability="10.0").kv_cache.auto_resolves_to == "fp8_e4m3"
+    assert quant.inspect(ck, {}, compute_capability="9.0").kv_cache.auto_resolves_to == "bfloat16"
+    assert quant.inspect(ck, {}, compute_capability="10.0").kv_cache.honoured is False

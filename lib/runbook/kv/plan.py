@@ -117,7 +117,7 @@ def plan(spec: Optional[Deployment] = None, model_dir: Optional[str] = None, **o
         raise InputError("give MODEL_DIR or --deployment")
     a = arch_mod.from_config(ck.config, str(ck.dir / "config.json"))
     flags = dict(spec.serving.flags) if spec is not None else {}
-    qrep = quant.inspect(ck, flags)
+    qrep = quant.inspect(ck, flags, compute_capability=spec.hardware.compute_capability if spec is not None else None)
     inp = kvmem.Inputs()
     if spec is not None:
         inp = replace(inp, tp=spec.parallelism.tp, pp=spec.parallelism.pp, attn_dp=spec.parallelism.attn_dp,
@@ -165,14 +165,7 @@ def plan(spec: Optional[Deployment] = None, model_dir: Optional[str] = None, **o
 
 
 def _auto_kv_dtype(a: arch_mod.Arch, from_checkpoint: str, cc: Optional[str]) -> tuple[str, str]:
-    """arg_groups/overrides.py: DeepSeek DSA models override `auto` before the checkpoint is read — fp8_e4m3
-    on SM100 and newer, bfloat16 below — whatever hf_quant_config says."""
-    if a.dsa:
-        if cc is None:
-            return "bfloat16", "DSA model: SGLang picks bfloat16 below SM100 and fp8_e4m3 from SM100; no compute_capability in the spec, bfloat16 assumed"
-        major = int(str(cc).split(".")[0])
-        return ("fp8_e4m3" if major >= 10 else "bfloat16"), f"DSA model on SM {cc}: SGLang overrides auto"
-    return from_checkpoint, ""
+    return arch_mod.auto_kv_override(a, cc) or (from_checkpoint, "")
 
 
 def _weights(inp: kvmem.Inputs, ck: checkpoint.Checkpoint, spec: Optional[Deployment], weights_gib: Optional[float], note: str):

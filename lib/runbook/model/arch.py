@@ -270,3 +270,15 @@ def _context_len(cfg: dict[str, Any], model_type: str, source: str, assumptions:
         return HF_CONTEXT_DEFAULTS[model_type], f"transformers' {model_type} config default (config.json has no length)"
     assumptions.append(f"no context length in {source} and no known default for model_type {model_type!r}: SGLang's 2048 assumed")
     return 2048, "SGLang's fallback 2048 (config.json has no length)"
+
+
+def auto_kv_override(a: Arch, compute_capability: Optional[str]) -> Optional[tuple[str, str]]:
+    """arg_groups/overrides.py: DeepSeek DSA models override `--kv-cache-dtype auto` before the checkpoint is
+    read — fp8_e4m3 on SM100 and newer, bfloat16 below — whatever hf_quant_config says. (dtype, why) or None."""
+    if not a.dsa:
+        return None
+    if not compute_capability:
+        return "bfloat16", ("DSA model: SGLang picks bfloat16 below SM100 and fp8_e4m3 from SM100; no "
+                            "compute_capability in the spec, bfloat16 assumed")
+    major = int(str(compute_capability).split(".")[0])
+    return ("fp8_e4m3" if major >= 10 else "bfloat16"), f"DSA model on SM {compute_capability}: SGLang overrides auto"

@@ -724,7 +724,8 @@ def _dtype_findings(ck: Checkpoint, w: Weights) -> list[Finding]:
     return [Finding("ckpt.dtypes", "pass", f"tensor dtypes match {w.algo}", evidence=", ".join(f"{k}: {v}" for k, v in sorted(c.items())))]
 
 
-def inspect(ck: Checkpoint, flags: Optional[dict[str, Any]] = None, tp: int = 1, pp: int = 1, location_note: str = "") -> QuantReport:
+def inspect(ck: Checkpoint, flags: Optional[dict[str, Any]] = None, tp: int = 1, pp: int = 1, location_note: str = "",
+            compute_capability: Optional[str] = None) -> QuantReport:
     """Inspect a loaded checkpoint against a deployment's SGLang flags and parallelism."""
     flags = dict(flags or {})
     findings: list[Finding] = list(ck.problems)
@@ -748,7 +749,10 @@ def inspect(ck: Checkpoint, flags: Optional[dict[str, Any]] = None, tp: int = 1,
     w.sglang_refusal = str(view.refusal) if view.refusal else None
     kv.kv_cache_quant_algo = eff.kv_cache_quant_algo
     kv.auto_resolves_to = sglang_auto_kv(eff, a.dtype)
+    override = arch_mod.auto_kv_override(a, compute_capability)
     kv.honoured = kv.auto_resolves_to in FP8_KV
+    if override is not None:   # SGLang ignores the checkpoint's declaration for these models
+        kv.auto_resolves_to, kv.honoured = override[0], False
     kv.flag = str(flags.get("kv-cache-dtype") or "auto")
     if kv.flag not in KV_CHOICES:
         findings.append(Finding("kv.flag", "fail", f"--kv-cache-dtype {kv.flag} is not a choice SGLang {SGLANG_VERSION} accepts",
@@ -941,7 +945,7 @@ def for_deployment(spec: Deployment, model_dir: Optional[str] = None) -> QuantRe
         if loc.path is None:
             raise InputError(f"{spec.source}: model.path: {loc.note}; add model.card or download the checkpoint")
         ck, note = checkpoint.load(loc.path), (loc.note if loc.kind == "card" else "")
-    rep = inspect(ck, spec.serving.flags, spec.parallelism.tp, spec.parallelism.pp, note)
+    rep = inspect(ck, spec.serving.flags, spec.parallelism.tp, spec.parallelism.pp, note, spec.hardware.compute_capability)
     if note:
         rep.findings.insert(0, Finding("quant.source", "info", "inspecting the model card, not the checkpoint", detail=note))
     return rep

@@ -27,12 +27,14 @@ def serve(port: int, tokens: int, ttft_s: float = 0.0) -> None:
 
     chunk = {"choices": [{"index": 0, "text": " tok", "finish_reason": None}]}
     line = f"data: {json.dumps(chunk)}\n\n".encode()
-    tail = (f"data: {json.dumps({'choices': [{'index': 0, 'text': '', 'finish_reason': 'length'}]})}\n\n"
-            f"data: {json.dumps({'choices': [], 'usage': {'prompt_tokens': 8, 'completion_tokens': tokens}})}\n\n"
-            "data: [DONE]\n\n").encode()
+    last = f"data: {json.dumps({'choices': [{'index': 0, 'text': '', 'finish_reason': 'length'}]})}\n\n".encode()
+    usage = f"data: {json.dumps({'choices': [], 'usage': {'prompt_tokens': 8, 'completion_tokens': tokens}})}\n\n".encode()
+    done = b"data: [DONE]\n\n"
 
     async def completions(request: web.Request) -> web.StreamResponse:
-        await request.read()
+        body = json.loads(await request.read() or b"{}")
+        # like a real OpenAI-compatible server: the usage chunk only when stream_options asks for it
+        tail = last + (usage if (body.get("stream_options") or {}).get("include_usage") else b"") + done
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if ttft_s:
@@ -80,9 +82,45 @@ def main() -> None:
             print(f"concurrency {conc}: {ok}/{len(reqs)} ok, {chunks:,} chunks in {wall:.2f} s = {chunks / wall:,.0f} chunks/s; "
                   f"client CPU {cpu / chunks * 1e6:.1f} s per million chunks (CPU share {lr.cpu_share:.0%}); "
                   f"loop lag p50 {lr.lag_ms['p50']:.2f} ms, p99 {lr.lag_ms['p99']:.2f} ms; client-bound: {lr.client_bound}")
+            if not sg:
+                theirs = sglang_ceiling(url, conc, a.tokens, len(reqs))
+                print(f"  SGLang's client, same server and level: {theirs}"
+                      + (f"; ratio ours/theirs {chunks / wall / float(theirs.split('= ')[1].split()[0].replace(',', '')):.2f}"
+                         if "chunks/s" in theirs else ""))
     finally:
         p.terminate()
         p.join(5)
+
+
+_SGLANG_WRAPPER = ("import sys, runpy; sys.path.insert(0, sys.argv.pop(1)); import sglang_env; sglang_env.install(); "
+                   "sys.argv[0] = 'serving'; runpy.run_module('sglang.benchmark.serving', run_name='__main__')")
+
+
+def sglang_ceiling(url: str, conc: int, tokens: int, n: int) -> str:
+    """SGLang's own Python client (sglang.benchmark.serving, sglang-oai backend) on the same server:
+    chunks/s = completed requests × chunks per request / its measured duration."""
+    import os
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    py, tok = root / ".venv-serving" / "bin" / "python", root / ".cache" / "tiny-llama-v1"
+    with tempfile.TemporaryDirectory() as d:
+        data = Path(d) / "sharegpt.json"   # its random dataset samples text from a ShareGPT file: a local one, offline
+        data.write_text(json.dumps([{"conversations": [{"from": "human", "value": "Explain this function. " * 8},
+                                                       {"from": "gpt", "value": "It reads a file. " * 8}]}] * max(n, 64)))
+        out = Path(d) / "out.jsonl"
+        cp = subprocess.run([str(py), "-c", _SGLANG_WRAPPER, str(root / "tests" / "oracle"), "--backend", "sglang-oai",
+                             "--base-url", url, "--model", "zero", "--tokenizer", str(tok), "--dataset-name", "random",
+                             "--dataset-path", str(data), "--random-input-len", "8", "--random-output-len", str(tokens),
+                             "--num-prompts", str(n), "--max-concurrency", str(conc), "--warmup-requests", "1",
+                             "--disable-tqdm", "--output-file", str(out)],
+                            capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        if cp.returncode != 0 or not out.exists():
+            return "failed: " + (cp.stderr.strip().splitlines() or ["?"])[-1][:200]
+        r = json.loads(out.read_text().splitlines()[-1])
+        rate = r["completed"] * tokens / r["duration"]
+        return f"{r['completed']}/{n} ok in {r['duration']:.2f} s = {rate:,.0f} chunks/s"
 
 
 def sglang_client_available() -> str:
@@ -92,7 +130,10 @@ def sglang_client_available() -> str:
     py = Path(__file__).resolve().parents[1] / ".venv-serving" / "bin" / "python"
     if not py.is_file():
         return "not run: no .venv-serving"
-    cp = subprocess.run([str(py), "-c", "import sglang.benchmark.serving"], capture_output=True, text=True, timeout=120)
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import sglang_env; sglang_env.install(); "
+             "import sglang.benchmark.serving")
+    cp = subprocess.run([str(py), "-c", probe, str(py.parents[2] / "tests" / "oracle")], capture_output=True, text=True,
+                        timeout=120)
     return "" if cp.returncode == 0 else "not run: " + (cp.stderr.strip().splitlines() or ["import failed"])[-1]
 
 

@@ -279,7 +279,9 @@ def _cmd_bench(a: argparse.Namespace) -> int:
                            workload=a.workload, input_len=a.input_len, output_len=a.output_len, chat=a.chat or None,
                            tokenizer=a.tokenizer, warmup=a.warmup, out=Path(a.out) if a.out else None, seed=a.seed,
                            compare_url=a.compare_url, timeout_s=a.timeout, flush=a.flush_cache or None,
-                           progress=sys.stderr.isatty())
+                           progress=sys.stderr.isatty(), turns=a.turns, think_time_s=a.think_time,
+                           think_dist=a.think_dist, tool_result_len=a.tool_result_len, trace_speed=a.trace_speed,
+                           find_max=a.find_max)
     if a.duration and not a.requests:
         o.requests = 100000  # bounded by --duration instead
     res = bench.evaluate(dep, o, archive_root=None if a.archive == "" else Path(a.archive))
@@ -437,7 +439,14 @@ def build_parser() -> argparse.ArgumentParser:
     g = b.add_mutually_exclusive_group()
     g.add_argument("--requests", type=_POS_INT, metavar="N", help="measured requests per level")
     g.add_argument("--duration", type=_POS_FLOAT, metavar="S", help="measure each level for S seconds")
-    b.add_argument("--workload", help="random | code | longctx | prefix | FILE.jsonl")
+    b.add_argument("--workload", help="random | code | longctx | prefix | agentic | trace:FILE (Mooncake JSONL; trace:synthetic) | FILE.jsonl")
+    b.add_argument("--turns", type=_POS_INT, metavar="T", help="agentic: turns per session (default 4)")
+    b.add_argument("--think-time", type=_float(lo_ok=True), metavar="S", help="agentic: pause between turns (default 0)")
+    b.add_argument("--think-dist", choices=["fixed", "exp"], help="agentic: think time fixed, or exponential with that mean")
+    b.add_argument("--tool-result-len", type=_int(0), metavar="N", help="agentic: synthetic tool-result tokens per turn (default 256)")
+    b.add_argument("--trace-speed", type=_POS_FLOAT, metavar="X", help="trace:FILE: replay X times as fast (default 1)")
+    b.add_argument("--find-max", choices=["slo"], help="slo: bracket then bisect concurrency (or --rate START) for the "
+                   "highest load meeting the spec's SLOs, instead of the fixed levels")
     b.add_argument("--input-len", type=_POS_INT, metavar="N")
     b.add_argument("--output-len", type=_POS_INT, metavar="N")
     b.add_argument("--chat", action="store_true", help="use /v1/chat/completions")

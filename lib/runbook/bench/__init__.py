@@ -5,8 +5,11 @@ from runbook.bench.report import (
            frame,
            plot_cdf,
            plot_latency,
+           plot_slo_search,
            plot_throughput,
+           plot_turns,
            spec_decoding_frame,
+           turns_frame,
 )
 from runbook.bench.run import (
            BenchOptions,
@@ -17,4 +20,4 @@ from runbook.bench.run import (
 )
 
 __all__ = ["BenchOptions", "BenchResult", "compare_previous", "evaluate", "frame", "options_from", "plot_cdf",
-           "plot_latency", "plot_throughput", "spec_decoding_frame"]
+           "plot_latency", "plot_slo_search", "plot_throughput", "plot_turns", "spec_decoding_frame", "turns_frame"]

@@ -88,3 +88,61 @@ def spec_decoding_frame(summary: dict[str, Any]):
     return pd.DataFrame([{"level": s["label"], "tokens per chunk": s["tokens_per_chunk"], "TPOT p50 ms": s["tpot_ms"]["p50"],
                           "accept length (per request)": s.get("spec_accept_length_mean"), **s.get("spec_accept", {})}
                          for s in summary.get("levels", [])])
+
+
+def turns_frame(summary: dict[str, Any]):
+    """Agentic sessions: one row per level and turn index (TTFT, TPOT, input tokens, prefix-cache hit rate)."""
+    import pandas as pd
+
+    rows = [{"level": s["label"], "turn": t["turn"], "requests": t["requests"], "failed": t["failed"],
+             "input tokens (mean)": t["input_tokens"]["mean"], "cache hit rate": t["cache_hit_rate"],
+             "TTFT p50 ms": t["ttft_ms"]["p50"], "TTFT p99 ms": t["ttft_ms"]["p99"], "TPOT p50 ms": t["tpot_ms"]["p50"]}
+            for s in summary.get("levels", []) for t in s.get("turns") or []]
+    return pd.DataFrame(rows)
+
+
+def plot_turns(summary: dict[str, Any]):
+    """Agentic sessions: TTFT p50 against the mean context length of each turn, one line per level."""
+    fig, ax = figure((6, 3.4))
+    drawn = False
+    for s in summary.get("levels", []):
+        ts = [t for t in s.get("turns") or [] if t["input_tokens"]["mean"] is not None and t["ttft_ms"]["p50"] is not None]
+        if not ts:
+            continue
+        xs, ys = [t["input_tokens"]["mean"] for t in ts], [t["ttft_ms"]["p50"] for t in ts]
+        ax.plot(xs, ys, marker="o", label=s["label"])
+        for t, x, y in zip(ts, xs, ys, strict=True):
+            hit = t.get("cache_hit_rate")
+            ax.annotate(f"t{t['turn']}" + (f" {hit:.0%}" if hit is not None else ""), (x, y), fontsize=7,
+                        textcoords="offset points", xytext=(3, 3))
+        drawn = True
+    ax.set_title("TTFT vs context length per turn (label: turn, prefix-cache hit rate)")
+    ax.set_xlabel("input tokens (mean over the turn's requests)")
+    ax.set_ylabel("TTFT p50 (ms)")
+    ax.grid(True, alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_slo_search(summary: dict[str, Any]):
+    """`--find-max slo`: SLO attainment of each level tried against its load, the limit marked."""
+    r = summary.get("slo_search") or {}
+    metric = r.get("metric", "concurrency")
+    tried = sorted(r.get("levels_tried") or [], key=lambda t: t[metric])
+    fig, ax = figure((6, 3.4))
+    xs = [t[metric] for t in tried]
+    ys = [(t.get("slo_attainment") or 0.0) * 100 for t in tried]
+    ax.plot(xs, ys, color="0.6", zorder=1)
+    ax.scatter(xs, ys, c=["tab:green" if t["meets_slo"] else "tab:red" for t in tried], zorder=2)
+    if r.get("limit") is not None:
+        ax.axvline(r["limit"], ls="--", color="tab:green", label=f"max under SLO: {r['limit']:g}")
+        ax.legend(fontsize=8)
+    ax.set_title("SLO attainment per level tried (green: level meets the SLOs)")
+    ax.set_xlabel("concurrent requests" if metric == "concurrency" else "requests / s")
+    ax.set_ylabel("requests meeting every SLO (%)")
+    ax.set_ylim(-2, 102)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -12,10 +12,13 @@ from typing import Any, Optional, cast
 
 import numpy as np
 
-from runbook.bench import metrics, workloads
+from runbook.bench import metrics, sessions, workloads
+from runbook.bench.sessions import SessionPlan
 from runbook.bench.sweep import Level, LevelResult, run_level
+from runbook.core.errors import InputError
 from runbook.core.findings import Finding, Status
 from runbook.core.spec import Deployment
+from runbook.corpus import VERSION as CORPUS_VERSION
 from runbook.endpoint.client import EXACT_SOURCES, Client
 from runbook.endpoint.reach import model_name, probe, run_sync
 from runbook.model.tokenizer import load_tokenizer
@@ -46,6 +49,40 @@ class BenchOptions:
     telemetry: bool = True   # NVML + /metrics about once a second during each level (bench.telemetry)
     telemetry_interval_s: float = 1.0
     nvml: Any = None         # injected NVML module (tests); None: pynvml when a driver is there
+    turns: int = 4           # agentic: turns per session
+    think_time_s: float = 0.0    # agentic: pause between a session's turns (fixed, or the mean of an exponential)
+    think_dist: str = "fixed"    # fixed | exp
+    tool_result_len: int = 256   # agentic: synthetic tool-result tokens per turn after the first
+    trace_speed: float = 1.0     # trace:FILE: time scale (2 = twice as fast)
+    find_max: Optional[str] = None   # "slo": search the highest load meeting the spec's SLOs instead of the fixed levels
+    find_max_levels: int = 10        # at most this many levels for the search
+
+
+AGENTIC = "agentic"
+
+
+def check_options(o: BenchOptions) -> None:
+    """Combinations that cannot be measured as asked: InputError with the fix."""
+    if o.workload == AGENTIC:
+        if o.rates:
+            raise InputError("--workload agentic runs sessions at fixed concurrency (N sessions at once); --rate is for single requests")
+        if o.turns < 1 or o.tool_result_len < 0 or o.think_time_s < 0:
+            raise InputError("--turns must be ≥ 1, --tool-result-len and --think-time ≥ 0")
+        if o.think_dist not in sessions.THINK_DISTS:
+            raise InputError(f"--think-dist must be one of {', '.join(sessions.THINK_DISTS)}")
+    if o.workload.startswith("trace:") and o.rates:
+        raise InputError("--workload trace:FILE replays the trace's own times; --rate does not apply (use --trace-speed)")
+    if o.find_max is not None:
+        if o.find_max != "slo":
+            raise InputError(f"--find-max: only 'slo' is known (got {o.find_max!r})")
+        if o.workload.startswith("trace:"):
+            raise InputError("--find-max slo varies the load; a trace replays its own, so it cannot be searched")
+        if o.rates and o.concurrency:
+            raise InputError("--find-max slo searches concurrency or rate, not both: give --concurrency START or --rate START")
+        if o.find_max_levels < 2:
+            raise InputError("--find-max slo needs at least 2 levels")
+    if o.compare_url and (o.workload == AGENTIC or o.workload.startswith("trace:")):
+        raise InputError("--compare-url runs the A/B comparison on single requests; it does not take the agentic or trace workloads")
 
 
 @dataclass
@@ -73,6 +110,7 @@ def levels_of(o: BenchOptions) -> list[Level]:
 
 
 async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] = None) -> BenchResult:
+    check_options(o)
     why = await probe(o.url)
     if why:
         f = Finding("bench.server", "skip", f"no server reachable at {o.url}", evidence=why,
@@ -86,32 +124,78 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
         out.mkdir(parents=True, exist_ok=True)
     records_path = out / "records.jsonl" if out else None
     findings: list[Finding] = []
-    summaries, results = [], []
-    wl = None
-    for lv in levels_of(o):
-        n = o.requests or max(8, 4 * (lv.concurrency or int((lv.rate or 1) * 10)))
-        wl = workloads.build(o.workload, n, o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed, o.range_ratio)
-        client = Client(o.url, model, o.chat, api_key, o.timeout_s, tok)
-        bar = _bar(len(wl.requests), lv.label) if o.progress and not o.duration_s else None
+    summaries: list[dict[str, Any]] = []
+    results: list[LevelResult] = []
+    agentic = o.workload == AGENTIC
+    if agentic:
+        wl = workloads.Workload(AGENTIC, [], False, f"agentic sessions: {o.turns} turns, ~{o.input_len}-token repository "
+                                f"context, {o.tool_result_len}-token tool results, output {o.output_len}, think "
+                                f"{o.think_time_s:g} s ({o.think_dist})", CORPUS_VERSION)
+    else:
+        trace = o.workload.startswith("trace:")
+        wl = workloads.build(o.workload, (o.requests or 1 << 30) if trace else (o.requests or 1), o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed,
+                             o.range_ratio, trace_speed=o.trace_speed)
+
+    async def measure(lv: Level) -> dict[str, Any]:
         tel = _telemetry(o)
-        lr = await run_level(client, wl.requests, lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
-                             bar.update if bar else None, telemetry=tel)
-        if bar:
-            bar.close()
+        if agentic:
+            assert lv.concurrency
+            n_sess = max(lv.concurrency, -(-o.requests // max(1, o.turns))) if o.requests else lv.concurrency
+            plan = SessionPlan(n_sess, o.turns, o.input_len, o.output_len, o.tool_result_len, o.think_time_s,
+                               o.think_dist, o.seed, tok)
+            client = Client(o.url, model, True, api_key, o.timeout_s, tok)
+            lr = await run_level(client, plan.warmup_requests(), lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
+                                 telemetry=tel, driver=plan.driver(lv.concurrency))
+        else:
+            n = o.requests or max(8, 4 * (lv.concurrency or int((lv.rate or 1) * 10)))
+            if lv.schedule is not None:
+                n = len(lv.schedule)
+            lwl = workloads.build(o.workload, n, o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed, o.range_ratio,
+                                  trace_speed=o.trace_speed)
+            client = Client(o.url, model, o.chat, api_key, o.timeout_s, tok)
+            bar = _bar(len(lwl.requests), lv.label) if o.progress and not o.duration_s else None
+            lr = await run_level(client, lwl.requests, lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
+                                 bar.update if bar else None, telemetry=tel)
+            if bar:
+                bar.close()
         lr.summary = level_summary(lr, slo)
+        if agentic:
+            lr.summary["turns"] = sessions.per_turn(lr.records)
+        if lv.schedule is not None:
+            lr.summary["schedule_error_ms"] = metrics.stats((r.meta.get("schedule_error_ms") for r in lr.records), scale=1.0)
         summaries.append(lr.summary)
         results.append(lr)
         if out and lr.telemetry and lr.telemetry.get("samples"):
             with open(out / "telemetry.jsonl", "a", encoding="utf-8") as tf:
                 for smp in lr.telemetry["samples"]:
                     tf.write(json.dumps(finite(smp), allow_nan=False) + "\n")
-    if wl is None:
-        wl = workloads.build(o.workload, 1, o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed, o.range_ratio)
+        return lr.summary
+
+    search: Optional[dict[str, Any]] = None
+    if o.find_max == "slo":
+        if slo is None or not any(getattr(slo, k, None) for k in ("ttft_ms_p99", "tpot_ms_p99", "e2e_ms_p99")):
+            raise InputError("--find-max slo needs the spec's SLOs (slo.ttft_ms_p99, slo.tpot_ms_p99)")
+        search = await slo_search(measure, o, slo)
+        summaries.sort(key=lambda x: (x.get("concurrency") or 0, x.get("rate") or 0))
+    elif wl.schedule is not None:
+        # A trace is its own load: one open-loop level at the recorded times (÷ --trace-speed).
+        await measure(Level("trace" if o.trace_speed == 1 else f"trace-x{o.trace_speed:g}", schedule=wl.schedule))
+    else:
+        for lv in levels_of(o):
+            await measure(lv)
     summary: dict[str, Any] = {"url": o.url, "model": model, "workload": o.workload, "workload_description": wl.description,
                "corpus_version": wl.corpus_version, "cache_flush": o.flush,
                "exact_lengths": wl.exact_lengths, "input_len": o.input_len, "output_len": o.output_len, "chat": o.chat,
                "range_ratio": o.range_ratio, "seed": o.seed, "requests_per_level": o.requests, "duration_s": o.duration_s,
                "levels": summaries}
+    if agentic:
+        summary.update({"turns": o.turns, "think_time_s": o.think_time_s, "think_dist": o.think_dist,
+                        "tool_result_len": o.tool_result_len, "chat": True})
+    if wl.schedule is not None:
+        summary["trace_speed"] = o.trace_speed
+    if search is not None:
+        summary["slo_search"] = search
+        findings += slo_search_findings(search)
     findings += level_findings(summaries, o.workload, slo)
     if o.compare_url:
         ab, ab_findings = await ab_compare(o, model, api_key, tok, vocab_size)
@@ -121,6 +205,86 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
     if out:
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str, allow_nan=False))
     return BenchResult(summary, findings, results, records_path)
+
+
+SLO_SEARCH_MAX_ERROR = 0.01       # a level failing more requests than this does not meet the SLOs
+SLO_SEARCH_RATE_STEP = 0.10       # rate searches stop when the bracket is this narrow (relative)
+SLO_SEARCH_MAX = {"concurrency": 4096.0, "rate": 100000.0}
+
+
+def level_meets(s: dict[str, Any], slo: Any) -> bool:
+    """The search's rule: the level's SLO check (bench.slo: each metric's p99 within its limit) and at
+    most 1% of requests failed."""
+    return metrics.level_meets_slo(s, slo) and float(s.get("error_rate") or 0.0) <= SLO_SEARCH_MAX_ERROR
+
+
+async def slo_search(measure: Any, o: BenchOptions, slo: Any) -> dict[str, Any]:
+    """The highest load meeting the SLOs: bracket by doubling from the start (the first --concurrency
+    or --rate, else concurrency 1) until a level misses, then bisect between the last level that met
+    them and the first that missed — to one request of concurrency, or 10% of rate — with at most
+    `find_max_levels` levels in all. Assumes attainment falls as load rises."""
+    metric = "rate" if o.rates else "concurrency"
+    integer = metric == "concurrency"
+    start = float(min(o.rates)) if o.rates else float(min(o.concurrency) if o.concurrency else 1)
+    tried: list[dict[str, Any]] = []
+
+    async def at(v: float) -> bool:
+        lv = Level(f"c{int(v)}", concurrency=int(v)) if integer else Level(f"r{v:g}", rate=v)
+        s = await measure(lv)
+        ok = level_meets(s, slo)
+        tried.append({metric: int(v) if integer else v, "label": lv.label, "meets_slo": ok,
+                      "slo_attainment": s.get("slo_attainment"), "goodput_req_s": s.get("goodput_req_s"),
+                      "error_rate": s.get("error_rate"), "ttft_ms_p99": s["ttft_ms"]["p99"], "tpot_ms_p99": s["tpot_ms"]["p99"]})
+        return ok
+
+    lo, hi = 0.0, None
+    v = start
+    while len(tried) < o.find_max_levels:
+        if not await at(v):
+            hi = v
+            break
+        lo = v
+        if v >= SLO_SEARCH_MAX[metric]:
+            break
+        v = min(SLO_SEARCH_MAX[metric], v * 2)
+    while hi is not None and len(tried) < o.find_max_levels:
+        if integer:
+            if hi - lo <= 1:
+                break
+            mid = float((int(lo) + int(hi)) // 2) if lo else float(int(hi) // 2)
+            if mid < 1:
+                break
+        else:
+            if lo and hi / lo <= 1 + SLO_SEARCH_RATE_STEP:
+                break
+            mid = (lo + hi) / 2 if lo else hi / 2
+        if await at(mid):
+            lo = mid
+        else:
+            hi = mid
+    resolved = hi is not None and ((hi - lo <= 1) if integer else bool(lo) and hi / lo <= 1 + SLO_SEARCH_RATE_STEP)
+    limit: Optional[float] = (int(lo) if integer else lo) if lo else None
+    return {"metric": metric, "limit": limit, "levels_tried": tried,
+            "first_miss": (int(hi) if integer else hi) if hi is not None else None,
+            "resolved": bool(resolved), "max_levels": o.find_max_levels,
+            "slo": {k: getattr(slo, k, None) for k in ("ttft_ms_p99", "tpot_ms_p99", "e2e_ms_p99")},
+            "rule": "each SLO metric's p99 within its limit and at most 1% of requests failed"}
+
+
+def slo_search_findings(r: dict[str, Any]) -> list[Finding]:
+    unit = "concurrent requests" if r["metric"] == "concurrency" else "requests/s"
+    around = ", ".join(f"{t['label']} {'meets' if t['meets_slo'] else 'misses'}" for t in
+                       sorted(r["levels_tried"], key=lambda t: t[r["metric"]]))
+    slo = ", ".join(f"{k} ≤ {v:g}" for k, v in r["slo"].items() if v)
+    if r["limit"] is None:
+        return [Finding("bench.slo_search", "fail", f"no load meets the SLOs (first level tried missed: {around.split(',')[0]})",
+                        detail=f"{slo}; {r['rule']}", remedy="Revisit the deployment's flags, or the SLOs.")]
+    st: Status = "pass" if r["resolved"] else "warn"
+    how = (f"first miss at {r['first_miss']:g}" if r["first_miss"] is not None else
+           "no level tried missed (the search hit its bound)")
+    return [Finding("bench.slo_search", st, f"max load under SLO: {r['limit']:g} {unit} ({how})",
+                    detail=f"{slo}; levels tried: {around}" + ("" if r["resolved"] else
+                                                             f"; not resolved within {r['max_levels']} levels"))]
 
 
 def finite(x: Any) -> Any:
@@ -384,6 +548,13 @@ def compare_previous(current: dict[str, Any], previous: Optional[dict[str, Any]]
                 kind = key.split("_")[0] + ("" if pct == "p50" else "_" + pct)
                 out.append(Finding(f"bench.regression.{kind}.{tag}", "warn", f"{tag}: {name} up {(ct - pt) / pt * 100:.0f}%",
                                    detail=f"{pt:.1f} → {ct:.1f} ms"))
+    ps, cs = previous.get("slo_search") or {}, current.get("slo_search") or {}
+    if ps.get("metric") and ps.get("metric") == cs.get("metric") and ps.get("slo") == cs.get("slo"):
+        pl, cl = ps.get("limit"), cs.get("limit")
+        if pl and (cl is None or (pl - cl) / pl * 100 > threshold_pct):
+            out.append(Finding("bench.regression.slo_limit", "warn",
+                               f"max load under SLO down: {pl:g} then, {cl if cl is not None else 'none'} now ({cs['metric']})",
+                               remedy="Diff the service unit and environment between the runs."))
     if skipped:
         out.append(Finding("bench.regression.unlike", "info", f"{len(skipped)} level(s) not compared: other work than the previous run",
                            detail="; ".join(skipped)))

@@ -7,7 +7,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Optional, Sequence
 
 import aiohttp
 import numpy as np
@@ -24,6 +24,7 @@ class Level:
     label: str
     concurrency: Optional[int] = None
     rate: Optional[float] = None
+    schedule: Optional[Sequence[float]] = None   # trace replay: send offsets (s) from the level's start, open loop
 
 
 @dataclass
@@ -132,13 +133,18 @@ PREPARE_AHEAD = 4096   # bodies encoded before the level starts (the rest, for l
 
 async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, warmup: int = 2, flush: bool = True,
                     records_path: Optional[Path] = None, seed: int = 0, duration_s: Optional[float] = None,
-                    progress: Optional[Callable[[int], None]] = None, telemetry: Any = None) -> LevelResult:
+                    progress: Optional[Callable[[int], None]] = None, telemetry: Any = None,
+                    driver: Optional[Callable[..., Awaitable[None]]] = None) -> LevelResult:
     """One level. Fixed concurrency: that many workers, each sending its next request when the last
     finished. A rate: Poisson arrivals, open loop — no cap on requests in flight, so a slow server
     shows as growing latency, never as client-side waiting counted into TTFT (any pool wait is
     `queue_s`, reported apart). `--duration`: no request is started after the deadline; those in
-    flight then finish and are measured. `telemetry`: a bench.telemetry.Telemetry sampled during the level."""
-    open_loop = level.rate is not None and not level.concurrency
+    flight then finish and are measured. `telemetry`: a bench.telemetry.Telemetry sampled during the level.
+    A schedule (trace replay): each request is sent at its recorded offset, open loop; how late its
+    headers went on the wire is `meta.schedule_error_ms`. `driver(send, deadline)`: the level's own load
+    (agentic sessions, whose requests depend on earlier answers); `send(spec)` measures and records one
+    request, and `reqs` serve only the warm-up."""
+    open_loop = (level.rate is not None and not level.concurrency) or level.schedule is not None
     conc = level.concurrency or 1
     async with client.session(limit=0 if open_loop else conc) as session:
         flushed = await flush_cache(session, client.base_url) if flush else None
@@ -146,23 +152,30 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
         before = await scrape(session, client.base_url)
         records: list[RequestRecord] = []
         out = open(records_path, "a", encoding="utf-8") if records_path else None
-        if duration_s is None:
+        if driver is not None:
+            ahead = 0
+        elif duration_s is None:
             ahead = len(reqs)
         else:   # what the level will likely send; the rest (a --duration level is planned long) as it goes
             likely = int((level.rate or 0) * duration_s * 1.5) + 16 if open_loop else conc * 64
             ahead = min(len(reqs), PREPARE_AHEAD, likely)
         bodies = [client.encode(reqs[i]) for i in range(ahead)]       # before the clock starts
 
-        async def do(i: int) -> None:
-            r = reqs[i]
-            rec = await client.send(session, r, level.label, bodies[i] if i < ahead else None)
+        async def send_one(r: RequestSpec, body: Optional[bytes] = None, due: Optional[float] = None) -> RequestRecord:
+            rec = await client.send(session, r, level.label, body)
             rec.meta.update({k: v for k, v in r.meta.items() if k in ("session", "turn", "scheduled_s")})
+            if due is not None:
+                rec.meta["schedule_error_ms"] = (rec.send_time - due) * 1000
             records.append(rec)
             if out:  # appended as it finishes: a crash later loses nothing already measured
                 out.write(json.dumps(rec.to_dict()) + "\n")
                 out.flush()
             if progress:
                 progress(1)
+            return rec
+
+        async def do(i: int, due: Optional[float] = None) -> None:
+            await send_one(reqs[i], bodies[i] if i < ahead else None, due)
 
         if telemetry is not None:
             await telemetry.start(session, client.base_url, level.label)
@@ -170,7 +183,20 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
             with LagMonitor() as lag:
                 t0 = time.perf_counter()
                 deadline = t0 + duration_s if duration_s else None
-                if open_loop:
+                if driver is not None:
+                    await driver(send_one, deadline)
+                elif level.schedule is not None:
+                    tasks = []
+                    for i, off in enumerate(level.schedule[:len(reqs)]):
+                        due = t0 + off
+                        if deadline is not None and due > deadline:
+                            break
+                        delay = due - time.perf_counter()
+                        if delay > 0:
+                            await asyncio.sleep(delay)
+                        tasks.append(asyncio.create_task(do(i, due)))
+                    await asyncio.gather(*tasks)
+                elif open_loop:
                     assert level.rate is not None
                     rng = np.random.default_rng(seed)
                     tasks = []

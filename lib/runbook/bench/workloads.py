@@ -9,11 +9,17 @@ when one is given, otherwise approximated (~4 characters per token) and marked s
 - prefix: an agentic shape — one long shared system prompt plus repository context, reused by every
   request, followed by a different coding question each turn (exercises the prefix cache).
 - FILE: JSON Lines with "prompt" (text or token ids) or "messages", and optional "max_tokens".
+- trace:FILE: a Mooncake-format trace replayed at its recorded times (open loop): JSON Lines with
+  "timestamp" (ms), "input_length", "output_length" and optional "hash_ids" (one id per block of
+  TRACE_BLOCK tokens: requests naming the same ids share that prefix, built from the same corpus
+  text) and "session_id". `trace:synthetic` is the small trace shipped in the corpus.
+- agentic: multi-turn sessions, built as they run (bench/sessions.py), not here.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +79,7 @@ class Workload:
     exact_lengths: bool
     description: str
     corpus_version: str = ""   # what the prompts were built from; the regression check compares only equal ones
+    schedule: Optional[list[float]] = None   # trace replay: each request's send offset (s) from the start
 
 
 def _count(tok: Any, text: str) -> Optional[int]:
@@ -125,7 +132,7 @@ def read_workload_file(path: Path) -> tuple[bytes, str]:
 
 def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, tokenizer: Any = None,
           vocab_size: Optional[int] = None, chat: bool = False, seed: int = 0, range_ratio: float = 0.0,
-          ignore_eos: bool = True) -> Workload:
+          ignore_eos: bool = True, trace_speed: float = 1.0) -> Workload:
     rng = np.random.default_rng(seed)
     if name == "random":
         lo, hi = int(input_len * (1 - range_ratio)), int(input_len * (1 + range_ratio))
@@ -181,6 +188,8 @@ def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, token
             return RequestSpec(i, prompt, output_len, pcounts[i % len(ps)], ignore_eos, {"shared_prefix": True})
         return Workload(name, LazyRequests(n, one_prefix), tokenizer is not None, f"shared ~{int(input_len * 0.9)}-token system prompt + a question per turn",
                         CORPUS_VERSION)
+    if name.startswith("trace:"):
+        return build_trace(name[len("trace:"):], n, tokenizer, chat, ignore_eos, trace_speed)
     path = Path(name)
     if not path.is_file():
         raise InputError(f"--workload {name}: not random|code|longctx|prefix and not a file")
@@ -215,3 +224,102 @@ def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, token
                                                 base[i % len(base)].prompt_tokens, base[i % len(base)].ignore_eos))
     return Workload(path.name, lazy, tokenizer is not None, f"prompts from {path}",
                     "file-" + hashlib.sha256(raw).hexdigest()[:16])
+
+
+TRACE_BLOCK = 512         # tokens per Mooncake hash id
+SYNTHETIC_TRACE = "trace_synthetic.jsonl"
+MAX_TRACE_LENGTH = 1 << 20
+
+
+def _trace_int(d: dict[str, Any], key: str, where: str, lo: int) -> int:
+    v = d.get(key)
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= MAX_TRACE_LENGTH:
+        raise InputError(f"{where}: \"{key}\" must be an integer in [{lo}, {MAX_TRACE_LENGTH:,}] (got {str(v)[:40]!r})")
+    return v
+
+
+def read_trace(text: str, source: str) -> list[dict[str, Any]]:
+    """The trace's rows (timestamp s, lengths, hash ids, session), in timestamp order; InputError naming the line."""
+    rows: list[dict[str, Any]] = []
+    for i, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        where = f"{source}:{i + 1}"
+        try:
+            d = json.loads(line)
+        except (ValueError, RecursionError):
+            raise InputError(f"{where}: not JSON; a Mooncake trace has one JSON object per line") from None
+        if not isinstance(d, dict):
+            raise InputError(f"{where}: each line must be a JSON object with timestamp, input_length, output_length")
+        ts = d.get("timestamp")
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts) or ts < 0:
+            raise InputError(f"{where}: \"timestamp\" must be a non-negative number of milliseconds (got {str(ts)[:40]!r})")
+        hs = d.get("hash_ids", [])
+        if not isinstance(hs, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hs):
+            raise InputError(f"{where}: \"hash_ids\" must be a list of integers")
+        sid = d.get("session_id")
+        rows.append({"t": float(ts) / 1000.0, "input": _trace_int(d, "input_length", where, 1),
+                     "output": _trace_int(d, "output_length", where, 0), "hash_ids": hs,
+                     "session": sid if isinstance(sid, (str, int)) and not isinstance(sid, bool) else None})
+    if not rows:
+        raise InputError(f"{source}: no requests in the trace")
+    rows.sort(key=lambda r: float(r["t"]))
+    return rows
+
+
+def build_trace(ref: str, n: int, tokenizer: Any = None, chat: bool = False, ignore_eos: bool = True,
+                speed: float = 1.0) -> Workload:
+    """Requests of a Mooncake trace with their send offsets (÷ speed); at most n of them."""
+    if not (speed > 0 and math.isfinite(speed)):
+        raise InputError(f"--trace-speed must be a positive number (got {speed})")
+    if ref == "synthetic":
+        from importlib import resources
+
+        raw = resources.files("runbook.corpus").joinpath("data").joinpath(SYNTHETIC_TRACE).read_bytes()
+        text, source = raw.decode(), f"corpus {SYNTHETIC_TRACE}"
+    else:
+        path = Path(ref)
+        if not path.is_file():
+            raise InputError(f"--workload trace:{ref}: no such file (a Mooncake JSON Lines trace, or trace:synthetic)")
+        raw, text = read_workload_file(path)
+        source = str(path)
+    rows = read_trace(text, source)[:n]
+    t0 = rows[0]["t"]
+    corpus = code_text()
+    exact = tokenizer is not None and not chat
+    blocks: dict[int, Any] = {}
+
+    def block(h: int) -> Any:
+        if h not in blocks:
+            start = (h * 2654435761) % max(1, len(corpus) // 2)
+            body = corpus[start:] + corpus[:start]
+            blocks[h] = (_exact_ids(tokenizer, body, TRACE_BLOCK) if tokenizer is not None
+                         else body[: TRACE_BLOCK * CHARS_PER_TOKEN])
+        return blocks[h]
+
+    def one(i: int) -> RequestSpec:
+        r = rows[i]
+        ids = list(r["hash_ids"])
+        need = -(-r["input"] // TRACE_BLOCK)
+        ids += [-(i + 1) * 1000003 - k for k in range(max(0, need - len(ids)))]   # this request's own blocks
+        parts = [block(h) for h in ids[:need]]
+        meta: dict[str, Any] = {"scheduled_s": (r["t"] - t0) / speed}
+        if r["session"] is not None:
+            meta["session"] = r["session"]
+        out = max(1, r["output"])
+        if tokenizer is not None:
+            toks = [t for p in parts for t in p][: r["input"]]
+            if exact:
+                return RequestSpec(i, toks, out, len(toks), ignore_eos, meta)
+            txt = tokenizer.decode(toks)
+            return RequestSpec(i, txt, out, _count(tokenizer, txt), ignore_eos, meta)
+        txt = "".join(parts)[: r["input"] * CHARS_PER_TOKEN]
+        return RequestSpec(i, txt, out, None, ignore_eos, meta)
+
+    schedule = [(r["t"] - t0) / speed for r in rows]
+    span = schedule[-1] if schedule else 0.0
+    return Workload(f"trace:{ref}", LazyRequests(len(rows), one), exact,
+                    f"trace {source}: {len(rows)} requests over {span:.1f} s (speed ×{speed:g}), open loop",
+                    f"trace-{hashlib.sha256(raw).hexdigest()[:16]}+{CORPUS_VERSION}", schedule)

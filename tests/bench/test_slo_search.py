@@ -1,0 +1,59 @@
+"""Issue 15 item 3: `--find-max slo` against a scripted server whose TTFT crosses the SLO at a known concurrency."""
+import json
+
+import pytest
+
+from bench.rawsse import RawServer, Reply, completion_stream
+from runbook.bench import report
+from runbook.bench import run as bench
+from runbook.core.errors import InputError
+from runbook.core.spec import SLO
+
+KNEE = 6            # up to KNEE requests in flight: fast; any request arriving with KNEE others in flight: slow
+
+
+@pytest.fixture
+def knee():
+    box = {}
+
+    def handler(body):
+        others = box["srv"].in_flight            # requests in flight when this one arrives
+        ttft = 0.200 if others >= KNEE else 0.005
+        return Reply(completion_stream(int(body.get("max_tokens", 2)), ttft, 0.001))
+    srv = RawServer(handler).start()
+    box["srv"] = srv
+    yield srv
+    srv.stop()
+
+
+def test_search_finds_the_knee_within_one_step(knee):
+    o = bench.BenchOptions(url=knee.url, model="raw", concurrency=[1], workload="code", output_len=2, warmup=0,
+                           telemetry=False, timeout_s=30.0, find_max="slo", find_max_levels=8)
+    res = bench.run(o, SLO(ttft_ms_p99=100.0))
+    r = res.summary["slo_search"]
+    assert r["metric"] == "concurrency" and abs(r["limit"] - KNEE) <= 1
+    tried = [t["concurrency"] for t in r["levels_tried"]]
+    assert tried[:4] == [1, 2, 4, 8] and len(tried) <= 8          # bracket by doubling, then bisect
+    assert all(t["meets_slo"] == (t["concurrency"] <= r["limit"]) for t in r["levels_tried"])
+    assert r["resolved"] and r["first_miss"] == r["limit"] + 1
+    assert [s["concurrency"] for s in res.summary["levels"]] == sorted(tried)   # levels sorted by load
+    f = {x.id: x for x in res.findings}["bench.slo_search"]
+    assert f.status == "pass" and f"{r['limit']} concurrent" in f.title
+    json.dumps(res.summary, allow_nan=False)
+    assert report.plot_slo_search(res.summary).axes[0].collections
+    # the regression check tracks the limit
+    worse = dict(res.summary, slo_search=dict(r, limit=2))
+    reg = bench.compare_previous(worse, res.summary, 10.0)
+    assert any(x.id == "bench.regression.slo_limit" for x in reg)
+
+
+def test_rate_search_and_refusals(knee):
+    o = bench.BenchOptions(url=knee.url, model="raw", concurrency=[], rates=[20.0], requests=10, workload="code", output_len=2,
+                           warmup=0, telemetry=False, timeout_s=30.0, find_max="slo", find_max_levels=3)
+    res = bench.run(o, SLO(ttft_ms_p99=100.0))
+    r = res.summary["slo_search"]
+    assert r["metric"] == "rate" and len(r["levels_tried"]) <= 3 and r["levels_tried"][0]["rate"] == 20.0
+    with pytest.raises(InputError, match="SLOs"):
+        bench.run(bench.BenchOptions(url=knee.url, find_max="slo", telemetry=False), SLO())
+    with pytest.raises(InputError, match="trace"):
+        bench.run(bench.BenchOptions(url=knee.url, find_max="slo", workload="trace:synthetic"), SLO(ttft_ms_p99=1.0))

@@ -318,6 +318,14 @@ def _cmd_accuracy(a: argparse.Namespace) -> int:
                                           a.tokenizer, a.compare_url, a.seed, a.per_cell, Path(a.out) if a.out else None,
                                           dep.serving.api_key_env)
         doc = {"recall": rec}
+    elif a.probe == "toolcall":
+        import os
+
+        from runbook.accuracy import toolcall
+
+        key = os.environ.get(dep.serving.api_key_env) if dep.serving.api_key_env else None
+        tc = toolcall.run(a.url or dep.serving.local_url, a.model, key or None)
+        findings, doc = tc.findings, tc.to_json()
     else:
         rows, findings = probes.run_identity(a.url, a.compare_url, a.prompts, a.max_tokens, a.tokenizer)
         doc = {"identity": rows}
@@ -463,8 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(b)
     b.set_defaults(fn=_cmd_bench)
 
-    ac = sub.add_parser("accuracy", help="KV-quantization error offline; long-context recall and greedy identity live")
-    ac.add_argument("probe", choices=["kvquant", "recall", "identity", "report"],
+    ac = sub.add_parser("accuracy", help="KV-quantization error offline; long-context recall, greedy identity and tool calls live")
+    ac.add_argument("probe", choices=["kvquant", "recall", "identity", "report", "toolcall"],
                     help="report: all three, what 50_accuracy shows (live probes skip without --url)")
     _add_deployment(ac)
     ac.add_argument("--url", type=_url, help="recall: the endpoint (default: the spec's); identity: speculative decoding on")
@@ -477,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--seed", type=int, default=0)
     ac.add_argument("--prompts", type=_POS_INT, default=8, help="identity: number of prompts")
     ac.add_argument("--max-tokens", type=_POS_INT, default=64, help="identity: greedy tokens per prompt")
+    ac.add_argument("--model", help="toolcall: the served model name (default: the first /v1/models lists)")
     ac.add_argument("--out", metavar="DIR", help="recall, report: archive the prompts here")
     _add_output(ac)
     ac.set_defaults(fn=_cmd_accuracy)

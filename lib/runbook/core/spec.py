@@ -267,6 +267,39 @@ class SLO(_Strict):
     e2e_ms_p99: Optional[float] = Field(default=None, gt=0, le=MAX_SECONDS * 1000)
 
 
+def archive_url_problem(url: str) -> Optional[str]:
+    """Why an archive URL (`s3://BUCKET/PREFIX`, `gs://…`, `az://…`, `file:///…`) is refused, or None.
+
+    Credentials never travel in the URL: no `user:password@`, no query string (presigned or SAS tokens);
+    they come from the standard environment and credential files of the storage client."""
+    if not isinstance(url, str) or not url or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        return "must be a URL such as s3://BUCKET/PREFIX, without spaces or control characters"
+    m = re.fullmatch(r"([a-z][a-z0-9+.-]*)://([^/]*)(/.*)?", url)
+    if not m:
+        return f"must be a URL such as s3://BUCKET/PREFIX (got {url!r})"
+    scheme, bucket, _ = m.groups()
+    if "@" in bucket or "?" in url or "#" in url:
+        return ("must not carry credentials or tokens (user@, ?query, #fragment): the storage client reads them from "
+                "its environment (AWS_*, FSSPEC_S3_*) or credential files")
+    if scheme != "file" and not bucket:
+        return f"names no bucket (got {url!r}); e.g. s3://BUCKET/PREFIX"
+    return None
+
+
+class Archive(_Strict):
+    """Where finished runs are also uploaded (object storage through fsspec). The endpoint, region and
+    credentials are the storage client's own settings (AWS_ENDPOINT_URL, AWS_PROFILE, FSSPEC_S3_*), never here."""
+    url: Optional[str] = Field(None, description="s3://BUCKET/PREFIX; runs go to PREFIX/<host>/<run id>/")
+
+    @field_validator("url")
+    @classmethod
+    def _url_ok(cls, v: Optional[str]) -> Optional[str]:
+        problem = None if v is None else archive_url_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+
 class Deployment(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     description: str = ""
@@ -278,6 +311,7 @@ class Deployment(_Strict):
     benchmark: Benchmark = Benchmark()
     accuracy: Accuracy = Accuracy()
     slo: SLO = SLO()
+    archive: Archive = Archive(url=None)
     # Filled by load(): where the spec came from, for resolving relative paths and for messages.
     source: Optional[str] = Field(None, exclude=True)
 

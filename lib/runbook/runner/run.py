@@ -29,7 +29,7 @@ from runbook.core import spec as spec_mod
 from runbook.core.errors import LockHeld, SpecError
 from runbook.core.findings import STATUSES, counts, exit_code_for
 from runbook.core.fsutil import atomic_write_json, atomic_write_text
-from runbook.runner import archive, results
+from runbook.runner import archive, figures, results, upload
 from runbook.runner import params as params_mod
 
 REPO_ROOT = spec_mod.REPO_ROOT
@@ -54,6 +54,7 @@ class RunOptions:
     strict: bool = False
     notebooks_dir: Path = NOTEBOOKS
     kernel: Optional[str] = None
+    archive_url: Optional[str] = None   # else $RUNBOOK_ARCHIVE_URL, else the spec's archive.url
 
 
 @dataclass
@@ -295,6 +296,9 @@ def _summary_md(s: dict[str, Any]) -> str:
         link = f"[{n['name']}]({n['html']})" if n.get("html") else n["name"]
         lines.append(f"| {link} | {n['status']} | {n['duration_s']:.1f} s | " + " | ".join(str(n["findings"][k]) for k in STATUSES) + " |")
     att = [(n["name"], f) for n in s["notebooks"] for f in n.get("failed_findings", [])]
+    up = (s.get("archive") or {}).get("finding")
+    if up and up["status"] != "pass":
+        att.append(("archive", up))
     if att:
         lines += ["", "## Needs attention", ""]
         for name, f in sorted(att, key=lambda x: STATUSES.index(x[1]["status"])):
@@ -310,6 +314,9 @@ def one_screen(summary: dict[str, Any], run_dir: Path, max_items: int = 12) -> s
         tally = ", ".join(f"{c[k]} {k}" for k in STATUSES if c[k])
         out.append(f"  {n['status']:7} {n['name']:24} {n['duration_s']:6.1f} s  {tally}" + (f"  [{n['error']}]" if n["error"] else ""))
     att = [f for n in summary["notebooks"] for f in n.get("failed_findings", [])]
+    up = (summary.get("archive") or {}).get("finding")
+    if up and up["status"] != "pass":
+        att.append(up)
     att.sort(key=lambda f: STATUSES.index(f["status"]))
     if att:
         out.append("Needs attention:")
@@ -320,6 +327,8 @@ def one_screen(summary: dict[str, Any], run_dir: Path, max_items: int = 12) -> s
         if len(att) > max_items:
             out.append(f"  … and {len(att) - max_items} more in summary.md")
     out.append(f"Archive: {run_dir}")
+    if summary.get("archive"):
+        out.append(f"Store:   {summary['archive']['url']} ({summary['archive']['status']})")
     out.append(f"Index:   {run_dir.parent / 'index.html'}")
     return "\n".join(out)
 
@@ -373,11 +382,79 @@ def _public_mode() -> int:
     return 0o777 & ~mask
 
 
+def _record_upload(run_dir: Path, summary: dict[str, Any], fnd: dict[str, str], url: str, scrub: set[str]) -> None:
+    """Put the upload's finding in a finished run's summary (replacing an earlier one) and rewrite it, scrubbed."""
+    fnd = {k: secrets.redact_text(v, scrub) for k, v in fnd.items()}
+    old = (summary.get("archive") or {}).get("finding")
+    if old and old.get("status") in summary["findings"]:
+        summary["findings"][old["status"]] -= 1
+    summary["findings"][fnd["status"]] += 1
+    summary["archive"] = {"url": secrets.redact_text(url, scrub), "status": fnd["status"], "finding": fnd}
+    atomic_write_json(run_dir / "summary.json", summary)
+    atomic_write_text(run_dir / "summary.md", _summary_md(summary))
+    archive.write_summary_html(run_dir, summary)
+
+
+def _upload(out_dir: Path, run_ids: list[str], url: str, scrub: set[str], log: Log, by: Optional[str] = None,
+            current: Optional[dict[str, Any]] = None) -> list[upload.UploadResult]:
+    """Upload finished runs (oldest first) and record each outcome in its summary; never raises.
+
+    `by`: the run doing it (retries are marked "retried by"); `current`: that run's summary, in memory."""
+    out: list[upload.UploadResult] = []
+    try:
+        fs, root = upload.open_store(url)
+    except Exception as e:
+        fs, root, problem = None, None, secrets.redact_text(str(e), scrub)
+        log(f"archive: {problem}")
+    for run_id in run_ids:
+        d = out_dir / run_id
+        try:
+            s = current if current and current["run_id"] == run_id else json.loads((d / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            log(f"archive: {run_id}: unreadable summary, not uploaded: {e}")
+            continue
+        host = s.get("host") or upload.host_name()
+        dest = upload.run_url(url, host, run_id)
+        upload.mark_pending(out_dir, run_id, url)
+        # recorded before the upload so the stored summary says where it is; replaced below on failure
+        _record_upload(d, s, upload.finding(upload.UploadResult(run_id, dest, ok=True), None if run_id == by else by), dest, scrub)
+        res = upload.upload_run(d, url, host, scrub, fs, root) if fs is not None else \
+            upload.UploadResult(run_id, dest, ok=False, error=problem)
+        if not res.ok:
+            _record_upload(d, s, upload.finding(res), dest, scrub)
+        upload.write_state(out_dir, res, url)
+        log(f"archive: {run_id} " + (f"uploaded to {res.url} ({res.files} objects, {res.seconds:.1f} s)" if res.ok
+                                      else f"not uploaded to {res.url}: {res.error}; the local archive is intact"))
+        out.append(res)
+    return out
+
+
+def push(out_dir: Path, url: Optional[str], deployment: Optional[str] = None, run_ids: Iterable[str] = (),
+         everything: bool = True, log: Optional[Log] = None) -> list[upload.UploadResult]:
+    """`runbook push`: upload local runs not yet in the store at `url` (or exactly `run_ids`)."""
+    log = log or Log()
+    spec = spec_mod.load(deployment) if deployment else None
+    url = upload.resolve_url(url, spec.archive.url if spec else None)
+    if not url:
+        raise SpecError("push: no archive URL: give --archive-url s3://BUCKET/PREFIX, set RUNBOOK_ARCHIVE_URL or archive.url in the spec")
+    out_dir = Path(out_dir).resolve()
+    scrub = _run_secrets(spec) if spec else secrets.secret_values()
+    log.secrets |= scrub
+    name = spec.name if spec else None
+    ids = list(run_ids)
+    known = {r["_dir"] for r in archive.list_runs(out_dir)}
+    missing = [i for i in ids if i not in known]
+    if missing:
+        raise SpecError(f"push: no finished run {', '.join(missing)} under {out_dir}")
+    return _upload(out_dir, ids or upload.pending_runs(out_dir, url, name, everything=everything), url, scrub, log)
+
+
 def run(opts: RunOptions, log: Optional[Log] = None) -> tuple[int, Optional[Path]]:
     """Execute and archive; returns (exit code, run directory)."""
     log = log or Log()
     only = validate_options(opts)
     spec = spec_mod.load(opts.deployment)
+    archive_url = upload.resolve_url(opts.archive_url, spec.archive.url)
     nbs = discover(Path(opts.notebooks_dir), only)
     per_nb = params_mod.resolve(opts.params, nbs)
     scrub = _run_secrets(spec)
@@ -407,11 +484,13 @@ def run(opts: RunOptions, log: Optional[Log] = None) -> tuple[int, Optional[Path
         tally = {s: sum(r.findings[s] for r in nb_results) for s in STATUSES}
         code = 2 if any(r.status == "failed" for r in nb_results) else exit_code_for(tally, opts.strict)
         verdict = {0: "all notebooks ran, no check failed", 1: "checks failed", 2: "a notebook could not run"}[code]
-        summary = {
+        summary: dict[str, Any] = {
             "run_id": run_id, "deployment": spec.name, "deployment_file": spec.source, "git_commit": git_commit(),
+            "host": upload.host_name(),
             "started": started.isoformat(timespec="seconds"), "duration_s": round(time.monotonic() - t_start, 2),
             "exit_code": code, "verdict": verdict, "strict": opts.strict, "findings": tally,
             "notebooks": [r.__dict__ for r in nb_results],
+            "metrics": figures.figures(tmp, spec.slo),
         }
         atomic_write_json(tmp / "summary.json", summary)
         atomic_write_text(tmp / "summary.md", _summary_md(summary))
@@ -427,6 +506,16 @@ def run(opts: RunOptions, log: Optional[Log] = None) -> tuple[int, Optional[Path
         if removed:
             log(f"retention: removed {len(removed)} old run(s)")
         archive.write_index(out_dir)
+        if archive_url:
+            upload.prune_state(out_dir)
+            retry = [r for r in upload.pending_runs(out_dir, archive_url, spec.name) if r != run_id]
+            _upload(out_dir, [run_id] + retry, archive_url, scrub, log, by=run_id, current=summary)
+            if code == 0 and summary["findings"]["warn"] and opts.strict:
+                code = summary["exit_code"] = 1
+                verdict = summary["verdict"] = "checks failed"
+                up: dict[str, Any] = summary["archive"]
+                _record_upload(final, summary, up["finding"], up["url"], scrub)
+            archive.write_index(out_dir)
         log(f"run {run_id}: exit {code} ({verdict})")
     print(secrets.redact_text(one_screen(summary, final), scrub))
     return code, final

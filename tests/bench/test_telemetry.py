@@ -86,3 +86,26 @@ def test_pick_gauges_takes_the_max_over_ranks():
     g = telemetry.pick_gauges({"sglang:token_usage{tp_rank=0}": 0.2, "sglang:token_usage{tp_rank=1}": 0.4,
                                "sglang:num_queue_reqs": 3.0, "other": 1.0})
     assert g == {"kv_token_usage": 0.4, "num_queue_reqs": 3.0}
+
+
+def test_plot_telemetry_renders_from_synthetic_samples(tmp_path):
+    from runbook.bench import plot_telemetry
+    from runbook.core.plots import png
+
+    samples = []
+    for k in range(12):
+        level = "c1" if k < 6 else "c4"
+        samples.append({"t": 100.0 + k, "level": level,
+                        "gpus": [{"gpu": i, "gpu_util_pct": 40.0 + 5 * k, "gpu_mem_used_gib": 70.0 + i} for i in range(2)],
+                        "server": {"kv_token_usage": 0.05 * k, "num_queue_reqs": max(0, k - 6)}})
+    path = tmp_path / "telemetry.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    for src in (samples, path, str(path)):
+        fig = plot_telemetry(src)
+        ax_gpu, ax_srv = fig.axes[:2]
+        assert len(ax_gpu.lines) == 2 + 2 and len(ax_srv.lines) == 1 + 2   # per-GPU util, two level boundaries / KV
+        assert [ln.get_xdata()[0] for ln in ax_gpu.lines[-2:]] == [0.0, 6.0]   # boundaries where the level changes
+        assert [t.get_text() for t in ax_gpu.texts] == ["c1", "c4"]
+        assert png(fig)[:4] == b"\x89PNG"
+    empty = plot_telemetry([])
+    assert "no NVML samples" in empty.axes[0].get_title() and png(empty)[:4] == b"\x89PNG"

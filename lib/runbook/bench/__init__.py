@@ -6,6 +6,7 @@ from runbook.bench.report import (
            plot_cdf,
            plot_latency,
            plot_slo_search,
+           plot_telemetry,
            plot_throughput,
            plot_turns,
            spec_decoding_frame,
@@ -20,4 +21,4 @@ from runbook.bench.run import (
 )
 
 __all__ = ["BenchOptions", "BenchResult", "compare_previous", "evaluate", "frame", "options_from", "plot_cdf",
-           "plot_latency", "plot_slo_search", "plot_throughput", "plot_turns", "spec_decoding_frame", "turns_frame"]
+           "plot_latency", "plot_slo_search", "plot_telemetry", "plot_throughput", "plot_turns", "spec_decoding_frame", "turns_frame"]

@@ -146,3 +146,66 @@ def plot_slo_search(summary: dict[str, Any]):
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def _load_telemetry(samples: Any) -> list[dict[str, Any]]:
+    """Samples as given, or read from a telemetry.jsonl path (one JSON object a line)."""
+    if isinstance(samples, (str, bytes)) or hasattr(samples, "read_text"):
+        import json
+        from pathlib import Path
+
+        return [json.loads(line) for line in Path(samples).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return list(samples or [])
+
+
+def plot_telemetry(samples: Any):
+    """Telemetry against time (s from the first sample): GPU utilisation and memory per GPU (left), the
+    server's KV token usage and queued requests (right); dotted lines mark where each level starts.
+    `samples`: the bench's telemetry samples, or the path of a run's telemetry.jsonl."""
+    rows = sorted((s for s in _load_telemetry(samples) if isinstance(s.get("t"), (int, float))), key=lambda s: s["t"])
+    fig, (ax_gpu, ax_srv) = figure((11, 3.4), ncols=2)
+    t0 = rows[0]["t"] if rows else 0.0
+    ts = [s["t"] - t0 for s in rows]
+    ax_mem, ax_q = ax_gpu.twinx(), ax_srv.twinx()
+    gpus = sorted({g.get("gpu", 0) for s in rows for g in s.get("gpus") or []})
+    for i in gpus:
+        pts = [(t, g) for t, s in zip(ts, rows, strict=True) for g in s.get("gpus") or [] if g.get("gpu", 0) == i]
+        util = [(t, g["gpu_util_pct"]) for t, g in pts if g.get("gpu_util_pct") is not None]
+        mem = [(t, g["gpu_mem_used_gib"]) for t, g in pts if g.get("gpu_mem_used_gib") is not None]
+        if util:
+            ax_gpu.plot(*zip(*util, strict=True), color="tab:blue", alpha=0.8, label=f"GPU {i} util" if len(gpus) > 1 else "util")
+        if mem:
+            ax_mem.plot(*zip(*mem, strict=True), color="tab:orange", ls="--", alpha=0.8,
+                        label=f"GPU {i} memory" if len(gpus) > 1 else "memory")
+    kv = [(t, s["server"]["kv_token_usage"] * 100) for t, s in zip(ts, rows, strict=True)
+          if (s.get("server") or {}).get("kv_token_usage") is not None]
+    q = [(t, s["server"]["num_queue_reqs"]) for t, s in zip(ts, rows, strict=True)
+         if (s.get("server") or {}).get("num_queue_reqs") is not None]
+    if kv:
+        ax_srv.plot(*zip(*kv, strict=True), color="tab:green", label="KV token usage")
+    if q:
+        ax_q.step(*zip(*q, strict=True), where="post", color="tab:red", alpha=0.8, label="queued requests")
+    prev = None
+    for t, s in zip(ts, rows, strict=True):            # level boundaries: where the label changes
+        if s.get("level") != prev:
+            prev = s.get("level")
+            for ax in (ax_gpu, ax_srv):
+                ax.axvline(t, color="0.5", ls=":", lw=1)
+                ax.annotate(str(prev or ""), (t, 1.0), xycoords=("data", "axes fraction"), fontsize=7, rotation=90,
+                            va="top", ha="right", color="0.35")
+    ax_gpu.set_title("GPU utilisation and memory" + ("" if gpus else " (no NVML samples)"))
+    ax_gpu.set_ylabel("utilisation (%)")
+    ax_gpu.set_ylim(-2, 102)
+    ax_mem.set_ylabel("memory used (GiB)")
+    ax_srv.set_title("KV token usage and queue" + ("" if kv or q else " (no /metrics samples)"))
+    ax_srv.set_ylabel("KV token usage (%)")
+    ax_srv.set_ylim(-2, 102)
+    ax_q.set_ylabel("queued requests")
+    for ax, twin in ((ax_gpu, ax_mem), (ax_srv, ax_q)):
+        ax.set_xlabel("time since the first sample (s)")
+        ax.grid(True, alpha=0.3)
+        handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+        if handles:
+            ax.legend(handles=handles, fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig

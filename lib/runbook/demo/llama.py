@@ -20,7 +20,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from runbook.core.spec import REPO_ROOT
 
@@ -178,8 +178,9 @@ class LlamaServer:
 
 def start_llama_server(exe: Optional[Path] = None, model_dir: Optional[Path] = None, port: Optional[int] = None,
                        parallel: int = 8, ctx: int = 4096, threads: int = 1, cache_prompt: bool = False,
-                       log_path: Optional[Path] = None, ready_timeout: float = 60.0) -> LlamaServer:
-    """Start llama-server on loopback and wait until /health answers 200."""
+                       log_path: Optional[Path] = None, ready_timeout: float = 60.0,
+                       extra_args: Sequence[str] = ()) -> LlamaServer:
+    """Start llama-server on loopback and wait until /health answers 200 (`extra_args`: e.g. --jinja for tools)."""
     exe = exe or build_llama_server()
     model_dir = model_dir or tiny_model()
     port = port or free_port()
@@ -188,6 +189,7 @@ def start_llama_server(exe: Optional[Path] = None, model_dir: Optional[Path] = N
            "-np", str(parallel), "-c", str(ctx * parallel), "--metrics", "--alias", "tiny-llama"]
     if not cache_prompt:
         cmd += ["--no-cache-prompt", "--cache-ram", "0"]
+    cmd += list(extra_args)
     logf = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

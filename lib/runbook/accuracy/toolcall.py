@@ -1,0 +1,431 @@
+"""Tool-call probe: a coding agent's tools (read_file, apply_patch, run_tests) sent with chat completions,
+streaming and not, and what an agent loop needs checked on each answer:
+
+- `parsed`: the call arrives as `tool_calls`, not as text left in `content` or `reasoning_content`
+  (what a missing or wrong `--tool-call-parser` looks like);
+- `arguments`: the arguments are valid JSON that matches the tool's schema (required keys, types);
+- `streaming`: a large string argument (apply_patch's patch) streams as several argument deltas, not
+  all at once in the final chunk (an agent UI shows nothing until the end otherwise);
+- `finish_reason`: the choice ends with `tool_calls`.
+
+A model that answers in prose without any trace of a call is reported as such (`warn`: the model, not
+the parser). Reads are bounded (bytes and time); the API key never appears in the output.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import aiohttp
+
+from runbook.core.findings import Finding, Status
+from runbook.core.secrets import redact_text
+from runbook.endpoint.client import Client
+from runbook.endpoint.reach import BadResponse, decode_json, model_name, run_sync
+from runbook.endpoint.reach import probe as reachable
+
+MAX_BODY_BYTES = 8 << 20          # one answer (or one whole stream) larger than this is not a tool call
+MAX_EVENTS = 100_000
+LARGE_ARG_CHARS = 200             # a string argument at least this long should stream in pieces
+MIN_DELTAS = 3                    # "several" argument deltas before the end
+PARSER_REMEDY = ("Start SGLang with the tool-call parser for this model family, e.g. `--tool-call-parser qwen3_coder` "
+                 "(Qwen3-Coder), `qwen25`, `llama3`, `deepseekv3`, `glm45`, `kimi_k2`; check the chat template renders tools.")
+
+_PATCH_FILE = """\
+def load_config(path):
+    with open(path) as f:
+        return parse_config(f.read())
+
+
+def parse_config(text):
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def save_config(path, cfg):
+    with open(path, "w") as f:
+        for key, value in sorted(cfg.items()):
+            f.write(f"{key} = {value}\\n")
+"""
+
+TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {
+        "name": "read_file", "description": "Read a text file of the repository, optionally a range of lines.",
+        "parameters": {"type": "object", "properties": {
+            "path": {"type": "string", "description": "path relative to the repository root"},
+            "start_line": {"type": "integer", "description": "first line, 1-based"},
+            "end_line": {"type": "integer", "description": "last line, inclusive"}},
+            "required": ["path"]}}},
+    {"type": "function", "function": {
+        "name": "apply_patch", "description": "Apply a unified diff to one file of the repository.",
+        "parameters": {"type": "object", "properties": {
+            "path": {"type": "string", "description": "the file the patch changes"},
+            "patch": {"type": "string", "description": "the whole unified diff, with ---/+++ headers and @@ hunks"}},
+            "required": ["path", "patch"]}}},
+    {"type": "function", "function": {
+        "name": "run_tests", "description": "Run the test suite, or some of its files, with pytest.",
+        "parameters": {"type": "object", "properties": {
+            "paths": {"type": "array", "items": {"type": "string"}, "description": "test files or directories"},
+            "keyword": {"type": "string", "description": "pytest -k expression"},
+            "verbose": {"type": "boolean"}},
+            "required": ["paths"]}}},
+]
+
+PROMPTS: dict[str, str] = {
+    "read_file": "Use the read_file tool to read lines 1 to 40 of src/server/config.py. Call the tool now; do not answer in prose.",
+    "apply_patch": ("Here is src/server/config.py:\n\n```python\n" + _PATCH_FILE + "```\n\n"
+                    "Rename parse_config to parse_config_text everywhere in this file and add a docstring to each "
+                    "function. Make the change with the apply_patch tool: one call whose patch is the complete unified "
+                    "diff. Call the tool now; do not answer in prose."),
+    "run_tests": ("Use the run_tests tool to run tests/test_config.py and tests/test_server.py with the keyword "
+                  "expression 'config' and verbose output. Call the tool now; do not answer in prose."),
+}
+SYSTEM = "You are a coding agent working in a Python repository. You act only through the tools you are given."
+# Text a tool-call parser should have consumed (Qwen/Hermes XML, Qwen3-Coder, Mistral, Llama, DeepSeek, Kimi, GLM markers).
+_MARKERS = re.compile(r"<tool_call>|</tool_call>|<function=|<parameter=|\[TOOL_CALLS\]|<\|tool_call|<\|python_tag\|>"
+                      r"|<｜tool▁call|<\|tool_calls_section|<arg_key>")
+_NAME_JSON = re.compile(r"[\"']name[\"']\s*:\s*[\"'](read_file|apply_patch|run_tests)[\"']")
+
+
+def schema_of(tool: str) -> dict[str, Any]:
+    for t in TOOLS:
+        if t["function"]["name"] == tool:
+            return dict(t["function"]["parameters"])
+    raise KeyError(tool)
+
+
+_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
+                          "object": dict, "null": type(None)}
+
+
+def _type_ok(v: Any, t: str) -> bool:
+    if t in ("integer", "number") and isinstance(v, bool):
+        return False
+    if t == "integer" and isinstance(v, float):
+        return v.is_integer()
+    return isinstance(v, _TYPES.get(t, object))
+
+
+def _small_check(v: Any, schema: dict[str, Any], where: str = "arguments") -> list[str]:
+    """The subset of JSON Schema the tools above use: type, properties, required, items."""
+    t = schema.get("type")
+    if isinstance(t, str) and not _type_ok(v, t):
+        return [f"{where}: expected {t}, got {type(v).__name__}"]
+    errs: list[str] = []
+    if isinstance(v, dict):
+        errs += [f"{where}: required key {k!r} missing" for k in schema.get("required", []) if k not in v]
+        for k, sub in (schema.get("properties") or {}).items():
+            if k in v:
+                errs += _small_check(v[k], sub, f"{where}.{k}")
+    if isinstance(v, list) and isinstance(schema.get("items"), dict):
+        for i, x in enumerate(v):
+            errs += _small_check(x, schema["items"], f"{where}[{i}]")
+    return errs
+
+
+def schema_errors(value: Any, schema: dict[str, Any]) -> list[str]:
+    """What is wrong with `value` against `schema` (empty when it matches): jsonschema when installed."""
+    try:
+        import jsonschema
+    except ImportError:
+        return _small_check(value, schema)
+    v = jsonschema.Draft202012Validator(schema)
+    return [f"arguments{''.join(f'.{p}' if isinstance(p, str) else f'[{p}]' for p in e.absolute_path)}: {e.message}"
+            for e in sorted(v.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))]
+
+
+@dataclass
+class Case:
+    tool: str
+    stream: bool
+    called: bool = False              # a tool_calls entry came back
+    name: Optional[str] = None
+    arguments: str = ""
+    in_content: bool = False          # call text left in content
+    in_reasoning: bool = False        # call text left in reasoning_content
+    content_chars: int = 0
+    arguments_valid: Optional[bool] = None
+    schema_errors: list[str] = field(default_factory=list)
+    argument_deltas: int = 0          # streaming: chunks that carried argument text
+    last_delta_share: Optional[float] = None   # streaming: fraction of the argument text in the last delta
+    finish_reason: Optional[str] = None
+    error: Optional[str] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tool": self.tool, "stream": self.stream, "called": self.called, "name": self.name,
+                "in_content": self.in_content, "in_reasoning": self.in_reasoning, "content_chars": self.content_chars,
+                "arguments_valid": self.arguments_valid, "schema_errors": self.schema_errors,
+                "arguments_chars": len(self.arguments), "argument_deltas": self.argument_deltas,
+                "last_delta_share": self.last_delta_share, "finish_reason": self.finish_reason, "error": self.error}
+
+
+@dataclass
+class ToolCallReport:
+    url: Optional[str]
+    model: Optional[str]
+    cases: list[Case] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    def data(self) -> dict[str, Any]:
+        return {"url": self.url, "model": self.model, "cases": [c.to_dict() for c in self.cases]}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"toolcall": self.data(), "findings": [f.to_dict() for f in self.findings]}
+
+
+def _looks_like_call(text: str) -> bool:
+    return bool(text) and bool(_MARKERS.search(text) or _NAME_JSON.search(text))
+
+
+def _body(tool: str, stream: bool, model: Optional[str], max_tokens: int) -> dict[str, Any]:
+    b: dict[str, Any] = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPTS[tool]}],
+                         "tools": TOOLS, "tool_choice": "auto", "temperature": 0.0, "max_tokens": max_tokens,
+                         "stream": stream}
+    if model:
+        b["model"] = model
+    return b
+
+
+def _finish_args(case: Case) -> None:
+    if not case.called:
+        return
+    try:
+        args = json.loads(case.arguments) if case.arguments.strip() else {}
+    except (ValueError, RecursionError) as e:
+        case.arguments_valid = False
+        case.schema_errors = [f"not JSON: {' '.join(str(e).split())[:120]}"]
+        return
+    case.arguments_valid = True
+    case.schema_errors = schema_errors(args, schema_of(case.tool)) if case.name == case.tool else \
+        [f"called {case.name!r}, not {case.tool!r}"]
+
+
+def _one_call(calls: Any) -> Optional[dict[str, Any]]:
+    if not isinstance(calls, list) or not calls:
+        return None
+    first = calls[0] if isinstance(calls[0], dict) else {}
+    fn = first.get("function")
+    return fn if isinstance(fn, dict) else {}
+
+
+async def _plain(s: aiohttp.ClientSession, url: str, headers: dict[str, str], case: Case, body: dict[str, Any]) -> None:
+    async with s.post(url, json=body, headers=headers, allow_redirects=False) as r:
+        raw = await _bounded(r)
+        if r.status >= 400:
+            case.error = f"HTTP {r.status}: {raw[:200].decode('utf-8', 'replace')}"
+            return
+    doc = decode_json(url, raw)
+    choice = (doc.get("choices") or [{}])[0]
+    if not isinstance(choice, dict):
+        raise BadResponse(url, "choices[0] is not an object")
+    msg = choice.get("message") or {}
+    content = msg.get("content") or ""
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
+    case.finish_reason = choice.get("finish_reason")
+    fn = _one_call(msg.get("tool_calls"))
+    if fn is not None:
+        case.called, case.name = True, fn.get("name")
+        a = fn.get("arguments")
+        case.arguments = a if isinstance(a, str) else json.dumps(a)
+    _text(case, str(content), str(reasoning))
+
+
+def _text(case: Case, content: str, reasoning: str) -> None:
+    case.content_chars = len(content)
+    case.in_content = _looks_like_call(content)
+    case.in_reasoning = _looks_like_call(reasoning)
+
+
+async def _bounded(r: aiohttp.ClientResponse) -> bytes:
+    chunks: list[bytes] = []
+    got = 0
+    while True:
+        c = await r.content.read(65536)
+        if not c:
+            return b"".join(chunks)
+        got += len(c)
+        if got > MAX_BODY_BYTES:
+            raise BadResponse(str(r.url), f"body larger than the {MAX_BODY_BYTES:,} bytes allowed (stopped reading)")
+        chunks.append(c)
+
+
+async def _streamed(s: aiohttp.ClientSession, url: str, headers: dict[str, str], case: Case, body: dict[str, Any]) -> None:
+    content: list[str] = []
+    reasoning: list[str] = []
+    pieces: list[str] = []            # argument text of the first call, one entry per chunk that carried some
+    got = events = 0
+    async with s.post(url, json=body, headers=headers, allow_redirects=False) as r:
+        if r.status >= 400:
+            case.error = f"HTTP {r.status}: {(await r.content.read(300)).decode('utf-8', 'replace')}"
+            return
+        buf = b""
+        done = False
+        async for piece in r.content.iter_any():
+            got += len(piece)
+            if got > MAX_BODY_BYTES:
+                raise BadResponse(url, f"stream larger than the {MAX_BODY_BYTES:,} bytes allowed (stopped reading)")
+            buf += piece
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                line = line.rstrip(b"\r")
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    done = True
+                    break
+                events += 1
+                if events > MAX_EVENTS:
+                    raise BadResponse(url, f"more than {MAX_EVENTS:,} events")
+                msg = decode_json(url, data)
+                if msg.get("error"):
+                    case.error = f"server error mid-stream: {str(msg['error'])[:200]}"
+                    return
+                for ch in msg.get("choices") or []:
+                    if not isinstance(ch, dict):
+                        continue
+                    d = ch.get("delta") or {}
+                    content.append(str(d.get("content") or ""))
+                    reasoning.append(str(d.get("reasoning_content") or d.get("reasoning") or ""))
+                    for tc in d.get("tool_calls") or []:
+                        if not isinstance(tc, dict) or tc.get("index", 0) not in (0, None):
+                            continue
+                        fn = tc.get("function") or {}
+                        case.called = True
+                        if fn.get("name"):
+                            case.name = fn["name"]
+                        a = fn.get("arguments")
+                        if a:
+                            pieces.append(a if isinstance(a, str) else json.dumps(a))
+                    if ch.get("finish_reason"):
+                        case.finish_reason = ch["finish_reason"]
+            if done:
+                break
+    case.arguments = "".join(pieces)
+    case.argument_deltas = len(pieces)
+    if pieces and case.arguments:
+        case.last_delta_share = round(len(pieces[-1]) / len(case.arguments), 3)
+    _text(case, "".join(content), "".join(reasoning))
+
+
+async def probe(url: str, model: Optional[str] = None, api_key: Optional[str] = None, max_tokens: int = 1024,
+                timeout_s: float = 180.0, tools: Optional[list[str]] = None) -> list[Case]:
+    """Every tool, non-streaming then streaming, one request at a time."""
+    c = Client(url, model, chat=True, api_key=api_key)
+    headers = c.headers()
+    cases: list[Case] = []
+    # a fresh connection per request: llama-server closes its end after each stream
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                     connector=aiohttp.TCPConnector(force_close=True)) as s:
+        for tool in tools or list(PROMPTS):
+            for stream in (False, True):
+                case = Case(tool, stream)
+                try:
+                    await (_streamed if stream else _plain)(s, c.url, headers, case, _body(tool, stream, model, max_tokens))
+                except BadResponse as e:
+                    case.error = f"not an OpenAI chat answer: {e.reason}"
+                except asyncio.TimeoutError:
+                    case.error = f"no complete answer within {timeout_s:g} s"
+                except (aiohttp.ClientError, OSError, ValueError) as e:
+                    case.error = f"{type(e).__name__}: {e}"[:300]
+                if case.error and api_key:
+                    case.error = redact_text(case.error, [api_key])
+                _finish_args(case)
+                cases.append(case)
+    return cases
+
+
+def _label(c: Case) -> str:
+    return f"{c.tool} ({'stream' if c.stream else 'non-stream'})"
+
+
+def _agg(fid: str, title: str, rows: list[tuple[Case, Status, str]], remedy: str, na: str) -> Finding:
+    """One finding over the cases: the worst status, the failing cases as evidence."""
+    if not rows:
+        return Finding(fid, "skip", f"{title}: {na}")
+    order = ("fail", "warn", "pass")
+    worst: Status = min((st for _, st, _ in rows), key=order.index)
+    bad = [f"{_label(c)}: {why}" for c, st, why in rows if st != "pass"]
+    n_ok = sum(1 for _, st, _ in rows if st == "pass")
+    return Finding(fid, worst, f"{title}: {n_ok} of {len(rows)} answers pass", evidence="; ".join(bad)[:600],
+                   remedy=remedy if worst != "pass" else "")
+
+
+def findings(cases: list[Case]) -> list[Finding]:
+    out: list[Finding] = []
+    errs = [c for c in cases if c.error]
+    if errs:
+        out.append(Finding("accuracy.toolcall.requests", "fail", f"{len(errs)} of {len(cases)} tool-call requests failed",
+                           evidence="; ".join(f"{_label(c)}: {c.error}" for c in errs)[:600],
+                           remedy="A 400 on `tools` means the server was started without a tool-call parser "
+                                  "or the chat template has no tools: " + PARSER_REMEDY))
+    live = [c for c in cases if not c.error]
+    parsed: list[tuple[Case, Status, str]] = []
+    for c in live:
+        if c.called and not (c.in_content or c.in_reasoning):
+            parsed.append((c, "pass", ""))
+        elif c.in_content or c.in_reasoning:
+            where = " and ".join(w for w, f in (("content", c.in_content), ("reasoning_content", c.in_reasoning)) if f)
+            parsed.append((c, "fail", f"call text left in {where}" + (" (beside tool_calls)" if c.called else "")))
+        else:
+            parsed.append((c, "warn", f"no tool call: the model answered in prose ({c.content_chars} chars)"))
+    out.append(_agg("accuracy.toolcall.parsed", "tool calls parsed into tool_calls", parsed,
+                    "Text left in content/reasoning_content is an unparsed call: " + PARSER_REMEDY
+                    + " Prose without a call: the model did not use the tool (try a tool-trained model or tool_choice).",
+                    "no answers"))
+    called = [c for c in live if c.called]
+    args: list[tuple[Case, Status, str]] = [
+        (c, "pass" if c.arguments_valid and not c.schema_errors else "fail",
+         "; ".join(c.schema_errors[:3]) if c.schema_errors else ("" if c.arguments_valid else "arguments not JSON"))
+        for c in called]
+    out.append(_agg("accuracy.toolcall.arguments", "tool-call arguments are JSON matching the schema", args,
+                    "Invalid or incomplete arguments usually mean the parser does not match the model's call format "
+                    "(or the streamed fragments do not add up): " + PARSER_REMEDY, "no tool calls to check"))
+    stream_rows: list[tuple[Case, Status, str]] = []
+    for c in called:
+        if not c.stream or len(c.arguments) < LARGE_ARG_CHARS:
+            continue
+        share = c.last_delta_share if c.last_delta_share is not None else 1.0
+        if c.argument_deltas <= 1 or share > 0.9:
+            st: Status = "fail"
+        elif c.argument_deltas < MIN_DELTAS:
+            st = "warn"
+        else:
+            st = "pass"
+        stream_rows.append((c, st, f"{len(c.arguments)} argument chars in {c.argument_deltas} deltas, "
+                                   f"{share:.0%} in the last"))
+    out.append(_agg("accuracy.toolcall.streaming", "large arguments stream progressively", stream_rows,
+                    "The whole argument arrived at the end: the parser buffers until the call closes. Use a parser "
+                    "that streams parameters, e.g. `--tool-call-parser qwen3_coder` for Qwen3-Coder, on a current SGLang.",
+                    f"no streamed call with an argument of {LARGE_ARG_CHARS}+ chars"))
+    fin: list[tuple[Case, Status, str]] = [
+        (c, "pass" if c.finish_reason == "tool_calls" else "fail", f"finish_reason {c.finish_reason!r}") for c in called]
+    out.append(_agg("accuracy.toolcall.finish_reason", "finish reason is tool_calls", fin,
+                    "Agent loops stop on a finish reason other than tool_calls: " + PARSER_REMEDY
+                    + " A 'length' finish means max_tokens cut the call off.", "no tool calls to check"))
+    return out
+
+
+def run(url: Optional[str], model: Optional[str] = None, api_key: Optional[str] = None, max_tokens: int = 1024,
+        timeout_s: float = 180.0, tools: Optional[list[str]] = None) -> ToolCallReport:
+    """The probe as one call (CLI, notebook): a `skip` finding without a reachable endpoint."""
+    if not url:
+        return ToolCallReport(None, model, findings=[Finding("accuracy.toolcall.endpoint", "skip",
+                                                             "tool-call probe skipped: no endpoint given", remedy="Give --url.")])
+    why = run_sync(reachable(url))
+    if why:
+        return ToolCallReport(url, model, findings=[Finding(
+            "accuracy.toolcall.endpoint", "skip", f"tool-call probe skipped: no server at {url}",
+            evidence=redact_text(why, [api_key]) if api_key else why, remedy="Start the server, or give its URL.")])
+    model = model or run_sync(model_name(url, api_key))
+    cases = run_sync(probe(url, model, api_key, max_tokens, timeout_s, tools))
+    return ToolCallReport(url, model, cases, findings(cases))

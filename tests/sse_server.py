@@ -42,7 +42,53 @@ class Script:
     served: list = field(default_factory=list)
 
 
-class ScriptedServer:
+class ThreadedApp:
+    """An aiohttp app on 127.0.0.1:<free port> in its own thread and event loop: `start()` returns self with
+    `url` set, `stop()` cancels the in-flight handlers and joins. Subclasses add their routes in `routes()`."""
+
+    backlog = 128
+
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    def start(self):
+        self._ready = threading.Event()
+
+        def run() -> None:
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+            app = web.Application()
+            self.routes(app)
+            self.runner = web.AppRunner(app, handle_signals=False)
+            self.loop.run_until_complete(self.runner.setup())
+            site = web.TCPSite(self.runner, "127.0.0.1", 0, backlog=self.backlog)
+            self.loop.run_until_complete(site.start())
+            self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+            self._ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        self._ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        async def _stop() -> None:
+            me = asyncio.current_task()
+            for t in asyncio.all_tasks():
+                if t is not me:
+                    t.cancel()
+            await self.runner.cleanup()
+
+        try:
+            asyncio.run_coroutine_threadsafe(_stop(), self.loop).result(10)
+        except Exception:  # noqa: BLE001 - a handler cancelled mid-write is fine at shutdown
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+class ScriptedServer(ThreadedApp):
     def __init__(self, script: Script, clock: Optional[VirtualClock] = None):
         self.script, self.clock = script, clock
         self.generated = 0
@@ -114,41 +160,8 @@ class ScriptedServer:
         text = self.script.metrics_text.replace("demo_generation_tokens_total 0", f"demo_generation_tokens_total {self.generated}")
         return web.Response(text=text, content_type="text/plain")
 
-    def start(self) -> "ScriptedServer":
-        def run() -> None:
-            self.loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(self.loop)
-            app = web.Application()
-            app.router.add_post("/v1/completions", self.completions)
-            app.router.add_post("/v1/chat/completions", self.completions)
-            app.router.add_get("/v1/models", self.models)
-            app.router.add_get("/metrics", self.metrics)
-            self.runner = web.AppRunner(app, handle_signals=False)
-            self.loop.run_until_complete(self.runner.setup())
-            site = web.TCPSite(self.runner, "127.0.0.1", 0)
-            self.loop.run_until_complete(site.start())
-            port = site._server.sockets[0].getsockname()[1]
-            self.url = f"http://127.0.0.1:{port}"
-            self._ready.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        self._ready.wait(10)
-        return self
-
-    def stop(self) -> None:
-        async def _stop() -> None:
-            me = asyncio.current_task()
-            for t in asyncio.all_tasks():
-                if t is not me:
-                    t.cancel()
-            await self.runner.cleanup()
-
-        fut = asyncio.run_coroutine_threadsafe(_stop(), self.loop)
-        try:
-            fut.result(10)
-        except Exception:
-            pass
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)

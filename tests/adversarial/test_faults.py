@@ -945,3 +945,23 @@ def test_property_random_workload_bytes_never_a_traceback(data):
 
 if __name__ == "__main__":   # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_read_regular_is_bounded_even_when_the_file_grows_past_its_stat(tmp_path):
+    """The shared reader behind the spec, checkpoint JSON and workload files never reads past cap + 1 bytes."""
+    import os as _os
+
+    from runbook.core.fsutil import FileRefused, read_regular
+    p = tmp_path / "f.json"
+    p.write_bytes(b"{}")
+    st = p.stat()                       # stat says 2 bytes ...
+    p.write_bytes(b"x" * 100)           # ... then the file grows
+    with pytest.raises(FileRefused, match="larger than 10 bytes, too large for this file"):
+        read_regular(p, 10, st)
+    fifo = tmp_path / "fifo"
+    _os.mkfifo(fifo)
+    with pytest.raises(FileRefused, match="not a regular file"):
+        read_regular(fifo, 10)
+    with pytest.raises(FileRefused, match="is a directory"):
+        read_regular(tmp_path, 10)
+    assert read_regular(p, 100) == b"x" * 100

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from aiohttp import web
+from sse_server import ThreadedApp
 
 
 @dataclass
@@ -49,7 +50,9 @@ def completion_stream(tokens: int, ttft: float, gap: float, per_chunk: int = 1, 
     return out
 
 
-class RawServer:
+class RawServer(ThreadedApp):
+    backlog = 1024   # open-loop tests put hundreds of connections in flight
+
     def __init__(self, handler: Callable[[dict], Reply], clock: Any = None, real_gap_s: float = 0.005,
                  metrics: Optional[Callable[[], str]] = None):
         self.handler, self.clock, self.real_gap_s, self.metrics_fn = handler, clock, real_gap_s, metrics
@@ -99,36 +102,5 @@ class RawServer:
         finally:
             self.in_flight -= 1
 
-    def start(self) -> "RawServer":
-        def run() -> None:
-            self.loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(self.loop)
-            app = web.Application()
-            app.router.add_route("*", "/{tail:.*}", self._any)
-            self.runner = web.AppRunner(app, handle_signals=False)
-            self.loop.run_until_complete(self.runner.setup())
-            site = web.TCPSite(self.runner, "127.0.0.1", 0, backlog=1024)
-            self.loop.run_until_complete(site.start())
-            self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-            self._ready.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        self._ready.wait(10)
-        return self
-
-    def stop(self) -> None:
-        async def _stop() -> None:
-            me = asyncio.current_task()
-            for t in asyncio.all_tasks():
-                if t is not me:
-                    t.cancel()
-            await self.runner.cleanup()
-
-        try:
-            asyncio.run_coroutine_threadsafe(_stop(), self.loop).result(10)
-        except Exception:  # noqa: BLE001
-            pass
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+    def routes(self, app: web.Application) -> None:
+        app.router.add_route("*", "/{tail:.*}", self._any)

@@ -4,9 +4,8 @@ import json
 import time
 
 import numpy as np
-import pytest
 
-from bench.rawsse import RawServer, Reply, completion_stream
+from bench.rawsse import Reply, completion_stream
 from runbook.bench import run as bench
 from runbook.endpoint.client import RequestRecord
 
@@ -45,17 +44,6 @@ def test_self_comparison_intervals_cover_zero():
     assert covered_requests / sims < 0.8                                     # what the old per-request bootstrap did
 
 
-@pytest.fixture
-def raw():
-    started = []
-
-    def make(handler, **kw):
-        srv = RawServer(handler, **kw).start()
-        started.append(srv)
-        return srv
-    yield make
-    for s in started:
-        s.stop()
 
 
 def _opts(url, compare, **kw):

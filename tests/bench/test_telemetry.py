@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 from fake_nvml import GIB, FakeNVML
 
-from bench.rawsse import RawServer, Reply, completion_stream
+from bench.rawsse import Reply, completion_stream
 from runbook.bench import run as bench
 from runbook.bench import telemetry
 
@@ -42,17 +42,6 @@ class Metrics:
                 'sglang:num_running_reqs{model_name="m"} 4\n')
 
 
-@pytest.fixture
-def raw():
-    started = []
-
-    def make(handler, **kw):
-        srv = RawServer(handler, **kw).start()
-        started.append(srv)
-        return srv
-    yield make
-    for s in started:
-        s.stop()
 
 
 def test_levels_carry_telemetry(raw, tmp_path):

@@ -24,7 +24,7 @@ import aiohttp
 from runbook.core.findings import Finding, Status
 from runbook.core.secrets import redact_text
 from runbook.endpoint.client import Client
-from runbook.endpoint.reach import BadResponse, decode_json, model_name, run_sync
+from runbook.endpoint.reach import BadResponse, decode_json, model_name, read_bounded, run_sync
 from runbook.endpoint.reach import probe as reachable
 
 MAX_BODY_BYTES = 8 << 20          # one answer (or one whole stream) larger than this is not a tool call
@@ -219,7 +219,7 @@ def _one_call(calls: Any) -> Optional[dict[str, Any]]:
 
 async def _plain(s: aiohttp.ClientSession, url: str, headers: dict[str, str], case: Case, body: dict[str, Any]) -> None:
     async with s.post(url, json=body, headers=headers, allow_redirects=False) as r:
-        raw = await _bounded(r)
+        raw = await read_bounded(r, str(r.url), MAX_BODY_BYTES)
         if r.status >= 400:
             case.error = f"HTTP {r.status}: {raw[:200].decode('utf-8', 'replace')}"
             return
@@ -243,19 +243,6 @@ def _text(case: Case, content: str, reasoning: str) -> None:
     case.content_chars = len(content)
     case.in_content = _looks_like_call(content)
     case.in_reasoning = _looks_like_call(reasoning)
-
-
-async def _bounded(r: aiohttp.ClientResponse) -> bytes:
-    chunks: list[bytes] = []
-    got = 0
-    while True:
-        c = await r.content.read(65536)
-        if not c:
-            return b"".join(chunks)
-        got += len(c)
-        if got > MAX_BODY_BYTES:
-            raise BadResponse(str(r.url), f"body larger than the {MAX_BODY_BYTES:,} bytes allowed (stopped reading)")
-        chunks.append(c)
 
 
 async def _streamed(s: aiohttp.ClientSession, url: str, headers: dict[str, str], case: Case, body: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
+from runbook.core.spec import level_meets_slo  # noqa: F401  (the level-wide rule, re-exported for the stage)
 from runbook.endpoint.client import RequestRecord
 
 PCTS = (50, 90, 95, 99)
@@ -97,18 +98,6 @@ def meets_slo(r: RequestRecord, slo: Any) -> bool:
     checks = [(getattr(slo, "ttft_ms_p99", None), ttft_s(r)), (getattr(slo, "tpot_ms_p99", None), tpot_s(r)),
               (getattr(slo, "e2e_ms_p99", None), e2e_s(r))]
     return all(limit is None or v is None or v * 1000 <= limit for limit, v in checks)
-
-
-def level_meets_slo(s: dict[str, Any], slo: Any) -> bool:
-    """The level-wide check: each metric's p99 over the requests that have it; none have it: not applicable."""
-    if not s.get("completed"):
-        return False
-    for m in ("ttft", "tpot", "e2e"):
-        limit = getattr(slo, f"{m}_ms_p99", None)
-        p99 = (s.get(f"{m}_ms") or {}).get("p99")
-        if limit is not None and p99 is not None and p99 > limit:
-            return False
-    return True
 
 
 def summarise(records: Sequence[RequestRecord], slo: Any = None) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Optional, cast, overload
 import numpy as np
 
 from runbook.core.errors import InputError
+from runbook.core.fsutil import FileRefused, read_regular
 from runbook.corpus import CHARS_PER_TOKEN, code_prompts, code_text
 from runbook.corpus import VERSION as CORPUS_VERSION
 from runbook.endpoint.client import RequestSpec
@@ -113,15 +114,11 @@ MAX_WORKLOAD_BYTES = 1 << 30   # a JSON Lines prompt file; beyond 1 GiB it is no
 def read_workload_file(path: Path) -> tuple[bytes, str]:
     """The bytes and UTF-8 text of a workload file; InputError naming the file, the line and byte offset, and the fix."""
     try:
-        size = path.stat().st_size
-        if size > MAX_WORKLOAD_BYTES:
-            raise InputError(f"{path}: {size:,} bytes is too large for a workload file (at most {MAX_WORKLOAD_BYTES:,})")
-        with open(path, "rb") as f:
-            raw = f.read(MAX_WORKLOAD_BYTES + 1)
+        raw = read_regular(path, MAX_WORKLOAD_BYTES, what="a workload file")
     except OSError as e:
         raise InputError(f"{path}: cannot read the workload file: {e.strerror or e}") from None
-    if len(raw) > MAX_WORKLOAD_BYTES:
-        raise InputError(f"{path}: too large for a workload file (at most {MAX_WORKLOAD_BYTES:,} bytes)")
+    except FileRefused as e:
+        raise InputError(f"{path}: {e.reason}; give a JSON Lines workload file") from None
     try:
         return raw, raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

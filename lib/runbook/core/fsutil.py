@@ -1,8 +1,10 @@
-"""Small filesystem helpers: every file the runbook writes goes through a temp file + rename."""
+"""Small filesystem helpers: every file the runbook writes goes through a temp file + rename; every file it
+reads from a user is bounded (read_regular)."""
 from __future__ import annotations
 
 import json
 import os
+import stat as stat_mod
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -28,3 +30,32 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = Non
 
 def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+class FileRefused(ValueError):
+    """Why a file was not read: `reason` is a phrase for "<path>: <reason>; <fix>" messages."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def read_regular(path: str | os.PathLike, cap: int, st: os.stat_result | None = None, what: str = "this file") -> bytes:
+    """The bytes of a regular file of at most `cap` bytes (never reading more than cap + 1, so a file that grows
+    or lies about its size is still bounded). FileRefused for a directory, a FIFO/socket/device, too large,
+    or unreadable; FileNotFoundError passes through when `st` is not given."""
+    st = st if st is not None else Path(path).stat()
+    if stat_mod.S_ISDIR(st.st_mode):
+        raise FileRefused("is a directory")
+    if not stat_mod.S_ISREG(st.st_mode):
+        raise FileRefused("not a regular file (a FIFO, socket or device)")
+    if st.st_size > cap:
+        raise FileRefused(f"{st.st_size:,} bytes is too large for {what} (at most {cap:,})")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(cap + 1)
+    except OSError as e:
+        raise FileRefused(f"cannot read: {e.strerror or e}") from None
+    if len(raw) > cap:
+        raise FileRefused(f"larger than {cap:,} bytes, too large for {what}")
+    return raw

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import stat
 import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Optional, Union, get_args, get_origin
@@ -24,6 +23,7 @@ from pydantic import (
 )
 
 from runbook.core.errors import SpecError
+from runbook.core.fsutil import FileRefused, read_regular
 from runbook.core.secrets import is_secret_key
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -267,6 +267,19 @@ class SLO(_Strict):
     e2e_ms_p99: Optional[float] = Field(default=None, gt=0, le=MAX_SECONDS * 1000)
 
 
+def level_meets_slo(level: dict[str, Any], slo: Any) -> bool:
+    """The level-wide SLO rule (bench.slo, goodput's search, the fleet's "max load under SLO"): each metric's
+    p99 over the requests that have it within its limit; a metric no request has is not held against it."""
+    if not level.get("completed"):
+        return False
+    for m in ("ttft", "tpot", "e2e"):
+        limit = getattr(slo, f"{m}_ms_p99", None)
+        p99 = (level.get(f"{m}_ms") or {}).get("p99")
+        if limit is not None and p99 is not None and p99 > limit:
+            return False
+    return True
+
+
 def archive_url_problem(url: str) -> Optional[str]:
     """Why an archive URL (`s3://BUCKET/PREFIX`, `gs://…`, `az://…`, `file:///…`) is refused, or None.
 
@@ -418,19 +431,10 @@ def _read_spec(p: Path) -> str:
         raise SpecError(f"{p}: deployment spec not found (see deployments/ for examples)") from None
     except (OSError, ValueError) as e:
         raise SpecError(f"{p}: cannot read: {getattr(e, 'strerror', None) or e}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise SpecError(f"{p}: is a directory; give the deployment spec's YAML file (e.g. deployments/<name>.yaml)")
-    if not stat.S_ISREG(st.st_mode):
-        raise SpecError(f"{p}: not a regular file (a FIFO, socket or device); give the deployment spec's YAML file")
-    if st.st_size > MAX_SPEC_BYTES:
-        raise SpecError(f"{p}: {st.st_size:,} bytes is too large for a deployment spec (at most {MAX_SPEC_BYTES:,})")
     try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_SPEC_BYTES + 1)
-    except OSError as e:
-        raise SpecError(f"{p}: cannot read: {e.strerror or e}") from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError(f"{p}: too large for a deployment spec (at most {MAX_SPEC_BYTES:,} bytes)")
+        raw = read_regular(p, MAX_SPEC_BYTES, st, what="a deployment spec")
+    except FileRefused as e:
+        raise SpecError(f"{p}: {e.reason}; give the deployment spec's YAML file (e.g. deployments/<name>.yaml)") from None
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

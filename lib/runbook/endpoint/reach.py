@@ -235,7 +235,8 @@ async def probe(base: str, timeout: float = 5.0) -> Optional[str]:
         return str(e) or type(e).__name__
 
 
-async def _read_bounded(r: aiohttp.ClientResponse, url: str, max_bytes: int) -> bytes:
+async def read_bounded(r: aiohttp.ClientResponse, url: str, max_bytes: int) -> bytes:
+    """The body, refused (BadResponse) past max_bytes without reading further."""
     chunks: list[bytes] = []
     got = 0
     while True:
@@ -257,7 +258,7 @@ async def model_name(url: str, api_key: Optional[str], timeout: float = 10.0, ma
                              timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                 if r.status >= 400:
                     return None
-                ids = served_models(decode_json(target, await _read_bounded(r, target, max_bytes)), target)
+                ids = served_models(decode_json(target, await read_bounded(r, target, max_bytes)), target)
                 return ids[0] if ids else None
     except Exception:   # noqa: BLE001 - any failure means "no name known": the caller falls back
         return None

@@ -11,13 +11,13 @@ import errno
 import json
 import math
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
+from runbook.core.fsutil import FileRefused, read_regular
 from runbook.model.location import hf_snapshot, looks_like_repo_id
 
 INDEX = "model.safetensors.index.json"
@@ -133,19 +133,11 @@ def _read_json(path: Path, required: bool, cap: int = _MAX_JSON_FILE) -> Optiona
         if required:
             raise InputError(f"{path}: missing")
         return None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(f"{path}: is a directory, not a JSON file; remove it and re-download the file")
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{path}: not a regular file (a FIFO, socket or device); replace it with the real JSON file")
-    if st.st_size > cap:
-        raise InputError(f"{path}: {st.st_size:,} bytes is too large for this file (at most {cap:,}); re-download it")
     try:
-        with open(path, "rb") as f:
-            raw = f.read(cap + 1)
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
-    if len(raw) > cap:
-        raise InputError(f"{path}: larger than {cap:,} bytes, too large for this file; re-download it")
+        raw = read_regular(path, cap, st)
+    except FileRefused as e:
+        fix = "remove it and re-download the file" if e.reason == "is a directory" else "replace it with the real JSON file (re-download it)"
+        raise InputError(f"{path}: {e.reason}; {fix}") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from runbook.core.spec import level_meets_slo
+
 
 def _data(run_dir: Path, notebook: str) -> dict[str, Any]:
     try:
@@ -22,18 +24,6 @@ def _num(v: Any) -> Optional[float]:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _within_slo(level: dict[str, Any], slo: Any) -> bool:
-    """Every SLO metric's p99 within its limit (the benchmark stage's level-wide rule)."""
-    if not level.get("completed"):
-        return False
-    for m in ("ttft", "tpot", "e2e"):
-        limit = getattr(slo, f"{m}_ms_p99", None)
-        p99 = (level.get(f"{m}_ms") or {}).get("p99")
-        if limit is not None and p99 is not None and p99 > limit:
-            return False
-    return True
-
-
 def _bench(levels: list[Any], slo: Any, out: dict[str, Any]) -> None:
     levels = [lv for lv in levels if isinstance(lv, dict) and lv.get("label")]
     tps = {str(lv["label"]): round(float(lv["output_tok_s"]), 2) for lv in levels if _num(lv.get("output_tok_s")) is not None}
@@ -42,7 +32,7 @@ def _bench(levels: list[Any], slo: Any, out: dict[str, Any]) -> None:
     has_slo = slo is not None and any(getattr(slo, f"{m}_ms_p99", None) for m in ("ttft", "tpot", "e2e"))
     conc = [lv for lv in levels if _num(lv.get("concurrency"))]
     if has_slo and conc:
-        ok = [lv for lv in conc if _within_slo(lv, slo)]
+        ok = [lv for lv in conc if level_meets_slo(lv, slo)]
         out["max_concurrency_within_slo"] = max(int(lv["concurrency"]) for lv in ok) if ok else 0
 
 

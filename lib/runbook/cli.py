@@ -348,7 +348,9 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     from runbook import verify
     from runbook.core import spec
 
-    rep = verify.evaluate(spec.load(a.deployment), log=a.log, unit=a.unit, url=a.url, since=a.since)
+    dep = spec.load(a.deployment)
+    # the same default as notebook 35: the spec's own host:port (no server there is a skip finding)
+    rep = verify.evaluate(dep, log=a.log, unit=a.unit, url=a.url or dep.serving.local_url, since=a.since)
     if a.json:
         print(json.dumps(rep.to_json(), indent=2, default=str))
     else:
@@ -495,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     src = vf.add_mutually_exclusive_group()
     src.add_argument("--log", metavar="FILE", help="a saved server log (default: the unit's journal)")
     src.add_argument("--unit", metavar="NAME", help="systemd unit whose journal to read (default: the spec's systemd.unit_name)")
-    vf.add_argument("--url", type=_url, help="also compare /server_info of this server")
+    vf.add_argument("--url", type=_url, help="compare /server_info of this server (default: the spec's host:port)")
     vf.add_argument("--since", type=_since, metavar="TIME", help="read from this time, e.g. '2026-01-05 10:00' (default: the unit's last start)")
     _add_output(vf)
     vf.set_defaults(fn=_cmd_verify)

@@ -89,7 +89,10 @@ def test_plot_telemetry_renders_from_synthetic_samples(tmp_path):
                         "server": {"kv_token_usage": 0.05 * k, "num_queue_reqs": max(0, k - 6)}})
     path = tmp_path / "telemetry.jsonl"
     path.write_text("".join(json.dumps(s) + "\n" for s in samples))
-    for src in (samples, path, str(path)):
+    from types import SimpleNamespace
+    result = SimpleNamespace(levels=[SimpleNamespace(telemetry={"samples": samples[:6]}), SimpleNamespace(telemetry=None),
+                                     SimpleNamespace(telemetry={"samples": samples[6:]})])   # what notebook 40 passes
+    for src in (samples, path, str(path), result):
         fig = plot_telemetry(src)
         ax_gpu, ax_srv = fig.axes[:2]
         assert len(ax_gpu.lines) == 2 + 2 and len(ax_srv.lines) == 1 + 2   # per-GPU util, two level boundaries / KV

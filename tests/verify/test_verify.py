@@ -267,6 +267,8 @@ def test_cli_json_and_exit_codes(tmp_path, cli):
     assert cp.returncode == 0, cp.stderr
     j = json.loads(cp.stdout)
     assert {"observed", "predicted", "log", "warnings", "findings"} <= set(j)
+    # like notebook 35, the CLI asks the spec's own host:port for /server_info (nothing there here: a skip)
+    assert [f["status"] for f in j["findings"] if f["id"] == "verify.server"] == ["skip"]
     p.write_text("\n".join(startup(fp8_no_scales=True, dtype="torch.float8_e4m3fn")) + "\n")
     cp = cli("verify", "--deployment", d.source, "--log", p)
     assert cp.returncode == 1 and "verify.fp8_kv_scales" in cp.stdout and SECRET not in cp.stdout + cp.stderr

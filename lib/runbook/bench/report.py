@@ -148,8 +148,15 @@ def plot_slo_search(summary: dict[str, Any]):
     return fig
 
 
+def telemetry_samples(result: Any) -> list[dict[str, Any]]:
+    """Every level's telemetry samples of a BenchResult, in order (what plot_telemetry draws)."""
+    return [s for lv in getattr(result, "levels", []) for s in (getattr(lv, "telemetry", None) or {}).get("samples", [])]
+
+
 def _load_telemetry(samples: Any) -> list[dict[str, Any]]:
-    """Samples as given, or read from a telemetry.jsonl path (one JSON object a line)."""
+    """Samples as given, a BenchResult's, or read from a telemetry.jsonl path (one JSON object a line)."""
+    if hasattr(samples, "levels"):
+        return telemetry_samples(samples)
     if isinstance(samples, (str, bytes)) or hasattr(samples, "read_text"):
         import json
         from pathlib import Path
@@ -161,7 +168,7 @@ def _load_telemetry(samples: Any) -> list[dict[str, Any]]:
 def plot_telemetry(samples: Any):
     """Telemetry against time (s from the first sample): GPU utilisation and memory per GPU (left), the
     server's KV token usage and queued requests (right); dotted lines mark where each level starts.
-    `samples`: the bench's telemetry samples, or the path of a run's telemetry.jsonl."""
+    `samples`: a BenchResult, the bench's telemetry samples, or the path of a run's telemetry.jsonl."""
     rows = sorted((s for s in _load_telemetry(samples) if isinstance(s.get("t"), (int, float))), key=lambda s: s["t"])
     fig, (ax_gpu, ax_srv) = figure((11, 3.4), ncols=2)
     t0 = rows[0]["t"] if rows else 0.0

@@ -256,3 +256,20 @@ def test_mla_independent_of_tp(t1, t2):
     a = load("deepseek-v3")
     assert cell("deepseek-v3", t1, "bfloat16") == cell("deepseek-v3", t2, "bfloat16") == 70272
     assert kvmem.kv_heads_per_gpu(a, t1) == 1
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("speculative-num-steps", "three"), ("speculative-num-draft-tokens", 0), ("speculative-eagle-topk", 2.5),
+    ("mamba-ssm-dtype", "float64"), ("cuda-graph-max-bs", -4), ("max-running-requests", 2**40),
+    ("speculative-algorithm", True), ("disable-overlap-schedule", "sometimes"),
+])
+def test_new_kv_flags_from_the_spec_are_validated(flag, value):
+    """Hostile values for the flags the KV stage now reads: one line naming the flag (from the spec loader or
+    the stage), never a traceback or a silent number."""
+    from conftest import spec_data
+
+    from runbook.core.errors import SpecError
+    flags = dict(spec_data()["serving"]["flags"], **{flag: value})
+    with pytest.raises((SpecError, InputError)) as e:
+        kvplan.plan(spec.from_dict(spec_data(**{"serving.flags": flags}), str(REPO / "deployments" / "x.yaml")))
+    assert flag in str(e.value) and "\n" not in str(e.value)

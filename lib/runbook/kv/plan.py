@@ -49,6 +49,8 @@ def _convert(flag: str, typ: type, v: Any) -> Any:
             return False
     else:
         try:
+            if typ is int and isinstance(v, float) and not v.is_integer():
+                raise ValueError("not a whole number")   # int(2.5) would silently give 2
             x = typ(v)
             if x == x and x not in (float("inf"), float("-inf")):   # not NaN, finite
                 return x

@@ -1,10 +1,13 @@
 """How fast can the benchmark client ingest streamed chunks before it, not the server, is the limit?
 
-Starts a zero-delay SSE server in a separate process (so its CPU is not ours), then streams from it at
-concurrency 64 and 256 with the project's own client and sweep, and prints chunks/s ingested, client
-CPU seconds per million chunks, and event-loop lag p50/p99.
+Starts a zero-delay SSE server in a separate process (so its CPU is not ours; each response is one
+write, so the server costs nothing per chunk), then streams from it at concurrency 64 and 256 with the
+project's own client and sweep (standard asyncio loop and uvloop) and with SGLang's own
+`sglang.benchmark.serving` (when .venv-serving has it), and prints chunks/s, loop lag and the ratio.
 
     .venv/bin/python benchmarks/client_ceiling.py [--tokens 256] [--requests-per-stream 4]
+    .venv/bin/python benchmarks/client_ceiling.py --lag 20000      # loop lag while ingesting 20k chunks/s
+    .venv/bin/python benchmarks/client_ceiling.py --send-overhead  # TTFT at a burst, audited on the server's clock
 """
 from __future__ import annotations
 
@@ -16,14 +19,20 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 from runbook.bench.sweep import Level, run_level  # noqa: E402
 from runbook.endpoint.client import Client, RequestSpec  # noqa: E402
+from runbook.endpoint.reach import run_sync  # noqa: E402
 
 
-def serve(port: int, tokens: int, ttft_s: float = 0.0) -> None:
+def serve(port: int, tokens: int, ttft_s: float = 0.0, log: str = "", pace_s: float = 0.0) -> None:
+    """`pace_s`: one write per chunk, this far apart (else the whole response in one write). `log`: a file the server appends "prompt received first_write" to for every request, on the
+    same monotonic clock as the client (perf_counter is CLOCK_MONOTONIC, shared by processes)."""
     from aiohttp import web
+
+    audit = open(log, "a", buffering=1) if log else None
 
     chunk = {"choices": [{"index": 0, "text": " tok", "finish_reason": None}]}
     line = f"data: {json.dumps(chunk)}\n\n".encode()
@@ -33,15 +42,24 @@ def serve(port: int, tokens: int, ttft_s: float = 0.0) -> None:
 
     async def completions(request: web.Request) -> web.StreamResponse:
         body = json.loads(await request.read() or b"{}")
+        received = time.perf_counter()
         # like a real OpenAI-compatible server: the usage chunk only when stream_options asks for it
         tail = last + (usage if (body.get("stream_options") or {}).get("include_usage") else b"") + done
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if ttft_s:
             await asyncio.sleep(ttft_s)
-        for _ in range(tokens):
-            await resp.write(line)     # no delay: as fast as the socket takes it
-        await resp.write(tail)
+        if pace_s:
+            t = time.perf_counter()
+            for _ in range(tokens):
+                t += pace_s
+                await asyncio.sleep(max(0.0, t - time.perf_counter()))
+                await resp.write(line)
+            await resp.write(tail)
+        else:
+            await resp.write(line * tokens + tail)   # the whole response in one write: the server costs nothing per chunk
+        if audit:
+            audit.write(f"{body.get('prompt')} {received} {time.perf_counter()}\n")
         return resp
 
     async def models(request: web.Request) -> web.Response:
@@ -53,40 +71,78 @@ def serve(port: int, tokens: int, ttft_s: float = 0.0) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, handle_signals=True)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ours(url: str, conc: int, tokens: int, n: int, loop: str) -> tuple[float, Any]:
+    """Our client and sweep at one level, on the standard asyncio loop or uvloop: (chunks/s, LevelResult)."""
+    reqs = [RequestSpec(i, "x", tokens, 8) for i in range(n)]
+    w0 = time.perf_counter()
+    lr = run_sync(run_level(Client(url, "zero"), reqs, Level(f"c{conc}", conc), warmup=0, flush=False),
+                  fast_loop=loop == "uvloop")
+    wall = time.perf_counter() - w0
+    return sum(len(r.chunk_times) for r in lr.records) / wall, lr
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=256, help="chunks per request")
     ap.add_argument("--requests-per-stream", type=int, default=4)
     ap.add_argument("--send-overhead", action="store_true",
-                    help="instead: TTFT p50 minus the server's scripted 150 ms at concurrency 1 and 32 (send overhead)")
+                    help="instead: TTFT at concurrency 1 and 32 against a scripted 150 ms server, audited on its clock")
+    ap.add_argument("--lag", type=float, default=0, metavar="CHUNKS_PER_S",
+                    help="instead: event-loop lag while ingesting this many chunks/s, paced by the server (e.g. 20000)")
     a = ap.parse_args()
     if a.send_overhead:
         return send_overhead()
+    if a.lag:
+        return lag_at(a.lag)
     sg = sglang_client_available()
     print("SGLang's client (sglang.benchmark.serving in .venv-serving): " + (sg or "importable"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     p = mp.Process(target=serve, args=(port, a.tokens), daemon=True)
     p.start()
     url = f"http://127.0.0.1:{port}"
     time.sleep(1.0)
     try:
         for conc in (64, 256):
-            reqs = [RequestSpec(i, "x", a.tokens, 8) for i in range(conc * a.requests_per_stream)]
-            c0, w0 = time.process_time(), time.perf_counter()
-            lr = asyncio.run(run_level(Client(url, "zero"), reqs, Level(f"c{conc}", conc), warmup=0, flush=False))
-            cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-            chunks = sum(len(r.chunk_times) for r in lr.records)
-            ok = sum(r.ok for r in lr.records)
-            print(f"concurrency {conc}: {ok}/{len(reqs)} ok, {chunks:,} chunks in {wall:.2f} s = {chunks / wall:,.0f} chunks/s; "
-                  f"client CPU {cpu / chunks * 1e6:.1f} s per million chunks (CPU share {lr.cpu_share:.0%}); "
-                  f"loop lag p50 {lr.lag_ms['p50']:.2f} ms, p99 {lr.lag_ms['p99']:.2f} ms; client-bound: {lr.client_bound}")
+            n = conc * a.requests_per_stream
+            rates = {}
+            for loop in ("asyncio", "uvloop"):
+                rate, lr = ours(url, conc, a.tokens, n, loop)
+                rates[loop] = rate
+                ok = sum(r.ok for r in lr.records)
+                print(f"concurrency {conc}, ours on {loop}: {ok}/{n} ok, {rate:,.0f} chunks/s (CPU share {lr.cpu_share:.0%}); "
+                      f"loop lag p50 {lr.lag_ms['p50']:.2f} ms, p99 {lr.lag_ms['p99']:.2f} ms; client-bound: {lr.client_bound}")
             if not sg:
-                theirs = sglang_ceiling(url, conc, a.tokens, len(reqs))
-                print(f"  SGLang's client, same server and level: {theirs}"
-                      + (f"; ratio ours/theirs {chunks / wall / float(theirs.split('= ')[1].split()[0].replace(',', '')):.2f}"
-                         if "chunks/s" in theirs else ""))
+                r = sglang_run(url, conc, a.tokens, n)
+                if "failed" in r:
+                    print(f"  SGLang's client, same server and level: failed: {r['failed']}")
+                else:
+                    theirs = r["completed"] * a.tokens / r["duration"]
+                    print(f"  SGLang's client, same server and level: {r['completed']}/{n} ok, {theirs:,.0f} chunks/s; "
+                          f"ratio ours/theirs {rates['asyncio'] / theirs:.2f} (asyncio), {rates['uvloop'] / theirs:.2f} (uvloop)")
+    finally:
+        p.terminate()
+        p.join(5)
+
+
+def lag_at(chunks_per_s: float, conc: int = 64, tokens: int = 256) -> None:
+    """The server paces every stream (one write per chunk) so that `conc` streams together deliver
+    `chunks_per_s`; our client's event-loop lag is what it shows while keeping up."""
+    pace = conc / chunks_per_s
+    port = free_port()
+    p = mp.Process(target=serve, args=(port, tokens, 0.0, "", pace), daemon=True)
+    p.start()
+    time.sleep(1.0)
+    try:
+        for loop in ("asyncio", "uvloop"):
+            rate, lr = ours(f"http://127.0.0.1:{port}", conc, tokens, conc * 2, loop)
+            print(f"paced at {chunks_per_s:,.0f} chunks/s, concurrency {conc}, ours on {loop}: ingested {rate:,.0f} chunks/s; "
+                  f"loop lag p50 {lr.lag_ms['p50']:.2f} ms, p99 {lr.lag_ms['p99']:.2f} ms; CPU share {lr.cpu_share:.0%}")
     finally:
         p.terminate()
         p.join(5)
@@ -96,9 +152,9 @@ _SGLANG_WRAPPER = ("import sys, runpy; sys.path.insert(0, sys.argv.pop(1)); impo
                    "sys.argv[0] = 'serving'; runpy.run_module('sglang.benchmark.serving', run_name='__main__')")
 
 
-def sglang_ceiling(url: str, conc: int, tokens: int, n: int) -> str:
+def sglang_run(url: str, conc: int, tokens: int, n: int) -> dict:
     """SGLang's own Python client (sglang.benchmark.serving, sglang-oai backend) on the same server:
-    chunks/s = completed requests × chunks per request / its measured duration."""
+    its result line (completed, duration, median_ttft_ms, …), or {"failed": why}."""
     import os
     import subprocess
     import tempfile
@@ -117,10 +173,17 @@ def sglang_ceiling(url: str, conc: int, tokens: int, n: int) -> str:
                              "--disable-tqdm", "--output-file", str(out)],
                             capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         if cp.returncode != 0 or not out.exists():
-            return "failed: " + (cp.stderr.strip().splitlines() or ["?"])[-1][:200]
-        r = json.loads(out.read_text().splitlines()[-1])
-        rate = r["completed"] * tokens / r["duration"]
-        return f"{r['completed']}/{n} ok in {r['duration']:.2f} s = {rate:,.0f} chunks/s"
+            return {"failed": (cp.stderr.strip().splitlines() or ["?"])[-1][:200]}
+        return json.loads(out.read_text().splitlines()[-1])
+
+
+def sglang_ceiling(url: str, conc: int, tokens: int, n: int) -> str:
+    """chunks/s = completed requests × chunks per request / SGLang's measured duration."""
+    r = sglang_run(url, conc, tokens, n)
+    if "failed" in r:
+        return "failed: " + r["failed"]
+    rate = r["completed"] * tokens / r["duration"]
+    return f"{r['completed']}/{n} ok in {r['duration']:.2f} s = {rate:,.0f} chunks/s"
 
 
 def sglang_client_available() -> str:
@@ -138,10 +201,12 @@ def sglang_client_available() -> str:
 
 
 def send_overhead(ttft_s: float = 0.150, tokens: int = 8) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    p = mp.Process(target=serve, args=(port, tokens, ttft_s), daemon=True)
+    sg = sglang_client_available()
+    port = free_port()
+    import tempfile
+
+    log = tempfile.NamedTemporaryFile(suffix=".log", delete=False).name
+    p = mp.Process(target=serve, args=(port, tokens, ttft_s, log), daemon=True)
     p.start()
     time.sleep(1.0)
     try:
@@ -150,15 +215,30 @@ def send_overhead(ttft_s: float = 0.150, tokens: int = 8) -> None:
         from runbook.bench import metrics
 
         for conc in (1, 32):
-            reqs = [RequestSpec(i, "x", tokens, 8) for i in range(conc * 4)]
-            lr = asyncio.run(run_level(Client(f"http://127.0.0.1:{port}", "zero"), reqs, Level(f"c{conc}", conc), warmup=conc, flush=False))
+            reqs = [RequestSpec(i, f"c{conc}r{i}", tokens, 8) for i in range(conc * 4)]
+            lr = run_sync(run_level(Client(f"http://127.0.0.1:{port}", "zero"), reqs, Level(f"c{conc}", conc), warmup=conc,
+                                    flush=False), fast_loop=True)
             ttft = [metrics.ttft_s(r) for r in lr.records if r.ok]
             q = [r.queue_s for r in lr.records]
-            print(f"concurrency {conc}: TTFT p50 {np.median(ttft) * 1000:.2f} ms (scripted {ttft_s * 1000:.0f} ms): "
-                  f"overhead {(np.median(ttft) - ttft_s) * 1000:+.2f} ms; client queue p50 {np.median(q) * 1000:.2f} ms")
+            ours = float(np.median(ttft)) * 1000
+            server = {w[0]: (float(w[1]), float(w[2])) for w in (ln.split() for ln in open(log)) if len(w) == 3}
+            pairs = [(r, server[f"c{conc}r{r.id}"]) for r in lr.records if r.ok and f"c{conc}r{r.id}" in server]
+            send_err = np.median([(sv[0] - r.send_time) * 1000 for r, sv in pairs])
+            recv_err = np.median([(r.chunk_times[0] - sv[1]) * 1000 for r, sv in pairs])
+            truth = np.median([(sv[1] - sv[0]) * 1000 for r, sv in pairs])
+            print(f"concurrency {conc}: TTFT p50 {ours:.2f} ms (scripted {ttft_s * 1000:.0f} ms; the server's own receipt → "
+                  f"first write p50 {truth:.2f} ms); client queue p50 {np.median(q) * 1000:.2f} ms\n"
+                  f"  audited on the server's clock: our send stamp → server receipt p50 {send_err:.2f} ms, "
+                  f"server write → our arrival stamp p50 {recv_err:.2f} ms, TTFT above the server's own p50 {ours - truth:+.2f} ms")
+            if not sg:
+                r = sglang_run(f"http://127.0.0.1:{port}", conc, tokens, len(reqs))
+                print("  SGLang's client, same server and level: " + (
+                    f"failed: {r['failed']}" if "failed" in r else
+                    f"TTFT p50 {r['median_ttft_ms']:.2f} ms; ours minus theirs {ours - r['median_ttft_ms']:+.2f} ms"))
     finally:
         p.terminate()
         p.join(5)
+        Path(log).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

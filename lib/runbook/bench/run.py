@@ -307,7 +307,7 @@ def _telemetry(o: BenchOptions) -> Any:
 
 
 def run(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] = None) -> BenchResult:
-    return run_sync(run_async(o, slo, vocab_size))
+    return run_sync(run_async(o, slo, vocab_size), fast_loop=True)
 
 
 def _bar(total: int, label: str):

@@ -27,7 +27,7 @@ class Level:
     schedule: Optional[Sequence[float]] = None   # trace replay: send offsets (s) from the level's start, open loop
 
 
-@dataclass
+@dataclass(repr=False)
 class LevelResult:
     level: Level
     records: list[RequestRecord]
@@ -38,6 +38,9 @@ class LevelResult:
     server: dict[str, Any] = field(default_factory=dict)
     flushed: Optional[bool] = None
     telemetry: Optional[dict[str, Any]] = None
+
+    def __repr__(self) -> str:      # short: see RequestRecord.__repr__
+        return f"LevelResult({self.level.label!r}, {len(self.records)} records)"
 
 
 class LagMonitor:

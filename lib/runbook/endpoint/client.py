@@ -26,11 +26,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 import aiohttp
+import orjson
+
+from runbook.endpoint.sse import SSEParser, SSETooLarge
 
 ERROR_KINDS = ("connect", "http_4xx", "http_5xx", "redirect", "timeout", "stream_closed", "malformed", "server_error",
                "no_output", "short_output", "client_error")
 EXACT_SOURCES = ("usage",)
-MAX_EVENT_BYTES = 64 << 20       # one SSE event larger than this is not a chunk
+_loads = orjson.loads            # the hot path: several times faster than json on small chunks
 
 
 @dataclass
@@ -43,7 +46,7 @@ class RequestSpec:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(repr=False)
 class RequestRecord:
     id: int
     send_time: float = 0.0
@@ -70,6 +73,12 @@ class RequestRecord:
     @property
     def ok(self) -> bool:
         return self.error_kind is None
+
+    def __repr__(self) -> str:
+        # short on purpose: asyncio.run (3.11) repr()s the main task's result on the way out, and a
+        # dataclass repr of a level's records costs seconds
+        return (f"RequestRecord(id={self.id}, level={self.level!r}, chunks={len(self.chunk_times)}, "
+                f"error_kind={self.error_kind!r})")
 
     @property
     def output_tokens_client(self) -> int:
@@ -231,6 +240,8 @@ class Client:
     async def _stream(self, session: aiohttp.ClientSession, req: RequestSpec, rec: RequestRecord, payload: bytes) -> None:
         got_headers = False
         cum: list[Optional[int]] = []          # completion_tokens seen on each output chunk, if any
+        text: list[str] = []                   # joined once at the end: no copy per chunk
+        reasoning: list[str] = []
         try:
             async with session.post(self.url, data=payload, headers=self._headers, allow_redirects=False,
                                     trace_request_ctx={"rec": rec, "clock": self.clock}) as resp:
@@ -241,48 +252,32 @@ class Client:
                     raise _Fail("redirect", f"HTTP {resp.status} to {where[:200]}: a POST is not re-sent to a redirect; "
                                             "give the final URL")
                 if resp.status >= 400:
-                    text = (await resp.content.read(300)).decode("utf-8", errors="replace")
-                    raise _Fail("http_5xx" if resp.status >= 500 else "http_4xx", f"HTTP {resp.status}: {text}")
+                    body = (await resp.content.read(300)).decode("utf-8", errors="replace")
+                    raise _Fail("http_5xx" if resp.status >= 500 else "http_4xx", f"HTTP {resp.status}: {body}")
                 done = False
-                buf = b""
-                data: list[bytes] = []
-                event = b""
-                t_event = 0.0
-                async for piece in resp.content.iter_any():
-                    now = self.clock()            # stamped on arrival, before parsing
-                    buf += piece
-                    if b"\n" not in piece and len(buf) < MAX_EVENT_BYTES:
-                        continue
-                    lines = buf.split(b"\n")
-                    buf = lines.pop()
-                    for line in lines:
-                        if line.endswith(b"\r"):
-                            line = line[:-1]
-                        if not line:                                  # blank line: dispatch the event
-                            if data:
-                                payload_b = data[0] if len(data) == 1 else b"\n".join(data)
-                                data = []
-                                if self._event(payload_b, event, t_event, rec, cum):
-                                    done = True
-                                    break
-                            event = b""
-                            continue
-                        if line[:1] == b":":
-                            continue                                  # comment / keep-alive
-                        name, _, value = line.partition(b":")
-                        if value[:1] == b" ":
-                            value = value[1:]
-                        if name == b"data":
-                            if not data:
-                                t_event = now
-                            data.append(value)
-                        elif name == b"event":
-                            event = value
-                        # id, retry and unknown fields: ignored, as the SSE specification says
-                    if done:
-                        break
-                    if len(buf) > MAX_EVENT_BYTES:
-                        raise _Fail("malformed", f"an SSE line longer than {MAX_EVENT_BYTES:,} bytes")
+                parser = SSEParser()
+                clock, event = self.clock, self._event
+                try:
+                    async for piece in resp.content.iter_any():
+                        now = clock()            # stamped on arrival, before parsing
+                        try:
+                            events = parser.feed(piece)
+                        except SSETooLarge as e:
+                            raise _Fail("malformed", str(e)) from None
+                        for name, data in events:
+                            if event(data, name, now, rec, cum, text, reasoning):
+                                done = True
+                                break
+                        if done:
+                            break
+                    if not done:
+                        now = clock()
+                        for name, data in parser.close():
+                            if event(data, name, now, rec, cum, text, reasoning):
+                                done = True
+                                break
+                finally:
+                    rec.text, rec.reasoning_text = "".join(text), "".join(reasoning)
                 rec.end_time = self.clock() if not done else rec.end_time
                 if not done and rec.finish_reason is None:
                     raise _Fail("stream_closed", "stream ended without [DONE] or a finish reason")
@@ -295,7 +290,8 @@ class Client:
                 raise _ReusedConnectionClosed() from e
             raise
 
-    def _event(self, data: bytes, event: bytes, now: float, rec: RequestRecord, cum: list[Optional[int]]) -> bool:
+    def _event(self, data: bytes, event: bytes, now: float, rec: RequestRecord, cum: list[Optional[int]],
+               text: list[str], reasoning: list[str]) -> bool:
         """One dispatched SSE event; True at [DONE]. Raises _Fail for this request's own error."""
         if data == b"[DONE]":
             rec.end_time = now
@@ -303,64 +299,74 @@ class Client:
         if event == b"error":
             raise _Fail("server_error", f"server sent an error event: {data[:200].decode('utf-8', 'replace')}")
         try:
-            msg = json.loads(data)
+            msg = _loads(data)
         except (ValueError, RecursionError):
             raise _Fail("malformed", f"chunk is not JSON: {data[:80]!r}") from None
-        if not isinstance(msg, dict):
+        if type(msg) is not dict:
             raise _Fail("malformed", f"chunk is JSON {type(msg).__name__}, not an object: {data[:80]!r}")
         if msg.get("error") or msg.get("object") == "error":
             err = msg.get("error") if msg.get("error") else msg.get("message")
             if isinstance(err, dict):
                 err = err.get("message") or err
             raise _Fail("server_error", f"server error mid-stream: {str(err)[:200]}")
-        self._chunk(msg, now, rec, cum)
+        usage = msg.get("usage")
+        if usage is not None:
+            if type(usage) is not dict:
+                raise _Fail("malformed", f"usage is {type(usage).__name__}, not an object")
+            details = usage.get("completion_tokens_details")
+            if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
+                usage = {**usage, "reasoning_tokens": details["reasoning_tokens"]}
+            rec.usage = usage
+        ext = msg.get("sglext")
+        if ext:
+            details = ext.get("spec_tokens_details") if isinstance(ext, dict) else None
+            for src in (ext, details):
+                if isinstance(src, dict) and isinstance(src.get("spec_accept_length"), (int, float)):
+                    rec.spec_accept_length = float(src["spec_accept_length"])
+        choices = msg.get("choices")
+        if not choices:
+            if choices is None or type(choices) is list:
+                return False
+            raise _Fail("malformed", f"choices is {type(choices).__name__}, not a list")
+        if type(choices) is not list:
+            raise _Fail("malformed", f"choices is {type(choices).__name__}, not a list")
+        got = self._choices(choices, rec, text, reasoning)
+        if got:
+            rec.chunk_times.append(now)
+            completion = usage.get("completion_tokens") if usage is not None else None
+            cum.append(completion if type(completion) is int else None)
         return False
 
-    def _chunk(self, msg: dict[str, Any], now: float, rec: RequestRecord, cum: list[Optional[int]]) -> None:
-        usage = msg.get("usage")
-        if usage is not None and not isinstance(usage, dict):
-            raise _Fail("malformed", f"usage is {type(usage).__name__}, not an object")
-        if isinstance(usage, dict):
-            rec.usage = dict(usage)
-            details = usage.get("completion_tokens_details") or {}
-            if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
-                rec.usage["reasoning_tokens"] = details["reasoning_tokens"]
-        ext = msg.get("sglext") or {}
-        details = ext.get("spec_tokens_details") if isinstance(ext, dict) else None
-        for src in (ext, details):
-            if isinstance(src, dict) and isinstance(src.get("spec_accept_length"), (int, float)):
-                rec.spec_accept_length = float(src["spec_accept_length"])
-        choices = msg.get("choices")
-        if choices is None:
-            choices = []
-        if not isinstance(choices, list):
-            raise _Fail("malformed", f"choices is {type(choices).__name__}, not a list")
-        text, reasoning = "", ""
+    def _choices(self, choices: list[Any], rec: RequestRecord, text: list[str], reasoning: list[str]) -> bool:
+        """Appends each choice's text and reasoning; True when any carried output."""
+        got = False
         for ch in choices:
-            if not isinstance(ch, dict):
+            if type(ch) is not dict:
                 raise _Fail("malformed", f"a choice is {type(ch).__name__}, not an object")
             if self.chat:
-                delta = ch.get("delta") or {}
-                if not isinstance(delta, dict):
-                    raise _Fail("malformed", f"delta is {type(delta).__name__}, not an object")
-                parts = (delta.get("content"), delta.get("reasoning_content") or delta.get("reasoning"))
+                delta = ch.get("delta")
+                if delta:
+                    if type(delta) is not dict:
+                        raise _Fail("malformed", f"delta is {type(delta).__name__}, not an object")
+                    t, r = delta.get("content"), delta.get("reasoning_content") or delta.get("reasoning")
+                    if r is not None and type(r) is not str:
+                        raise _Fail("malformed", f"reasoning is {type(r).__name__}, not a string")
+                    if r:
+                        reasoning.append(r)
+                        got = True
+                else:
+                    t = None
             else:
-                parts = (ch.get("text"), None)
-            for k, p in enumerate(parts):
-                if p is not None and not isinstance(p, str):
-                    raise _Fail("malformed", f"{'content' if k == 0 else 'reasoning'} is {type(p).__name__}, not a string")
-            text += parts[0] or ""
-            reasoning += parts[1] or ""
+                t = ch.get("text")
+            if t is not None and type(t) is not str:
+                raise _Fail("malformed", f"content is {type(t).__name__}, not a string")
+            if t:
+                text.append(t)
+                got = True
             fr = ch.get("finish_reason")
             if fr:
                 rec.finish_reason = str(fr)
-        if not (text or reasoning):
-            return
-        rec.text += text
-        rec.reasoning_text += reasoning
-        rec.chunk_times.append(now)
-        completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        cum.append(completion if isinstance(completion, int) and not isinstance(completion, bool) else None)
+        return got
 
     def _attribute(self, rec: RequestRecord, req: RequestSpec, cum: list[Optional[int]]) -> None:
         """Tokens per chunk, and the client's own count; see the module docstring."""

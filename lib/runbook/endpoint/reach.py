@@ -264,13 +264,26 @@ async def model_name(url: str, api_key: Optional[str], timeout: float = 10.0, ma
         return None
 
 
-def run_sync(coro: Any) -> Any:
-    """asyncio.run, also from inside Jupyter (whose kernel already runs a loop): then in a thread."""
+def run_sync(coro: Any, fast_loop: bool = False) -> Any:
+    """asyncio.run, also from inside Jupyter (whose kernel already runs a loop): then in a thread.
+    `fast_loop`: on uvloop where it is installed (the benchmark's load generator; see
+    benchmarks/client_ceiling.py for what it buys), else the standard loop."""
+    run: Any = asyncio.run
+    if fast_loop:
+        try:
+            import uvloop
+            run = uvloop.run
+        except ImportError:
+            pass
+
+    def go() -> Any:
+        return run(coro)
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
+        return go()
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        return ex.submit(asyncio.run, coro).result()
+        return ex.submit(go).result()

@@ -97,6 +97,7 @@ def level_summary(lr: LevelResult, slo: Any = None) -> dict[str, Any]:
     s = metrics.summarise(lr.records, slo)
     s.update({"label": lr.level.label, "concurrency": lr.level.concurrency, "rate": lr.level.rate,
               "client_bound": lr.client_bound, "lag_ms": lr.lag_ms, "cpu_share": lr.cpu_share,
+              "client_cpu_s": lr.cpu_s, "chunks": sum(len(r.chunk_times) for r in lr.records),
               "cache_flushed": lr.flushed, "server": lr.server.get("gauges", {}), "spec_accept": lr.server.get("spec_accept", {})})
     if lr.telemetry is not None:
         s["telemetry"] = lr.telemetry.get("summary", {})
@@ -188,6 +189,7 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
                "exact_lengths": wl.exact_lengths, "input_len": o.input_len, "output_len": o.output_len, "chat": o.chat,
                "range_ratio": o.range_ratio, "seed": o.seed, "requests_per_level": o.requests, "duration_s": o.duration_s,
                "levels": summaries}
+    summary["client"] = client_info(summaries)
     if agentic:
         summary.update({"turns": o.turns, "think_time_s": o.think_time_s, "think_dist": o.think_dist,
                         "tool_result_len": o.tool_result_len, "chat": True})
@@ -205,6 +207,20 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
     if out:
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str, allow_nan=False))
     return BenchResult(summary, findings, results, records_path)
+
+
+def client_info(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The load generator itself: processes, event loop, and the chunk rate at which it would fill
+    its cores — chunks ingested per client CPU second over the run's levels, times workers (an
+    estimate from this run's own work, so it reflects this workload's chunk and request sizes)."""
+    from runbook.endpoint.reach import fast_loop_name
+
+    chunks = sum(int(s.get("chunks") or 0) for s in summaries)
+    cpu = sum(float(s.get("client_cpu_s") or 0.0) for s in summaries)
+    workers = 1
+    return {"workers": workers, "loop": fast_loop_name(),
+            "chunks_per_s_ceiling": round(chunks / cpu * workers) if chunks and cpu > 0 else None,
+            "chunks": chunks, "cpu_s": round(cpu, 3)}
 
 
 SLO_SEARCH_MAX_ERROR = 0.01       # a level failing more requests than this does not meet the SLOs

@@ -38,6 +38,7 @@ class LevelResult:
     server: dict[str, Any] = field(default_factory=dict)
     flushed: Optional[bool] = None
     telemetry: Optional[dict[str, Any]] = None
+    cpu_s: float = 0.0                  # the client's CPU seconds during the level
 
     def __repr__(self) -> str:      # short: see RequestRecord.__repr__
         return f"LevelResult({self.level.label!r}, {len(self.records)} records)"
@@ -67,7 +68,8 @@ class LagMonitor:
         if self._task:
             self._task.cancel()
         wall = time.perf_counter() - self._wall0
-        self.cpu_share = (time.process_time() - self._cpu0) / wall if wall > 0 else 0.0
+        self.cpu_s = time.process_time() - self._cpu0
+        self.cpu_share = self.cpu_s / wall if wall > 0 else 0.0
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -231,7 +233,7 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
         after = await scrape(session, client.base_url)
     lag_ms = metrics.stats(lag.samples)
     bound = (lag_ms["p99"] or 0) > LAG_BOUND_MS or lag.cpu_share > CPU_BOUND_SHARE
-    lr = LevelResult(level, records, {}, lag_ms, lag.cpu_share, bound, server_deltas(before, after), flushed)
+    lr = LevelResult(level, records, {}, lag_ms, lag.cpu_share, bound, server_deltas(before, after), flushed, cpu_s=lag.cpu_s)
     if telemetry is not None:
         lr.telemetry = telemetry.result()
     return lr

@@ -12,7 +12,9 @@ when one is given, otherwise approximated (~4 characters per token) and marked s
 - trace:FILE: a Mooncake-format trace replayed at its recorded times (open loop): JSON Lines with
   "timestamp" (ms), "input_length", "output_length" and optional "hash_ids" (one id per block of
   TRACE_BLOCK tokens: requests naming the same ids share that prefix, built from the same corpus
-  text) and "session_id". `trace:synthetic` is the small trace shipped in the corpus.
+  text) and "session_id". `trace:synthetic` is the small trace shipped in the corpus. An SGLang request
+  dump (.pkl from --dump-requests-folder / --crash-dump-folder) is read too, without running it
+  (bench/sglang_dump.py): created times, prompt/completion tokens, and ids per block of input_ids.
 - agentic: multi-turn sessions, built as they run (bench/sessions.py), not here.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Callable, Iterator, Optional, cast, overload
 
 import numpy as np
 
+from runbook.bench import sglang_dump
 from runbook.core.errors import InputError
 from runbook.core.fsutil import FileRefused, read_regular
 from runbook.corpus import CHARS_PER_TOKEN, code_prompts, code_text
@@ -111,14 +114,17 @@ def _text_of_length(tok: Any, text: str, n: int) -> str:
 MAX_WORKLOAD_BYTES = 1 << 30   # a JSON Lines prompt file; beyond 1 GiB it is not a workload
 
 
-def read_workload_file(path: Path) -> tuple[bytes, str]:
-    """The bytes and UTF-8 text of a workload file; InputError naming the file, the line and byte offset, and the fix."""
+def read_workload_file(path: Path, dump_ok: bool = False) -> tuple[bytes, str]:
+    """The bytes and UTF-8 text of a workload file; InputError naming the file, the line and byte offset, and the fix.
+    `dump_ok`: a pickle (an SGLang request dump) comes back as bytes with no text."""
     try:
         raw = read_regular(path, MAX_WORKLOAD_BYTES, what="a workload file")
     except OSError as e:
         raise InputError(f"{path}: cannot read the workload file: {e.strerror or e}") from None
     except FileRefused as e:
         raise InputError(f"{path}: {e.reason}; give a JSON Lines workload file") from None
+    if dump_ok and raw[:1] == sglang_dump.PICKLE_MAGIC:
+        return raw, ""
     try:
         return raw, raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -279,10 +285,16 @@ def build_trace(ref: str, n: int, tokenizer: Any = None, chat: bool = False, ign
     else:
         path = Path(ref)
         if not path.is_file():
-            raise InputError(f"--workload trace:{ref}: no such file (a Mooncake JSON Lines trace, or trace:synthetic)")
-        raw, text = read_workload_file(path)
+            raise InputError(f"--workload trace:{ref}: no such file (a Mooncake JSON Lines trace, an SGLang request dump "
+                             ".pkl, or trace:synthetic)")
+        raw, text = read_workload_file(path, dump_ok=True)
         source = str(path)
-    rows = read_trace(text, source)[:n]
+    what, skipped = "trace", 0
+    if raw[:1] == sglang_dump.PICKLE_MAGIC:
+        all_rows, skipped = sglang_dump.rows(raw, source, TRACE_BLOCK)
+        rows, what = all_rows[:n], "SGLang request dump"
+    else:
+        rows = read_trace(text, source)[:n]
     t0 = rows[0]["t"]
     corpus = code_text()
     exact = tokenizer is not None and not chat
@@ -318,5 +330,6 @@ def build_trace(ref: str, n: int, tokenizer: Any = None, chat: bool = False, ign
     schedule = [(r["t"] - t0) / speed for r in rows]
     span = schedule[-1] if schedule else 0.0
     return Workload(f"trace:{ref}", LazyRequests(len(rows), one), exact,
-                    f"trace {source}: {len(rows)} requests over {span:.1f} s (speed ×{speed:g}), open loop",
+                    f"{what} {source}: {len(rows)} requests over {span:.1f} s (speed ×{speed:g}), open loop"
+                    + (f"; {skipped} dump entries without a time or token counts left out" if skipped else ""),
                     f"trace-{hashlib.sha256(raw).hexdigest()[:16]}+{CORPUS_VERSION}", schedule)

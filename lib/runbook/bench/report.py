@@ -20,6 +20,7 @@ def frame(summary: dict[str, Any]):
                      "TPOT p50 ms": s["tpot_ms"]["p50"], "TPOT p99 ms": s["tpot_ms"]["p99"],
                      "ITL p50 ms": s["itl_ms"]["p50"], "ITL p99 ms": s["itl_ms"]["p99"],
                      "E2E p99 ms": s["e2e_ms"]["p99"], "tokens/chunk": s["tokens_per_chunk"],
+                     "cache hit": s.get("cache_hit_rate"),
                      "client-bound": s["client_bound"], "loop lag p99 ms": s["lag_ms"]["p99"]})
     df = pd.DataFrame(rows)
     return df.set_index("level").round(2) if not df.empty else df

@@ -14,7 +14,7 @@ import numpy as np
 
 from runbook.bench import metrics, sessions, workloads
 from runbook.bench.sessions import SessionPlan
-from runbook.bench.sweep import Level, LevelResult, run_level
+from runbook.bench.sweep import Level, LevelResult, cache_hit_from_metrics, run_level
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding, Status
 from runbook.core.spec import Deployment
@@ -101,7 +101,18 @@ def level_summary(lr: LevelResult, slo: Any = None) -> dict[str, Any]:
               "cache_flushed": lr.flushed, "server": lr.server.get("gauges", {}), "spec_accept": lr.server.get("spec_accept", {})})
     if lr.telemetry is not None:
         s["telemetry"] = lr.telemetry.get("summary", {})
+    s["cache_hit_rate"], s["cache_hit_source"] = cache_hit(lr)
     return s
+
+
+def cache_hit(lr: LevelResult) -> tuple[Optional[float], Optional[str]]:
+    """The level's prefix-cache hit rate: from the server's usage (cached_tokens ÷ prompt_tokens over
+    completed requests) where it reports cached tokens, else from SGLang's /metrics counters."""
+    pairs = [(r.cached_tokens, r.input_tokens) for r in lr.records if r.ok and r.cached_tokens is not None and r.input_tokens]
+    if pairs:
+        return sum(c for c, _ in pairs) / sum(n for _, n in pairs if n), "usage"
+    m = cache_hit_from_metrics(lr.server)
+    return (m, "metrics") if m is not None else (None, None)
 
 
 def levels_of(o: BenchOptions) -> list[Level]:

@@ -104,14 +104,16 @@ async def flush_cache(session: aiohttp.ClientSession, base: str) -> bool:
 
 
 def server_deltas(before: Optional[dict[str, float]], after: Optional[dict[str, float]]) -> dict[str, Any]:
-    """Counters as deltas, gauges as their value after; spec-decoding acceptance picked out."""
+    """Counters as deltas (labelled series too; one first seen during the level counts from 0), gauges as
+    their value after; spec-decoding acceptance picked out."""
     if not before or not after:
         return {}
     out: dict[str, Any] = {"deltas": {}, "after": {}}
     for k, v in after.items():
-        if k.endswith(("_total", "_count", "_sum")) and k in before:
-            out["deltas"][k] = v - before[k]
-        elif not k.endswith(("_bucket", "_created")):
+        base = k.split("{")[0]
+        if base.endswith(("_total", "_count", "_sum")):
+            out["deltas"][k] = v - before.get(k, 0.0)   # a series first seen during the level started at 0
+        elif not base.endswith(("_bucket", "_created")):
             out["after"][k] = v
     acc = {k: v for k, v in out["after"].items() if "accept" in k}
     acc.update({k: v for k, v in out["deltas"].items() if "accept" in k or "spec_verify" in k})
@@ -119,6 +121,17 @@ def server_deltas(before: Optional[dict[str, float]], after: Optional[dict[str, 
     interesting = ("num_running_reqs", "num_queue_reqs", "token_usage", "cache_hit_rate", "requests_processing", "kv_cache_usage")
     out["gauges"] = {k: v for k, v in out["after"].items() if any(x in k for x in interesting)}
     return out
+
+
+def cache_hit_from_metrics(server: dict[str, Any]) -> Optional[float]:
+    """The level's prefix-cache hit rate from SGLang's counters: Δ sglang:cached_tokens_total (every
+    cache_source) ÷ Δ sglang:prompt_tokens_total (observability/metrics_collector.py); None without them."""
+    d = server.get("deltas") or {}
+    cached = [v for k, v in d.items() if k.split("{")[0] == "sglang:cached_tokens_total"]
+    prompt = sum(v for k, v in d.items() if k.split("{")[0] == "sglang:prompt_tokens_total")
+    if prompt <= 0 or not any(k.split("{")[0] == "sglang:prompt_tokens_total" for k in d):
+        return None
+    return sum(cached) / prompt
 
 
 async def _warmup(client: Client, session: aiohttp.ClientSession, reqs: Sequence[RequestSpec], n: int, conc: int) -> None:

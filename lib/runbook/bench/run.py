@@ -21,7 +21,7 @@ from runbook.core.spec import Deployment
 from runbook.corpus import VERSION as CORPUS_VERSION
 from runbook.endpoint.client import EXACT_SOURCES, Client
 from runbook.endpoint.reach import model_name, probe, run_sync
-from runbook.model.tokenizer import load_tokenizer
+from runbook.model.tokenizer import chat_counter, load_tokenizer
 
 
 @dataclass
@@ -131,6 +131,7 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
     api_key = os.environ.get(o.api_key_env) if o.api_key_env else None
     model = o.model or await model_name(o.url, api_key)
     tok = load_tokenizer(o.tokenizer)
+    chat = chat_counter(o.tokenizer, tok) if o.workload == AGENTIC else None
     out = Path(o.out) if o.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
@@ -154,7 +155,7 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
             assert lv.concurrency
             n_sess = max(lv.concurrency, -(-o.requests // max(1, o.turns))) if o.requests else lv.concurrency
             plan = SessionPlan(n_sess, o.turns, o.input_len, o.output_len, o.tool_result_len, o.think_time_s,
-                               o.think_dist, o.seed, tok)
+                               o.think_dist, o.seed, tok, chat=chat)
             client = Client(o.url, model, True, api_key, o.timeout_s, tok)
             lr = await run_level(client, plan.warmup_requests(), lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
                                  telemetry=tel, driver=plan.driver(lv.concurrency))

@@ -46,6 +46,7 @@ class SessionPlan:
     seed: int = 0
     tokenizer: Any = None
     ignore_eos: bool = True
+    chat: Any = None               # model.tokenizer.ChatCounter: lengths as the chat template renders them
 
     def __post_init__(self) -> None:
         if self.think_dist not in THINK_DISTS:
@@ -71,9 +72,14 @@ class SessionPlan:
         return {"role": "user", "content": f"Tool result ({tool}):\n```\n{out}\n```\n\n{self.question(k, t)}"}
 
     def prompt_tokens(self, messages: list[dict[str, str]]) -> Optional[int]:
-        """The messages' contents counted by the local tokenizer (the chat template's tokens excluded)."""
+        """The request's prompt tokens by the local tokenizer: through the model's chat template where
+        the tokenizer directory has one (what the server counts), else the messages' contents alone."""
         if self.tokenizer is None:
             return None
+        if self.chat is not None:
+            n = self.chat.count(messages)
+            if n is not None:
+                return n
         return sum(_count(self.tokenizer, m["content"]) or 0 for m in messages)
 
     def think(self, rng: np.random.Generator) -> float:

@@ -2,11 +2,11 @@
 tokens, else from SGLang's /metrics counters (names checked against the installed SGLang's source)."""
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
+from verify import sglang_formats
 
 from runbook.bench import run as bench
 from runbook.bench.sweep import Level, LevelResult, parse_prometheus, server_deltas
 from runbook.endpoint.client import RequestRecord
-from verify import sglang_formats
 
 MODEL = {"model_name": "qwen"}
 

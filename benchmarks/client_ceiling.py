@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from runbook.bench import workers  # noqa: E402
 from runbook.bench.sweep import Level, run_level  # noqa: E402
 from runbook.endpoint.client import Client, RequestSpec  # noqa: E402
 from runbook.endpoint.reach import run_sync  # noqa: E402
@@ -87,19 +88,30 @@ def ours(url: str, conc: int, tokens: int, n: int, loop: str) -> tuple[float, An
     return sum(len(r.chunk_times) for r in lr.records) / wall, lr
 
 
+def ours_workers(url: str, conc: int, tokens: int, n: int, w: int, ex: Any) -> tuple[float, Any]:
+    """The same level split over `w` worker processes (bench --workers), records merged."""
+    reqs = [RequestSpec(i, "x", tokens, 8) for i in range(n)]
+    w0 = time.perf_counter()
+    lr = run_sync(workers.run_level_workers(ex, Client(url, "zero"), None, reqs, Level(f"c{conc}", conc), w, warmup=0,
+                                            flush=False), fast_loop=True)
+    wall = time.perf_counter() - w0 - workers.START_MARGIN_S
+    return sum(len(r.chunk_times) for r in lr.records) / wall, lr
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=256, help="chunks per request")
     ap.add_argument("--requests-per-stream", type=int, default=4)
     ap.add_argument("--send-overhead", action="store_true",
                     help="instead: TTFT at concurrency 1 and 32 against a scripted 150 ms server, audited on its clock")
+    ap.add_argument("--workers", type=int, default=2, help="also run our client split over this many processes (0: not)")
     ap.add_argument("--lag", type=float, default=0, metavar="CHUNKS_PER_S",
                     help="instead: event-loop lag while ingesting this many chunks/s, paced by the server (e.g. 20000)")
     a = ap.parse_args()
     if a.send_overhead:
         return send_overhead()
     if a.lag:
-        return lag_at(a.lag)
+        return lag_at(a.lag, w=a.workers)
     sg = sglang_client_available()
     print("SGLang's client (sglang.benchmark.serving in .venv-serving): " + (sg or "importable"))
     port = free_port()
@@ -107,6 +119,7 @@ def main() -> None:
     p.start()
     url = f"http://127.0.0.1:{port}"
     time.sleep(1.0)
+    ex = workers.pool(a.workers) if a.workers > 1 else None
     try:
         for conc in (64, 256):
             n = conc * a.requests_per_stream
@@ -117,6 +130,11 @@ def main() -> None:
                 ok = sum(r.ok for r in lr.records)
                 print(f"concurrency {conc}, ours on {loop}: {ok}/{n} ok, {rate:,.0f} chunks/s (CPU share {lr.cpu_share:.0%}); "
                       f"loop lag p50 {lr.lag_ms['p50']:.2f} ms, p99 {lr.lag_ms['p99']:.2f} ms; client-bound: {lr.client_bound}")
+            if ex is not None:
+                rate, lr = ours_workers(url, conc, a.tokens, n, a.workers, ex)
+                rates["workers"] = rate
+                print(f"concurrency {conc}, ours on {a.workers} worker processes (uvloop): {sum(r.ok for r in lr.records)}/{n} ok, "
+                      f"{rate:,.0f} chunks/s; loop lag p99 {lr.lag_ms['p99']:.2f} ms (all workers)")
             if not sg:
                 r = sglang_run(url, conc, a.tokens, n)
                 if "failed" in r:
@@ -124,13 +142,16 @@ def main() -> None:
                 else:
                     theirs = r["completed"] * a.tokens / r["duration"]
                     print(f"  SGLang's client, same server and level: {r['completed']}/{n} ok, {theirs:,.0f} chunks/s; "
-                          f"ratio ours/theirs {rates['asyncio'] / theirs:.2f} (asyncio), {rates['uvloop'] / theirs:.2f} (uvloop)")
+                          f"ratio ours/theirs {rates['asyncio'] / theirs:.2f} (asyncio), {rates['uvloop'] / theirs:.2f} (uvloop)"
+                          + (f", {rates['workers'] / theirs:.2f} ({a.workers} workers)" if "workers" in rates else ""))
     finally:
+        if ex is not None:
+            ex.shutdown()
         p.terminate()
         p.join(5)
 
 
-def lag_at(chunks_per_s: float, conc: int = 64, tokens: int = 256) -> None:
+def lag_at(chunks_per_s: float, conc: int = 64, tokens: int = 256, w: int = 0) -> None:
     """The server paces every stream (one write per chunk) so that `conc` streams together deliver
     `chunks_per_s`; our client's event-loop lag is what it shows while keeping up."""
     pace = conc / chunks_per_s
@@ -143,6 +164,15 @@ def lag_at(chunks_per_s: float, conc: int = 64, tokens: int = 256) -> None:
             rate, lr = ours(f"http://127.0.0.1:{port}", conc, tokens, conc * 2, loop)
             print(f"paced at {chunks_per_s:,.0f} chunks/s, concurrency {conc}, ours on {loop}: ingested {rate:,.0f} chunks/s; "
                   f"loop lag p50 {lr.lag_ms['p50']:.2f} ms, p99 {lr.lag_ms['p99']:.2f} ms; CPU share {lr.cpu_share:.0%}")
+        if w > 1:
+            ex = workers.pool(w)
+            try:
+                rate, lr = ours_workers(f"http://127.0.0.1:{port}", conc, tokens, conc * 2, w, ex)
+            finally:
+                ex.shutdown()
+            print(f"paced at {chunks_per_s:,.0f} chunks/s, concurrency {conc}, ours on {w} worker processes: ingested "
+                  f"{rate:,.0f} chunks/s; loop lag p50 {lr.lag_ms['p50']:.2f} ms, p99 {lr.lag_ms['p99']:.2f} ms; "
+                  f"CPU share (busiest worker) {lr.cpu_share:.0%}")
     finally:
         p.terminate()
         p.join(5)

@@ -12,7 +12,7 @@ from typing import Any, Optional, cast
 
 import numpy as np
 
-from runbook.bench import metrics, sessions, workloads
+from runbook.bench import metrics, sessions, workers, workloads
 from runbook.bench.sessions import SessionPlan
 from runbook.bench.sweep import Level, LevelResult, cache_hit_from_metrics, run_level
 from runbook.core.errors import InputError
@@ -56,6 +56,7 @@ class BenchOptions:
     trace_speed: float = 1.0     # trace:FILE: time scale (2 = twice as fast)
     find_max: Optional[str] = None   # "slo": search the highest load meeting the spec's SLOs instead of the fixed levels
     find_max_levels: int = 10        # at most this many levels for the search
+    workers: int = 1                 # load-generator processes (bench/workers.py): fixed-concurrency levels only
 
 
 AGENTIC = "agentic"
@@ -81,6 +82,12 @@ def check_options(o: BenchOptions) -> None:
             raise InputError("--find-max slo searches concurrency or rate, not both: give --concurrency START or --rate START")
         if o.find_max_levels < 2:
             raise InputError("--find-max slo needs at least 2 levels")
+    if o.workers != 1:
+        if not 1 <= o.workers <= 64:
+            raise InputError(f"--workers must be between 1 and 64 (got {o.workers})")
+        if o.workload == AGENTIC or o.workload.startswith("trace:") or o.rates or o.duration_s or o.compare_url:
+            raise InputError("--workers N splits fixed-concurrency levels of --requests over N processes; agentic sessions, "
+                             "traces, --rate, --duration and --compare-url run in one process: drop --workers")
     if o.compare_url and (o.workload == AGENTIC or o.workload.startswith("trace:")):
         raise InputError("--compare-url runs the A/B comparison on single requests; it does not take the agentic or trace workloads")
 
@@ -166,9 +173,13 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
             lwl = workloads.build(o.workload, n, o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed, o.range_ratio,
                                   trace_speed=o.trace_speed)
             client = Client(o.url, model, o.chat, api_key, o.timeout_s, tok)
-            bar = _bar(len(lwl.requests), lv.label) if o.progress and not o.duration_s else None
-            lr = await run_level(client, lwl.requests, lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
-                                 bar.update if bar else None, telemetry=tel)
+            bar = _bar(len(lwl.requests), lv.label) if o.progress and not o.duration_s and not procs else None
+            if procs is not None and lv.concurrency:
+                lr = await workers.run_level_workers(procs, client, o.tokenizer if tok is not None else None, lwl.requests,
+                                                     lv, o.workers, o.warmup, o.flush, records_path, telemetry=tel)
+            else:
+                lr = await run_level(client, lwl.requests, lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
+                                     bar.update if bar else None, telemetry=tel)
             if bar:
                 bar.close()
         lr.summary = level_summary(lr, slo)
@@ -184,24 +195,20 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
                     tf.write(json.dumps(finite(smp), allow_nan=False) + "\n")
         return lr.summary
 
-    search: Optional[dict[str, Any]] = None
-    if o.find_max == "slo":
-        if slo is None or not any(getattr(slo, k, None) for k in ("ttft_ms_p99", "tpot_ms_p99", "e2e_ms_p99")):
-            raise InputError("--find-max slo needs the spec's SLOs (slo.ttft_ms_p99, slo.tpot_ms_p99)")
-        search = await slo_search(measure, o, slo)
+    procs = workers.pool(o.workers) if o.workers > 1 else None   # spawned before any level's clock starts
+    try:
+        search = await _levels(o, slo, wl, measure)
+    finally:
+        if procs is not None:
+            procs.shutdown(cancel_futures=True)
+    if search is not None:
         summaries.sort(key=lambda x: (x.get("concurrency") or 0, x.get("rate") or 0))
-    elif wl.schedule is not None:
-        # A trace is its own load: one open-loop level at the recorded times (÷ --trace-speed).
-        await measure(Level("trace" if o.trace_speed == 1 else f"trace-x{o.trace_speed:g}", schedule=wl.schedule))
-    else:
-        for lv in levels_of(o):
-            await measure(lv)
     summary: dict[str, Any] = {"url": o.url, "model": model, "workload": o.workload, "workload_description": wl.description,
                "corpus_version": wl.corpus_version, "cache_flush": o.flush,
                "exact_lengths": wl.exact_lengths, "input_len": o.input_len, "output_len": o.output_len, "chat": o.chat,
                "range_ratio": o.range_ratio, "seed": o.seed, "requests_per_level": o.requests, "duration_s": o.duration_s,
                "levels": summaries}
-    summary["client"] = client_info(summaries)
+    summary["client"] = client_info(summaries, o.workers)
     if agentic:
         summary.update({"turns": o.turns, "think_time_s": o.think_time_s, "think_dist": o.think_dist,
                         "tool_result_len": o.tool_result_len, "chat": True})
@@ -221,7 +228,7 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
     return BenchResult(summary, findings, results, records_path)
 
 
-def client_info(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+def client_info(summaries: list[dict[str, Any]], workers: int = 1) -> dict[str, Any]:
     """The load generator itself: processes, event loop, and the chunk rate at which it would fill
     its cores — chunks ingested per client CPU second over the run's levels, times workers (an
     estimate from this run's own work, so it reflects this workload's chunk and request sizes)."""
@@ -229,10 +236,24 @@ def client_info(summaries: list[dict[str, Any]]) -> dict[str, Any]:
 
     chunks = sum(int(s.get("chunks") or 0) for s in summaries)
     cpu = sum(float(s.get("client_cpu_s") or 0.0) for s in summaries)
-    workers = 1
     return {"workers": workers, "loop": fast_loop_name(),
             "chunks_per_s_ceiling": round(chunks / cpu * workers) if chunks and cpu > 0 else None,
             "chunks": chunks, "cpu_s": round(cpu, 3)}
+
+
+async def _levels(o: BenchOptions, slo: Any, wl: Any, measure: Any) -> Optional[dict[str, Any]]:
+    """The run's levels: the SLO search, a trace's one level, or the fixed levels; the search's result."""
+    if o.find_max == "slo":
+        if slo is None or not any(getattr(slo, k, None) for k in ("ttft_ms_p99", "tpot_ms_p99", "e2e_ms_p99")):
+            raise InputError("--find-max slo needs the spec's SLOs (slo.ttft_ms_p99, slo.tpot_ms_p99)")
+        return await slo_search(measure, o, slo)
+    if wl.schedule is not None:
+        # A trace is its own load: one open-loop level at the recorded times (÷ --trace-speed).
+        await measure(Level("trace" if o.trace_speed == 1 else f"trace-x{o.trace_speed:g}", schedule=wl.schedule))
+        return None
+    for lv in levels_of(o):
+        await measure(lv)
+    return None
 
 
 SLO_SEARCH_MAX_ERROR = 0.01       # a level failing more requests than this does not meet the SLOs

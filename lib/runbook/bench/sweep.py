@@ -39,6 +39,7 @@ class LevelResult:
     flushed: Optional[bool] = None
     telemetry: Optional[dict[str, Any]] = None
     cpu_s: float = 0.0                  # the client's CPU seconds during the level
+    lag_samples: list[float] = field(default_factory=list)
 
     def __repr__(self) -> str:      # short: see RequestRecord.__repr__
         return f"LevelResult({self.level.label!r}, {len(self.records)} records)"
@@ -53,11 +54,11 @@ class LagMonitor:
         self._task: Optional[asyncio.Task] = None
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
+        clock = time.perf_counter     # not loop.time(): uvloop's counts whole milliseconds
         while True:
-            t0 = loop.time()
+            t0 = clock()
             await asyncio.sleep(self.interval)
-            self.samples.append(max(0.0, loop.time() - t0 - self.interval))
+            self.samples.append(max(0.0, clock() - t0 - self.interval))
 
     def __enter__(self) -> "LagMonitor":
         self._cpu0, self._wall0 = time.process_time(), time.perf_counter()
@@ -152,7 +153,8 @@ PREPARE_AHEAD = 4096   # bodies encoded before the level starts (the rest, for l
 async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, warmup: int = 2, flush: bool = True,
                     records_path: Optional[Path] = None, seed: int = 0, duration_s: Optional[float] = None,
                     progress: Optional[Callable[[int], None]] = None, telemetry: Any = None,
-                    driver: Optional[Callable[..., Awaitable[None]]] = None) -> LevelResult:
+                    driver: Optional[Callable[..., Awaitable[None]]] = None, start_at: Optional[float] = None,
+                    scrape_metrics: bool = True) -> LevelResult:
     """One level. Fixed concurrency: that many workers, each sending its next request when the last
     finished. A rate: Poisson arrivals, open loop — no cap on requests in flight, so a slow server
     shows as growing latency, never as client-side waiting counted into TTFT (any pool wait is
@@ -161,13 +163,15 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
     A schedule (trace replay): each request is sent at its recorded offset, open loop; how late its
     headers went on the wire is `meta.schedule_error_ms`. `driver(send, deadline)`: the level's own load
     (agentic sessions, whose requests depend on earlier answers); `send(spec)` measures and records one
-    request, and `reqs` serve only the warm-up."""
+    request, and `reqs` serve only the warm-up. `start_at`: a perf_counter time to start the load at
+    (worker processes start together; the clock is CLOCK_MONOTONIC, shared by processes);
+    `scrape_metrics=False`: no /metrics before and after (a worker's parent scrapes)."""
     open_loop = (level.rate is not None and not level.concurrency) or level.schedule is not None
     conc = level.concurrency or 1
     async with client.session(limit=0 if open_loop else conc) as session:
         flushed = await flush_cache(session, client.base_url) if flush else None
         await _warmup(client, session, reqs, warmup, conc)
-        before = await scrape(session, client.base_url)
+        before = await scrape(session, client.base_url) if scrape_metrics else None
         records: list[RequestRecord] = []
         out = open(records_path, "a", encoding="utf-8") if records_path else None
         if driver is not None:
@@ -198,6 +202,8 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
         if telemetry is not None:
             await telemetry.start(session, client.base_url, level.label)
         try:
+            if start_at is not None:
+                await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
             with LagMonitor() as lag:
                 t0 = time.perf_counter()
                 deadline = t0 + duration_s if duration_s else None
@@ -243,10 +249,11 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
                 out.close()
             if telemetry is not None:
                 await telemetry.stop()
-        after = await scrape(session, client.base_url)
+        after = await scrape(session, client.base_url) if scrape_metrics else None
     lag_ms = metrics.stats(lag.samples)
     bound = (lag_ms["p99"] or 0) > LAG_BOUND_MS or lag.cpu_share > CPU_BOUND_SHARE
-    lr = LevelResult(level, records, {}, lag_ms, lag.cpu_share, bound, server_deltas(before, after), flushed, cpu_s=lag.cpu_s)
+    lr = LevelResult(level, records, {}, lag_ms, lag.cpu_share, bound, server_deltas(before, after), flushed, cpu_s=lag.cpu_s,
+                     lag_samples=lag.samples)
     if telemetry is not None:
         lr.telemetry = telemetry.result()
     return lr

@@ -1,0 +1,106 @@
+"""Several load-generator processes for one fixed-concurrency level (`bench --workers N`).
+
+One event loop reads about 160k chunks/s when a server sends whole responses in few writes, but a real
+server writes every token on its own, and then the cost is per read (~50 µs of asyncio and aiohttp
+each, on this project's 2-core machine): one process fills its core near 20k chunks/s. N worker
+processes (spawned once per run, kept across levels) each take every N-th request and an equal share of
+the concurrency, start together at one instant, and stamp with perf_counter — CLOCK_MONOTONIC, the same
+clock in every process — so their records merge into one level as if one client had sent them. The
+parent keeps what is per level: flush, warm-up, /metrics before and after, telemetry, the records file
+(written when the level ends). Fixed-concurrency levels of a set number of requests only: rates, traces,
+agentic sessions and --duration stay in one process (check_options refuses the combinations).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from runbook.bench import metrics
+from runbook.bench.sweep import CPU_BOUND_SHARE, LAG_BOUND_MS, Level, LevelResult, _warmup, flush_cache, run_level, scrape, server_deltas
+from runbook.endpoint.client import Client, RequestRecord, RequestSpec
+
+START_MARGIN_S = 0.3      # the parent sets the common start this far ahead: every worker is waiting by then
+
+
+def _ready() -> int:
+    import runbook.bench.sweep  # noqa: F401 - import once, before any level's clock starts
+    return os.getpid()
+
+
+def pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    """`workers` spawned processes with the client imported (spawn: safe under Jupyter's threads)."""
+    ex = concurrent.futures.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+    pids = {f.result() for f in [ex.submit(_ready) for _ in range(workers * 2)]}
+    if len(pids) < workers:     # a worker that had not started yet: ask each once more
+        pids |= {f.result() for f in [ex.submit(_ready) for _ in range(workers * 4)]}
+    return ex
+
+
+def _one(args: dict[str, Any]) -> dict[str, Any]:
+    """In a worker: its share of the level, closed loop, from `start_at`; its records and loop health."""
+    from runbook.endpoint.reach import run_sync
+    from runbook.model.tokenizer import load_tokenizer
+
+    c = args["client"]
+    client = Client(c["base_url"], c["model"], c["chat"], c["api_key"], c["timeout_s"], load_tokenizer(c["tokenizer"]),
+                    extra_body=c["extra_body"])
+    lr = run_sync(run_level(client, args["reqs"], Level(args["label"], args["concurrency"]), warmup=0, flush=False,
+                            start_at=args["start_at"], scrape_metrics=False), fast_loop=True)
+    pid = os.getpid()
+    for r in lr.records:
+        r.meta["worker"] = pid
+    return {"records": lr.records, "lag": lr.lag_samples, "cpu_s": lr.cpu_s, "cpu_share": lr.cpu_share}
+
+
+def shares(concurrency: int, workers: int) -> list[int]:
+    """Concurrency per worker: as even as integers allow, no worker without a stream."""
+    w = max(1, min(workers, concurrency))
+    return [concurrency // w + (1 if k < concurrency % w else 0) for k in range(w)]
+
+
+async def run_level_workers(ex: concurrent.futures.ProcessPoolExecutor, client: Client, tokenizer_path: Optional[str],
+                            reqs: Sequence[RequestSpec], level: Level, workers: int, warmup: int = 2, flush: bool = True,
+                            records_path: Optional[Path] = None, telemetry: Any = None) -> LevelResult:
+    assert level.concurrency, "worker processes run fixed-concurrency levels"
+    split = shares(level.concurrency, workers)
+    w = len(split)
+    async with client.session(limit=level.concurrency) as session:
+        flushed = await flush_cache(session, client.base_url) if flush else None
+        await _warmup(client, session, reqs, warmup, level.concurrency)
+        before = await scrape(session, client.base_url)
+        cfg = {"base_url": client.base_url, "model": client.model, "chat": client.chat, "api_key": client.api_key,
+               "timeout_s": client.timeout_s, "tokenizer": tokenizer_path, "extra_body": client.extra_body}
+        n = len(reqs)
+        loop = asyncio.get_running_loop()
+        if telemetry is not None:
+            await telemetry.start(session, client.base_url, level.label)
+        try:
+            start_at = time.perf_counter() + START_MARGIN_S
+            futs = [loop.run_in_executor(ex, _one, {"client": cfg, "reqs": [reqs[i] for i in range(k, n, w)],
+                                                    "label": level.label, "concurrency": split[k], "start_at": start_at})
+                    for k in range(w)]
+            parts = await asyncio.gather(*futs)
+        finally:
+            if telemetry is not None:
+                await telemetry.stop()
+        after = await scrape(session, client.base_url)
+    records: list[RequestRecord] = sorted((r for p in parts for r in p["records"]), key=lambda r: r.send_time)
+    if records_path:
+        with open(records_path, "a", encoding="utf-8") as out:
+            for r in records:
+                out.write(json.dumps(r.to_dict()) + "\n")
+    lag = [x for p in parts for x in p["lag"]]
+    lag_ms = metrics.stats(lag)
+    share = max(p["cpu_share"] for p in parts)
+    bound = (lag_ms["p99"] or 0) > LAG_BOUND_MS or share > CPU_BOUND_SHARE
+    lr = LevelResult(level, records, {}, lag_ms, share, bound, server_deltas(before, after), flushed,
+                     cpu_s=sum(p["cpu_s"] for p in parts), lag_samples=lag)
+    if telemetry is not None:
+        lr.telemetry = telemetry.result()
+    return lr

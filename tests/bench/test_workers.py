@@ -1,0 +1,49 @@
+"""Issue 15 item 5: several load-generator processes for one level, one clock, records merged."""
+import json
+
+import numpy as np
+import pytest
+
+from bench.rawsse import RawServer, Reply, completion_stream
+from runbook.bench import run as bench
+from runbook.bench import workers
+from runbook.core.errors import InputError
+
+
+@pytest.fixture
+def scripted():
+    srv = RawServer(lambda b: Reply(completion_stream(int(b.get("max_tokens", 2)), 0.050, 0.005))).start()
+    yield srv
+    srv.stop()
+
+
+def test_two_workers_merge_into_one_level_on_one_clock(scripted, tmp_path):
+    o = bench.BenchOptions(url=scripted.url, model="raw", concurrency=[4], requests=16, output_len=6, workload="random",
+                           input_len=16, warmup=1, telemetry=False, timeout_s=30.0, workers=2, out=tmp_path)
+    res = bench.run(o)
+    (lv,) = res.summary["levels"]
+    assert lv["completed"] == 16 and lv["failed"] == 0
+    recs = res.levels[0].records
+    assert len({r.meta["worker"] for r in recs}) == 2                     # two processes did the sending
+    assert sorted(r.id for r in recs) == list(range(16))                  # every request once
+    send = [r.send_time for r in recs]
+    assert send == sorted(send)
+    # one clock: the two workers' sends interleave in time (they ran side by side, not one after another)
+    by = {}
+    for r in recs:
+        by.setdefault(r.meta["worker"], []).append(r.send_time)
+    a, b = by.values()
+    assert min(a) < max(b) and min(b) < max(a)
+    ttft = np.median([r.chunk_times[0] - r.send_time for r in recs])
+    assert 0.045 < ttft < 0.150                                          # the scripted 50 ms, measured from either process
+    assert res.summary["client"]["workers"] == 2
+    assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 16
+    assert all(json.loads(x)["meta"]["worker"] for x in (tmp_path / "records.jsonl").read_text().splitlines())
+
+
+def test_shares_and_refusals():
+    assert workers.shares(5, 2) == [3, 2] and workers.shares(2, 4) == [1, 1] and sum(workers.shares(256, 3)) == 256
+    for kw in ({"rates": [2.0]}, {"duration_s": 5.0}, {"workload": "agentic"}, {"workload": "trace:synthetic"},
+               {"compare_url": "http://127.0.0.1:9"}, {"workers": 0}, {"workers": 65}):
+        with pytest.raises(InputError, match="--workers"):
+            bench.check_options(bench.BenchOptions(url="http://127.0.0.1:9", **{"workers": 2, **kw}))

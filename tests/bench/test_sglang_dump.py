@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.rawsse import RawServer, Reply, completion_stream
+from bench.rawsse import Reply, completion_stream
 from runbook.bench import run as bench
 from runbook.bench import sglang_dump, workloads
 from runbook.core.errors import InputError
@@ -57,7 +57,7 @@ def test_a_dump_written_by_sglang_reads_as_a_trace(real_dump):
     assert c == []                                                   # a text prompt: no token ids, no prefix ids
 
 
-def test_a_dump_replays_at_its_recorded_times(real_dump, tmp_path):
+def test_a_dump_replays_at_its_recorded_times(real_dump, raw):
     tok = demo.train_tokenizer(vocab_size=2048)
     wl = workloads.build(f"trace:{real_dump}", 100, tokenizer=tok)
     assert wl.schedule == pytest.approx([0.0, 0.5, 1.25])
@@ -65,12 +65,9 @@ def test_a_dump_replays_at_its_recorded_times(real_dump, tmp_path):
     assert [len(r.prompt) for r in wl.requests] == [532, 612, 30]
     assert r0.prompt[:512] == r1.prompt[:512] and r0.prompt[512:532] != r1.prompt[512:532]
     assert "SGLang request dump" in wl.description
-    srv = RawServer(lambda body: Reply(completion_stream(int(body.get("max_tokens", 2)), 0.002, 0.001))).start()
-    try:
-        res = bench.run(bench.BenchOptions(url=srv.url, model="raw", workload=f"trace:{real_dump}", warmup=0,
-                                           telemetry=False, timeout_s=30.0))
-    finally:
-        srv.stop()
+    srv = raw(lambda body: Reply(completion_stream(int(body.get("max_tokens", 2)), 0.002, 0.001)))
+    res = bench.run(bench.BenchOptions(url=srv.url, model="raw", workload=f"trace:{real_dump}", warmup=0,
+                                       telemetry=False, timeout_s=30.0))
     (lv,) = res.summary["levels"]
     assert lv["label"] == "trace" and lv["completed"] == 3
     err = np.array([r.meta["schedule_error_ms"] for r in res.levels[0].records])

@@ -4,20 +4,14 @@ import json
 import numpy as np
 import pytest
 
-from bench.rawsse import RawServer, Reply, completion_stream
+from bench.rawsse import Reply, completion_stream
 from runbook.bench import run as bench
 from runbook.bench import workers
 from runbook.core.errors import InputError
 
 
-@pytest.fixture
-def scripted():
-    srv = RawServer(lambda b: Reply(completion_stream(int(b.get("max_tokens", 2)), 0.050, 0.005))).start()
-    yield srv
-    srv.stop()
-
-
-def test_two_workers_merge_into_one_level_on_one_clock(scripted, tmp_path):
+def test_two_workers_merge_into_one_level_on_one_clock(raw, tmp_path):
+    scripted = raw(lambda b: Reply(completion_stream(int(b.get("max_tokens", 2)), 0.050, 0.005)))
     o = bench.BenchOptions(url=scripted.url, model="raw", concurrency=[4], requests=16, output_len=6, workload="random",
                            input_len=16, warmup=1, telemetry=False, timeout_s=30.0, workers=2, out=tmp_path)
     res = bench.run(o)

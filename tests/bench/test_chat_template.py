@@ -97,6 +97,9 @@ def test_sessions_use_the_template_and_fall_back_without_one(tmp_path):
     assert chat_counter(bare, tok) is None                         # one Jinja cannot compile
     (bare / "tokenizer_config.json").write_text("[1, 2")
     assert chat_counter(bare, tok) is None                         # broken JSON
+    (bare / "tokenizer_config.json").write_bytes(b'{"chat_template": "\xff\xfe"}')
+    (bare / "chat_template.jinja").write_bytes(b"{{ bos_token }}\xff")
+    assert chat_counter(bare, tok) is None                         # neither file is UTF-8
 
 
 def test_a_template_cannot_reach_python_internals(tmp_path):

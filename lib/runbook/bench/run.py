@@ -117,7 +117,7 @@ def cache_hit(lr: LevelResult) -> tuple[Optional[float], Optional[str]]:
     completed requests) where it reports cached tokens, else from SGLang's /metrics counters."""
     pairs = [(r.cached_tokens, r.input_tokens) for r in lr.records if r.ok and r.cached_tokens is not None and r.input_tokens]
     if pairs:
-        return sum(c for c, _ in pairs) / sum(n for _, n in pairs if n), "usage"
+        return sum(c for c, _ in pairs) / sum(n for _, n in pairs), "usage"
     m = cache_hit_from_metrics(lr.server)
     return (m, "metrics") if m is not None else (None, None)
 
@@ -150,7 +150,9 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
     if agentic:
         wl = workloads.Workload(AGENTIC, [], False, f"agentic sessions: {o.turns} turns, ~{o.input_len}-token repository "
                                 f"context, {o.tool_result_len}-token tool results, output {o.output_len}, think "
-                                f"{o.think_time_s:g} s ({o.think_dist})", CORPUS_VERSION)
+                                f"{o.think_time_s:g} s ({o.think_dist})"
+                                + ("; client-side lengths through the model's chat template" if chat is not None else ""),
+                                CORPUS_VERSION)
     else:
         trace = o.workload.startswith("trace:")
         wl = workloads.build(o.workload, (o.requests or 1 << 30) if trace else (o.requests or 1), o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed,
@@ -232,11 +234,10 @@ def client_info(summaries: list[dict[str, Any]], workers: int = 1) -> dict[str, 
     """The load generator itself: processes, event loop, and the chunk rate at which it would fill
     its cores — chunks ingested per client CPU second over the run's levels, times workers (an
     estimate from this run's own work, so it reflects this workload's chunk and request sizes)."""
-    from runbook.endpoint.reach import fast_loop_name
-
+    loop = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
     chunks = sum(int(s.get("chunks") or 0) for s in summaries)
     cpu = sum(float(s.get("client_cpu_s") or 0.0) for s in summaries)
-    return {"workers": workers, "loop": fast_loop_name(),
+    return {"workers": workers, "loop": loop,
             "chunks_per_s_ceiling": round(chunks / cpu * workers) if chunks and cpu > 0 else None,
             "chunks": chunks, "cpu_s": round(cpu, 3)}
 

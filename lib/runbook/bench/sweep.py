@@ -130,7 +130,7 @@ def cache_hit_from_metrics(server: dict[str, Any]) -> Optional[float]:
     d = server.get("deltas") or {}
     cached = [v for k, v in d.items() if k.split("{")[0] == "sglang:cached_tokens_total"]
     prompt = sum(v for k, v in d.items() if k.split("{")[0] == "sglang:prompt_tokens_total")
-    if prompt <= 0 or not any(k.split("{")[0] == "sglang:prompt_tokens_total" for k in d):
+    if prompt <= 0:
         return None
     return sum(cached) / prompt
 

@@ -34,11 +34,12 @@ def _ready() -> int:
 
 
 def pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
-    """`workers` spawned processes with the client imported (spawn: safe under Jupyter's threads)."""
+    """`workers` spawned processes with the client imported (spawn: safe under Jupyter's threads).
+    `workers` tasks submitted at once start that many processes; waiting for them keeps start-up
+    out of the first level."""
     ex = concurrent.futures.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
-    pids = {f.result() for f in [ex.submit(_ready) for _ in range(workers * 2)]}
-    if len(pids) < workers:     # a worker that had not started yet: ask each once more
-        pids |= {f.result() for f in [ex.submit(_ready) for _ in range(workers * 4)]}
+    for f in [ex.submit(_ready) for _ in range(workers)]:
+        f.result()
     return ex
 
 

@@ -3,7 +3,7 @@
 - Send time: stamped when the request's headers are on the wire (aiohttp's request tracing, for a
   session made by `Client.session`), so waiting for a pooled connection is not in TTFT; that wait is
   recorded apart as `queue_s`. Bodies can be encoded before a level starts (`Client.encode`).
-- The stream is parsed per the SSE specification from raw bytes: `data:` lines (one optional space
+- The stream is parsed per the SSE specification from raw bytes (endpoint/sse.py): `data:` lines (one optional space
   after the colon, several lines joined by a newline) make up an event, dispatched at a blank line;
   `event:`, `id:`, `retry:` and comment lines are allowed; an `event: error` or a JSON chunk with an
   `"error"` member (SGLang's mid-stream error) is the request's failure (`server_error`). Every read
@@ -324,10 +324,8 @@ class Client:
                 if isinstance(src, dict) and isinstance(src.get("spec_accept_length"), (int, float)):
                     rec.spec_accept_length = float(src["spec_accept_length"])
         choices = msg.get("choices")
-        if not choices:
-            if choices is None or type(choices) is list:
-                return False
-            raise _Fail("malformed", f"choices is {type(choices).__name__}, not a list")
+        if choices is None:
+            return False
         if type(choices) is not list:
             raise _Fail("malformed", f"choices is {type(choices).__name__}, not a list")
         got = self._choices(choices, rec, text, reasoning)

@@ -264,15 +264,6 @@ async def model_name(url: str, api_key: Optional[str], timeout: float = 10.0, ma
         return None
 
 
-def fast_loop_name() -> str:
-    """The event loop `run_sync(fast_loop=True)` runs on here."""
-    try:
-        import uvloop  # noqa: F401
-        return "uvloop"
-    except ImportError:
-        return "asyncio"
-
-
 def run_sync(coro: Any, fast_loop: bool = False) -> Any:
     """asyncio.run, also from inside Jupyter (whose kernel already runs a loop): then in a thread.
     `fast_loop`: on uvloop where it is installed (the benchmark's load generator; see

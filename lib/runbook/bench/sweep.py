@@ -45,6 +45,13 @@ class LevelResult:
         return f"LevelResult({self.level.label!r}, {len(self.records)} records)"
 
 
+async def sleep_until(t: float) -> None:
+    """Until perf_counter() reaches `t`, never before: uvloop's timers count whole milliseconds and can
+    fire up to one early, so the last part is waited out in yields."""
+    while (delay := t - time.perf_counter()) > 0:
+        await asyncio.sleep(delay if delay > 0.001 else 0)
+
+
 class LagMonitor:
     """Samples how late the event loop wakes from a 10 ms sleep, plus this process's CPU share."""
 
@@ -215,9 +222,7 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
                         due = t0 + off
                         if deadline is not None and due > deadline:
                             break
-                        delay = due - time.perf_counter()
-                        if delay > 0:
-                            await asyncio.sleep(delay)
+                        await sleep_until(due)
                         tasks.append(asyncio.create_task(do(i, due)))
                     await asyncio.gather(*tasks)
                 elif open_loop:
@@ -229,9 +234,7 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
                         at += float(rng.exponential(1.0 / level.rate))
                         if deadline is not None and t0 + at > deadline:
                             break
-                        delay = t0 + at - time.perf_counter()
-                        if delay > 0:
-                            await asyncio.sleep(delay)
+                        await sleep_until(t0 + at)
                         tasks.append(asyncio.create_task(do(i)))
                     await asyncio.gather(*tasks)
                 else:

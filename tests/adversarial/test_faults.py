@@ -15,12 +15,11 @@ import socket
 import stat
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import pytest
 import yaml
@@ -28,6 +27,7 @@ from ckpt_factory import attn_layer, llama_config, make
 from conftest import DEFAULT_SPEC, spec_data
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tcpserver import tcp_server
 
 from runbook import service
 from runbook.bench import workloads
@@ -344,50 +344,17 @@ def test_property_after_install_the_disk_and_the_finding_agree(plan, had_unit, r
 # 2. bounded HTTP reads: size, time, garbage, wrong shape
 # =============================================================================================
 
-@contextmanager
-def raw_server(handler: Callable[[socket.socket], None]) -> Iterator[str]:
+def raw_server(handler: Callable[[socket.socket], None]) -> ContextManager[str]:
     """A real TCP server on loopback: `handler(conn)` writes whatever bytes it likes after the request arrives."""
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    stop = threading.Event()
-
-    def one(conn: socket.socket) -> None:
-        try:
-            conn.settimeout(10)
-            buf = b""
-            while b"\r\n\r\n" not in buf:
-                got = conn.recv(4096)
-                if not got:
-                    return
-                buf += got
-            handler(conn)
-        except OSError:
-            pass
-        finally:
-            try:
-                conn.close()
-            except OSError:
-                pass
-
-    def loop() -> None:
-        srv.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except (socket.timeout, OSError):
-                continue
-            threading.Thread(target=one, args=(conn,), daemon=True).start()
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{srv.getsockname()[1]}"
-    finally:
-        stop.set()
-        t.join(2)
-        srv.close()
+    def serve(conn: socket.socket) -> None:
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            got = conn.recv(4096)
+            if not got:
+                return
+            buf += got
+        handler(conn)
+    return tcp_server(serve, backlog=8)
 
 
 def _answer(status: str, body: bytes, ctype: str = "application/json", length: bool = True) -> Callable[[socket.socket], None]:

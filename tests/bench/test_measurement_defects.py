@@ -12,9 +12,17 @@ from bench.rawsse import RawServer, Reply, completion_stream, sse
 from runbook.bench import metrics, sweep, workloads
 from runbook.bench import run as bench
 from runbook.core.spec import SLO
-from runbook.endpoint.client import Client, RequestRecord, RequestSpec
+from runbook.endpoint import client as client_mod
+from runbook.endpoint.client import TRANSPORTS, Client, RequestRecord, RequestSpec
 
 MS = 1e-3
+
+
+@pytest.fixture(autouse=True, params=TRANSPORTS)
+def transport(request, monkeypatch):
+    """Every test here runs over both HTTP transports: the records must not depend on which."""
+    monkeypatch.setattr(client_mod, "DEFAULT_TRANSPORT", request.param)
+    return request.param
 
 
 @pytest.fixture

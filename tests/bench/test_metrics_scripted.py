@@ -3,22 +3,29 @@ import asyncio
 import json
 import time
 
-import aiohttp
 import pytest
 from sse_server import Script, ScriptedServer, VirtualClock
 
 from runbook.bench import metrics, sweep
 from runbook.bench.run import paired
 from runbook.core.stats import bootstrap_ci
-from runbook.endpoint.client import Client, RequestSpec
+from runbook.endpoint import client as client_mod
+from runbook.endpoint.client import TRANSPORTS, Client, RequestSpec
 
 MS = 1e-3
+
+
+@pytest.fixture(autouse=True, params=TRANSPORTS)
+def transport(request, monkeypatch):
+    """Every test here runs over both HTTP transports: the records must not depend on which."""
+    monkeypatch.setattr(client_mod, "DEFAULT_TRANSPORT", request.param)
+    return request.param
 
 
 def send(url, clock=time.perf_counter, chat=False, n=1, max_tokens=10, timeout=30.0, tokenizer=None, conc=1):
     async def go():
         c = Client(url, "scripted", chat=chat, clock=clock, timeout_s=timeout, tokenizer=tokenizer)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=conc)) as s:
+        async with c.session(limit=conc) as s:
             return [await c.send(s, RequestSpec(i, "hello", max_tokens)) for i in range(n)]
     return asyncio.run(go())
 

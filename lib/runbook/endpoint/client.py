@@ -28,11 +28,15 @@ from typing import Any, Callable, Optional
 import aiohttp
 import orjson
 
+from runbook.endpoint import h1
 from runbook.endpoint.sse import SSEParser, SSETooLarge
 
 ERROR_KINDS = ("connect", "http_4xx", "http_5xx", "redirect", "timeout", "stream_closed", "malformed", "server_error",
                "no_output", "short_output", "client_error")
 EXACT_SOURCES = ("usage",)
+TRANSPORTS = ("h1", "aiohttp")     # the streamed requests' HTTP client (endpoint/h1.py: why two)
+DEFAULT_TRANSPORT = "h1"
+DONE_GRACE_S = 2.0               # after [DONE], how long a response may take to end before its connection is dropped
 _loads = orjson.loads            # the hot path: several times faster than json on small chunks
 
 
@@ -144,12 +148,125 @@ def trace_config() -> aiohttp.TraceConfig:
     return tc
 
 
+class _Connector(aiohttp.TCPConnector):
+    """aiohttp's connector, carrying the h1 pool for the session's streamed requests (closed with it)."""
+
+    def __init__(self, pool: Optional[h1.Pool], **kw: Any):
+        super().__init__(**kw)
+        self.h1 = pool
+
+    async def close(self, *, abort_ssl: bool = False) -> None:
+        if self.h1 is not None:
+            self.h1.close()
+        await super().close(abort_ssl=abort_ssl)
+
+
+class _Sink:
+    """One streamed request on an h1 connection: the same SSE parser and chunk handler as the aiohttp
+    path (Client._event), run inside the connection's data_received; `fut` resolves once, at the end."""
+    __slots__ = ("client", "conn", "rec", "fut", "parser", "cum", "text", "reasoning", "errbody", "headers_seen")
+
+    def __init__(self, client: "Client", conn: h1.Conn, rec: "RequestRecord", fut: "asyncio.Future[bool]"):
+        self.client, self.conn, self.rec, self.fut = client, conn, rec, fut
+        self.parser = SSEParser()
+        self.cum: list[Optional[int]] = []
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.errbody: Optional[bytearray] = None
+        self.headers_seen = False
+
+    def _end(self, exc: Optional[BaseException] = None, done: bool = False) -> None:
+        if self.fut.done():
+            return
+        if exc is None:
+            self.fut.set_result(done)
+        else:
+            self.fut.set_exception(exc)
+
+    def on_headers(self, status: int, headers: dict[str, str]) -> None:
+        self.headers_seen = True
+        self.rec.status = status
+        if 300 <= status < 400:
+            where = headers.get("location", "?")
+            self._end(_Fail("redirect", f"HTTP {status} to {where[:200]}: a POST is not re-sent to a redirect; "
+                                        "give the final URL"))
+        elif status >= 400:
+            self.errbody = bytearray()
+        elif headers.get("content-encoding", "identity").lower() not in ("", "identity"):
+            self._end(_Fail("malformed", f"the stream is {headers['content-encoding'][:40]}-encoded; "
+                                         "it was not asked for (no Accept-Encoding)"))
+
+    def _http_error(self) -> None:
+        status = self.rec.status or 0
+        body = bytes(self.errbody or b"")[:300].decode("utf-8", errors="replace")
+        self._end(_Fail("http_5xx" if status >= 500 else "http_4xx", f"HTTP {status}: {body}"))
+
+    def on_body(self, body: bytes) -> None:
+        if self.fut.done():
+            return
+        if self.errbody is not None:
+            self.errbody += body
+            self._http_error()
+            return
+        try:
+            events = self.parser.feed(body)
+        except SSETooLarge as e:
+            self._end(_Fail("malformed", str(e)))
+            return
+        self._events(events, self.conn.now)
+
+    def _events(self, events: list[tuple[bytes, bytes]], now: float) -> None:
+        event, rec, cum, text, reasoning = self.client._event, self.rec, self.cum, self.text, self.reasoning
+        try:
+            for name, data in events:
+                if event(data, name, now, rec, cum, text, reasoning):
+                    self._end(done=True)
+                    return
+        except _Fail as e:
+            self._end(e)
+        except Exception as e:  # noqa: BLE001 - this request's own failure, never the level's
+            self._end(e)
+
+    def on_end(self) -> None:
+        if self.fut.done():
+            return
+        if self.errbody is not None:
+            self._http_error()
+            return
+        self._events(self.parser.close(), self.client.clock())
+        self._end(done=False)
+
+    def on_lost(self, exc: Optional[BaseException], got_response: bool, framed: bool) -> None:
+        if self.fut.done():
+            return
+        if not got_response:
+            self._end(_ReusedConnectionClosed())
+        elif self.errbody is not None:
+            self._http_error()
+        elif self.headers_seen and not framed:
+            self.on_end()            # a body without Content-Length or chunking ends when the connection does
+        else:
+            why = f" ({type(exc).__name__}: {exc})" if exc else ""
+            self._end(_Fail("stream_closed", f"connection closed mid-response{why}"))
+
+    def on_error(self, exc: BaseException) -> None:
+        if isinstance(exc, (_Fail, _ReusedConnectionClosed)):
+            self._end(exc)
+        elif isinstance(exc, h1.httptools.HttpParserError):
+            self._end(_Fail("malformed", f"the response is not valid HTTP/1.1: {str(exc)[:200]}"))
+        else:
+            self._end(exc)
+
+
 class Client:
     """Streams requests to one endpoint. Inject `clock` for tests; share one aiohttp session per level."""
 
     def __init__(self, base_url: str, model: Optional[str] = None, chat: bool = False, api_key: Optional[str] = None,
                  timeout_s: float = 600.0, tokenizer: Any = None, clock: Callable[[], float] = time.perf_counter,
-                 extra_body: Optional[dict[str, Any]] = None):
+                 extra_body: Optional[dict[str, Any]] = None, transport: Optional[str] = None):
+        transport = transport or DEFAULT_TRANSPORT
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport {transport!r}: one of {', '.join(TRANSPORTS)}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.chat = chat
@@ -158,15 +275,19 @@ class Client:
         self.tokenizer = tokenizer
         self.clock = clock
         self.extra_body = extra_body or {}
+        self.transport = transport
         self._headers = self.headers()
+        self._head: Optional[bytes] = None
 
     @property
     def url(self) -> str:
         return self.base_url + ("/v1/chat/completions" if self.chat else "/v1/completions")
 
     def session(self, limit: int = 100, **kw: Any) -> aiohttp.ClientSession:
-        """A session whose requests are stamped when their headers are written (limit 0: no pool cap)."""
-        conn = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=30)
+        """A session whose requests are stamped when their headers are written (limit 0: no pool cap).
+        With the h1 transport its connector also holds the h1 pool that streamed requests go through."""
+        pool = h1.Pool(self.base_url, limit, self.clock) if self.transport == "h1" else None
+        conn = _Connector(pool, limit=limit, limit_per_host=limit, keepalive_timeout=30)
         return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None),
                                      trace_configs=[trace_config()], **kw)
 
@@ -205,11 +326,13 @@ class Client:
                    body: Optional[bytes] = None) -> RequestRecord:
         rec = RequestRecord(id=req.id, prompt_tokens_client=req.prompt_tokens, max_tokens=req.max_tokens, level=level)
         payload = body if body is not None else self.encode(req)
+        pool = getattr(session.connector, "h1", None)
         for _attempt in range(2):
             asked = self.clock()
             rec.send_time = asked            # replaced on the wire by the trace hook (Client.session)
             try:
-                await asyncio.wait_for(self._stream(session, req, rec, payload), timeout=self.timeout_s)
+                stream = self._stream_h1(pool, req, rec, payload) if pool is not None else self._stream(session, req, rec, payload)
+                await asyncio.wait_for(stream, timeout=self.timeout_s)
                 rec.queue_s = max(0.0, rec.send_time - asked)
                 return rec
             except _ReusedConnectionClosed:
@@ -224,6 +347,8 @@ class Client:
                 rec.error_kind, rec.error = "timeout", f"no complete response within {self.timeout_s:.0f} s"
             except aiohttp.ClientConnectorError as e:
                 rec.error_kind, rec.error = "connect", str(e)
+            except aiohttp.ClientResponseError as e:     # aiohttp's HTTP parser refused the response
+                rec.error_kind, rec.error = "malformed", f"the response is not valid HTTP/1.1: {e.message}"[:300]
             except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError) as e:
                 rec.error_kind, rec.error = "stream_closed", f"{type(e).__name__}: {e}"
             except aiohttp.ClientError as e:
@@ -278,17 +403,52 @@ class Client:
                                 break
                 finally:
                     rec.text, rec.reasoning_text = "".join(text), "".join(reasoning)
-                rec.end_time = self.clock() if not done else rec.end_time
-                if not done and rec.finish_reason is None:
-                    raise _Fail("stream_closed", "stream ended without [DONE] or a finish reason")
-                self._attribute(rec, req, cum)
-                if not rec.chunk_times:
-                    raise _Fail("no_output", "the stream carried no output tokens")
-                self._check_length(rec, req)
+                self._finish(rec, req, cum, done)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             if not got_headers and not isinstance(e, aiohttp.ClientConnectorError):
                 raise _ReusedConnectionClosed() from e
             raise
+
+    def _finish(self, rec: RequestRecord, req: RequestSpec, cum: list[Optional[int]], done: bool) -> None:
+        """After the stream: its end, the token attribution and the request's own length checks."""
+        rec.end_time = self.clock() if not done else rec.end_time
+        if not done and rec.finish_reason is None:
+            raise _Fail("stream_closed", "stream ended without [DONE] or a finish reason")
+        self._attribute(rec, req, cum)
+        if not rec.chunk_times:
+            raise _Fail("no_output", "the stream carried no output tokens")
+        self._check_length(rec, req)
+
+    async def _stream_h1(self, pool: h1.Pool, req: RequestSpec, rec: RequestRecord, payload: bytes) -> None:
+        """The same request over an h1 connection (endpoint/h1.py): parsed as it arrives, one wake-up."""
+        if self._head is None:
+            try:
+                self._head = h1.head("POST", h1.URL(self.url), self._headers)
+            except h1.HeaderError as e:
+                raise _Fail("client_error", str(e)) from None
+        try:
+            conn = await pool.acquire()
+        except (OSError, asyncio.TimeoutError) as e:
+            u = pool.url
+            raise _Fail("connect", f"cannot connect to {u.host}:{u.port}: {type(e).__name__}: {e}"[:300]) from None
+        sink = _Sink(self, conn, rec, asyncio.get_running_loop().create_future())
+        ok = False
+        try:
+            conn.start(sink, self._head + b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
+            rec.send_time = self.clock()     # on the wire: the write went to the socket
+            try:
+                done = await sink.fut
+            finally:
+                rec.text, rec.reasoning_text = "".join(sink.text), "".join(sink.reasoning)
+            ok = True
+            self._finish(rec, req, sink.cum, done)
+        finally:
+            pool.done()
+            if conn.sink is sink:            # the response is not over
+                if ok:                       # [DONE] came before its last byte: give that a moment
+                    asyncio.get_running_loop().call_later(DONE_GRACE_S, conn.abandon, sink)
+                else:
+                    conn.abandon(sink)
 
     def _event(self, data: bytes, event: bytes, now: float, rec: RequestRecord, cum: list[Optional[int]],
                text: list[str], reasoning: list[str]) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 from runbook.bench import workers  # noqa: E402
 from runbook.bench.sweep import Level, run_level  # noqa: E402
-from runbook.endpoint.client import Client, RequestSpec  # noqa: E402
+from runbook.endpoint.client import TRANSPORTS, Client, RequestSpec  # noqa: E402
 from runbook.endpoint.reach import run_sync  # noqa: E402
 
 
@@ -72,17 +72,72 @@ def serve(port: int, tokens: int, ttft_s: float = 0.0, log: str = "", pace_s: fl
     web.run_app(app, host="127.0.0.1", port=port, print=None, handle_signals=True)
 
 
+def serve_steps(port: int, tokens: int, step_s: float) -> None:
+    """The paced server, shaped like SGLang's decode loop and cheap enough not to compete for the cores:
+    every `step_s` one step writes one chunk to every running stream, each its own write (chunked
+    encoding), on a bare asyncio protocol, so the CPU per chunk is the client's, not the server's."""
+    chunk = b"data: " + json.dumps({"choices": [{"index": 0, "text": " tok", "finish_reason": None}]}).encode() + b"\n\n"
+    tail = (b"data: " + json.dumps({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}).encode()
+            + b"\n\n" + b"data: [DONE]\n\n")
+    frame, end = b"%x\r\n%s\r\n" % (len(chunk), chunk), b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail), tail)
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    models = json.dumps({"data": [{"id": "zero"}]}).encode()
+    running: dict[Any, int] = {}          # transport -> chunks still to write
+
+    class Conn(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.t, self.buf = transport, b""
+
+        def data_received(self, data: bytes) -> None:
+            self.buf += data
+            while (i := self.buf.find(b"\r\n\r\n")) >= 0:
+                lines = self.buf[:i].split(b"\r\n")
+                n = next((int(v) for k, _, v in (ln.partition(b":") for ln in lines[1:])
+                          if k.strip().lower() == b"content-length"), 0)
+                if len(self.buf) < i + 4 + n:
+                    return
+                self.buf = self.buf[i + 4 + n:]
+                if lines[0].startswith(b"GET"):
+                    self.t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(models), models))
+                else:
+                    self.t.write(head)
+                    running[self.t] = tokens
+
+        def connection_lost(self, exc: Any) -> None:
+            running.pop(self.t, None)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await loop.create_server(Conn, "127.0.0.1", port, backlog=1024)
+        t = time.perf_counter()
+        while True:
+            t += step_s
+            await asyncio.sleep(max(0.0, t - time.perf_counter()))
+            for tr in list(running):
+                left = running[tr] - 1
+                if left > 0:
+                    running[tr] = left
+                    tr.write(frame)
+                else:
+                    del running[tr]
+                    tr.write(frame + end)
+
+    asyncio.run(main())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def ours(url: str, conc: int, tokens: int, n: int, loop: str) -> tuple[float, Any]:
-    """Our client and sweep at one level, on the standard asyncio loop or uvloop: (chunks/s, LevelResult)."""
+def ours(url: str, conc: int, tokens: int, n: int, loop: str, transport: str = "h1") -> tuple[float, Any]:
+    """Our client and sweep at one level, on the standard asyncio loop or uvloop, over either HTTP
+    transport: (chunks/s, LevelResult)."""
     reqs = [RequestSpec(i, "x", tokens, 8) for i in range(n)]
     w0 = time.perf_counter()
-    lr = run_sync(run_level(Client(url, "zero"), reqs, Level(f"c{conc}", conc), warmup=0, flush=False),
+    lr = run_sync(run_level(Client(url, "zero", transport=transport), reqs, Level(f"c{conc}", conc), warmup=0, flush=False),
                   fast_loop=loop == "uvloop")
     wall = time.perf_counter() - w0
     return sum(len(r.chunk_times) for r in lr.records) / wall, lr
@@ -124,16 +179,16 @@ def main() -> None:
         for conc in (64, 256):
             n = conc * a.requests_per_stream
             rates = {}
-            for loop in ("asyncio", "uvloop"):
-                rate, lr = ours(url, conc, a.tokens, n, loop)
-                rates[loop] = rate
+            for transport, loop in (("h1", "asyncio"), ("h1", "uvloop"), ("aiohttp", "asyncio"), ("aiohttp", "uvloop")):
+                rate, lr = ours(url, conc, a.tokens, n, loop, transport)
+                rates[f"{transport}, {loop}"] = rate
                 ok = sum(r.ok for r in lr.records)
-                print(f"concurrency {conc}, ours on {loop}: {ok}/{n} ok, {rate:,.0f} chunks/s (CPU share {lr.cpu_share:.0%}); "
+                print(f"concurrency {conc}, ours ({transport}, {loop}): {ok}/{n} ok, {rate:,.0f} chunks/s (CPU share {lr.cpu_share:.0%}); "
                       f"loop lag p50 {lr.lag_ms['p50']:.2f} ms, p99 {lr.lag_ms['p99']:.2f} ms; client-bound: {lr.client_bound}")
             if ex is not None:
                 rate, lr = ours_workers(url, conc, a.tokens, n, a.workers, ex)
-                rates["workers"] = rate
-                print(f"concurrency {conc}, ours on {a.workers} worker processes (uvloop): {sum(r.ok for r in lr.records)}/{n} ok, "
+                rates[f"{a.workers} workers"] = rate
+                print(f"concurrency {conc}, ours on {a.workers} worker processes (h1, uvloop): {sum(r.ok for r in lr.records)}/{n} ok, "
                       f"{rate:,.0f} chunks/s; loop lag p99 {lr.lag_ms['p99']:.2f} ms (all workers)")
             if not sg:
                 r = sglang_run(url, conc, a.tokens, n)
@@ -142,8 +197,7 @@ def main() -> None:
                 else:
                     theirs = r["completed"] * a.tokens / r["duration"]
                     print(f"  SGLang's client, same server and level: {r['completed']}/{n} ok, {theirs:,.0f} chunks/s; "
-                          f"ratio ours/theirs {rates['asyncio'] / theirs:.2f} (asyncio), {rates['uvloop'] / theirs:.2f} (uvloop)"
-                          + (f", {rates['workers'] / theirs:.2f} ({a.workers} workers)" if "workers" in rates else ""))
+                          "ratio ours/theirs " + ", ".join(f"{v / theirs:.2f} ({k})" for k, v in rates.items()))
     finally:
         if ex is not None:
             ex.shutdown()
@@ -152,26 +206,28 @@ def main() -> None:
 
 
 def lag_at(chunks_per_s: float, conc: int = 64, tokens: int = 256, w: int = 0) -> None:
-    """The server paces every stream (one write per chunk) so that `conc` streams together deliver
-    `chunks_per_s`; our client's event-loop lag is what it shows while keeping up."""
-    pace = conc / chunks_per_s
+    """The server writes every chunk on its own, in decode steps (serve_steps), so that `conc` streams
+    together deliver `chunks_per_s`; our client's event-loop lag is what it shows while keeping up."""
     port = free_port()
-    p = mp.Process(target=serve, args=(port, tokens, 0.0, "", pace), daemon=True)
+    p = mp.Process(target=serve_steps, args=(port, tokens, conc / chunks_per_s), daemon=True)
     p.start()
     time.sleep(1.0)
+    url = f"http://127.0.0.1:{port}"
     try:
-        for loop in ("asyncio", "uvloop"):
-            rate, lr = ours(f"http://127.0.0.1:{port}", conc, tokens, conc * 2, loop)
-            print(f"paced at {chunks_per_s:,.0f} chunks/s, concurrency {conc}, ours on {loop}: ingested {rate:,.0f} chunks/s; "
-                  f"loop lag p50 {lr.lag_ms['p50']:.2f} ms, p99 {lr.lag_ms['p99']:.2f} ms; CPU share {lr.cpu_share:.0%}")
+        for transport in TRANSPORTS:
+            for loop in ("asyncio", "uvloop"):
+                rate, lr = ours(url, conc, tokens, conc * 2, loop, transport)
+                print(f"paced at {chunks_per_s:,.0f} chunks/s, concurrency {conc}, ours ({transport}, {loop}): ingested "
+                      f"{rate:,.0f} chunks/s; loop lag p50 {lr.lag_ms['p50']:.2f} ms, p99 {lr.lag_ms['p99']:.2f} ms; "
+                      f"CPU share {lr.cpu_share:.0%}")
         if w > 1:
             ex = workers.pool(w)
             try:
-                rate, lr = ours_workers(f"http://127.0.0.1:{port}", conc, tokens, conc * 2, w, ex)
+                rate, lr = ours_workers(url, conc, tokens, conc * 2, w, ex)
             finally:
                 ex.shutdown()
-            print(f"paced at {chunks_per_s:,.0f} chunks/s, concurrency {conc}, ours on {w} worker processes: ingested "
-                  f"{rate:,.0f} chunks/s; loop lag p50 {lr.lag_ms['p50']:.2f} ms, p99 {lr.lag_ms['p99']:.2f} ms; "
+            print(f"paced at {chunks_per_s:,.0f} chunks/s, concurrency {conc}, ours on {w} worker processes (h1, uvloop): "
+                  f"ingested {rate:,.0f} chunks/s; loop lag p50 {lr.lag_ms['p50']:.2f} ms, p99 {lr.lag_ms['p99']:.2f} ms; "
                   f"CPU share (busiest worker) {lr.cpu_share:.0%}")
     finally:
         p.terminate()

@@ -281,7 +281,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
                            compare_url=a.compare_url, timeout_s=a.timeout, flush=a.flush_cache or None,
                            progress=sys.stderr.isatty(), turns=a.turns, think_time_s=a.think_time,
                            think_dist=a.think_dist, tool_result_len=a.tool_result_len, trace_speed=a.trace_speed,
-                           find_max=a.find_max, workers=a.workers)
+                           find_max=a.find_max, workers=a.workers, transport=a.transport)
     if a.duration and not a.requests:
         o.requests = 100000  # bounded by --duration instead
     res = bench.evaluate(dep, o, archive_root=None if a.archive == "" else Path(a.archive))
@@ -459,6 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "highest load meeting the spec's SLOs, instead of the fixed levels")
     b.add_argument("--workers", type=_POS_INT, metavar="N", help="load-generator processes for fixed-concurrency levels "
                    "(default 1): each takes every N-th request and a share of the concurrency, one clock, records merged")
+    b.add_argument("--transport", choices=["h1", "aiohttp"], help="HTTP client for the streamed requests: "
+                   "h1 (asyncio protocol over httptools, parsed as bytes arrive; default) or aiohttp")
     b.add_argument("--input-len", type=_POS_INT, metavar="N")
     b.add_argument("--output-len", type=_POS_INT, metavar="N")
     b.add_argument("--chat", action="store_true", help="use /v1/chat/completions")

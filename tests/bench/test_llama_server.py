@@ -74,6 +74,7 @@ def test_cli_bench_json_fixed_keys(llama, cli, tmp_path):
     assert [lv["concurrency"] for lv in j["levels"]] == [1, 2] and all(lv["completed"] == 4 for lv in j["levels"])
     c = j["client"]   # the load generator: one process here; its ceiling is chunks per CPU second of this run
     assert c["workers"] == 1 and c["loop"] == "uvloop"    # requirements.txt has uvloop; bench runs its levels on it
+    assert c["transport"] == "h1"                         # the default streamed-request client (endpoint/h1.py)
     assert c["chunks"] == sum(lv["chunks"] for lv in j["levels"]) >= 8 * 4 * 2 // 2
     assert c["chunks_per_s_ceiling"] == round(c["chunks"] / sum(lv["client_cpu_s"] for lv in j["levels"]))
     assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 8

@@ -8,12 +8,15 @@ from bench.rawsse import Reply, completion_stream
 from runbook.bench import run as bench
 from runbook.bench import workers
 from runbook.core.errors import InputError
+from runbook.endpoint.client import TRANSPORTS
 
 
-def test_two_workers_merge_into_one_level_on_one_clock(raw, tmp_path):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_two_workers_merge_into_one_level_on_one_clock(raw, tmp_path, transport):
     scripted = raw(lambda b: Reply(completion_stream(int(b.get("max_tokens", 2)), 0.050, 0.005)))
     o = bench.BenchOptions(url=scripted.url, model="raw", concurrency=[4], requests=16, output_len=6, workload="random",
-                           input_len=16, warmup=1, telemetry=False, timeout_s=30.0, workers=2, out=tmp_path)
+                           input_len=16, warmup=1, telemetry=False, timeout_s=30.0, workers=2, out=tmp_path,
+                           transport=transport)
     res = bench.run(o)
     (lv,) = res.summary["levels"]
     assert lv["completed"] == 16 and lv["failed"] == 0
@@ -30,7 +33,7 @@ def test_two_workers_merge_into_one_level_on_one_clock(raw, tmp_path):
     assert min(a) < max(b) and min(b) < max(a)
     ttft = np.median([r.chunk_times[0] - r.send_time for r in recs])
     assert 0.045 < ttft < 0.150                                          # the scripted 50 ms, measured from either process
-    assert res.summary["client"]["workers"] == 2
+    assert res.summary["client"]["workers"] == 2 and res.summary["client"]["transport"] == transport
     assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 16
     assert all(json.loads(x)["meta"]["worker"] for x in (tmp_path / "records.jsonl").read_text().splitlines())
 
@@ -41,3 +44,8 @@ def test_shares_and_refusals():
                {"compare_url": "http://127.0.0.1:9"}, {"workers": 0}, {"workers": 65}):
         with pytest.raises(InputError, match="--workers"):
             bench.check_options(bench.BenchOptions(url="http://127.0.0.1:9", **{"workers": 2, **kw}))
+
+
+def test_unknown_transport_is_an_input_error():
+    with pytest.raises(InputError, match="--transport h2: one of h1, aiohttp"):
+        bench.check_options(bench.BenchOptions(url="http://127.0.0.1:9", transport="h2"))

@@ -19,6 +19,7 @@ from runbook.core.errors import InputError
 from runbook.core.findings import Finding, Status
 from runbook.core.spec import Deployment
 from runbook.corpus import VERSION as CORPUS_VERSION
+from runbook.endpoint import client as stream_client
 from runbook.endpoint.client import EXACT_SOURCES, Client
 from runbook.endpoint.reach import model_name, probe, run_sync
 from runbook.model.tokenizer import chat_counter, load_tokenizer
@@ -57,6 +58,7 @@ class BenchOptions:
     find_max: Optional[str] = None   # "slo": search the highest load meeting the spec's SLOs instead of the fixed levels
     find_max_levels: int = 10        # at most this many levels for the search
     workers: int = 1                 # load-generator processes (bench/workers.py): fixed-concurrency levels only
+    transport: Optional[str] = None  # streamed requests' HTTP client: h1 (endpoint/h1.py) | aiohttp; None: client's default
 
 
 AGENTIC = "agentic"
@@ -64,6 +66,8 @@ AGENTIC = "agentic"
 
 def check_options(o: BenchOptions) -> None:
     """Combinations that cannot be measured as asked: InputError with the fix."""
+    if o.transport is not None and o.transport not in stream_client.TRANSPORTS:
+        raise InputError(f"--transport {o.transport}: one of {', '.join(stream_client.TRANSPORTS)}")
     if o.workload == AGENTIC:
         if o.rates:
             raise InputError("--workload agentic runs sessions at fixed concurrency (N sessions at once); --rate is for single requests")
@@ -165,7 +169,7 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
             n_sess = max(lv.concurrency, -(-o.requests // max(1, o.turns))) if o.requests else lv.concurrency
             plan = SessionPlan(n_sess, o.turns, o.input_len, o.output_len, o.tool_result_len, o.think_time_s,
                                o.think_dist, o.seed, tok, chat=chat)
-            client = Client(o.url, model, True, api_key, o.timeout_s, tok)
+            client = Client(o.url, model, True, api_key, o.timeout_s, tok, transport=o.transport)
             lr = await run_level(client, plan.warmup_requests(), lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
                                  telemetry=tel, driver=plan.driver(lv.concurrency))
         else:
@@ -174,7 +178,7 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
                 n = len(lv.schedule)
             lwl = workloads.build(o.workload, n, o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed, o.range_ratio,
                                   trace_speed=o.trace_speed)
-            client = Client(o.url, model, o.chat, api_key, o.timeout_s, tok)
+            client = Client(o.url, model, o.chat, api_key, o.timeout_s, tok, transport=o.transport)
             bar = _bar(len(lwl.requests), lv.label) if o.progress and not o.duration_s and not procs else None
             if procs is not None and lv.concurrency:
                 lr = await workers.run_level_workers(procs, client, o.tokenizer if tok is not None else None, lwl.requests,
@@ -210,7 +214,7 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
                "exact_lengths": wl.exact_lengths, "input_len": o.input_len, "output_len": o.output_len, "chat": o.chat,
                "range_ratio": o.range_ratio, "seed": o.seed, "requests_per_level": o.requests, "duration_s": o.duration_s,
                "levels": summaries}
-    summary["client"] = client_info(summaries, o.workers)
+    summary["client"] = client_info(summaries, o.workers, o.transport)
     if agentic:
         summary.update({"turns": o.turns, "think_time_s": o.think_time_s, "think_dist": o.think_dist,
                         "tool_result_len": o.tool_result_len, "chat": True})
@@ -230,14 +234,14 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
     return BenchResult(summary, findings, results, records_path)
 
 
-def client_info(summaries: list[dict[str, Any]], workers: int = 1) -> dict[str, Any]:
-    """The load generator itself: processes, event loop, and the chunk rate at which it would fill
+def client_info(summaries: list[dict[str, Any]], workers: int = 1, transport: Optional[str] = None) -> dict[str, Any]:
+    """The load generator itself: processes, event loop, HTTP transport, and the chunk rate at which it would fill
     its cores — chunks ingested per client CPU second over the run's levels, times workers (an
     estimate from this run's own work, so it reflects this workload's chunk and request sizes)."""
     loop = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
     chunks = sum(int(s.get("chunks") or 0) for s in summaries)
     cpu = sum(float(s.get("client_cpu_s") or 0.0) for s in summaries)
-    return {"workers": workers, "loop": loop,
+    return {"workers": workers, "loop": loop, "transport": transport or stream_client.DEFAULT_TRANSPORT,
             "chunks_per_s_ceiling": round(chunks / cpu * workers) if chunks and cpu > 0 else None,
             "chunks": chunks, "cpu_s": round(cpu, 3)}
 
@@ -456,8 +460,9 @@ async def ab_compare(o: BenchOptions, model: Optional[str], api_key: Optional[st
     n_blocks = max(AB_MIN_BLOCKS, -(-n_req // width))
     planned = n_blocks * width if not o.duration_s else max(n_blocks * width, 64 * width)
     wl = workloads.build(o.workload, planned, o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed, o.range_ratio)
-    clients = {"a": Client(o.url, model, o.chat, api_key, o.timeout_s, tok),
-               "b": Client(cast(str, o.compare_url), model, o.chat, api_key, o.timeout_s, tok)}
+    clients = {"a": Client(o.url, model, o.chat, api_key, o.timeout_s, tok, transport=o.transport),
+               "b": Client(cast(str, o.compare_url), model, o.chat, api_key, o.timeout_s, tok,
+                          transport=o.transport)}
     order_rng = random.Random(o.seed)
     recs: dict[str, list] = {"a": [], "b": []}
     block_of: dict[int, int] = {}

@@ -50,7 +50,7 @@ def _one(args: dict[str, Any]) -> dict[str, Any]:
 
     c = args["client"]
     client = Client(c["base_url"], c["model"], c["chat"], c["api_key"], c["timeout_s"], load_tokenizer(c["tokenizer"]),
-                    extra_body=c["extra_body"])
+                    extra_body=c["extra_body"], transport=c["transport"])
     lr = run_sync(run_level(client, args["reqs"], Level(args["label"], args["concurrency"]), warmup=0, flush=False,
                             start_at=args["start_at"], scrape_metrics=False), fast_loop=True)
     pid = os.getpid()
@@ -76,7 +76,8 @@ async def run_level_workers(ex: concurrent.futures.ProcessPoolExecutor, client: 
         await _warmup(client, session, reqs, warmup, level.concurrency)
         before = await scrape(session, client.base_url)
         cfg = {"base_url": client.base_url, "model": client.model, "chat": client.chat, "api_key": client.api_key,
-               "timeout_s": client.timeout_s, "tokenizer": tokenizer_path, "extra_body": client.extra_body}
+               "timeout_s": client.timeout_s, "tokenizer": tokenizer_path, "extra_body": client.extra_body,
+               "transport": client.transport}
         n = len(reqs)
         loop = asyncio.get_running_loop()
         if telemetry is not None:

@@ -1,5 +1,10 @@
 """Issue 15 item 5: several load-generator processes for one level, one clock, records merged."""
 import json
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -49,3 +54,34 @@ def test_shares_and_refusals():
 def test_unknown_transport_is_an_input_error():
     with pytest.raises(InputError, match="--transport h2: one of h1, aiohttp"):
         bench.check_options(bench.BenchOptions(url="http://127.0.0.1:9", transport="h2"))
+
+
+def test_a_worker_killed_mid_level_fails_its_level_and_the_run_goes_on(raw, tmp_path):
+    """SIGKILL one worker (as the OOM killer would): no level aborts the run, nothing already written is
+    lost, the broken level says why per request, and the next level runs on a fresh pool."""
+    seen = {"n": 0}
+
+    def h(b):
+        seen["n"] += 1
+        first = seen["n"] <= 4                  # the first level's requests hang until the kill
+        return Reply(completion_stream(int(b.get("max_tokens", 2)), 0.020, 0.002), hold_s=5.0 if first else 0.0)
+    scripted = raw(h)
+
+    def killer():
+        deadline = time.time() + 30
+        while scripted.in_flight < 2 and time.time() < deadline:
+            time.sleep(0.02)
+        os.kill(mp.active_children()[0].pid, signal.SIGKILL)
+    threading.Thread(target=killer, daemon=True).start()
+    o = bench.BenchOptions(url=scripted.url, model="raw", concurrency=[4, 2], requests=8, output_len=4, workload="random",
+                           input_len=16, warmup=0, telemetry=False, timeout_s=30.0, workers=2, out=tmp_path)
+    res = bench.run(o)
+    first, second = res.summary["levels"]
+    assert first["failed"] == 8 and first["errors"] == {"client_error": 8} and first["client_bound"]
+    assert all("died before reporting its share" in r.error for r in res.levels[0].records)
+    assert second["completed"] == 8 and second["failed"] == 0 and not res.levels[1].workers_lost
+    assert len({r.meta["worker"] for r in res.levels[1].records}) == 2
+    assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 16
+    assert first["workers_lost"] == 2 and "workers_lost" not in second      # the pool broke: both shares are lost
+    (f,) = [f for f in res.findings if f.id == "bench.client_bound.c4"]
+    assert f.status == "fail" and "a worker process died" in f.title

@@ -112,6 +112,8 @@ def level_summary(lr: LevelResult, slo: Any = None) -> dict[str, Any]:
               "cache_flushed": lr.flushed, "server": lr.server.get("gauges", {}), "spec_accept": lr.server.get("spec_accept", {})})
     if lr.telemetry is not None:
         s["telemetry"] = lr.telemetry.get("summary", {})
+    if lr.workers_lost:
+        s["workers_lost"] = lr.workers_lost
     s["cache_hit_rate"], s["cache_hit_source"] = cache_hit(lr)
     return s
 
@@ -162,7 +164,10 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
         wl = workloads.build(o.workload, (o.requests or 1 << 30) if trace else (o.requests or 1), o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed,
                              o.range_ratio, trace_speed=o.trace_speed)
 
+    procs: Optional[workers.Pool] = None       # spawned below, before any level's clock starts
+
     async def measure(lv: Level) -> dict[str, Any]:
+        nonlocal procs
         tel = _telemetry(o)
         if agentic:
             assert lv.concurrency
@@ -183,6 +188,9 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
             if procs is not None and lv.concurrency:
                 lr = await workers.run_level_workers(procs, client, o.tokenizer if tok is not None else None, lwl.requests,
                                                      lv, o.workers, o.warmup, o.flush, records_path, telemetry=tel)
+                if lr.workers_lost:          # a dead worker broke the pool: the next level gets a fresh one
+                    procs.shutdown(cancel_futures=True)
+                    procs = workers.pool(o.workers)
             else:
                 lr = await run_level(client, lwl.requests, lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
                                      bar.update if bar else None, telemetry=tel)
@@ -201,7 +209,7 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
                     tf.write(json.dumps(finite(smp), allow_nan=False) + "\n")
         return lr.summary
 
-    procs = workers.pool(o.workers) if o.workers > 1 else None   # spawned before any level's clock starts
+    procs = workers.pool(o.workers) if o.workers > 1 else None
     try:
         search = await _levels(o, slo, wl, measure)
     finally:
@@ -390,9 +398,16 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
             out.append(Finding(f"bench.errors.{tag}", st, f"{tag}: {s['failed']} of {s['completed'] + s['failed']} requests failed",
                                evidence=", ".join(f"{k}: {v}" for k, v in s["errors"].items()),
                                remedy="Read the raw records (error_kind, error) and the server log."))
-        if s["client_bound"]:
+        if s.get("workers_lost"):
+            out.append(Finding(f"bench.client_bound.{tag}", "fail",
+                               f"{tag}: {s['workers_lost']} load-generator workers did not report: a worker process died",
+                               detail="A dead worker breaks the whole process pool, so the shares still running are lost too; "
+                                      "their requests are recorded as client_error and the level measured the client, not the server.",
+                               remedy="Read the kernel log for the OOM killer (dmesg); run with fewer --workers or give the client more memory."))
+        elif s["client_bound"]:
+            p99 = (s.get("lag_ms") or {}).get("p99")
             out.append(Finding(f"bench.client_bound.{tag}", "warn", f"{tag}: the client, not the server, limited this level",
-                               detail=f"event-loop lag p99 {s['lag_ms']['p99']:.1f} ms, CPU share {s['cpu_share']:.0%}",
+                               detail=f"event-loop lag p99 {'n/a' if p99 is None else f'{p99:.1f} ms'}, CPU share {s['cpu_share']:.0%}",
                                remedy="Do not publish this level's numbers; run the client on a less loaded machine or lower concurrency."))
         if s.get("server_counted", True) and s["output_tokens_client"] and s["output_tokens"]:
             gap = abs(s["output_token_discrepancy"]) / max(1, s["output_tokens"])

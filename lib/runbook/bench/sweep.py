@@ -40,6 +40,7 @@ class LevelResult:
     telemetry: Optional[dict[str, Any]] = None
     cpu_s: float = 0.0                  # the client's CPU seconds during the level
     lag_samples: list[float] = field(default_factory=list)
+    workers_lost: int = 0               # --workers: worker shares that never reported (a process died)
 
     def __repr__(self) -> str:      # short: see RequestRecord.__repr__
         return f"LevelResult({self.level.label!r}, {len(self.records)} records)"

@@ -1,14 +1,18 @@
 """Several load-generator processes for one fixed-concurrency level (`bench --workers N`).
 
-One event loop reads about 160k chunks/s when a server sends whole responses in few writes, but a real
-server writes every token on its own, and then the cost is per read (~50 µs of asyncio and aiohttp
-each, on this project's 2-core machine): one process fills its core near 20k chunks/s. N worker
-processes (spawned once per run, kept across levels) each take every N-th request and an equal share of
+A real server writes every token on its own, so the client's cost is per read; one process on the h1
+transport keeps up with 20k separately-written chunks/s at a third of a core on this project's 2-core
+machine, and more streams or chunks want more cores. N worker processes (spawned once per run, kept across levels) each take every N-th request and an equal share of
 the concurrency, start together at one instant, and stamp with perf_counter — CLOCK_MONOTONIC, the same
 clock in every process — so their records merge into one level as if one client had sent them. The
 parent keeps what is per level: flush, warm-up, /metrics before and after, telemetry, the records file
 (written when the level ends). Fixed-concurrency levels of a set number of requests only: rates, traces,
 agentic sessions and --duration stay in one process (check_options refuses the combinations).
+
+A worker that dies (killed for memory, a crash) breaks the whole process pool, so the shares still
+running do not report either: their requests are recorded as `client_error` with the reason, the
+level counts them in `workers_lost` and is client-bound, the run goes on, and the caller starts a
+fresh pool for the next level.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from runbook.bench import metrics
 from runbook.bench.sweep import CPU_BOUND_SHARE, LAG_BOUND_MS, Level, LevelResult, _warmup, flush_cache, run_level, scrape, server_deltas
 from runbook.endpoint.client import Client, RequestRecord, RequestSpec
 
+Pool = concurrent.futures.ProcessPoolExecutor
 START_MARGIN_S = 0.3      # the parent sets the common start this far ahead: every worker is waiting by then
 
 
@@ -33,7 +38,7 @@ def _ready() -> int:
     return os.getpid()
 
 
-def pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+def pool(workers: int) -> Pool:
     """`workers` spawned processes with the client imported (spawn: safe under Jupyter's threads).
     `workers` tasks submitted at once start that many processes; waiting for them keeps start-up
     out of the first level."""
@@ -59,13 +64,22 @@ def _one(args: dict[str, Any]) -> dict[str, Any]:
     return {"records": lr.records, "lag": lr.lag_samples, "cpu_s": lr.cpu_s, "cpu_share": lr.cpu_share}
 
 
+def _lost(reqs: Sequence[RequestSpec], label: str, start_at: float, k: int, w: int, exc: BaseException) -> dict[str, Any]:
+    """A share whose worker never reported: one failed record per request, from the common start to now."""
+    why = f"load-generator worker {k + 1} of {w} died before reporting its share: {type(exc).__name__}: {exc}"[:300]
+    now = time.perf_counter()
+    recs = [RequestRecord(id=r.id, send_time=start_at, end_time=now, prompt_tokens_client=r.prompt_tokens,
+                          max_tokens=r.max_tokens, level=label, error_kind="client_error", error=why) for r in reqs]
+    return {"records": recs, "lag": [], "cpu_s": 0.0, "cpu_share": 0.0}
+
+
 def shares(concurrency: int, workers: int) -> list[int]:
     """Concurrency per worker: as even as integers allow, no worker without a stream."""
     w = max(1, min(workers, concurrency))
     return [concurrency // w + (1 if k < concurrency % w else 0) for k in range(w)]
 
 
-async def run_level_workers(ex: concurrent.futures.ProcessPoolExecutor, client: Client, tokenizer_path: Optional[str],
+async def run_level_workers(ex: Pool, client: Client, tokenizer_path: Optional[str],
                             reqs: Sequence[RequestSpec], level: Level, workers: int, warmup: int = 2, flush: bool = True,
                             records_path: Optional[Path] = None, telemetry: Any = None) -> LevelResult:
     assert level.concurrency, "worker processes run fixed-concurrency levels"
@@ -87,11 +101,14 @@ async def run_level_workers(ex: concurrent.futures.ProcessPoolExecutor, client: 
             futs = [loop.run_in_executor(ex, _one, {"client": cfg, "reqs": [reqs[i] for i in range(k, n, w)],
                                                     "label": level.label, "concurrency": split[k], "start_at": start_at})
                     for k in range(w)]
-            parts = await asyncio.gather(*futs)
+            got = await asyncio.gather(*futs, return_exceptions=True)
         finally:
             if telemetry is not None:
                 await telemetry.stop()
         after = await scrape(session, client.base_url)
+    crashed = sum(isinstance(p, BaseException) for p in got)
+    parts = [p if not isinstance(p, BaseException) else _lost(reqs[k::w], level.label, start_at, k, w, p)
+             for k, p in enumerate(got)]
     records: list[RequestRecord] = sorted((r for p in parts for r in p["records"]), key=lambda r: r.send_time)
     if records_path:
         with open(records_path, "a", encoding="utf-8") as out:
@@ -100,9 +117,9 @@ async def run_level_workers(ex: concurrent.futures.ProcessPoolExecutor, client: 
     lag = [x for p in parts for x in p["lag"]]
     lag_ms = metrics.stats(lag)
     share = max(p["cpu_share"] for p in parts)
-    bound = (lag_ms["p99"] or 0) > LAG_BOUND_MS or share > CPU_BOUND_SHARE
+    bound = (lag_ms["p99"] or 0) > LAG_BOUND_MS or share > CPU_BOUND_SHARE or crashed > 0
     lr = LevelResult(level, records, {}, lag_ms, share, bound, server_deltas(before, after), flushed,
-                     cpu_s=sum(p["cpu_s"] for p in parts), lag_samples=lag)
+                     cpu_s=sum(p["cpu_s"] for p in parts), lag_samples=lag, workers_lost=crashed)
     if telemetry is not None:
         lr.telemetry = telemetry.result()
     return lr

@@ -123,6 +123,13 @@ def test_content_length_and_close_delimited_bodies():
     assert all(r[0] and r[6] == "length" for r in recs)
 
 
+def test_interim_1xx_responses_are_skipped_like_aiohttp_does():
+    interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+    with tcp(writes(interim, HEAD_CHUNKED, *chunked(events()), b"0\r\n\r\n")) as url:
+        recs = both(url, n=2)
+    assert all(r[0] and r[3] == " t0 t1 t2 t3" for r in recs)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cuts=st.lists(st.integers(1, 400), max_size=12))
 def test_property_a_stream_cut_anywhere_reads_the_same(cuts):

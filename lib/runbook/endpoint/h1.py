@@ -56,7 +56,7 @@ def head(method: str, url: URL, headers: dict[str, str]) -> bytes:
 
 
 class Conn(asyncio.Protocol):
-    __slots__ = ("pool", "transport", "parser", "sink", "now", "lost", "got_response", "framed", "_headers", "reused")
+    __slots__ = ("pool", "transport", "parser", "sink", "now", "lost", "got_response", "framed", "_headers", "_interim", "reused")
 
     def __init__(self, pool: "Pool"):
         self.pool = pool
@@ -68,6 +68,7 @@ class Conn(asyncio.Protocol):
         self.got_response = False           # any byte of the current response seen
         self.framed = False                 # Content-Length or chunked (else the body runs until close)
         self._headers: dict[str, str] = {}
+        self._interim = False               # a 1xx response (100 Continue, 103 Early Hints): skipped
         self.reused = False
 
     # asyncio.Protocol
@@ -107,15 +108,22 @@ class Conn(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         h = self._headers
+        # llhttp ends a 1xx response at its headers and parses the real one next (101 raises Upgrade)
+        self._interim = 100 <= self.parser.get_status_code() < 200
+        if self._interim:
+            return
         self.framed = "content-length" in h or "chunked" in h.get("transfer-encoding", "").lower()
         if self.sink is not None:
             self.sink.on_headers(self.parser.get_status_code(), h)
 
     def on_body(self, body: bytes) -> None:
-        if self.sink is not None:
+        if self.sink is not None and not self._interim:
             self.sink.on_body(body)
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         sink, self.sink = self.sink, None
         if sink is None and self not in self.pool._busy:
             self.abandon()                  # a second response in the same read: the server is out of step

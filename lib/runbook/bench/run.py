@@ -510,24 +510,50 @@ async def ab_compare(o: BenchOptions, model: Optional[str], api_key: Optional[st
     return res, findings
 
 
-def _t_interval(xs: list[float]) -> tuple[Optional[float], Optional[float], Optional[float]]:
-    """Mean with a Student-t 95% interval, treating each value as one independent unit."""
+AB_EXACT_BLOCKS = 12          # up to 2^12 sign patterns enumerated; beyond, a seeded sample of them
+AB_SIGN_FLIPS = 20_000
+AB_MIN_INTERVAL_BLOCKS = 6    # 2^5 = 32 orders cannot make a 95% interval: 1 − 2/32 < 0.95
+
+
+def _sign_flip_interval(xs: list[float], seed: int = 0) -> tuple[Optional[float], Optional[float], Optional[float]]:
+    """Mean of the block differences with a 95% randomisation interval for their shift.
+
+    Each block's order (AB or BA) is a fair coin, so under "B = A + δ" each block difference is
+    symmetric about δ and only its sign is random. Inverting the sign-flip test gives Hartigan's (1969)
+    interval: the means of the nonempty subsets of blocks cut the line into 2^K equally likely cells for
+    δ, and [k-th smallest, k-th largest] covers δ with probability exactly 1 − 2k/2^K. k is the largest
+    with that ≥ 95%, so a self-comparison covers 0 in at least 95% of runs by design, whatever the
+    distribution — a t interval assumes normal block means and covers less with few blocks. Over
+    AB_EXACT_BLOCKS blocks, subsets are sampled uniformly (Monte-Carlo randomisation test, still valid:
+    the observed order counts as one of the draws; an empty draw ties at every δ and costs a cell)."""
     if not xs:
         return None, None, None
     a = np.asarray(xs, dtype=float)
     m = float(a.mean())
-    if a.size < 2:
+    n = a.size
+    if n <= AB_EXACT_BLOCKS:
+        masks = (np.arange(1, 2 ** n)[:, None] >> np.arange(n)) & 1
+        sub, empty = np.sort(masks @ a / masks.sum(axis=1)), 0
+    else:
+        rng, parts, empty = np.random.default_rng(seed), [], 0
+        rows = max(1, 2_000_000 // n)                  # a long c1 run has thousands of blocks: bound memory
+        for start in range(0, AB_SIGN_FLIPS, rows):
+            drawn = rng.integers(0, 2, size=(min(rows, AB_SIGN_FLIPS - start), n), dtype=np.uint8)
+            size = drawn.sum(axis=1)
+            parts.append((drawn[size > 0] @ a) / size[size > 0])
+            empty += int((size == 0).sum())
+        sub = np.sort(np.concatenate(parts))
+    k = math.floor(0.025 * (len(sub) + empty + 1)) - empty
+    if k < 1:
         return m, None, None
-    from scipy import stats as st
-
-    half = float(st.t.ppf(0.975, a.size - 1) * a.std(ddof=1) / math.sqrt(a.size))
-    return m, m - half, m + half
+    return m, float(sub[k - 1]), float(sub[len(sub) - k])
 
 
 def paired(a_recs: list, b_recs: list, a_url: str, b_url: str,
            block_of: Optional[dict[int, int]] = None) -> tuple[dict[str, Any], list[Finding]]:
     """Paired B − A differences. With `block_of` (request id → block) the interval is over block means
-    (a t interval with blocks as the units); without, each request is its own block (sequential, c1)."""
+    (a sign-flip randomisation interval with blocks as the units); without, each request is its own
+    block (sequential, c1)."""
     findings: list[Finding] = []
     for name, url, rs in (("A", a_url, a_recs), ("B", b_url, b_recs)):
         if rs and not any(r.ok for r in rs):
@@ -557,7 +583,7 @@ def paired(a_recs: list, b_recs: list, a_url: str, b_url: str,
             diffs.append(d)
             per_block.setdefault(blocks.get(i, i), []).append(d)
         means = [float(np.mean(v)) for _, v in sorted(per_block.items())]
-        _, lo, hi = _t_interval(means)
+        _, lo, hi = _sign_flip_interval(means)
         mean = float(np.mean(diffs)) if diffs else None
         res[name] = {"mean_diff_b_minus_a": mean, "ci95": [lo, hi], "n": len(diffs), "blocks": len(means)}
         if diffs and lo is not None and hi is not None:
@@ -565,6 +591,11 @@ def paired(a_recs: list, b_recs: list, a_url: str, b_url: str,
             findings.append(Finding(f"bench.ab.{name}", "info", f"A/B {name}: B − A = {mean:+.2f} ms (95% CI {lo:+.2f} … {hi:+.2f})",
                                     detail=("significant" if sig else "not distinguishable from zero at 95%")
                                     + f" ({len(means)} blocks of interleaved requests)"))
+    few = max((res[k]["blocks"] for k in ("tpot_ms", "ttft_ms", "e2e_ms") if res[k]["n"]), default=0)
+    if 0 < few < AB_MIN_INTERVAL_BLOCKS:
+        findings.append(Finding("bench.ab.blocks", "warn", f"A/B: {few} blocks are too few for a 95% interval",
+                                detail=f"{2 ** few} possible block orders cannot exclude 5%; the interval is null",
+                                remedy=f"Run at least {AB_MIN_INTERVAL_BLOCKS} blocks: more --requests or a longer --duration."))
     return res, findings
 
 

@@ -175,3 +175,16 @@ def test_other_lengths_are_not_compared():
     assert bench.compare_previous(other_wl, prev, 10)[0].status == "skip"
     no_overlap = dict(RUN, levels=[_lv("c16", 16, tok_s=62.0)])
     assert bench.compare_previous(no_overlap, prev, 10)[0].status == "skip"
+
+
+def test_other_session_shape_or_trace_speed_is_not_compared():
+    # the same lengths, another pace: think time 0 vs 5 s, or a trace at x4 vs x1, is other work
+    base = dict(RUN, workload="agentic", turns=4, think_time_s=0.0, think_dist="fixed", tool_result_len=256)
+    prev = dict(base, levels=[_lv("c8", 8, tok_s=100.0)])
+    for change in ({"think_time_s": 5.0}, {"think_dist": "exp"}, {"turns": 8}, {"tool_result_len": 1024}):
+        f = bench.compare_previous(dict(base, **change, levels=[_lv("c8", 8, tok_s=25.0)]), prev, 10)
+        assert [(x.id, x.status) for x in f] == [("bench.regression", "skip")], change
+    assert any(x.id == "bench.regression.c8" for x in bench.compare_previous(dict(base, levels=[_lv("c8", 8, tok_s=25.0)]), prev, 10))
+    trace = dict(RUN, workload="trace:t.jsonl", trace_speed=1.0, levels=[_lv("c8", 8, tok_s=100.0)])
+    f = bench.compare_previous(dict(trace, trace_speed=4.0, levels=[_lv("c8", 8, tok_s=25.0)]), trace, 10)
+    assert f[0].status == "skip" and "trace_speed: 1.0 then, 4.0 now" in f[0].detail

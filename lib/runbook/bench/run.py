@@ -599,14 +599,16 @@ def paired(a_recs: list, b_recs: list, a_url: str, b_url: str,
     return res, findings
 
 
-REGRESSION_KEY = ("workload", "corpus_version", "input_len", "output_len", "chat", "range_ratio")
+REGRESSION_KEY = ("workload", "corpus_version", "input_len", "output_len", "chat", "range_ratio",
+                  # a session's shape and a trace's pace change the work as much as its lengths do
+                  "turns", "think_time_s", "think_dist", "tool_result_len", "trace_speed")
 ERROR_RATE_SLACK = 0.01          # error rate up by more than 1 point: a regression
 LENGTH_TOLERANCE = 0.05          # mean output (or input) tokens per request differing by more: other work
 
 
 def compare_previous(current: dict[str, Any], previous: Optional[dict[str, Any]], threshold_pct: float) -> list[Finding]:
     """Regressions against the previous archived run of the same deployment, like with like only: the
-    same workload, corpus version, lengths and chat mode for the run, and per level the same level with
+    same workload, corpus version, lengths, chat mode, session shape and trace speed for the run, and per level the same level with
     the same measured mean input and output lengths. Throughput, TPOT p50, TTFT p50/p99 and the error
     rate are compared; a level failing more requests than before is a regression even when its
     remaining requests are fast."""

@@ -99,3 +99,33 @@ def test_runner_archives_the_benchmark(llama, cli, tmp_path):
     res2 = json.loads(((out / "latest").resolve() / "40_benchmark.results.json").read_text())
     reg = [f for f in res2["findings"] if f["id"].startswith("bench.regression")]
     assert reg and all(f["status"] in ("pass", "warn") for f in reg), reg   # compared, same corpus and workload
+
+
+def test_runner_agentic_sessions_on_llama_server(llama, cli, tmp_path):
+    # a real session run through the notebook's parameters: each turn re-sends the whole conversation
+    out = tmp_path / "out"
+    cp = cli("run", "--out", out, "--only", "benchmark", "--param", f"url={llama.url}", "--param", "workload=agentic",
+             "--param", "concurrency=2", "--param", "turns=3", "--param", "input_len=96", "--param", "output_len=6",
+             "--param", "tool_result_len=24", "--param", "think_time=0.05", "--param", "think_dist=exp",
+             "--param", "requests=12", "--param", f"tokenizer={llama.model_dir}")
+    run_dir = (out / "latest").resolve()
+    res = json.loads((run_dir / "40_benchmark.results.json").read_text())
+    fails = [f for f in res["findings"] if f["status"] == "fail"]
+    assert cp.returncode == (1 if fails else 0), cp.stderr
+    d = res["data"]
+    assert d["workload"] == "agentic" and d["turns"] == 3 and d["think_dist"] == "exp" and d["tool_result_len"] == 24
+    (lv,) = d["levels"]
+    assert lv["completed"] + lv["failed"] == 12 and lv["completed"] >= 6
+    # the random-weight model sometimes generates only tokens that detokenize to nothing: the server counts
+    # them, the stream has no text, so there is no TTFT — a failure of its own kind, never silently ok
+    recs = [json.loads(x) for x in (run_dir / "40_benchmark-raw" / "records.jsonl").read_text().splitlines()]
+    for r in recs:
+        assert r["error_kind"] in (None, "no_output"), r
+        assert r["error_kind"] is None or "counted 6 output tokens but streamed no text" in r["error"]
+    assert {(r["meta"]["session"], r["meta"]["turn"]) for r in recs} == {(s, t) for s in range(4) for t in (1, 2, 3)}
+    turns = lv["turns"]
+    assert [t["turn"] for t in turns] == [1, 2, 3] and all(t["ttft_ms"]["p50"] > 0 for t in turns)
+    grow = [t["input_tokens"]["mean"] for t in turns]
+    assert grow[0] < grow[1] < grow[2]                          # history + the answer + a 24-token tool result
+    assert grow[1] - grow[0] >= 24 + 6
+    assert "<img" in (run_dir / "40_benchmark.html").read_text()

@@ -1,13 +1,22 @@
 """Issue 15 item 3: `--find-max slo` against a scripted server whose TTFT crosses the SLO at a known concurrency."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from bench.rawsse import RawServer, Reply, completion_stream
 from runbook.bench import report
 from runbook.bench import run as bench
 from runbook.core.errors import InputError
 from runbook.core.spec import SLO
+from runbook.runner import figures, results
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_SPEC = REPO / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml"
 
 KNEE = 6            # up to KNEE requests in flight: fast; any request arriving with KNEE others in flight: slow
 
@@ -26,7 +35,7 @@ def knee():
     srv.stop()
 
 
-def test_search_finds_the_knee_within_one_step(knee):
+def test_search_finds_the_knee_within_one_step(knee, tmp_path):
     o = bench.BenchOptions(url=knee.url, model="raw", concurrency=[1], workload="code", output_len=2, warmup=0,
                            telemetry=False, timeout_s=30.0, find_max="slo", find_max_levels=8)
     res = bench.run(o, SLO(ttft_ms_p99=100.0))
@@ -45,6 +54,24 @@ def test_search_finds_the_knee_within_one_step(knee):
     worse = dict(res.summary, slo_search=dict(r, limit=2))
     reg = bench.compare_previous(worse, res.summary, 10.0)
     assert any(x.id == "bench.regression.slo_limit" for x in reg)
+    # the run summary's figure is the search's limit, not the highest fixed level (there is none)
+    results.save(tmp_path / "40_benchmark.results.json", "40_benchmark", res.findings, **res.summary)
+    assert figures.figures(tmp_path, SLO(ttft_ms_p99=100.0))["max_concurrency_within_slo"] == r["limit"]
+
+
+def test_cli_find_max_slo_with_the_spec_slos(knee, tmp_path):
+    doc = yaml.safe_load(DEFAULT_SPEC.read_text())
+    doc["slo"] = {"ttft_ms_p99": 100}
+    spec = tmp_path / "tight.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    p = subprocess.run([sys.executable, "-m", "runbook", "bench", "--deployment", str(spec), "--url", knee.url, "--model", "raw",
+                        "--find-max", "slo", "--concurrency", "1", "--workload", "code", "--output-len", "2", "--warmup", "0",
+                        "--archive", "", "--json"], capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=str(REPO / "lib")))
+    out = json.loads(p.stdout)
+    r = out["slo_search"]
+    assert abs(r["limit"] - KNEE) <= 1 and {"metric", "limit", "levels_tried"} <= set(r), p.stderr[-2000:]
+    assert r["slo"]["ttft_ms_p99"] == 100
 
 
 def test_rate_search_and_refusals(knee):

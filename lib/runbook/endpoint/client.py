@@ -416,6 +416,11 @@ class Client:
             raise _Fail("stream_closed", "stream ended without [DONE] or a finish reason")
         self._attribute(rec, req, cum)
         if not rec.chunk_times:
+            counted = (rec.usage or {}).get("completion_tokens")
+            if isinstance(counted, int) and counted > 0:
+                # the server generated them but streamed no text: special tokens the detokenizer drops
+                raise _Fail("no_output", f"the server counted {counted} output tokens but streamed no text "
+                                         "(tokens that detokenize to nothing, e.g. special tokens)")
             raise _Fail("no_output", "the stream carried no output tokens")
         self._check_length(rec, req)
 

@@ -16,8 +16,8 @@ from runbook.core.fsutil import atomic_write_text
 from runbook.runner.upload import MARKER, open_store
 
 SCHEMA = "runbook.fleet/1"
-TREND_METRICS = ("kv_tokens_planned", "kv_tokens_observed", "max_concurrency_within_slo", "recall", "greedy_identical",
-                 "kvquant_attn_rel_err_max")
+TREND_METRICS = ("kv_tokens_planned", "kv_tokens_observed", "max_concurrency_within_slo", "max_rate_within_slo", "recall",
+                 "greedy_identical", "kvquant_attn_rel_err_max")
 
 
 @dataclass
@@ -199,7 +199,8 @@ def _series(cell: dict[str, Any]) -> list[dict[str, Any]]:
     tr = cell["trend"]
     rows = []
     names = {"kv_tokens_planned": "KV tokens planned", "kv_tokens_observed": "KV tokens observed",
-             "max_concurrency_within_slo": "max concurrency within SLO", "recall": "long-context recall",
+             "max_concurrency_within_slo": "max concurrency within SLO", "max_rate_within_slo": "max request rate within SLO",
+             "recall": "long-context recall",
              "greedy_identical": "greedy identity", "kvquant_attn_rel_err_max": "KV-quant attention error (max)"}
     for key, label in names.items():
         vals = [p.get(key) for p in tr]

@@ -24,14 +24,21 @@ def _num(v: Any) -> Optional[float]:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _bench(levels: list[Any], slo: Any, out: dict[str, Any]) -> None:
+def _bench(levels: list[Any], slo: Any, out: dict[str, Any], search: Any = None) -> None:
     levels = [lv for lv in levels if isinstance(lv, dict) and lv.get("label")]
     tps = {str(lv["label"]): round(float(lv["output_tok_s"]), 2) for lv in levels if _num(lv.get("output_tok_s")) is not None}
     if tps:
         out["output_tok_s"] = tps
     has_slo = slo is not None and any(getattr(slo, f"{m}_ms_p99", None) for m in ("ttft", "tpot", "e2e"))
     conc = [lv for lv in levels if _num(lv.get("concurrency"))]
-    if has_slo and conc:
+    if isinstance(search, dict) and search.get("metric") in ("concurrency", "rate"):
+        # --find-max slo ran: its limit is the figure (its rule also bounds failed requests); 0 = no load met them
+        limit = _num(search.get("limit"))
+        if search["metric"] == "concurrency":
+            out["max_concurrency_within_slo"] = int(limit) if limit else 0
+        else:
+            out["max_rate_within_slo"] = round(float(limit), 3) if limit else 0
+    elif has_slo and conc:
         ok = [lv for lv in conc if level_meets_slo(lv, slo)]
         out["max_concurrency_within_slo"] = max(int(lv["concurrency"]) for lv in ok) if ok else 0
 
@@ -54,7 +61,8 @@ def _accuracy(data: dict[str, Any], out: dict[str, Any]) -> None:
 
 
 def figures(run_dir: Path, slo: Any = None) -> dict[str, Any]:
-    """{kv_tokens_planned, kv_tokens_observed, output_tok_s{label: v}, max_concurrency_within_slo, recall,
+    """{kv_tokens_planned, kv_tokens_observed, output_tok_s{label: v}, max_concurrency_within_slo (the
+    SLO search's limit when it ran, else the highest fixed level meeting them), max_rate_within_slo, recall,
     greedy_identical, kvquant_attn_rel_err_max}: whichever this run measured."""
     out: dict[str, Any] = {}
     kv = _data(run_dir, "20_kv_memory")
@@ -63,8 +71,8 @@ def figures(run_dir: Path, slo: Any = None) -> dict[str, Any]:
     server = _data(run_dir, "30_service").get("server") or {}
     if isinstance(server, dict) and _num(server.get("max_total_num_tokens")) is not None:
         out["kv_tokens_observed"] = int(server["max_total_num_tokens"])
-    levels = _data(run_dir, "40_benchmark").get("levels")
-    if isinstance(levels, list):
-        _bench(levels, slo, out)
+    bench = _data(run_dir, "40_benchmark")
+    if isinstance(bench.get("levels"), list):
+        _bench(bench["levels"], slo, out, bench.get("slo_search"))
     _accuracy(_data(run_dir, "50_accuracy"), out)
     return out

@@ -117,6 +117,34 @@ def test_no_cache_report_means_no_hit_rate_and_exponential_think(server):
     assert all(t["cache_hit_rate"] is None for t in lv["turns"])
 
 
+def _think_gaps(res):
+    """Per session: next turn's send − the previous turn's end (the think time as the server saw it)."""
+    by: dict[int, list] = {}
+    for r in res.levels[0].records:
+        by.setdefault(r.meta["session"], []).append(r)
+    gaps = []
+    for rs in by.values():
+        rs.sort(key=lambda r: r.meta["turn"])
+        gaps += [rs[k + 1].send_time - rs[k].end_time for k in range(len(rs) - 1)]
+    return gaps
+
+
+def test_think_time_fixed_and_exponential(server):
+    import numpy as np
+
+    from runbook.bench.sessions import SessionPlan
+
+    srv, _ = server()
+    fixed = _think_gaps(bench.run(opts(srv.url, concurrency=[2], turns=4, think_time_s=0.04, requests=8)))
+    assert len(fixed) == 6 and all(0.04 <= g < 0.04 + 0.1 for g in fixed)         # never shorter than asked
+    exp = _think_gaps(bench.run(opts(srv.url, concurrency=[2], turns=4, think_time_s=0.04, think_dist="exp", requests=8)))
+    assert len(exp) == 6 and max(exp) - min(exp) > 0.01            # not the fixed pause
+    plan = SessionPlan(1, 2, 100, 4, 10, 0.04, "exp")
+    rng = np.random.default_rng(5)
+    draws = np.array([plan.think(rng) for _ in range(4000)])
+    assert abs(draws.mean() - 0.04) < 0.004 and abs(draws.std() / draws.mean() - 1) < 0.1   # exponential: CV 1
+
+
 def test_agentic_refuses_what_it_cannot_measure():
     with pytest.raises(InputError, match="--rate"):
         bench.run(opts("http://127.0.0.1:9", rates=[2.0]))

@@ -83,6 +83,24 @@ def test_no_usage_with_a_tokenizer_counts_the_whole_text(raw):
     srv = raw(lambda b: Reply(completion_stream(8, 0.1, 0.04, per_chunk=2, usage="none", finish="stop")), clock)
     (r,) = send_all(srv.url, [RequestSpec(0, "x", 8, ignore_eos=False)], clock, tokenizer=Tok())
     assert r.count_source == "tokenizer" and r.chunk_tokens == [2, 2, 2, 2] and r.output_tokens == 8
+    assert _source_finding(r).status == "warn"
+
+
+def _source_finding(r):
+    s = metrics.summarise([r])
+    f = {x.id: x for x in bench.level_findings([dict(s, label="c1", concurrency=1, rate=None, client_bound=False,
+                                                        lag_ms={"p99": 0})], "code", None)}
+    return f["bench.token_source.c1"]
+
+
+def test_no_usage_no_tokenizer_no_ignore_eos_counts_chunks_and_warns(raw):
+    # the case the issue names: nothing but the chunks to count, so one token per chunk, said aloud
+    clock = VirtualClock()
+    srv = raw(lambda b: Reply(completion_stream(12, 0.1, 0.06, per_chunk=3, usage="none", finish="stop")), clock)
+    (r,) = send_all(srv.url, [RequestSpec(0, "x", 12, ignore_eos=False)], clock)
+    assert r.ok and r.count_source == "chunks" and r.output_tokens == 4
+    f = _source_finding(r)
+    assert f.status == "warn" and "chunks" in f.title and "--tokenizer" in f.remedy
 
 
 # -- goodput for 1-token outputs: one rule with bench.slo -------------------------------------------
@@ -136,6 +154,27 @@ def test_wrong_shapes_and_server_errors_are_per_request_and_the_level_completes(
         assert by[n].error_kind == kind, (n, by[n].error_kind, by[n].error)
     assert by["good"].ok and by["good2"].ok
     assert "out of memory" in by["sglang_error"].error
+
+
+def test_chat_delta_of_the_wrong_shape_is_malformed_per_request(raw):
+    bad = {"content_list": {"content": ["a", "b"]}, "reasoning_dict": {"reasoning_content": {"t": "x"}},
+           "delta_str": "oops"}
+
+    def handler(body):
+        key = body["messages"][-1]["content"]
+        if key in bad:
+            return Reply([(0.01, sse({"choices": [{"index": 0, "delta": bad[key]}]})), (0.02, b"data: [DONE]\n\n")])
+        return Reply(completion_stream(3, 0.01, 0.005, chat=True))
+    srv = raw(handler)
+    names = list(bad) + ["good"]
+
+    async def go():
+        c = Client(srv.url, "raw", chat=True, timeout_s=10)
+        async with c.session(limit=4) as s:
+            return await asyncio.gather(*(c.send(s, RequestSpec(i, n, 3)) for i, n in enumerate(names)))
+    by = {names[r.id]: r for r in asyncio.run(go())}
+    assert all(by[n].error_kind == "malformed" for n in bad), {n: (by[n].error_kind, by[n].error) for n in bad}
+    assert by["good"].ok and by["good"].output_tokens == 3
 
 
 def test_sse_event_id_retry_and_multiline_data_are_valid(raw):
@@ -298,3 +337,46 @@ def test_a_session_without_the_hook_still_works(raw):
         async with aiohttp.ClientSession() as s:
             return await c.send(s, RequestSpec(0, "x", 2))
     assert asyncio.run(go()).ok
+
+
+def test_connect_time_is_not_in_ttft(raw, monkeypatch):
+    # a slow connect (TLS, a far host, SYN retries) happens before the request is on the wire: the
+    # send stamp comes after it, so TTFT is the server's (old stamp: before connect, TTFT >= 300 ms)
+    srv = raw(lambda b: Reply(completion_stream(2, 0.05, 0.01)))
+    real = asyncio.base_events.BaseEventLoop.create_connection
+
+    async def slow(self, *a, **k):
+        await asyncio.sleep(0.25)
+        return await real(self, *a, **k)
+    monkeypatch.setattr(asyncio.base_events.BaseEventLoop, "create_connection", slow)
+
+    async def go():
+        c = Client(srv.url, "raw")
+        async with c.session(limit=4) as s:
+            t0 = time.perf_counter()
+            r = await c.send(s, RequestSpec(0, "x", 2))
+        return t0, r
+    t0, r = asyncio.run(go())
+    assert r.ok and r.send_time - t0 >= 0.25
+    assert 0.05 <= metrics.ttft_s(r) < 0.2
+
+
+@pytest.mark.parametrize("level,duration", [(sweep.Level("c4", concurrency=4), None),
+                                            (sweep.Level("r40", rate=40.0), 0.5),
+                                            (sweep.Level("trace", schedule=[i * 0.01 for i in range(200)]), 0.6)])
+def test_bodies_are_encoded_before_the_level_starts(raw, monkeypatch, level, duration):
+    # a trace with --duration used to encode 16 bodies ahead and the rest on the send path
+    srv = raw(lambda b: Reply(completion_stream(2, 0.002, 0.001)))
+    encoded: list[float] = []
+    real = Client.encode
+
+    def spy(self, req):
+        encoded.append(time.perf_counter())
+        return real(self, req)
+    monkeypatch.setattr(Client, "encode", spy)
+    reqs = workloads.build("code", 200 if duration else 16, output_len=2).requests
+    lr = asyncio.run(sweep.run_level(Client(srv.url, "raw"), reqs, level, warmup=0, flush=False, duration_s=duration,
+                                     scrape_metrics=False))
+    first_send = min(r.send_time for r in lr.records)
+    assert len(lr.records) >= 8 and all(r.ok for r in lr.records)
+    assert sum(t > first_send for t in encoded) == 0, "a body was encoded after the level began"

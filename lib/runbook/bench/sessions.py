@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable, Optional
 import numpy as np
 
 from runbook.bench import metrics
+from runbook.bench.sweep import sleep_until
 from runbook.bench.workloads import _count, _text_of_length
 from runbook.corpus import code_prompts, code_text
 from runbook.endpoint.client import RequestRecord, RequestSpec
@@ -103,8 +104,8 @@ class SessionPlan:
                 for t in range(self.turns):
                     if t:
                         pause = self.think(rng)
-                        if pause:
-                            await asyncio.sleep(pause)
+                        if pause:       # never shorter than drawn (uvloop's timers can fire a millisecond early)
+                            await sleep_until(time.perf_counter() + pause)
                         msgs.append(self.tool_message(k, t))
                     if deadline is not None and time.perf_counter() >= deadline:
                         return

@@ -187,7 +187,10 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
         elif duration_s is None:
             ahead = len(reqs)
         else:   # what the level will likely send; the rest (a --duration level is planned long) as it goes
-            likely = int((level.rate or 0) * duration_s * 1.5) + 16 if open_loop else conc * 64
+            if level.schedule is not None:       # a trace knows exactly which requests start in time
+                likely = sum(1 for off in level.schedule[:len(reqs)] if off <= duration_s)
+            else:
+                likely = int((level.rate or 0) * duration_s * 1.5) + 16 if open_loop else conc * 64
             ahead = min(len(reqs), PREPARE_AHEAD, likely)
         bodies = [client.encode(reqs[i]) for i in range(ahead)]       # before the clock starts
 

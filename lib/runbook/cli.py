@@ -305,7 +305,7 @@ def _cmd_accuracy(a: argparse.Namespace) -> int:
     depths = a.depths or None
     if a.probe == "report":
         rep = accuracy.evaluate(dep, a.url, a.compare_url, a.spec_off_url, lengths, depths, a.tokenizer, a.seed,
-                                a.per_cell, a.out, a.prompts, a.max_tokens)
+                                a.per_cell, a.out, a.prompts, a.max_tokens, tool_choice=a.tool_choice)
         _emit(a, rep.findings, rep.to_json())
         return exit_code(rep.findings, a.strict)
     doc: dict[str, Any]
@@ -324,7 +324,7 @@ def _cmd_accuracy(a: argparse.Namespace) -> int:
         from runbook.accuracy import toolcall
 
         key = os.environ.get(dep.serving.api_key_env) if dep.serving.api_key_env else None
-        tc = toolcall.run(a.url or dep.serving.local_url, a.model, key or None)
+        tc = toolcall.run(a.url or dep.serving.local_url, a.model, key or None, tool_choice=a.tool_choice)
         findings, doc = tc.findings, tc.to_json()
     else:
         rows, findings = probes.run_identity(a.url, a.compare_url, a.prompts, a.max_tokens, a.tokenizer)
@@ -479,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ac = sub.add_parser("accuracy", help="KV-quantization error offline; long-context recall, greedy identity and tool calls live")
     ac.add_argument("probe", choices=["kvquant", "recall", "identity", "report", "toolcall"],
-                    help="report: all three, what 50_accuracy shows (live probes skip without --url)")
+                    help="report: all four, what 50_accuracy shows (live probes skip without --url)")
     _add_deployment(ac)
     ac.add_argument("--url", type=_url, help="recall: the endpoint (default: the spec's); identity: speculative decoding on")
     ac.add_argument("--compare-url", type=_url, help="recall, report: A/B second endpoint (e.g. BF16 KV); identity: speculative decoding off")
@@ -492,6 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--prompts", type=_POS_INT, default=8, help="identity: number of prompts")
     ac.add_argument("--max-tokens", type=_POS_INT, default=64, help="identity: greedy tokens per prompt")
     ac.add_argument("--model", help="toolcall: the served model name (default: the first /v1/models lists)")
+    ac.add_argument("--tool-choice", choices=["auto", "required"], default="auto",
+                    help="toolcall, report: auto (default: what agent loops send) or required (the server must call a tool)")
     ac.add_argument("--out", metavar="DIR", help="recall, report: archive the prompts here")
     _add_output(ac)
     ac.set_defaults(fn=_cmd_accuracy)

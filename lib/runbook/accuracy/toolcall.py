@@ -186,9 +186,12 @@ def _looks_like_call(text: str) -> bool:
     return bool(text) and bool(_MARKERS.search(text) or _NAME_JSON.search(text))
 
 
-def _body(tool: str, stream: bool, model: Optional[str], max_tokens: int) -> dict[str, Any]:
+TOOL_CHOICES = ("auto", "required")   # auto: what agent loops send; required: the server must call a tool
+
+
+def _body(tool: str, stream: bool, model: Optional[str], max_tokens: int, tool_choice: str = "auto") -> dict[str, Any]:
     b: dict[str, Any] = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPTS[tool]}],
-                         "tools": TOOLS, "tool_choice": "auto", "temperature": 0.0, "max_tokens": max_tokens,
+                         "tools": TOOLS, "tool_choice": tool_choice, "temperature": 0.0, "max_tokens": max_tokens,
                          "stream": stream}
     if model:
         b["model"] = model
@@ -305,8 +308,10 @@ async def _streamed(s: aiohttp.ClientSession, url: str, headers: dict[str, str],
 
 
 async def probe(url: str, model: Optional[str] = None, api_key: Optional[str] = None, max_tokens: int = 1024,
-                timeout_s: float = 180.0, tools: Optional[list[str]] = None) -> list[Case]:
+                timeout_s: float = 180.0, tools: Optional[list[str]] = None, tool_choice: str = "auto") -> list[Case]:
     """Every tool, non-streaming then streaming, one request at a time."""
+    if tool_choice not in TOOL_CHOICES:
+        raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} (got {tool_choice!r})")
     c = Client(url, model, chat=True, api_key=api_key)
     headers = c.headers()
     cases: list[Case] = []
@@ -317,7 +322,7 @@ async def probe(url: str, model: Optional[str] = None, api_key: Optional[str] = 
             for stream in (False, True):
                 case = Case(tool, stream)
                 try:
-                    await (_streamed if stream else _plain)(s, c.url, headers, case, _body(tool, stream, model, max_tokens))
+                    await (_streamed if stream else _plain)(s, c.url, headers, case, _body(tool, stream, model, max_tokens, tool_choice))
                 except BadResponse as e:
                     case.error = f"not an OpenAI chat answer: {e.reason}"
                 except asyncio.TimeoutError:
@@ -403,7 +408,7 @@ def findings(cases: list[Case]) -> list[Finding]:
 
 
 def run(url: Optional[str], model: Optional[str] = None, api_key: Optional[str] = None, max_tokens: int = 1024,
-        timeout_s: float = 180.0, tools: Optional[list[str]] = None) -> ToolCallReport:
+        timeout_s: float = 180.0, tools: Optional[list[str]] = None, tool_choice: str = "auto") -> ToolCallReport:
     """The probe as one call (CLI, notebook): a `skip` finding without a reachable endpoint."""
     if not url:
         return ToolCallReport(None, model, findings=[Finding("accuracy.toolcall.endpoint", "skip",
@@ -414,5 +419,5 @@ def run(url: Optional[str], model: Optional[str] = None, api_key: Optional[str] 
             "accuracy.toolcall.endpoint", "skip", f"tool-call probe skipped: no server at {url}",
             evidence=redact_text(why, [api_key]) if api_key else why, remedy="Start the server, or give its URL.")])
     model = model or run_sync(model_name(url, api_key))
-    cases = run_sync(probe(url, model, api_key, max_tokens, timeout_s, tools))
+    cases = run_sync(probe(url, model, api_key, max_tokens, timeout_s, tools, tool_choice))
     return ToolCallReport(url, model, cases, findings(cases))

@@ -224,7 +224,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.action == "build":
         log(f"llama-server at {exe}; tiny model at {model}")
         return 0
-    srv = start_llama_server(exe, model, a.port)
+    srv = start_llama_server(exe, model, a.port, extra_args=["--jinja"])   # --jinja: tools for the tool-call probe
     log(f"llama-server {srv.url} serving a tiny random-weight CPU model (figures say nothing about a deployment)")
     try:
         if a.action == "serve":
@@ -235,7 +235,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         params = ["--param", f"url={srv.url}", "--param", f"tokenizer={model}", "--param", "concurrency=1,2,4,8",
                   "--param", "requests=16", "--param", "output_len=64", "--param", "input_len=256",
-                  "--param", "lengths=512,1024,2048"]  # the tiny model's context is 4096 tokens
+                  "--param", "lengths=512,1024,2048",  # the tiny model's context is 4096 tokens
+                  "--param", "toolcall_max_tokens=64"]
         code = cli(["run", "--out", a.out, *params])
         return 0 if code in (0, 1) else code
     except KeyboardInterrupt:

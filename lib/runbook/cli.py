@@ -493,7 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--max-tokens", type=_POS_INT, default=64, help="identity: greedy tokens per prompt")
     ac.add_argument("--model", help="toolcall: the served model name (default: the first /v1/models lists)")
     ac.add_argument("--tool-choice", choices=["auto", "required"], default="auto",
-                    help="toolcall, report: auto (default: what agent loops send) or required (the server must call a tool)")
+                    help="toolcall, report: auto (default: what agent loops send) or required (the server must call a "
+                         "tool; prose is then a fail: the chat template or parser ignores the tools)")
     ac.add_argument("--out", metavar="DIR", help="recall, report: archive the prompts here")
     _add_output(ac)
     ac.set_defaults(fn=_cmd_accuracy)

@@ -20,9 +20,17 @@ def _tool(body):
 
 
 def scripted(mode="ok"):
-    """mode: ok | in_content | in_reasoning | bad_json | missing_required | one_chunk | wrong_finish"""
+    """mode: ok | in_content | in_reasoning | bad_json | missing_required | one_chunk | wrong_finish | prose"""
     def handler(body):
         tool = _tool(body)
+        if mode == "prose":
+            text = f"I would use {tool.replace('_', ' ')}, but here is my answer in words instead."
+            if not body.get("stream"):
+                doc = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+                return Reply([(0.0, json.dumps(doc).encode())], headers={"Content-Type": "application/json"})
+            return Reply([(0.0, sse({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})),
+                          (0.001, sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})),
+                          (0.002, b"data: [DONE]\n\n")])
         args = dict(ARGS[tool])
         if mode == "missing_required":
             args.pop("path" if tool != "run_tests" else "paths")
@@ -93,7 +101,8 @@ def test_correct_server_passes_everything(server):
     body = s.bodies[0]
     assert body["model"] == "raw" and [t["function"]["name"] for t in body["tools"]] == ["read_file", "apply_patch", "run_tests"]
     j = rep.to_json()
-    assert set(j) == {"toolcall", "findings"} and set(j["toolcall"]) == {"url", "model", "cases"}
+    assert set(j) == {"toolcall", "findings"} and set(j["toolcall"]) == {"url", "model", "tool_choice", "cases"}
+    assert j["toolcall"]["tool_choice"] == "auto"
     assert "sk-secret-value-123" not in json.dumps(j)
 
 
@@ -147,33 +156,99 @@ def test_stage_50_runs_the_probe_with_the_other_live_probes(server, cli):
     rep = accuracy.evaluate(dep, srv.url, lengths=[256], depths=[0.5])
     f = {x.id: x.status for x in rep.findings}
     assert f["accuracy.toolcall.finish_reason"] == "fail" and len(rep.data()["toolcall"]["cases"]) == 6
-    j = json.loads(cli("accuracy", "report", "--url", srv.url, "--lengths", "256", "--depths", "0.5", "--json").stdout)
+    assert rep.data()["toolcall"]["tool_choice"] == "auto"
+    n = len(srv.bodies)
+    j = json.loads(cli("accuracy", "report", "--url", srv.url, "--lengths", "256", "--depths", "0.5",
+                       "--tool-choice", "required", "--json").stdout)
     assert {x["id"]: x["status"] for x in j["findings"]}["accuracy.toolcall.finish_reason"] == "fail"
-    assert len(j["toolcall"]["cases"]) == 6
+    assert len(j["toolcall"]["cases"]) == 6 and j["toolcall"]["tool_choice"] == "required"
+    assert [b["tool_choice"] for b in srv.bodies[n:] if "tools" in b] == ["required"] * 6
 
 
-def test_tool_choice_is_sent_and_checked(server):
+def test_tool_choice_is_sent_and_checked(server, cli):
     srv = server("ok")
-    toolcall.run(srv.url, model="m", tools=["read_file"], tool_choice="required")
+    rep = toolcall.run(srv.url, model="m", tools=["read_file"], tool_choice="required")
     assert srv.bodies and all(b["tool_choice"] == "required" for b in srv.bodies if "tools" in b)
+    assert rep.data()["tool_choice"] == "required" and _status(rep)["parsed"] == "pass"
     with pytest.raises(ValueError, match="tool_choice"):
         toolcall.run(srv.url, model="m", tool_choice="any")
+    n = len(srv.bodies)
+    j = json.loads(cli("accuracy", "toolcall", "--url", srv.url, "--tool-choice", "required", "--json").stdout)
+    assert j["toolcall"]["tool_choice"] == "required"
+    assert [b["tool_choice"] for b in srv.bodies[n:] if "tools" in b] == ["required"] * 6
+    assert cli("accuracy", "toolcall", "--url", srv.url, "--tool-choice", "any").returncode == 2
 
 
-def test_real_tool_call_against_llama_server_jinja():
-    """The tiny random model answers in prose even with tool_choice=required on this llama-server build
-    (checked: 0 of 6 calls, finish `length`): assert the probe runs and reports, not that it passes."""
+def test_prose_is_the_models_choice_under_auto_and_a_fault_under_required(server):
+    srv = server("prose")
+    auto = toolcall.run(srv.url, model="m", tools=["read_file"])
+    assert _status(auto) == {"parsed": "warn", "arguments": "skip", "streaming": "skip", "finish_reason": "skip"}
+    req = toolcall.run(srv.url, model="m", tools=["read_file"], tool_choice="required")
+    f = next(f for f in req.findings if f.id == "accuracy.toolcall.parsed")
+    assert f.status == "fail" and "tool_choice=required" in f.evidence and "chat template" in f.remedy
+
+
+# A chat template that renders tools and tool calls (Functionary-style `<function=NAME>{json}</function>`). The
+# tiny model's GGUF has none: llama-server then falls back to plain ChatML, drops `tools` from the prompt and builds
+# no grammar, so even tool_choice=required gives prose (checked: 0 of 6 calls, finish `length`). With this template
+# llama-server's template analysis finds the call format, and under `required` its grammar starts the answer with a
+# call (no room for text before it: the format has no opening marker to wait for).
+TOOLS_TEMPLATE = """\
+{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] }}
+{%- if tools %}{{- '\\n\\n# Tools\\n' }}{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
+{{- '\\n\\nTo call a function answer <function=NAME>{ARGUMENTS JSON}</function>' }}{%- endif %}
+{{- '<|im_end|>\\n' }}{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls %}{{- '<|im_start|>assistant' }}
+{%- for tc in message.tool_calls %}{%- if tc.function is defined %}{%- set tc = tc.function %}{%- endif %}
+{{- '\\n<function=' + tc.name + '>' + (tc.arguments | tojson) + '</function>' }}{%- endfor %}{{- '<|im_end|>\\n' }}
+{%- elif message.role == 'tool' %}{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}
+{%- elif not (message.role == 'system' and loop.first) %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+{%- endif %}{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+
+
+def test_real_tool_call_against_llama_server_jinja(monkeypatch):
+    """Real tool calls from llama-server --jinja with tool_choice=required, streamed and not: parsed into
+    `tool_calls`, arguments JSON matching the schema, streamed in many deltas, finish reason `tool_calls`;
+    without a tool-aware chat template the same request gets prose, which `required` makes a `fail`."""
+    import copy
+
     from runbook.demo import llama as demo
 
     exe = demo.llama_server_path()
     if not exe.is_file():
         pytest.skip("llama-server not built: `make test` builds it (python -m runbook.demo build)")
-    srv = demo.start_llama_server(exe, demo.tiny_model(), parallel=1, extra_args=["--jinja"])
+    # The random-weight model never closes a JSON string on its own: inside the grammar it writes string
+    # characters until max_tokens (checked: `{ "path": "}DatastDatast...`, finish `length`, arguments not JSON,
+    # whatever max_tokens). A maxLength in the schema makes llama-server's grammar close the string, so the call
+    # completes; 300 keeps the arguments above LARGE_ARG_CHARS so the streaming check has a row. Only read_file:
+    # at temperature 0 the model calls read_file whatever the prompt (checked: apply_patch and run_tests prompts
+    # also got read_file, which the arguments check rightly fails as the wrong tool).
+    plain = demo.start_llama_server(exe, demo.tiny_model(), parallel=1, extra_args=["--jinja"])
+    try:   # the GGUF's own (absent) template: the tools never reach the prompt, so `required` cannot be honoured
+        bare = toolcall.run(plain.url, max_tokens=32, timeout_s=120, tools=["read_file"], tool_choice="required")
+    finally:
+        plain.stop()
+    assert [c.called for c in bare.cases] == [False, False] and all(c.error is None for c in bare.cases), bare.cases
+    assert {f.id: f.status for f in bare.findings}["accuracy.toolcall.parsed"] == "fail", bare.findings
+
+    tools = copy.deepcopy(toolcall.TOOLS)
+    tools[0]["function"]["parameters"]["properties"]["path"]["maxLength"] = 300
+    monkeypatch.setattr(toolcall, "TOOLS", tools)
+    srv = demo.start_llama_server(exe, demo.tiny_model(), parallel=1, extra_args=["--jinja", "--chat-template", TOOLS_TEMPLATE])
     try:
-        rep = toolcall.run(srv.url, max_tokens=64, timeout_s=120)
+        rep = toolcall.run(srv.url, max_tokens=512, timeout_s=120, tools=["read_file"], tool_choice="required")
     finally:
         srv.stop()
-    assert len(rep.cases) == 6 and all(c.error is None for c in rep.cases), [c.error for c in rep.cases]
-    ids = {f.id for f in rep.findings}
-    assert {"accuracy.toolcall.parsed", "accuracy.toolcall.arguments", "accuracy.toolcall.finish_reason"} <= ids
-    assert all(f.status in ("pass", "warn", "fail", "skip") for f in rep.findings)
+    assert [(c.tool, c.stream) for c in rep.cases] == [("read_file", False), ("read_file", True)]
+    assert all(c.error is None for c in rep.cases), [c.error for c in rep.cases]
+    for c in rep.cases:
+        assert c.called and c.name == "read_file" and not (c.in_content or c.in_reasoning), c.to_dict()
+        assert c.arguments_valid and c.schema_errors == [] and c.finish_reason == "tool_calls", c.to_dict()
+        assert len(c.arguments) >= toolcall.LARGE_ARG_CHARS
+    streamed = rep.cases[1]
+    assert streamed.argument_deltas >= toolcall.MIN_DELTAS and (streamed.last_delta_share or 1) < 0.5
+    status = {f.id: f.status for f in rep.findings}
+    assert status == {"accuracy.toolcall.parsed": "pass", "accuracy.toolcall.arguments": "pass",
+                      "accuracy.toolcall.streaming": "pass", "accuracy.toolcall.finish_reason": "pass"}, rep.findings

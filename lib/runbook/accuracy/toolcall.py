@@ -9,7 +9,9 @@ streaming and not, and what an agent loop needs checked on each answer:
 - `finish_reason`: the choice ends with `tool_calls`.
 
 A model that answers in prose without any trace of a call is reported as such (`warn`: the model, not
-the parser). Reads are bounded (bytes and time); the API key never appears in the output.
+the parser); under `tool_choice="required"` (`--tool-choice required`) the server must call a tool, so prose
+there is a `fail` (the server ignored the tools: e.g. a chat template that does not render them).
+Reads are bounded (bytes and time); the API key never appears in the output.
 """
 from __future__ import annotations
 
@@ -174,9 +176,11 @@ class ToolCallReport:
     model: Optional[str]
     cases: list[Case] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    tool_choice: str = "auto"
 
     def data(self) -> dict[str, Any]:
-        return {"url": self.url, "model": self.model, "cases": [c.to_dict() for c in self.cases]}
+        return {"url": self.url, "model": self.model, "tool_choice": self.tool_choice,
+                "cases": [c.to_dict() for c in self.cases]}
 
     def to_json(self) -> dict[str, Any]:
         return {"toolcall": self.data(), "findings": [f.to_dict() for f in self.findings]}
@@ -352,7 +356,8 @@ def _agg(fid: str, title: str, rows: list[tuple[Case, Status, str]], remedy: str
                    remedy=remedy if worst != "pass" else "")
 
 
-def findings(cases: list[Case]) -> list[Finding]:
+def findings(cases: list[Case], tool_choice: str = "auto") -> list[Finding]:
+    """Under `required` an answer without a call is a server fault (`fail`), under `auto` the model's choice (`warn`)."""
     out: list[Finding] = []
     errs = [c for c in cases if c.error]
     if errs:
@@ -368,11 +373,16 @@ def findings(cases: list[Case]) -> list[Finding]:
         elif c.in_content or c.in_reasoning:
             where = " and ".join(w for w, f in (("content", c.in_content), ("reasoning_content", c.in_reasoning)) if f)
             parsed.append((c, "fail", f"call text left in {where}" + (" (beside tool_calls)" if c.called else "")))
+        elif tool_choice == "required":
+            parsed.append((c, "fail", f"no tool call although tool_choice=required ({c.content_chars} chars of prose, "
+                                      f"finish {c.finish_reason!r})"))
         else:
             parsed.append((c, "warn", f"no tool call: the model answered in prose ({c.content_chars} chars)"))
     out.append(_agg("accuracy.toolcall.parsed", "tool calls parsed into tool_calls", parsed,
                     "Text left in content/reasoning_content is an unparsed call: " + PARSER_REMEDY
-                    + " Prose without a call: the model did not use the tool (try a tool-trained model or tool_choice).",
+                    + " Prose without a call: the model did not use the tool (try a tool-trained model or tool_choice)."
+                    + " Prose under tool_choice=required: the server ignored the tools — its chat template does not"
+                    " render them (llama-server without a tool-aware template) or no parser constrains the output.",
                     "no answers"))
     called = [c for c in live if c.called]
     args: list[tuple[Case, Status, str]] = [
@@ -412,12 +422,14 @@ def run(url: Optional[str], model: Optional[str] = None, api_key: Optional[str] 
     """The probe as one call (CLI, notebook): a `skip` finding without a reachable endpoint."""
     if not url:
         return ToolCallReport(None, model, findings=[Finding("accuracy.toolcall.endpoint", "skip",
-                                                             "tool-call probe skipped: no endpoint given", remedy="Give --url.")])
+                                                             "tool-call probe skipped: no endpoint given", remedy="Give --url.")],
+                              tool_choice=tool_choice)
     why = run_sync(reachable(url))
     if why:
         return ToolCallReport(url, model, findings=[Finding(
             "accuracy.toolcall.endpoint", "skip", f"tool-call probe skipped: no server at {url}",
-            evidence=redact_text(why, [api_key]) if api_key else why, remedy="Start the server, or give its URL.")])
+            evidence=redact_text(why, [api_key]) if api_key else why, remedy="Start the server, or give its URL.")],
+            tool_choice=tool_choice)
     model = model or run_sync(model_name(url, api_key))
     cases = run_sync(probe(url, model, api_key, max_tokens, timeout_s, tools, tool_choice))
-    return ToolCallReport(url, model, cases, findings(cases))
+    return ToolCallReport(url, model, cases, findings(cases, tool_choice), tool_choice)

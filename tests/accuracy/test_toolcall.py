@@ -6,6 +6,7 @@ import pytest
 from bench.rawsse import RawServer, Reply, sse
 
 from runbook.accuracy import toolcall
+from runbook.core.errors import InputError
 
 ARGS = {"read_file": {"path": "src/server/config.py", "start_line": 1, "end_line": 40},
         "apply_patch": {"path": "src/server/config.py",
@@ -170,8 +171,11 @@ def test_tool_choice_is_sent_and_checked(server, cli):
     rep = toolcall.run(srv.url, model="m", tools=["read_file"], tool_choice="required")
     assert srv.bodies and all(b["tool_choice"] == "required" for b in srv.bodies if "tools" in b)
     assert rep.data()["tool_choice"] == "required" and _status(rep)["parsed"] == "pass"
-    with pytest.raises(ValueError, match="tool_choice"):
-        toolcall.run(srv.url, model="m", tool_choice="any")
+    for bad in ("any", "required\n", ""):
+        with pytest.raises(InputError, match="tool_choice .*: use one of auto, required"):
+            toolcall.run(srv.url, model="m", tool_choice=bad)
+    with pytest.raises(InputError, match="tool_choice"):
+        toolcall.run(None, tool_choice="any")             # refused before the endpoint is even looked at
     n = len(srv.bodies)
     j = json.loads(cli("accuracy", "toolcall", "--url", srv.url, "--tool-choice", "required", "--json").stdout)
     assert j["toolcall"]["tool_choice"] == "required"

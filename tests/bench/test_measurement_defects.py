@@ -315,16 +315,20 @@ def test_summary_has_no_nan():
 
 # -- the send stamp ----------------------------------------------------------------------------------
 
-def test_send_time_is_stamped_on_the_wire(raw):
-    srv = raw(lambda b: Reply(completion_stream(1, 0.05, 0.01)))
-
+def _timed_send(url, tokens):
+    """(perf_counter just before send, the record) for one request on a fresh session."""
     async def go():
-        c = Client(srv.url, "raw")
+        c = Client(url, "raw")
         async with c.session(limit=4) as s:
             t0 = time.perf_counter()
-            r = await c.send(s, RequestSpec(0, "x", 1))
+            r = await c.send(s, RequestSpec(0, "x", tokens))
         return t0, r
-    t0, r = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_send_time_is_stamped_on_the_wire(raw):
+    srv = raw(lambda b: Reply(completion_stream(1, 0.05, 0.01)))
+    t0, r = _timed_send(srv.url, 1)
     assert r.ok and r.send_time > t0                      # the trace hook replaced the pre-connect stamp
     assert r.queue_s >= 0
 
@@ -349,14 +353,7 @@ def test_connect_time_is_not_in_ttft(raw, monkeypatch):
         await asyncio.sleep(0.25)
         return await real(self, *a, **k)
     monkeypatch.setattr(asyncio.base_events.BaseEventLoop, "create_connection", slow)
-
-    async def go():
-        c = Client(srv.url, "raw")
-        async with c.session(limit=4) as s:
-            t0 = time.perf_counter()
-            r = await c.send(s, RequestSpec(0, "x", 2))
-        return t0, r
-    t0, r = asyncio.run(go())
+    t0, r = _timed_send(srv.url, 2)
     assert r.ok and r.send_time - t0 >= 0.25
     assert 0.05 <= metrics.ttft_s(r) < 0.2
 

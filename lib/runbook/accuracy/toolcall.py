@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import aiohttp
 
+from runbook.core.errors import InputError
 from runbook.core.findings import Finding, Status
 from runbook.core.secrets import redact_text
 from runbook.endpoint.client import Client
@@ -314,8 +315,6 @@ async def _streamed(s: aiohttp.ClientSession, url: str, headers: dict[str, str],
 async def probe(url: str, model: Optional[str] = None, api_key: Optional[str] = None, max_tokens: int = 1024,
                 timeout_s: float = 180.0, tools: Optional[list[str]] = None, tool_choice: str = "auto") -> list[Case]:
     """Every tool, non-streaming then streaming, one request at a time."""
-    if tool_choice not in TOOL_CHOICES:
-        raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} (got {tool_choice!r})")
     c = Client(url, model, chat=True, api_key=api_key)
     headers = c.headers()
     cases: list[Case] = []
@@ -420,6 +419,8 @@ def findings(cases: list[Case], tool_choice: str = "auto") -> list[Finding]:
 def run(url: Optional[str], model: Optional[str] = None, api_key: Optional[str] = None, max_tokens: int = 1024,
         timeout_s: float = 180.0, tools: Optional[list[str]] = None, tool_choice: str = "auto") -> ToolCallReport:
     """The probe as one call (CLI, notebook): a `skip` finding without a reachable endpoint."""
+    if tool_choice not in TOOL_CHOICES:     # a notebook parameter reaches here unchecked by argparse
+        raise InputError(f"tool_choice {tool_choice!r}: use one of {', '.join(TOOL_CHOICES)}")
     if not url:
         return ToolCallReport(None, model, findings=[Finding("accuracy.toolcall.endpoint", "skip",
                                                              "tool-call probe skipped: no endpoint given", remedy="Give --url.")],

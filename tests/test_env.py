@@ -7,6 +7,7 @@ from conftest import DEFAULT_SPEC
 from fake_nvml import GIB, FakeNVML
 
 from runbook.core import spec
+from runbook.core.registry import document
 from runbook.env import check as env
 from runbook.env import gpus
 
@@ -135,7 +136,7 @@ def test_host_findings_and_full_report(dep):
     ids = _by_id(rep.findings)
     assert {"host.shm", "host.memlock", "host.disk", "host.cpu_ram", "gpu.count", "serving.python"} <= set(ids)
     assert rep.host["cpus"] >= 1 and "model card" in rep.host["model_location"]
-    assert json.loads(json.dumps(rep.to_dict(), default=str))["gpus"][0]["index"] == 0
+    assert json.loads(json.dumps(document(rep), default=str))["gpus"][0]["index"] == 0
 
 
 def test_torch_cuda_parsing():

@@ -148,12 +148,15 @@ def test_notebook_leads_with_the_verdict_and_says_when_cost_side_effects(nb):
     assert not casts, f"{nb.name}: a cell casts a parameter"
 
 
-def test_notebook_given_drops_only_the_unset_sentinels():
+def test_notebook_options_drop_only_the_unset_sentinels():
     from runbook.runner import notebook
 
-    assert notebook.given(tp=0, kv_dtype="", contexts=[], chat=False, frac=0.0, url=None) == {}
-    assert notebook.given(tp=8, kv_dtype="bf16", contexts=[8192], chat=True, frac=0.88) == {
-        "tp": 8, "kv_dtype": "bf16", "contexts": [8192], "chat": True, "frac": 0.88}
+    assert notebook.options("kv_memory", tp=0, kv_dtype="", contexts=[], mem_fraction_static=0.0, model_dir="").model_dump(
+        exclude_none=True) == {}
+    o = notebook.options("kv_memory", tp=8, kv_dtype="bf16", contexts=[8192], mem_fraction_static=0.88)
+    assert (o.tp, o.kv_dtype, o.contexts, o.mem_fraction_static) == (8, "bf16", [8192], 0.88)
+    assert notebook.options("benchmark", chat=True, interactive=True, artifact_dir="/x").model_dump(include={"chat", "progress", "out"}) == {
+        "chat": True, "progress": True, "out": "/x"}
 
 
 @pytest.mark.parametrize("nb", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)

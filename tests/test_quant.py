@@ -8,6 +8,7 @@ from conftest import REPO
 from runbook import quant
 from runbook.core import spec
 from runbook.core.errors import InputError
+from runbook.core.registry import document
 from runbook.model import checkpoint
 
 FIX = REPO / "tests" / "fixtures"
@@ -46,7 +47,7 @@ def qwen_shards(scales_on=(), fmt="nvfp4", layers=8, base="model.language_model.
 def test_story_case_fp8_declared_no_scales(tmp_path):
     d = make(tmp_path / "ck", qwen35_config(), qwen_shards(), hf_quant_config=MODELOPT_NVFP4)
     rep = run(d, {"quantization": "modelopt_fp4"}, tp=8)
-    j = rep.to_json()
+    j = document(rep)
     assert j["weights"]["algo"] == "NVFP4" and j["weights"]["producer"] == "modelopt" and j["weights"]["group_size"] == 16
     assert j["weights"]["total_bytes"] == sum(os.path.getsize(p) for p in d.glob("*.safetensors")) - sum(
         8 + checkpoint.read_header(p).header_len for p in d.glob("*.safetensors"))
@@ -74,7 +75,7 @@ def test_story_fix_bf16_passes(tmp_path):
 
 def test_hybrid_only_full_attention_layers_need_scales(tmp_path):
     d = make(tmp_path / "ck", qwen35_config(), qwen_shards(scales_on=(3, 7)), hf_quant_config=MODELOPT_NVFP4)
-    j = run(d).to_json()
+    j = document(run(d))
     assert j["kv_cache"]["kv_layers"] == 2 and j["kv_cache"]["layers_with_scales"] == 2
     assert j["kv_cache"]["scale_coverage"] == "all"
     assert j["kv_cache"]["scale_tensor_names"][0] == "model.language_model.layers.3.self_attn.k_proj.k_scale"
@@ -104,7 +105,7 @@ def _fp8_llama(tmp_path, scale_layers, name="ck", style="modelopt"):
 
 def test_scales_on_every_kv_layer_is_a_warn(tmp_path):
     rep = run(_fp8_llama(tmp_path, range(4)), tp=2)
-    j = rep.to_json()
+    j = document(rep)
     assert j["weights"]["algo"] == "FP8" and j["weights"]["producer"] == "modelopt"
     assert j["kv_cache"]["layers_with_scales"] == 4 == j["kv_cache"]["kv_layers"]
     assert len(j["kv_cache"]["scale_tensor_names"]) == 4

@@ -327,7 +327,7 @@ def test_evaluate_reads_the_checkpoint_once(monkeypatch):
     calls = []
     real = checkpoint.load
     monkeypatch.setattr(checkpoint, "load", lambda *a, **k: calls.append(a) or real(*a, **k))
-    rep = service.evaluate(dep(), installed="/nonexistent/unit.service", url="http://127.0.0.1:9")
+    rep = service.assemble(dep(), installed="/nonexistent/unit.service", url="http://127.0.0.1:9")
     assert len(calls) == 1, calls
     got = {f.id for f in rep.findings}
     assert {"service.kv_dtype", "service.drift"} <= got
@@ -338,7 +338,7 @@ def test_evaluate_reads_the_checkpoint_once(monkeypatch):
 def test_cli_service_report_matches_the_library(cli, tmp_path):
     cp = cli("service", "report", "--url", "http://127.0.0.1:9", "--installed", tmp_path / "none.service", "--json")
     j = json.loads(cp.stdout)
-    rep = service.evaluate(dep(), installed=tmp_path / "none.service", url="http://127.0.0.1:9")
+    rep = service.assemble(dep(), installed=tmp_path / "none.service", url="http://127.0.0.1:9")
     assert [f["id"] for f in j["findings"]] == [f.id for f in rep.findings]
     assert j["units"] == json.loads(json.dumps(rep.data()["units"])) and j["install_plan"] == rep.install_plan
     assert cp.returncode == (1 if any(f.status == "fail" for f in rep.findings) else 0)

@@ -10,13 +10,19 @@ import json
 import math
 import re
 import sys
+import typing
 from pathlib import Path
-from typing import Any, Callable, Optional
-from urllib.parse import urlsplit
+from typing import Any, Callable, Optional, cast
 
-from runbook.core.errors import LockHeld, RunbookError
+from pydantic import TypeAdapter, ValidationError, create_model
+from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict, SettingsError
+
+from runbook.core import registry
+from runbook.core.errors import InputError, LockHeld, RunbookError
 from runbook.core.findings import exit_code, format_text
 from runbook.core.fsutil import atomic_write_text
+from runbook.core.options import Url, validate
+from runbook.core.registry import Stage, document
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,36 +68,12 @@ def _float(lo: float = 0.0, hi: float = math.inf, lo_ok: bool = False, hi_ok: bo
     return parse
 
 
-def _list(item: Callable[[str], Any]) -> Callable[[str], list]:
-    """A comma-separated list, each item parsed (and bounded) by `item`."""
-    def parse(s: str) -> list:
-        parts = _csv(s)
-        if not parts:
-            raise argparse.ArgumentTypeError(f"must be a comma-separated list of values (got {s!r})")
-        out = []
-        for x in parts:
-            try:
-                out.append(item(x))
-            except argparse.ArgumentTypeError as e:
-                raise argparse.ArgumentTypeError(f"{e} in {s!r}" if len(parts) > 1 else str(e)) from None
-        return out
-    parse.__name__ = "list"
-    return parse
-
-
 def _url(s: str) -> str:
-    """An http(s) URL with a host, e.g. http://127.0.0.1:30000."""
-    bad = argparse.ArgumentTypeError(f"must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:30000 (got {s!r})")
-    if not s or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in s):
-        raise bad
+    """An http(s) URL with a host (the stages' Url type, for the verbs outside the registry)."""
     try:
-        u = urlsplit(s)
-        u.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
-    except ValueError:
-        raise bad from None
-    if u.scheme.lower() not in ("http", "https") or not u.hostname:
-        raise bad
-    return s
+        return str(TypeAdapter(Url).validate_python(s))
+    except ValidationError as e:
+        raise argparse.ArgumentTypeError(str(e.errors()[0]["msg"]).removeprefix("Value error, ")) from None
 
 
 def _names(s: str) -> str:
@@ -172,191 +154,127 @@ def _cmd_fleet(a: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_env(a: argparse.Namespace) -> int:
-    from runbook import env
+def _load(a: argparse.Namespace, spec_less: bool = False) -> Any:
+    """The deployment spec; None when a MODEL_DIR is given without --deployment (quant, kv)."""
     from runbook.core import spec
 
-    rep = env.evaluate(spec.load(a.deployment))
-    _emit(a, rep.findings, rep.to_dict())
-    return exit_code(rep.findings, a.strict)
+    return None if (spec_less and a.model_dir and not a.deployment) else spec.load(a.deployment)
 
 
-def _cmd_quant(a: argparse.Namespace) -> int:
-    from runbook import quant
-    from runbook.core import spec
-    from runbook.model import checkpoint
-
-    if a.deployment or not a.model_dir:
-        rep = quant.evaluate(spec.load(a.deployment), a.model_dir)
-    else:
-        rep = quant.inspect(checkpoint.load(a.model_dir))
-    _emit(a, rep.findings, rep.to_json())
-    return exit_code(rep.findings, a.strict)
-
-
-def _cc(v: str) -> str:
-    import re
-
-    if not re.fullmatch(r"\d{1,2}\.\d", v.strip()):
-        raise argparse.ArgumentTypeError(f"{v!r}: a compute capability looks like 9.0 or 12.0")
-    return v.strip()
-
-
-def _cmd_kv(a: argparse.Namespace) -> int:
-    from runbook import kv
-    from runbook.core import spec
-
-    dep = spec.load(a.deployment) if (a.deployment or not a.model_dir) else None
-    ctx = a.contexts or None
-    p = kv.evaluate(dep, a.model_dir, tp=a.tp, pp=a.pp, attn_dp=a.attn_dp, kv_dtype=a.kv_dtype, gpu_mem_gib=a.gpu_mem_gib,
-                    weights_gib=a.weights_gib, mem_fraction_static=a.mem_fraction_static, kv_budget_gib=a.kv_budget_gib,
-                    page_size=a.page_size, context_len=a.context_len, contexts=ctx,
-                    spec_algorithm=a.speculative_algorithm, spec_num_steps=a.speculative_num_steps,
-                    spec_eagle_topk=a.speculative_eagle_topk, spec_num_draft_tokens=a.speculative_num_draft_tokens,
-                    mamba_ssm_dtype=a.mamba_ssm_dtype, max_running_requests=a.max_running_requests,
-                    attention_backend=a.attention_backend, compute_capability=a.compute_capability)
+def _cmd_stage(stage: Stage, a: argparse.Namespace, o: Any) -> int:
+    """The stage's one entry point, as the notebook calls it; its JSON is the results payload plus findings."""
+    rep = stage.evaluate(_load(a, spec_less="model_dir" in type(o).model_fields), o)
     if a.json:
-        print(json.dumps(p.to_json(), indent=2, default=str))
-    else:
-        print(kv.text_table(p))
-        print(format_text(p.findings, colour=sys.stdout.isatty()))
-    return exit_code(p.findings, a.strict)
+        print(json.dumps(document(rep), indent=2, default=str))
+        return exit_code(rep.findings, a.strict)
+    text = _TEXT.get(stage.name)
+    if text is not None:
+        shown = text(rep)
+        if shown:
+            print(shown)
+    print(format_text(rep.findings, colour=sys.stdout.isatty()))
+    return exit_code(rep.findings, a.strict)
 
 
-def _cmd_service(a: argparse.Namespace) -> int:
+def _kv_text(rep: Any) -> str:
+    from runbook import kv
+
+    return kv.text_table(rep)
+
+
+def _verify_text(rep: Any) -> str:
+    from runbook import verify
+
+    return verify.text_table(rep)
+
+
+def _bench_text(rep: Any) -> str:
+    from runbook import bench
+
+    return bench.frame(rep.summary).to_string() if rep.summary.get("levels") else ""
+
+
+# What a stage prints above its findings without --json (the notebook's first table).
+_TEXT: dict[str, Callable[[Any], str]] = {"kv_memory": _kv_text, "verify": _verify_text, "benchmark": _bench_text}
+
+
+def _cmd_service(a: argparse.Namespace, o: Any) -> int:
     from runbook import service
     from runbook.core import spec
 
+    if o.action == "report":
+        return _cmd_stage(service.STAGE, a, o)
     dep = spec.load(a.deployment)
-    args = service.parse_args(a.arg)
-    if a.action == "report":
-        rep = service.evaluate(dep, args, a.installed, a.url)
-        _emit(a, rep.findings, rep.to_json())
-        return exit_code(rep.findings, a.strict)
-    if a.action == "check":
+    args = service.parse_args(o.args)
+    if o.action == "check":
         _, findings = service.check(dep, args)
         _emit(a, findings, {"findings": [f.to_dict() for f in findings]})
         return exit_code(findings, a.strict)
-    if a.action == "drift":
-        rows, findings, info = service.drift(dep, a.url, args)
+    if o.action == "drift":
+        rows, findings, info = service.drift(dep, o.server_url, args)
         _emit(a, findings, {"differences": rows, "server": info, "findings": [f.to_dict() for f in findings]})
         return exit_code(findings, a.strict)
     units = service.build(dep, args).units
-    if a.action == "render":
-        if a.out:
-            out = Path(a.out)
+    if o.action == "render":
+        if o.out:
+            out = Path(o.out)
             for u in units:
                 target = out if len(units) == 1 else out / f"{u.unit_name}.service"
                 atomic_write_text(target, u.text)
                 print(f"wrote {target}", file=sys.stderr)
         if a.json:
             print(json.dumps({"units": [{"unit": u.unit_name, "node": u.node, "argv": u.argv, "text": u.text} for u in units]}, indent=2))
-        elif not a.out:
+        elif not o.out:
             print("\n".join(u.text for u in units), end="")
         return 0
-    if a.action == "diff":
-        text, rows, findings = service.diff(units[0], Path(a.installed or dep.systemd.installed_path))
+    if o.action == "diff":
+        text, rows, findings = service.diff(units[0], Path(o.installed_unit or dep.systemd.installed_path))
         if a.json:
             print(json.dumps({"diff": text, "changes": rows, "findings": [f.to_dict() for f in findings]}, indent=2))
         else:
             print(text or format_text(findings, colour=sys.stdout.isatty()))
         return exit_code(findings, a.strict)
-    res = service.install(dep, units[0], dry_run=not a.yes, root=Path(a.root) if a.root else None,
-                          systemctl=a.systemctl.split() if a.systemctl else ("systemctl",), ready_url=a.ready_url,
-                          ready_timeout=a.ready_timeout, log=lambda m: print(m, file=sys.stderr))
+    res = service.install(dep, units[0], dry_run=not o.yes, root=Path(o.root) if o.root else None,
+                          systemctl=o.systemctl.split() if o.systemctl else ("systemctl",), ready_url=o.ready_url,
+                          ready_timeout=o.ready_timeout, log=lambda m: print(m, file=sys.stderr))
     _emit(a, res.findings, {"steps": res.steps, "rolled_back": res.rolled_back, "backup": res.backup,
                             "findings": [f.to_dict() for f in res.findings]})
     return exit_code(res.findings, a.strict)
 
 
-def _cmd_bench(a: argparse.Namespace) -> int:
-    from runbook import bench
-    from runbook.core import spec
-
-    dep = spec.load(a.deployment)
-    o = bench.options_from(dep, a.url, model=a.model, concurrency=a.concurrency or None,
-                           rates=a.rate or None, requests=a.requests, duration_s=a.duration,
-                           workload=a.workload, input_len=a.input_len, output_len=a.output_len, chat=a.chat or None,
-                           tokenizer=a.tokenizer, warmup=a.warmup, out=Path(a.out) if a.out else None, seed=a.seed,
-                           compare_url=a.compare_url, timeout_s=a.timeout, flush=a.flush_cache or None,
-                           progress=sys.stderr.isatty(), turns=a.turns, think_time_s=a.think_time,
-                           think_dist=a.think_dist, tool_result_len=a.tool_result_len, trace_speed=a.trace_speed,
-                           find_max=a.find_max, workers=a.workers, transport=a.transport)
-    if a.duration and not a.requests:
-        o.requests = 100000  # bounded by --duration instead
-    res = bench.evaluate(dep, o, archive_root=None if a.archive == "" else Path(a.archive))
-    if a.json:
-        doc = dict(res.summary, findings=[f.to_dict() for f in res.findings])
-        print(json.dumps(doc, indent=2, default=str))
-    else:
-        if res.summary.get("levels"):
-            print(bench.frame(res.summary).to_string())
-        print(format_text(res.findings, colour=sys.stdout.isatty()))
-    return exit_code(res.findings, a.strict)
-
-
-def _cmd_accuracy(a: argparse.Namespace) -> int:
+def _cmd_accuracy(a: argparse.Namespace, o: Any) -> int:
     from runbook import accuracy
     from runbook.accuracy import kvquant, probes
     from runbook.core import spec
 
+    if o.probe == "report":
+        return _cmd_stage(accuracy.STAGE, a, o)
     dep = spec.load(a.deployment)
-    lengths = a.lengths or None
-    depths = a.depths or None
-    if a.probe == "report":
-        rep = accuracy.evaluate(dep, a.url, a.compare_url, a.spec_off_url, lengths, depths, a.tokenizer, a.seed,
-                                a.per_cell, a.out, a.prompts, a.max_tokens, tool_choice=a.tool_choice)
-        _emit(a, rep.findings, rep.to_json())
-        return exit_code(rep.findings, a.strict)
     doc: dict[str, Any]
-    if a.probe == "kvquant":
+    if o.probe == "kvquant":
         st = kvquant.run(dep.accuracy, active=probes.deployment_format(dep))
         findings, doc = st.findings, {"kvquant": st.to_json()}
-    elif a.probe == "recall":
-        url = a.url or dep.serving.local_url
-        rec, findings = probes.run_recall(url, probes.recall_lengths(dep, lengths), depths or list(dep.accuracy.recall_depths),
-                                          a.tokenizer, a.compare_url, a.seed, a.per_cell, Path(a.out) if a.out else None,
+    elif o.probe == "recall":
+        url = o.url or dep.serving.local_url
+        rec, findings = probes.run_recall(url, probes.recall_lengths(dep, o.lengths), o.depths or list(dep.accuracy.recall_depths),
+                                          o.tokenizer, o.compare_url, o.seed, o.per_cell, Path(o.out) if o.out else None,
                                           dep.serving.api_key_env)
         doc = {"recall": rec}
-    elif a.probe == "toolcall":
+    elif o.probe == "toolcall":
         import os
 
         from runbook.accuracy import toolcall
 
         key = os.environ.get(dep.serving.api_key_env) if dep.serving.api_key_env else None
-        tc = toolcall.run(a.url or dep.serving.local_url, a.model, key or None, tool_choice=a.tool_choice)
-        findings, doc = tc.findings, tc.to_json()
+        tc = toolcall.run(o.url or dep.serving.local_url, o.model, key or None, tool_choice=o.tool_choice,
+                          max_tokens=o.toolcall_max_tokens)
+        findings, doc = tc.findings, tc.data()
     else:
-        rows, findings = probes.run_identity(a.url, a.compare_url, a.prompts, a.max_tokens, a.tokenizer)
+        rows, findings = probes.run_identity(o.url, o.compare_url, o.prompts, o.max_tokens, o.tokenizer)
         doc = {"identity": rows}
     doc["findings"] = [f.to_dict() for f in findings]
     _emit(a, findings, doc)
     return exit_code(findings, a.strict)
-
-
-def _since(s: str) -> str:
-    from runbook.verify.logsource import parse_since
-
-    try:
-        parse_since(s)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"must be a time: {e}") from None
-    return s.strip()
-
-
-def _cmd_verify(a: argparse.Namespace) -> int:
-    from runbook import verify
-    from runbook.core import spec
-
-    dep = spec.load(a.deployment)
-    # the same default as notebook 35: the spec's own host:port (no server there is a skip finding)
-    rep = verify.evaluate(dep, log=a.log, unit=a.unit, url=a.url or dep.serving.local_url, since=a.since)
-    if a.json:
-        print(json.dumps(rep.to_json(), indent=2, default=str))
-    else:
-        print(verify.text_table(rep))
-        print(format_text(rep.findings, colour=sys.stdout.isatty()))
-    return exit_code(rep.findings, a.strict)
 
 
 def _emit(a: argparse.Namespace, findings: list, doc: dict) -> None:
@@ -364,6 +282,68 @@ def _emit(a: argparse.Namespace, findings: list, doc: dict) -> None:
         print(json.dumps(doc, indent=2, default=str))
     else:
         print(format_text(findings, colour=sys.stdout.isatty()))
+
+
+# Arguments a verb declares itself: positionals, and --arg (NAME=VALUE may hold commas, which the
+# generated list flags would split). Every other option's flag is generated from the stage's model.
+_POSITIONAL = {"model_dir": "MODEL_DIR", "action": "ACTION", "probe": "PROBE"}
+_HANDWRITTEN = {"args"}
+_VERBS: dict[str, tuple[Stage, Any]] = {}   # verb -> (stage, its flags' settings source)
+
+
+class _CliBase(BaseSettings):
+    model_config = SettingsConfigDict(cli_kebab_case=True, cli_implicit_flags=True, cli_hide_none_type=True,
+                                      populate_by_name=True, cli_parse_args=False)
+
+
+def _flags_model(stage: Stage) -> type[BaseSettings]:
+    """The stage's options as a settings class holding only the generated flags."""
+    fields = {k: (f.annotation, f) for k, f in stage.options.model_fields.items() if k not in _POSITIONAL and k not in _HANDWRITTEN}
+    return cast(type[BaseSettings], create_model(f"{stage.options.__name__}Flags", __base__=_CliBase, **fields))  # type: ignore[call-overload]
+
+
+def _add_stage(sub: Any, stage: Stage) -> None:
+    p = sub.add_parser(stage.verb, help=stage.summary, description=stage.summary)
+    fields = stage.options.model_fields
+    for name, metavar in _POSITIONAL.items():
+        if name in fields:
+            f = fields[name]
+            choices = typing.get_args(f.annotation) if typing.get_origin(f.annotation) is typing.Literal else None
+            p.add_argument(name, nargs="?", choices=choices, default=f.default, metavar=metavar if not choices else None,
+                           help=f.description)
+    _add_deployment(p)
+    if "args" in fields:
+        p.add_argument("--arg", dest="args", action="append", default=[], metavar="NAME=VALUE", help=fields["args"].description)
+    source = CliSettingsSource(_flags_model(stage), root_parser=p, cli_kebab_case=True, cli_implicit_flags="toggle",
+                               cli_hide_none_type=True)
+    _tidy_help(p)
+    _add_output(p)
+    _VERBS[stage.verb] = (stage, source)
+
+
+_METAVARS = {"int": "N", "float": "X", "str": "VALUE", "list[int]": "N,...", "list[float]": "X,..."}
+
+
+def _tidy_help(p: argparse.ArgumentParser) -> None:
+    """Generated flags in this CLI's style: a metavar that says what to type, no '(default: null)' (the
+    descriptions say what an absent flag means)."""
+    for act in p._actions:
+        if isinstance(act.help, str):
+            act.help = act.help.replace(" (default: null)", "")
+        if isinstance(act.metavar, str):
+            act.metavar = _METAVARS.get(act.metavar, act.metavar)
+
+
+def _options(verb: str, a: argparse.Namespace) -> Any:
+    """The verb's flags (as pydantic-settings parsed them) plus its own arguments, validated by the stage's model."""
+    stage, source = _VERBS[verb]
+    values = dict(source(parsed_args=a)())   # parsed, then read back as a dict
+    for name in (*_POSITIONAL, *_HANDWRITTEN):
+        if name in stage.options.model_fields:
+            values[name] = getattr(a, name)
+    if verb == "bench" and values.get("progress") is None:
+        values["progress"] = sys.stderr.isatty()
+    return validate(stage.options, values, cli=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -387,127 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also upload the run to s3://BUCKET/PREFIX/<host>/<run id>/ (default: $RUNBOOK_ARCHIVE_URL, else the spec's archive.url)")
     r.set_defaults(fn=_cmd_run)
 
-    e = sub.add_parser("env", help="GPU, driver, serving-environment and host checks")
-    _add_deployment(e)
-    _add_output(e)
-    e.set_defaults(fn=_cmd_env)
-
-    q = sub.add_parser("quant", help="what SGLang will do with a checkpoint's weight and KV-cache quantization")
-    q.add_argument("model_dir", nargs="?", metavar="MODEL_DIR", help="checkpoint dir or cached HF repo id (default: the deployment's model)")
-    _add_deployment(q)
-    _add_output(q)
-    q.set_defaults(fn=_cmd_quant)
-
-    k = sub.add_parser("kv", help="KV-cache and state memory per GPU, the way SGLang sizes its pools")
-    k.add_argument("model_dir", nargs="?", metavar="MODEL_DIR", help="checkpoint or model-card dir (default: the deployment's model)")
-    _add_deployment(k)
-    k.add_argument("--tp", type=_POS_INT, help="tensor parallel size (default: the spec's, else 1)")
-    k.add_argument("--pp", type=_POS_INT, help="pipeline parallel size")
-    k.add_argument("--attn-dp", type=_POS_INT, help="attention data parallel size")
-    k.add_argument("--kv-dtype", help="auto, bf16, fp8_e4m3, fp8_e5m2, mxfp8, nvfp4, fp4_mx_block16")
-    k.add_argument("--gpu-mem-gib", type=_POS_FLOAT, help="memory per GPU")
-    k.add_argument("--weights-gib", type=_POS_FLOAT, help="weights per GPU (default: from the checkpoint)")
-    k.add_argument("--mem-fraction-static", type=_float(0, 1), help="default: the spec's flag, else SGLang's heuristic")
-    k.add_argument("--kv-budget-gib", type=_POS_FLOAT, help="KV+state budget per GPU, skipping the memory arithmetic")
-    k.add_argument("--page-size", type=_POS_INT)
-    k.add_argument("--context-len", type=_POS_INT, help="default: the spec's --context-length, else the model's")
-    k.add_argument("--contexts", type=_list(_POS_INT), help="context lengths to fit, e.g. 8192,32768,131072,262144")
-    k.add_argument("--speculative-algorithm", choices=["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"],
-                   help="what-if speculative decoding (NEXTN: the checkpoint's own MTP layers)")
-    k.add_argument("--speculative-num-steps", type=_POS_INT)
-    k.add_argument("--speculative-eagle-topk", type=_POS_INT)
-    k.add_argument("--speculative-num-draft-tokens", type=_POS_INT)
-    k.add_argument("--mamba-ssm-dtype", choices=["float32", "bfloat16", "float16"], help="hybrid models' SSM state dtype")
-    k.add_argument("--max-running-requests", type=_POS_INT)
-    k.add_argument("--attention-backend", help="SGLang attention backend (moves the prefill graph reserve and page size)")
-    k.add_argument("--compute-capability", type=_cc, help="GPU compute capability, e.g. 9.0 (H200), 10.0 (B200), 12.0 (RTX PRO 6000)")
-    _add_output(k)
-    k.set_defaults(fn=_cmd_kv)
-
-    sv = sub.add_parser("service", help="render, check, diff, install or drift-check the systemd unit")
-    sv.add_argument("action", choices=["render", "check", "diff", "install", "drift", "report"],
-                    help="report: check + diff + install plan + drift, what 30_service shows")
-    _add_deployment(sv)
-    sv.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE", help="add or override one SGLang flag (what-if)")
-    sv.add_argument("--out", metavar="FILE", help="render: write the unit here (a directory for multi-node)")
-    sv.add_argument("--installed", metavar="FILE", help="diff, report: the installed unit (default: systemd.unit_path or /etc/systemd/system/<name>.service)")
-    sv.add_argument("--yes", action="store_true", help="install: really do it (default: dry run)")
-    sv.add_argument("--root", metavar="DIR", help="install: prefix for the unit path (testing, chroots)")
-    sv.add_argument("--systemctl", metavar="CMD", help="install: systemctl command to use")
-    sv.add_argument("--ready-url", metavar="URL", type=_url, help="install: readiness URL (default: http://host:port + systemd.ready_path)")
-    sv.add_argument("--ready-timeout", type=_POS_FLOAT, metavar="S", help="install: readiness timeout (default: systemd.timeout_start_sec)")
-    sv.add_argument("--url", metavar="URL", type=_url, help="drift, report: server base URL (default: http://host:port from the spec)")
-    _add_output(sv)
-    sv.set_defaults(fn=_cmd_service)
-
-    b = sub.add_parser("bench", help="benchmark a running OpenAI-compatible server (SGLang, or llama-server for demos)")
-    b.add_argument("--url", type=_url, help="server base URL (default: the spec's host:port)")
-    _add_deployment(b)
-    b.add_argument("--model", help="model name to send (default: the server's first /v1/models entry)")
-    b.add_argument("--concurrency", type=_list(_POS_INT), metavar="1,2,4,...", help="fixed-concurrency levels (default: the spec's plan)")
-    b.add_argument("--rate", type=_list(_POS_FLOAT), metavar="R,...", help="Poisson request-rate levels (requests/s)")
-    g = b.add_mutually_exclusive_group()
-    g.add_argument("--requests", type=_POS_INT, metavar="N", help="measured requests per level")
-    g.add_argument("--duration", type=_POS_FLOAT, metavar="S", help="measure each level for S seconds")
-    b.add_argument("--workload", help="random | code | longctx | prefix | agentic | trace:FILE (Mooncake JSONL; trace:synthetic) | FILE.jsonl")
-    b.add_argument("--turns", type=_POS_INT, metavar="T", help="agentic: turns per session (default 4)")
-    b.add_argument("--think-time", type=_float(lo_ok=True), metavar="S", help="agentic: pause between turns (default 0)")
-    b.add_argument("--think-dist", choices=["fixed", "exp"], help="agentic: think time fixed, or exponential with that mean")
-    b.add_argument("--tool-result-len", type=_int(0), metavar="N", help="agentic: synthetic tool-result tokens per turn (default 256)")
-    b.add_argument("--trace-speed", type=_POS_FLOAT, metavar="X", help="trace:FILE: replay X times as fast (default 1)")
-    b.add_argument("--find-max", choices=["slo"], help="slo: bracket then bisect concurrency (or --rate START) for the "
-                   "highest load meeting the spec's SLOs, instead of the fixed levels")
-    b.add_argument("--workers", type=_POS_INT, metavar="N", help="load-generator processes for fixed-concurrency levels "
-                   "(default 1): each takes every N-th request and a share of the concurrency, one clock, records merged")
-    b.add_argument("--transport", choices=["h1", "aiohttp"], help="HTTP client for the streamed requests: "
-                   "h1 (asyncio protocol over httptools, parsed as bytes arrive; default) or aiohttp")
-    b.add_argument("--input-len", type=_POS_INT, metavar="N")
-    b.add_argument("--output-len", type=_POS_INT, metavar="N")
-    b.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
-    b.add_argument("--tokenizer", metavar="DIR", help="dir with tokenizer.json for exact lengths and client token counts")
-    b.add_argument("--warmup", type=_int(0), metavar="N", help="warm-up requests per level")
-    b.add_argument("--out", metavar="DIR", help="write records.jsonl and summary.json here")
-    b.add_argument("--compare-url", metavar="URL", type=_url, help="A/B: the same workload against this second endpoint")
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--timeout", type=_POS_FLOAT, default=600.0, metavar="S", help="per-request timeout")
-    b.add_argument("--flush-cache", action="store_true",
-                   help="POST /flush_cache before each level (default: the spec's benchmark.flush_cache, off)")
-    b.add_argument("--archive", default=str(OUTPUTS), metavar="DIR",
-                   help="compare with this deployment's newest benchmark archived here (default: outputs/; '' to skip)")
-    _add_output(b)
-    b.set_defaults(fn=_cmd_bench)
-
-    ac = sub.add_parser("accuracy", help="KV-quantization error offline; long-context recall, greedy identity and tool calls live")
-    ac.add_argument("probe", choices=["kvquant", "recall", "identity", "report", "toolcall"],
-                    help="report: all four, what 50_accuracy shows (live probes skip without --url)")
-    _add_deployment(ac)
-    ac.add_argument("--url", type=_url, help="recall: the endpoint (default: the spec's); identity: speculative decoding on")
-    ac.add_argument("--compare-url", type=_url, help="recall, report: A/B second endpoint (e.g. BF16 KV); identity: speculative decoding off")
-    ac.add_argument("--spec-off-url", type=_url, help="report: the same model with speculative decoding off (greedy identity)")
-    ac.add_argument("--lengths", type=_list(_POS_INT), metavar="N,...", help="recall: haystack token lengths (default: the spec's, up to --context-length)")
-    ac.add_argument("--depths", type=_list(_float(0, 1, lo_ok=True)), metavar="F,...", help="recall: needle depths as fractions (default: the spec's)")
-    ac.add_argument("--per-cell", type=_POS_INT, default=1, help="recall: needles per length × depth cell")
-    ac.add_argument("--tokenizer", metavar="DIR", help="dir with tokenizer.json: exact prompt lengths")
-    ac.add_argument("--seed", type=int, default=0)
-    ac.add_argument("--prompts", type=_POS_INT, default=8, help="identity: number of prompts")
-    ac.add_argument("--max-tokens", type=_POS_INT, default=64, help="identity: greedy tokens per prompt")
-    ac.add_argument("--model", help="toolcall: the served model name (default: the first /v1/models lists)")
-    ac.add_argument("--tool-choice", choices=["auto", "required"], default="auto",
-                    help="toolcall, report: auto (default: what agent loops send) or required (the server must call a "
-                         "tool; prose is then a fail: the chat template or parser ignores the tools)")
-    ac.add_argument("--out", metavar="DIR", help="recall, report: archive the prompts here")
-    _add_output(ac)
-    ac.set_defaults(fn=_cmd_accuracy)
-
-    vf = sub.add_parser("verify", help="the running server against the plan: its start-up log and /server_info")
-    _add_deployment(vf)
-    src = vf.add_mutually_exclusive_group()
-    src.add_argument("--log", metavar="FILE", help="a saved server log (default: the unit's journal)")
-    src.add_argument("--unit", metavar="NAME", help="systemd unit whose journal to read (default: the spec's systemd.unit_name)")
-    vf.add_argument("--url", type=_url, help="compare /server_info of this server (default: the spec's host:port)")
-    vf.add_argument("--since", type=_since, metavar="TIME", help="read from this time, e.g. '2026-01-05 10:00' (default: the unit's last start)")
-    _add_output(vf)
-    vf.set_defaults(fn=_cmd_verify)
+    for stage in registry.stages():
+        _add_stage(sub, stage)
 
     pu = sub.add_parser("push", help="upload local runs that are not yet in the archive store (what a failed upload left)")
     _add_deployment(pu)
@@ -533,10 +394,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Verbs whose positional picks among several actions; the others run their stage's entry point.
+_ACTIONS: dict[str, Callable[[argparse.Namespace, Any], int]] = {"service": _cmd_service, "accuracy": _cmd_accuracy}
+
+
+def _run_stage(verb: str, a: argparse.Namespace) -> int:
+    try:
+        o = _options(verb, a)
+    except (InputError, SettingsError) as e:
+        msg = " ".join(str(e).split())
+        print(f"runbook {verb}: error: {msg}", file=sys.stderr)
+        return 2
+    handler = _ACTIONS.get(verb)
+    return handler(a, o) if handler else _cmd_stage(_VERBS[verb][0], a, o)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    fn: Callable[[argparse.Namespace], int] = args.fn
     try:
+        if args.verb in _VERBS:
+            return _run_stage(args.verb, args)
+        fn: Callable[[argparse.Namespace], int] = args.fn
         return fn(args)
     except LockHeld as e:
         print(f"runbook: {e}", file=sys.stderr)

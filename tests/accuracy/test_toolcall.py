@@ -151,10 +151,10 @@ def test_stage_50_runs_the_probe_with_the_other_live_probes(server, cli):
     from runbook.core import spec as spec_mod
 
     dep = spec_mod.load(spec_mod.REPO_ROOT / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml")
-    offline = accuracy.evaluate(dep, None)
+    offline = accuracy.assess(dep, None)
     assert {f.id: f.status for f in offline.findings}["accuracy.toolcall.endpoint"] == "skip"
     srv = server("wrong_finish")
-    rep = accuracy.evaluate(dep, srv.url, lengths=[256], depths=[0.5])
+    rep = accuracy.assess(dep, srv.url, lengths=[256], depths=[0.5])
     f = {x.id: x.status for x in rep.findings}
     assert f["accuracy.toolcall.finish_reason"] == "fail" and len(rep.data()["toolcall"]["cases"]) == 6
     assert rep.data()["toolcall"]["tool_choice"] == "auto"

@@ -15,6 +15,7 @@ from httpfake import serve
 
 from runbook import verify
 from runbook.core import spec
+from runbook.core.registry import document
 from runbook.verify import logparse
 
 from .sglang_formats import SRT, line, render
@@ -94,7 +95,7 @@ def startup(tokens=PLAN_TOKENS, dtype="torch.bfloat16", ctx=CTX, mrr=PLAN_MRR, w
 def run_log(tmp_path, lines, d=None, **kw):
     p = tmp_path / "server.log"
     p.write_text("\n".join(lines) + "\n")
-    return verify.evaluate(d or dep(), log=p, **kw)
+    return verify.inspect(d or dep(), log=p, **kw)
 
 
 def test_every_pattern_matches_the_rendered_line():
@@ -116,7 +117,7 @@ def test_default_deployment_passes(tmp_path):
     assert f["verify.context_len"].status == "pass" and f["verify.started"].status == "pass"
     assert f["verify.fp8_kv_scales"].status == "pass"
     assert not [x for x in rep.findings if x.status == "fail"]
-    j = rep.to_json()
+    j = document(rep)
     assert set(j["observed"]) == set(j["predicted"]) == {"kv_dtype", "max_total_num_tokens", "max_running_requests", "context_len",
                                                           "weights_gib_per_gpu", "avail_mem_gib_after_start"}
     assert j["observed"]["max_total_num_tokens"] == j["predicted"]["max_total_num_tokens"] == PLAN_TOKENS
@@ -139,7 +140,7 @@ def test_fp8_kv_without_scales_fails(tmp_path):
     f = ids(rep.findings)
     assert f["verify.fp8_kv_scales"].status == "fail" and "Defaulting to scaling factors of 1.0" in f["verify.fp8_kv_scales"].evidence
     assert f["verify.kv_dtype"].status == "fail" and "bfloat16" in f["verify.kv_dtype"].title   # the unit asks for bf16
-    assert any(w["id"] == "fp8_kv_no_scales" for w in rep.to_json()["warnings"])
+    assert any(w["id"] == "fp8_kv_no_scales" for w in document(rep)["warnings"])
 
 
 def test_default_moe_config_on_sm120_warns(tmp_path):
@@ -157,7 +158,7 @@ def test_oom_at_graph_capture_fails_with_remedy_and_no_secret(tmp_path):
     f = ids(rep.findings)
     assert f["verify.oom_graph_capture"].status == "fail" and "--mem-fraction-static" in f["verify.oom_graph_capture"].remedy
     assert f["verify.started"].status == "fail" and "verify.oom" not in f
-    text = json.dumps(rep.to_json())
+    text = json.dumps(document(rep))
     assert SECRET not in text and "***redacted***" in text
 
 
@@ -166,7 +167,7 @@ def test_only_the_last_start_counts(tmp_path):
     rep = run_log(tmp_path, first + startup(ts="2026-01-05 10:00:00"))
     f = ids(rep.findings)
     assert f["verify.fp8_kv_scales"].status == "pass" and rep.facts.starts_seen == 2
-    assert rep.to_json()["log"]["start_time"] == "2026-01-05 10:00:00"
+    assert document(rep)["log"]["start_time"] == "2026-01-05 10:00:00"
 
 
 def test_since_reads_from_that_time(tmp_path):
@@ -186,12 +187,12 @@ def test_since_reads_from_that_time(tmp_path):
 def test_hostile_logs_give_findings_not_tracebacks(tmp_path, garbage):
     p = tmp_path / "bad.log"
     p.write_bytes(b"\n".join(s.encode() for s in startup()[:3]) + b"\n" + garbage)
-    rep = verify.evaluate(dep(), log=p)
-    assert rep.findings and len(json.dumps(rep.to_json())) < 200_000
+    rep = verify.inspect(dep(), log=p)
+    assert rep.findings and len(json.dumps(document(rep))) < 200_000
 
 
 def test_missing_log_is_skip(tmp_path):
-    rep = verify.evaluate(dep(), log=tmp_path / "nope.log")
+    rep = verify.inspect(dep(), log=tmp_path / "nope.log")
     assert ids(rep.findings)["verify.log"].status == "skip"
 
 
@@ -208,7 +209,7 @@ def test_journal_path_with_a_scripted_journalctl(tmp_path):
     systemd = "2026-01-05T09:59:59+0000 gpu-host systemd[1]: Starting sglang-qwen.service - SGLang qwen3.5-397b..."
     old = startup(tokens=10, journal=True, ts="2026-01-04 08:00:00")
     exe = _fake_journalctl(tmp_path, old + [systemd] + startup(journal=True))
-    rep = verify.evaluate(dep(), journalctl=exe, systemctl="/nonexistent/systemctl")
+    rep = verify.inspect(dep(), journalctl=exe, systemctl="/nonexistent/systemctl")
     f = ids(rep.findings)
     assert f["verify.tokens"].status == "pass" and rep.source == "journal:sglang-qwen"
     assert rep.facts.start_time == "2026-01-05T09:59:59+0000"
@@ -217,8 +218,8 @@ def test_journal_path_with_a_scripted_journalctl(tmp_path):
 
 def test_journalctl_failing_is_skip(tmp_path):
     exe = _fake_journalctl(tmp_path, [], rc=1)
-    assert ids(verify.evaluate(dep(), journalctl=exe).findings)["verify.log"].status == "skip"
-    assert ids(verify.evaluate(dep(), journalctl="/nonexistent/journalctl").findings)["verify.log"].status == "skip"
+    assert ids(verify.inspect(dep(), journalctl=exe).findings)["verify.log"].status == "skip"
+    assert ids(verify.inspect(dep(), journalctl="/nonexistent/journalctl").findings)["verify.log"].status == "skip"
 
 
 def _journal_usable() -> str:
@@ -236,7 +237,7 @@ def test_real_journal(tmp_path):
     log.write_text("\n".join(startup()) + "\n")
     subprocess.run(["systemd-run", f"--unit={unit}", "--wait", "cat", str(log)], check=True, capture_output=True, timeout=60)
     time.sleep(1)
-    rep = verify.evaluate(dep(), unit=unit)
+    rep = verify.inspect(dep(), unit=unit)
     assert ids(rep.findings)["verify.tokens"].status == "pass"
 
 
@@ -250,8 +251,8 @@ def test_server_info_with_a_different_pool(tmp_path, monkeypatch):
     f = ids(rep.findings)
     assert f["verify.server.tokens"].status == "fail" and f["verify.server.kv_dtype"].status == "pass"
     assert f["verify.server.restarted"].status == "warn" and f["verify.tokens"].status == "pass"
-    assert rep.to_json()["rows"][2]["server"] == int(PLAN_TOKENS * 0.85)
-    assert SECRET not in json.dumps(rep.to_json())
+    assert document(rep)["rows"][2]["server"] == int(PLAN_TOKENS * 0.85)
+    assert SECRET not in json.dumps(document(rep))
 
 
 def test_server_unreachable_is_skip(tmp_path):

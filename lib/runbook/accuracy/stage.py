@@ -1,15 +1,19 @@
-"""Stage 50's one entry point: the offline KV-quantization study plus the live recall, greedy-identity and
+"""Stage 50's contract and entry point: the offline KV-quantization study plus the live recall, greedy-identity and
 tool-call probes (each a `skip` finding when its endpoint is not given or not reachable)."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
+
+from pydantic import Field
 
 from runbook.accuracy import kvquant, probes, toolcall
 from runbook.core.findings import Finding
-from runbook.core.spec import Deployment
+from runbook.core.options import Fraction, Options, PosInt, Url
+from runbook.core.registry import Stage, register
+from runbook.core.spec import SLO, Deployment
 
 
 @dataclass
@@ -26,11 +30,9 @@ class AccuracyReport:
                             "active": list(self.active)},
                 "recall": dict(self.recall), "identity": self.identity, "toolcall": dict(self.toolcall)}
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.data(), findings=[f.to_dict() for f in self.findings])
 
 
-def evaluate(spec: Deployment, url: Optional[str] = None, compare_url: Optional[str] = None, spec_off_url: Optional[str] = None,
+def assess(spec: Deployment, url: Optional[str] = None, compare_url: Optional[str] = None, spec_off_url: Optional[str] = None,
              lengths: Optional[Sequence[int]] = None, depths: Optional[Sequence[float]] = None,
              tokenizer: Optional[str] = None, seed: int = 0, per_cell: int = 1, artifact_dir: Optional[str | Path] = None,
              prompts: int = 8, max_tokens: int = 64, toolcall_max_tokens: int = 1024,
@@ -48,3 +50,63 @@ def evaluate(spec: Deployment, url: Optional[str] = None, compare_url: Optional[
                       max_tokens=toolcall_max_tokens, tool_choice=tool_choice)
     return AccuracyReport(study, active, rec, rows, study.findings + recall_findings + identity_findings + tc.findings,
                           tc.data())
+
+
+PROBES = ("kvquant", "recall", "identity", "report", "toolcall")
+
+
+class AccuracyOptions(Options):
+    probe: Literal["kvquant", "recall", "identity", "report", "toolcall"] = Field(
+        "report", description="report: all four, what 50_accuracy shows (live probes skip without --url)")
+    url: Optional[Url] = Field(None, description="recall: the endpoint (default: the spec's); identity: speculative decoding on")
+    compare_url: Optional[Url] = Field(None, description="recall, report: A/B second endpoint (e.g. BF16 KV); identity: speculative decoding off")
+    spec_off_url: Optional[Url] = Field(None, description="report: the same model with speculative decoding off (greedy identity)")
+    lengths: Optional[list[PosInt]] = Field(None, description="recall: haystack token lengths (default: the spec's, up to --context-length)")
+    depths: Optional[list[Fraction]] = Field(None, description="recall: needle depths as fractions (default: the spec's)")
+    per_cell: PosInt = Field(1, description="recall: needles per length × depth cell")
+    tokenizer: Optional[str] = Field(None, description="dir with tokenizer.json: exact prompt lengths")
+    seed: int = Field(0, description="the prompts are deterministic from this seed")
+    prompts: PosInt = Field(8, description="identity: number of prompts")
+    max_tokens: PosInt = Field(64, description="identity: greedy tokens per prompt")
+    model: Optional[str] = Field(None, description="toolcall: the served model name (default: the first /v1/models lists)")
+    tool_choice: Literal["auto", "required"] = Field(
+        "auto", description="toolcall, report: auto (default: what agent loops send) or required (the server must call a "
+                            "tool; prose is then a fail: the chat template or parser ignores the tools)")
+    toolcall_max_tokens: PosInt = Field(1024, description="toolcall, report: tokens per tool-call answer")
+    out: Optional[str] = Field(None, description="recall, report: archive the prompts here")
+
+
+def evaluate(spec: Deployment, options: AccuracyOptions) -> AccuracyReport:
+    o = options
+    return assess(spec, o.url, o.compare_url, o.spec_off_url, o.lengths, o.depths, o.tokenizer, o.seed, o.per_cell, o.out,
+                  o.prompts, o.max_tokens, o.toolcall_max_tokens, o.tool_choice)
+
+
+def _num(v: Any) -> Optional[float]:
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def figures(data: dict[str, Any], slo: Optional[SLO] = None) -> dict[str, Any]:
+    """recall (share of needles found), greedy_identical (share of identical prompts) and the KV study's
+    largest attention-output error for this deployment's own KV format."""
+    out: dict[str, Any] = {}
+    grid = [c for c in ((data.get("recall") or {}).get("grid") or []) if isinstance(c, dict)]
+    total = sum(int(c.get("total") or 0) for c in grid)
+    if total:
+        out["recall"] = round(sum(int(c.get("correct") or 0) for c in grid) / total, 4)
+    ident = [r for r in (data.get("identity") or []) if isinstance(r, dict)]
+    if ident:
+        out["greedy_identical"] = round(sum(1 for r in ident if r.get("identical")) / len(ident), 4)
+    kvq = data.get("kvquant") or {}
+    rows = [r for r in (kvq.get("rows") or []) if isinstance(r, dict)]
+    active = kvq.get("active")
+    if rows and isinstance(active, list) and len(active) == 2:
+        errs = [e for e in (_num(r.get("attn_out_rel_err")) for r in rows if [r.get("format"), r.get("scaling")] == active) if e is not None]
+        if errs:
+            out["kvquant_attn_rel_err_max"] = round(max(errs), 6)
+    return out
+
+
+STAGE = register(Stage(50, "accuracy", "accuracy", "KV-quantization error offline; long-context recall, greedy identity and tool calls live",
+                       AccuracyOptions, evaluate, figures=figures, trends=("recall", "greedy_identical", "kvquant_attn_rel_err_max"),
+                       runner_params={"artifact_dir": "out"}))

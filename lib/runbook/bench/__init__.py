@@ -16,9 +16,10 @@ from runbook.bench.run import (
            BenchOptions,
            BenchResult,
            compare_previous,
-           evaluate,
+           measure,
            options_from,
 )
+from runbook.bench.stage import STAGE, BenchStageOptions, evaluate
 
-__all__ = ["BenchOptions", "BenchResult", "compare_previous", "evaluate", "frame", "options_from", "plot_cdf",
+__all__ = ["STAGE", "BenchOptions", "BenchResult", "BenchStageOptions", "measure", "compare_previous", "evaluate", "frame", "options_from", "plot_cdf",
            "plot_latency", "plot_slo_search", "plot_telemetry", "plot_throughput", "plot_turns", "spec_decoding_frame", "turns_frame"]

@@ -62,6 +62,7 @@ class BenchOptions:
 
 
 AGENTIC = "agentic"
+DURATION_REQUESTS = 100000   # the request budget of a level bounded by time (built lazily: only those sent)
 
 
 def check_options(o: BenchOptions) -> None:
@@ -102,6 +103,10 @@ class BenchResult:
     findings: list[Finding]
     levels: list[LevelResult] = field(default_factory=list)
     records_path: Optional[Path] = None
+
+    def data(self) -> dict[str, Any]:
+        """The results-JSON payload: the summary (with `levels`, empty when nothing ran)."""
+        return dict(self.summary, levels=self.summary.get("levels", []))
 
 
 def level_summary(lr: LevelResult, slo: Any = None) -> dict[str, Any]:
@@ -693,6 +698,8 @@ def options_from(spec: Deployment, url: Optional[str] = None, **overrides: Any) 
             setattr(o, k, v)
     if overrides.get("rates") and not overrides.get("concurrency"):
         o.concurrency = []          # --rate alone runs rate levels alone, not the spec's concurrency plan too
+    if overrides.get("duration_s") and not overrides.get("requests"):
+        o.requests = DURATION_REQUESTS   # a level bounded by --duration, not by the spec's request count
     if not o.tokenizer and not url:
         # Benchmarking the spec's own server: its model's tokenizer, when the checkpoint is here.
         from runbook.model.location import locate
@@ -703,17 +710,18 @@ def options_from(spec: Deployment, url: Optional[str] = None, **overrides: Any) 
     return o
 
 
-def evaluate(spec: Deployment, options: Optional[BenchOptions] = None, archive_root: Optional[str | Path] = None,
-             exclude_run: Optional[str] = None) -> BenchResult:
-    """Stage 40's entry point: the sweep, then the regression check against the newest archived
+def measure(spec: Deployment, options: Optional[BenchOptions] = None, archive_root: Optional[str | Path] = None,
+            exclude_run: Optional[str] = None) -> BenchResult:
+    """The sweep, then the regression check against the newest archived
     benchmark of this deployment under `archive_root` (outputs/ for the CLI, the runner's archive
     for the notebook; none: no comparison). The regression findings and the previous run it used are in the result."""
+    from runbook.core import registry
     from runbook.core.archive import previous_data
 
     o = options or options_from(spec)
     res = run(o, spec.slo)
     if res.summary.get("levels") and archive_root:
-        prev = previous_data(Path(archive_root), spec.name, "40_benchmark", exclude_run, usable=lambda d: bool(d.get("levels")))
+        prev = previous_data(Path(archive_root), spec.name, registry.get("benchmark").notebook, exclude_run, usable=lambda d: bool(d.get("levels")))
         reg = compare_previous(res.summary, prev, spec.benchmark.regression_threshold_pct)
         res.summary["previous_run"] = {k: prev.get(k) for k in ("corpus_version", "workload", "model")} if prev else None
         res.findings += reg

@@ -43,9 +43,9 @@ class EnvReport(gpus.GpuReport):
     serving: dict[str, Any] = field(default_factory=dict)
     host: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"findings": [f.to_dict() for f in self.findings], "gpus": self.gpus, "processes": self.processes,
-                "topology": self.topology, "driver": self.driver, "serving": self.serving, "host": self.host}
+    def data(self) -> dict[str, Any]:
+        return {"gpus": self.gpus, "processes": self.processes, "topology": self.topology, "driver": self.driver,
+                "serving": self.serving, "host": self.host}
 
 
 def torch_cuda(version: str | None) -> str | None:

@@ -12,12 +12,13 @@ from typing import Any, Optional
 
 import jinja2
 
+from runbook.core import registry
 from runbook.core.fsutil import atomic_write_text
 from runbook.runner.upload import MARKER, open_store
 
 SCHEMA = "runbook.fleet/1"
-TREND_METRICS = ("kv_tokens_planned", "kv_tokens_observed", "max_concurrency_within_slo", "max_rate_within_slo", "recall",
-                 "greedy_identical", "kvquant_attn_rel_err_max")
+# The run-summary figures the stages declare as trends (core/registry.py), in stage order.
+TREND_METRICS = registry.trend_keys()
 
 
 @dataclass

@@ -1,8 +1,7 @@
 """Stage 20: KV-cache and state memory per GPU, the way SGLang sizes its pools. `evaluate(spec, ...)`
 is the entry point (`runbook kv`, 20_kv_memory); `memory` holds the pure arithmetic, `report` the
 tables, plots and the what-if panel."""
-from runbook.kv.plan import Plan
-from runbook.kv.plan import plan as evaluate
+from runbook.kv.plan import Plan, plan
 from runbook.kv.report import (
                                candidates_frame,
                                memory_frame,
@@ -15,6 +14,7 @@ from runbook.kv.report import (
                                story_frame,
                                text_table,
 )
+from runbook.kv.stage import STAGE, KvOptions, evaluate
 
-__all__ = ["Plan", "candidates_frame", "evaluate", "memory_frame", "panel", "plot_capacity", "plot_concurrency",
-           "plot_memory", "scenarios_frame", "selected_frame", "story_frame", "text_table"]
+__all__ = ["STAGE", "KvOptions", "Plan", "candidates_frame", "evaluate", "memory_frame", "panel", "plot_capacity", "plot_concurrency",
+           "plan", "plot_memory", "scenarios_frame", "selected_frame", "story_frame", "text_table"]

@@ -91,9 +91,8 @@ class Plan:
     weights_source: str = ""
     scenarios: list[tuple[str, kvmem.Result]] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def data(self) -> dict[str, Any]:
         d = self.result.to_json()
-        d["findings"] = [f.to_dict() for f in self.findings]
         d["inputs"] = asdict(self.inputs)
         d["weights_source"] = self.weights_source
         d["candidates"] = [{k: c.to_json()[k] for k in ("kv_dtype", "kv_bytes_per_token_per_gpu", "max_total_num_tokens",

@@ -10,8 +10,7 @@ from runbook.quant.analysis import (
            scale_tensors,
 )
 from runbook.quant.report import kv_cache_frame, weights_frame
+from runbook.quant.stage import STAGE, QuantOptions, evaluate
 
-evaluate = for_deployment
-
-__all__ = ["KVCache", "QuantReport", "Weights", "evaluate", "for_deployment", "inspect", "kv_cache_frame",
+__all__ = ["STAGE", "KVCache", "QuantOptions", "QuantReport", "Weights", "evaluate", "for_deployment", "inspect", "kv_cache_frame",
            "scale_tensors", "weights_frame"]

@@ -76,9 +76,9 @@ class QuantReport:
     # The checkpoint read and its location note, so a caller (service check -> kv) does not read it again.
     loaded: Optional[tuple[Checkpoint, str]] = field(default=None, repr=False, compare=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def data(self) -> dict[str, Any]:
         return {"checkpoint": self.checkpoint, "weights": asdict(self.weights), "kv_cache": asdict(self.kv_cache),
-                "recommended_flags": self.recommended_flags, "findings": [f.to_dict() for f in self.findings]}
+                "recommended_flags": self.recommended_flags}
 
 
 def _producer(p: Any) -> tuple[Optional[str], Optional[str]]:

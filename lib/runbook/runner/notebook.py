@@ -4,9 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
+from runbook.core import registry
 from runbook.core import spec as spec_mod
 from runbook.core.errors import InputError, RunbookError  # noqa: F401 (InputError re-exported for notebooks)
 from runbook.core.findings import Finding, sort, styled
+from runbook.core.options import from_params
 from runbook.runner import results
 
 
@@ -15,11 +17,13 @@ def load_spec(deployment: str) -> spec_mod.Deployment:
     return spec_mod.load(deployment or None)
 
 
-def given(**params: Any) -> dict[str, Any]:
-    """The parameters a notebook was given: 0, 0.0, "", [] and False mean "the spec's value" in a
-    parameters cell (papermill cannot inject None into a typed parameter), so they are dropped here
-    and the stage's entry point reads the spec, exactly as the CLI does when a flag is absent."""
-    return {k: v for k, v in params.items() if v is not None and v is not False and v != 0 and v != "" and v != []}
+def options(stage: str, **params: Any) -> Any:
+    """The notebook's parameters as its stage's options, validated by the same model the CLI's flags
+    come from. 0, 0.0, "", [] and False mean "the spec's value" in a parameters cell (papermill cannot
+    inject None into a typed parameter), so they are dropped, exactly as an absent flag; the runner's
+    own parameters map onto their option (artifact_dir -> out)."""
+    st = registry.get(stage)
+    return from_params(st.options, params, st.runner_params)
 
 
 def show(findings: Iterable[Finding]):

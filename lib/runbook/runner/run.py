@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, TextIO
 
-from runbook.core import secrets
+from runbook.core import registry, secrets
 from runbook.core import spec as spec_mod
 from runbook.core.errors import LockHeld, SpecError
 from runbook.core.findings import STATUSES, counts, exit_code_for
@@ -86,8 +86,16 @@ class Log:
 
 
 def discover(notebooks_dir: Path, only: list[str]) -> list[Path]:
-    """Notebooks in reading order (file name order); --only takes stems with or without the number."""
-    nbs = sorted(p for p in notebooks_dir.glob("*.ipynb") if not p.name.startswith("."))
+    """Notebooks in reading order; --only takes stems with or without the number. The runbook's own
+    notebooks are the registry's stages (a missing one is an error, not a silently shorter run); another
+    directory (--notebooks) runs whatever notebooks it holds, in file name order."""
+    if notebooks_dir.resolve() == NOTEBOOKS.resolve():
+        nbs = [notebooks_dir / f"{s.notebook}.ipynb" for s in registry.stages()]
+        missing = [p.name for p in nbs if not p.is_file()]
+        if missing:
+            raise SpecError(f"{notebooks_dir}: the registered stages' notebooks {', '.join(missing)} are missing")
+    else:
+        nbs = sorted(p for p in notebooks_dir.glob("*.ipynb") if not p.name.startswith("."))
     if not nbs:
         raise SpecError(f"{notebooks_dir}: no notebooks found")
     if not only:

@@ -1,11 +1,17 @@
-"""Stage 30's one entry point: check + diff + install plan (dry run) + drift, over one built unit."""
+"""Stage 30's contract: its settings and `evaluate`, check + diff + install plan (dry run) + drift over
+one built unit (what 30_service shows and `runbook service report` prints). The other actions
+(render, check, diff, install, drift) are the CLI's, over the same options and the same built unit."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
+
+from pydantic import Field
 
 from runbook.core.findings import Finding
+from runbook.core.options import Options, PosFloat, Url
+from runbook.core.registry import Stage, register
 from runbook.core.spec import Deployment
 from runbook.service.check import check
 from runbook.service.diff import diff
@@ -30,11 +36,9 @@ class ServiceReport:
                 "diff": self.diff_text, "changes": self.changes, "install_plan": self.install_plan,
                 "drift": self.drift, "server": self.server}
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.data(), findings=[f.to_dict() for f in self.findings])
 
 
-def evaluate(spec: Deployment, args: Optional[dict[str, Any]] = None, installed: Optional[str | Path] = None,
+def assemble(spec: Deployment, args: Optional[dict[str, Any]] = None, installed: Optional[str | Path] = None,
              url: Optional[str] = None) -> ServiceReport:
     """Everything 30_service shows, built from one unit (checkpoint read once)."""
     b = build(spec, args, with_quant=True)
@@ -44,3 +48,38 @@ def evaluate(spec: Deployment, args: Optional[dict[str, Any]] = None, installed:
     rows, drift_findings, server = drift(spec, url or None, args, built=b)
     return ServiceReport(units, findings + diff_findings + drift_findings, text, changes,
                          plan.steps, rows, server)
+
+
+ACTIONS = ("render", "check", "diff", "install", "drift", "report")
+
+
+class ServiceOptions(Options):
+    action: Literal["render", "check", "diff", "install", "drift", "report"] = Field(
+        "report", description="report: check + diff + install plan + drift, what 30_service shows")
+    args: list[str] = Field([], description="add or override one SGLang flag, NAME=VALUE (what-if)")
+    installed_unit: Optional[str] = Field(None, alias="installed", description="diff, report: the installed unit "
+                                          "(default: systemd.unit_path or /etc/systemd/system/<name>.service)")
+    server_url: Optional[Url] = Field(None, alias="url", description="drift, report: server base URL (default: http://host:port from the spec)")
+    out: Optional[str] = Field(None, description="render: write the unit here (a directory for multi-node)")
+    yes: bool = Field(False, description="install: really do it (default: dry run)")
+    root: Optional[str] = Field(None, description="install: prefix for the unit path (testing, chroots)")
+    systemctl: Optional[str] = Field(None, description="install: systemctl command to use")
+    ready_url: Optional[Url] = Field(None, description="install: readiness URL (default: http://host:port + systemd.ready_path)")
+    ready_timeout: Optional[PosFloat] = Field(None, description="install: readiness timeout (default: systemd.timeout_start_sec)")
+
+
+def evaluate(spec: Deployment, options: ServiceOptions) -> ServiceReport:
+    from runbook.service.render import parse_args
+
+    return assemble(spec, parse_args(options.args), options.installed_unit, options.server_url)
+
+
+def figures(data: dict[str, Any], slo: Any = None) -> dict[str, Any]:
+    """The token pool the running server reports (/server_info, read by the drift check)."""
+    server = data.get("server") or {}
+    tokens = server.get("max_total_num_tokens") if isinstance(server, dict) else None
+    return {"kv_tokens_observed": int(tokens)} if isinstance(tokens, (int, float)) and not isinstance(tokens, bool) else {}
+
+
+STAGE = register(Stage(30, "service", "service", "render, check, diff, install or drift-check the systemd unit",
+                       ServiceOptions, evaluate, figures=figures, trends=("kv_tokens_observed",)))

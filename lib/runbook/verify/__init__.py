@@ -3,6 +3,6 @@
 saved file), parses SGLang's own start-up lines (`logparse`), and compares what the server did with
 what 20_kv_memory predicted for the unit and with /server_info (`compare`); `report` holds the tables."""
 from runbook.verify.report import compare_frame, plot_memory, startup_frame, text_table, warnings_frame
-from runbook.verify.stage import VerifyReport, evaluate
+from runbook.verify.stage import STAGE, VerifyOptions, VerifyReport, evaluate, inspect
 
-__all__ = ["VerifyReport", "compare_frame", "evaluate", "plot_memory", "startup_frame", "text_table", "warnings_frame"]
+__all__ = ["STAGE", "VerifyOptions", "VerifyReport", "inspect", "compare_frame", "evaluate", "plot_memory", "startup_frame", "text_table", "warnings_frame"]

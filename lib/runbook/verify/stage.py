@@ -1,4 +1,4 @@
-"""Stage 35's entry point: read the last start's log (and /server_info), compare with the plan."""
+"""Stage 35's contract and entry point: read the last start's log (and /server_info), compare with the plan."""
 from __future__ import annotations
 
 import datetime as dt
@@ -6,10 +6,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from pydantic import Field, field_validator, model_validator
+
 from runbook import kv, service
 from runbook.core import secrets
 from runbook.core.errors import InputError, SpecError
 from runbook.core.findings import Finding
+from runbook.core.options import Options, Url
+from runbook.core.registry import Stage, register
 from runbook.core.spec import Deployment
 from runbook.verify import compare, logparse, logsource
 
@@ -46,9 +50,6 @@ class VerifyReport:
                 "warnings": self.warnings(), "rows": self.rows(), "server": self.server, "unit": self.unit,
                 "startup": self.facts.to_json()}
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.data(), findings=[f.to_dict() for f in self.findings])
-
 
 def _scrub(rep: VerifyReport, spec: Deployment) -> VerifyReport:
     """No secret of the spec's (env_file values, the API key variable) in any line the report carries."""
@@ -65,7 +66,7 @@ def _scrub(rep: VerifyReport, spec: Deployment) -> VerifyReport:
     return rep
 
 
-def evaluate(spec: Deployment, log: Optional[str | Path] = None, unit: Optional[str] = None, url: Optional[str] = None,
+def inspect(spec: Deployment, log: Optional[str | Path] = None, unit: Optional[str] = None, url: Optional[str] = None,
              since: Optional[str] = None, journalctl: str = "journalctl", systemctl: str = "systemctl",
              drift: Optional[Callable[..., Any]] = None) -> VerifyReport:
     """Stage 35: the running server against the plan. `log` (a saved file) wins over `unit` (the journal;
@@ -87,7 +88,7 @@ def evaluate(spec: Deployment, log: Optional[str | Path] = None, unit: Optional[
     bpt_pred: Optional[int] = None
     plan_frac = None
     try:
-        p = kv.evaluate(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": flags})}))
+        p = kv.plan(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": flags})}))
         pred = compare.predicted(p.result)
         bpt_pred, plan_frac = p.result.kv_bytes_per_token_per_gpu, p.result.mem_fraction_static
     except (InputError, SpecError) as e:
@@ -156,3 +157,37 @@ def _server(spec: Deployment, url: str, rep: VerifyReport, flags: dict[str, Any]
                            detail="the log read is not this server's current run (another start, another host, or an old file)",
                            remedy="Read the journal of the unit that serves this URL, or a log of its current start."))
     return out or [Finding("verify.server", "info", f"/server_info read from {url}")]
+
+
+class VerifyOptions(Options):
+    log_file: Optional[str] = Field(None, alias="log", description="a saved server log (default: the unit's journal)")
+    unit: Optional[str] = Field(None, description="systemd unit whose journal to read (default: the spec's systemd.unit_name)")
+    server_url: Optional[Url] = Field(None, alias="url", description="compare /server_info of this server (default: the spec's host:port)")
+    since: Optional[str] = Field(None, description="read from this time, e.g. '2026-01-05 10:00' (default: the unit's last start)")
+
+    @field_validator("since")
+    @classmethod
+    def _since(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            try:
+                logsource.parse_since(v)
+            except ValueError as e:
+                raise ValueError(f"must be a time: {e}") from None
+            return v.strip()
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "VerifyOptions":
+        if self.log_file and self.unit:
+            raise ValueError("--log and --unit are two sources: give one")
+        return self
+
+
+def evaluate(spec: Deployment, options: VerifyOptions) -> VerifyReport:
+    """The same default as the notebook's: the spec's own host:port (no server there is a skip finding)."""
+    return inspect(spec, log=options.log_file, unit=options.unit, url=options.server_url or spec.serving.local_url,
+                   since=options.since)
+
+
+STAGE = register(Stage(35, "verify", "verify", "the running server against the plan: its start-up log and /server_info",
+                       VerifyOptions, evaluate))

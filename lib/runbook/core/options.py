@@ -1,0 +1,100 @@
+"""Stage settings, declared once: each stage's pydantic options model holds every setting's type,
+bound, default and help. The CLI's flags are generated from it (cli.py, through pydantic-settings),
+the notebooks' parameters are validated through it (`from_params`), and the stage merges the spec's
+defaults into it in one function of its own. Field name = notebook parameter; `alias` = the CLI flag
+where the two differ (`installed_unit` / `--installed`)."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Optional, TypeVar
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from runbook.core.errors import InputError
+
+
+class Options(BaseModel):
+    """Base of every stage's options: unknown names refused, CLI flag or parameter name accepted."""
+
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True, frozen=True)
+
+
+def _finite(v: float) -> float:
+    if not math.isfinite(v):
+        raise ValueError("must be finite")
+    return v
+
+
+def _url(s: str) -> str:
+    bad = ValueError(f"must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:30000 (got {s!r})")
+    if not s or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in s):
+        raise bad
+    try:
+        u = urlsplit(s)
+        u.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
+    except ValueError:
+        raise bad from None
+    if u.scheme.lower() not in ("http", "https") or not u.hostname:
+        raise bad
+    return s
+
+
+def _cc(v: str) -> str:
+    if not re.fullmatch(r"\d{1,2}\.\d", v.strip()):
+        raise ValueError(f"{v!r}: a compute capability looks like 9.0 or 12.0")
+    return v.strip()
+
+
+# The value types the stages share (bounds in one place).
+PosInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0), AfterValidator(_finite)]
+NonNegFloat = Annotated[float, Field(ge=0), AfterValidator(_finite)]
+Fraction = Annotated[float, Field(ge=0, le=1), AfterValidator(_finite)]   # 0..1 inclusive
+Url = Annotated[str, AfterValidator(_url)]
+ComputeCapability = Annotated[str, AfterValidator(_cc)]
+
+O = TypeVar("O", bound=Options)
+
+
+def flag(model: type[BaseModel], name: str) -> str:
+    """The CLI flag of a field: `--` + its alias (or name) with dashes."""
+    f = model.model_fields[name]
+    return "--" + (f.alias or name).replace("_", "-")
+
+
+def unset(value: Any) -> bool:
+    """A notebook parameter left at its "the spec's value" sentinel: None, 0, 0.0, "", [] or False
+    (papermill cannot inject None into a typed parameter)."""
+    return value is None or value is False or (not isinstance(value, bool) and value == 0) or value == "" or value == []
+
+
+def _problem(model: type[BaseModel], e: ValidationError, cli: bool) -> str:
+    err = e.errors()[0]
+    loc = [x for x in err["loc"] if isinstance(x, str)]
+    name = loc[0] if loc else ""
+    field = next((k for k, f in model.model_fields.items() if name in (k, f.alias)), None)
+    where = (flag(model, field) if cli else field) if field else (name or "options")
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    got = err.get("input")
+    if field and not isinstance(got, (dict, BaseModel)) and got is not None and "got " not in msg:
+        msg += f" (got {got!r})"
+    return f"{where}: {msg}" if where != "options" else msg
+
+
+def validate(model: type[O], values: dict[str, Any], cli: bool = False) -> O:
+    """The options from explicit values; a bad one is an InputError naming the flag (cli) or the
+    notebook parameter, on one line."""
+    try:
+        return model.model_validate({k: v for k, v in values.items() if v is not None})
+    except ValidationError as e:
+        raise InputError(_problem(model, e, cli)) from None
+
+
+def from_params(model: type[O], params: dict[str, Any], runner_params: Optional[dict[str, str]] = None) -> O:
+    """A notebook's options: its parameters with the sentinels dropped, runner-set parameters renamed
+    onto their options field (artifact_dir -> out), validated through the stage's model."""
+    names = runner_params or {}
+    return validate(model, {names.get(k, k): v for k, v in params.items() if not unset(v)})

@@ -1,0 +1,98 @@
+"""The stage registry (papermill's engine registry is the model): each stage package registers, in its
+`stage.py`, its number, name, CLI verb, options model and `evaluate(spec, options) -> Report`.
+
+The CLI's verbs, the runner's notebook list, the run summary's figures, the fleet index's trend keys
+and a stage's own look-ups of earlier results all read this registry, so a notebook's file name is
+written in one place: `Stage.notebook`. Adding a stage is one package with a `stage.py`, one
+notebook `NN_name.ipynb` and its tests; `stages()` finds the package by that file.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+
+from pydantic import BaseModel
+
+from runbook.core.findings import Finding
+
+if TYPE_CHECKING:
+    from runbook.core.spec import SLO, Deployment
+
+
+class Report(Protocol):
+    """What every stage's `evaluate` returns: its findings and one results-JSON payload."""
+
+    findings: list[Finding]
+
+    def data(self) -> dict[str, Any]:
+        """The results-JSON payload (what the notebook archives and `--json` prints, less the findings)."""
+        ...
+
+
+def document(report: Report) -> dict[str, Any]:
+    """The `--json` document of a stage: its payload plus its findings, the same for every verb."""
+    return dict(report.data(), findings=[f.to_dict() for f in report.findings])
+
+
+@dataclass(frozen=True)
+class Stage:
+    number: int
+    name: str                       # the notebook's stem without its number; `runbook run --only NAME`
+    verb: str                       # `python -m runbook VERB`
+    summary: str                    # one line: the CLI's help and the docs' table
+    options: type[BaseModel]        # every setting: type, bound, default and help, declared once
+    evaluate: Callable[[Deployment, Any], Report]
+    # The figures a run summary takes from this stage's results data (runner/figures.py) and the
+    # ones the fleet index trends.
+    figures: Optional[Callable[[dict[str, Any], Optional[SLO]], dict[str, Any]]] = None
+    trends: tuple[str, ...] = ()
+    # Notebook parameters the runner sets that map onto an options field (e.g. artifact_dir -> out).
+    runner_params: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def notebook(self) -> str:
+        """The notebook's stem, e.g. 20_kv_memory: results files are `<notebook>.results.json`."""
+        return f"{self.number:02d}_{self.name}"
+
+
+_STAGES: dict[str, Stage] = {}
+
+
+def register(stage: Stage) -> Stage:
+    """Add a stage; a second stage with the same name, number or verb is a programming error."""
+    for s in _STAGES.values():
+        if s.name != stage.name and (s.number == stage.number or s.verb == stage.verb):
+            raise ValueError(f"stage {stage.name}: number {stage.number} or verb {stage.verb!r} already taken by {s.name}")
+    _STAGES[stage.name] = stage
+    return stage
+
+
+def _discover() -> None:
+    import runbook
+
+    root = resources.files(runbook)
+    for mod in pkgutil.iter_modules(runbook.__path__):
+        if mod.ispkg and root.joinpath(mod.name).joinpath("stage.py").is_file():   # without importing the others
+            importlib.import_module(f"runbook.{mod.name}")
+
+
+def stages() -> list[Stage]:
+    """Every registered stage in reading order (its number)."""
+    _discover()
+    return sorted(_STAGES.values(), key=lambda s: s.number)
+
+
+def get(key: str) -> Stage:
+    """A stage by name (kv_memory), notebook stem (20_kv_memory) or verb (kv)."""
+    for s in stages():
+        if key in (s.name, s.notebook, s.verb):
+            return s
+    raise KeyError(key)
+
+
+def trend_keys() -> tuple[str, ...]:
+    """The run-summary figures the fleet index trends, in stage order."""
+    return tuple(k for s in stages() for k in s.trends)

@@ -1,0 +1,59 @@
+"""Stage 20's contract: its settings (the what-ifs over the spec's flags) and `evaluate`, KV-cache and
+state memory per GPU the way SGLang sizes its pools."""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import Field
+
+from runbook.core.options import ComputeCapability, Options, PosFloat, PosInt
+from runbook.core.registry import Stage, register
+from runbook.core.spec import SLO, Deployment
+from runbook.kv.plan import Plan, plan
+
+
+class KvOptions(Options):
+    model_dir: Optional[str] = Field(None, description="checkpoint or model-card dir (default: the deployment's model)")
+    tp: Optional[PosInt] = Field(None, description="tensor parallel size (default: the spec's, else 1)")
+    pp: Optional[PosInt] = Field(None, description="pipeline parallel size")
+    attn_dp: Optional[PosInt] = Field(None, description="attention data parallel size")
+    kv_dtype: Optional[str] = Field(None, description="auto, bf16, fp8_e4m3, fp8_e5m2, mxfp8, nvfp4, fp4_mx_block16 "
+                                                      "(default: the spec's --kv-cache-dtype)")
+    gpu_mem_gib: Optional[PosFloat] = Field(None, description="memory per GPU (default: the spec's hardware)")
+    weights_gib: Optional[PosFloat] = Field(None, description="weights per GPU (default: from the checkpoint)")
+    mem_fraction_static: Optional[float] = Field(None, gt=0, le=1, allow_inf_nan=False,
+                                                 description="default: the spec's flag, else SGLang's heuristic")
+    kv_budget_gib: Optional[PosFloat] = Field(None, description="KV+state budget per GPU, skipping the memory arithmetic")
+    page_size: Optional[PosInt] = Field(None, description="SGLang --page-size")
+    context_len: Optional[PosInt] = Field(None, description="SGLang --context-length (default: the spec's flag, else the model's)")
+    contexts: Optional[list[PosInt]] = Field(None, description="request lengths to fit, e.g. 8192,32768,131072,262144 (the default)")
+    speculative_algorithm: Optional[Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]] = Field(
+        None, description="what-if speculative decoding (NEXTN: the checkpoint's own MTP layers)")
+    speculative_num_steps: Optional[PosInt] = None
+    speculative_eagle_topk: Optional[PosInt] = None
+    speculative_num_draft_tokens: Optional[PosInt] = None
+    mamba_ssm_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(None, description="hybrid models' SSM state dtype")
+    max_running_requests: Optional[PosInt] = None
+    attention_backend: Optional[str] = Field(None, description="SGLang attention backend (moves the prefill graph reserve and page size)")
+    compute_capability: Optional[ComputeCapability] = Field(
+        None, description="GPU compute capability, e.g. 9.0 (H200), 10.0 (B200), 12.0 (RTX PRO 6000)")
+
+
+# KvOptions field -> kv.plan's override (the memory arithmetic's own names)
+_PLAN_NAMES = {"speculative_algorithm": "spec_algorithm", "speculative_num_steps": "spec_num_steps",
+               "speculative_eagle_topk": "spec_eagle_topk", "speculative_num_draft_tokens": "spec_num_draft_tokens"}
+
+
+def evaluate(spec: Optional[Deployment], options: KvOptions) -> Plan:
+    """The plan for the spec (or MODEL_DIR alone) with the options' what-ifs over its flags."""
+    what_if = {_PLAN_NAMES.get(k, k): v for k, v in options.model_dump(exclude={"model_dir"}).items() if v is not None}
+    return plan(spec, options.model_dir, **what_if)
+
+
+def figures(data: dict[str, Any], slo: Optional[SLO] = None) -> dict[str, Any]:
+    tokens = data.get("max_total_num_tokens")
+    return {"kv_tokens_planned": int(tokens)} if isinstance(tokens, (int, float)) and not isinstance(tokens, bool) else {}
+
+
+STAGE = register(Stage(20, "kv_memory", "kv", "KV-cache and state memory per GPU, the way SGLang sizes its pools",
+                       KvOptions, evaluate, figures=figures, trends=("kv_tokens_planned",)))

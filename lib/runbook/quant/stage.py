@@ -1,0 +1,29 @@
+"""Stage 10's contract: its one setting and `evaluate`, what SGLang will do with the checkpoint's
+weight and KV-cache quantization."""
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import Field
+
+from runbook.core.options import Options
+from runbook.core.registry import Stage, register
+from runbook.core.spec import Deployment
+from runbook.quant.analysis import QuantReport, for_deployment, inspect
+
+
+class QuantOptions(Options):
+    model_dir: Optional[str] = Field(None, description="checkpoint dir or cached HF repo id (default: the deployment's model)")
+
+
+def evaluate(spec: Optional[Deployment], options: QuantOptions) -> QuantReport:
+    """The deployment's checkpoint under its flags; without a spec, MODEL_DIR alone (`runbook quant DIR`)."""
+    if spec is None:
+        from runbook.model import checkpoint
+
+        return inspect(checkpoint.load(options.model_dir or ""))
+    return for_deployment(spec, options.model_dir)
+
+
+STAGE = register(Stage(10, "quant_config", "quant", "what SGLang will do with a checkpoint's weight and KV-cache quantization",
+                       QuantOptions, evaluate))

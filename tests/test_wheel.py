@@ -146,3 +146,15 @@ def test_wheel_run_defaults_to_the_packaged_deployment_and_outputs_here(wheel_ve
     s = _summary(tmp_path / "outputs")                       # no --out, no $RUNBOOK_OUTPUTS: ./outputs
     assert Path(s["deployment_file"]).is_relative_to(env_site / "runbook" / "_data" / "deployments"), s["deployment_file"]
     assert s["notebooks"][0]["status"] == "ok", s["notebooks"]
+
+
+def test_wheel_caches_the_demo_outside_site_packages(wheel_venv, tmp_path):
+    """The demo's llama-server and tiny model: $RUNBOOK_CACHE, else $XDG_CACHE_HOME/runbook; gguf only when it builds."""
+    env_dir, _ = wheel_venv
+    code = "import sys; from runbook.demo import llama; print(llama.CACHE); print('gguf' in sys.modules)"
+    py = str(env_dir / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RUNBOOK_CACHE")}
+    cp = subprocess.run([py, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=dict(env, XDG_CACHE_HOME=str(tmp_path / "xdg")))
+    assert cp.returncode == 0 and cp.stdout.split() == [str(tmp_path / "xdg" / "runbook"), "False"], cp.stderr
+    cp = subprocess.run([py, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=dict(env, RUNBOOK_CACHE=str(tmp_path / "c")))
+    assert cp.returncode == 0 and cp.stdout.split()[0] == str(tmp_path / "c"), cp.stderr

@@ -1,7 +1,7 @@
 """Where the runbook's files are: the checkout's folders when running from one, else the wheel's copies.
 
-In a checkout (lib/runbook under a folder holding pyproject.toml: an editable install or PYTHONPATH=lib)
-everything is the checkout's own notebooks/, deployments/, outputs/ and .cache/, as it always was.
+In a checkout (lib/runbook under a folder holding pyproject.toml and notebooks/: an editable install
+or PYTHONPATH=lib) everything is the checkout's own notebooks/, deployments/, outputs/ and .cache/.
 An installed wheel carries notebooks/, deployments/ and models/ as package data (runbook/_data/) and
 writes only where it is told:
 - outputs: $RUNBOOK_OUTPUTS, else ./outputs under the current directory;
@@ -20,8 +20,9 @@ DEFAULT_DEPLOYMENT = "qwen3.5-397b-a17b-nvfp4.yaml"
 
 def repo_root() -> Optional[Path]:
     """The checkout this package runs from, or None for an installed wheel."""
-    root = Path(__file__).resolve().parents[3]          # <root>/lib/runbook/core/paths.py
-    if Path(__file__).resolve().parents[2].name == "lib" and (root / "pyproject.toml").is_file():
+    here = Path(__file__).resolve()                     # <root>/lib/runbook/core/paths.py
+    root = here.parents[3]
+    if here.parents[2].name == "lib" and (root / "pyproject.toml").is_file() and (root / "notebooks").is_dir():
         return root
     return None
 

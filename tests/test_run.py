@@ -201,3 +201,19 @@ def test_strict_turns_skip_into_exit_1(cli, tmp_path):
     make_notebook(d / "00_skip.ipynb", RUNNER_PARAMS, record('[Finding("gpu", "skip", "no GPU")]'))
     assert cli("run", "--out", tmp_path / "a", "--notebooks", d).returncode == 0
     assert cli("run", "--out", tmp_path / "b", "--notebooks", d, "--strict").returncode == 1
+
+
+def test_a_notebook_whose_kernel_is_not_installed_runs_on_this_interpreter(cli, tmp_path):
+    """A pip-installed runbook has no "runbook" kernel registered: the runner uses ipykernel's python3 here."""
+    d = tmp_path / "nbs"
+    nb_path = make_notebook(d / "00_k.ipynb", RUNNER_PARAMS, "import sys\nprint('PY=' + sys.executable)", record())
+    nb = nbformat.read(str(nb_path), as_version=4)
+    nb.metadata["kernelspec"]["name"] = "no-such-kernel-here"
+    nbformat.write(nb, str(nb_path))
+    out = tmp_path / "out"
+    cp = cli("run", "--out", out, "--notebooks", d)
+    assert cp.returncode == 0, cp.stderr
+    assert "kernel 'no-such-kernel-here' is not installed" in cp.stderr
+    ran = nbformat.read(str(out / "latest" / "00_k.ipynb"), as_version=4)
+    printed = "".join(o.get("text", "") for c in ran.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert f"PY={sys.executable}" in printed

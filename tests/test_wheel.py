@@ -1,12 +1,15 @@
 """The package as users get it: a built wheel, installed in a fresh venv, outside the checkout.
 
-The frozen corpus and the templates are package data; an editable install would hide their absence."""
+The frozen corpus, the templates, the notebooks and the default deployment are package data; an
+editable install would hide their absence."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -32,12 +35,32 @@ def wheel_venv(tmp_path_factory):
     # The runbook's dependencies come from this venv (a path entry, so its editable runbook finder is not loaded);
     # the runbook itself only from the wheel. Written after the install, so pip never sees the editable runbook.
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # nbconvert's HTML templates are data files its install puts under the venv's share/jupyter; link them
+    # alone (not the whole share/jupyter: that holds this venv's "runbook" kernel, which runs the checkout).
+    (env_dir / "share" / "jupyter").mkdir(parents=True)
+    (env_dir / "share" / "jupyter" / "nbconvert").symlink_to(Path(sys.prefix) / "share" / "jupyter" / "nbconvert")
     return env_dir, tmp
 
 
+def _tree(root: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple[int, int]]:
+    """Every file under root with its size and mtime: what a run must leave as it was."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in skip]
+        for f in filenames:
+            st = os.lstat(os.path.join(dirpath, f))
+            out[os.path.join(dirpath, f)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _site(env_dir: Path) -> Path:
+    (site,) = (env_dir / "lib").glob("python*/site-packages")
+    return site
+
+
 def _run(env_dir, tmp, *args):
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-    return subprocess.run([*args], capture_output=True, text=True, timeout=300, cwd=tmp, env=env)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RUNBOOK_OUTPUTS")}
+    return subprocess.run([*args], capture_output=True, text=True, timeout=900, cwd=tmp, env=env)
 
 
 def test_wheel_installs_the_cli_and_its_package_data(wheel_venv):
@@ -66,3 +89,72 @@ def test_wheel_renders_a_unit_from_its_own_template(wheel_venv):
     cp = _run(env_dir, tmp, env_dir / "bin" / "runbook", "service", "render", "--deployment", DEFAULT_SPEC)
     assert cp.returncode == 0, cp.stderr
     assert "[Service]" in cp.stdout and "sglang.launch_server" in cp.stdout
+
+
+def test_wheel_declares_its_runtime_dependencies_and_a_demo_extra(wheel_venv):
+    _env_dir, tmp = wheel_venv
+    (whl,) = (tmp / "dist").glob("runbook-*.whl")
+    with zipfile.ZipFile(whl) as z:
+        (meta,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = z.read(meta).decode().splitlines()
+        names = z.namelist()
+    requires = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Requires-Dist:")]
+    runtime = {r.split(">")[0].split("=")[0].split(";")[0].strip().lower() for r in requires if "extra ==" not in r}
+    # what lib/runbook imports at run time: the runner, the notebooks' kernel, stage code, archive upload
+    assert {"papermill", "nbconvert", "ipykernel", "pandas", "matplotlib", "pydantic", "pyyaml", "jinja2", "aiohttp",
+            "numpy", "tokenizers", "fsspec", "s3fs", "huggingface-hub"} <= runtime, runtime
+    assert "Provides-Extra: demo" in lines
+    assert any(r.startswith("gguf") and 'extra == "demo"' in r for r in requires), requires
+    assert "gguf" not in runtime                       # the llama.cpp demo tooling is not the runtime
+    assert {"runbook/_data/notebooks/00_environment.ipynb", "runbook/_data/deployments/qwen3.5-397b-a17b-nvfp4.yaml",
+            "runbook/_data/models/qwen3.5-397b-a17b-nvfp4/config.json"} <= set(names)
+
+
+def _summary(out: Path) -> dict:
+    (summary,) = [p for p in out.glob("*/summary.json") if not p.parent.is_symlink()]   # not latest/
+    return json.loads(summary.read_text())
+
+
+def test_wheel_runs_notebooks_on_a_spec_outside_the_checkout(wheel_venv, tmp_path):
+    """`runbook run` from an installed wheel: packaged notebooks, a spec anywhere, the archive where --out says."""
+    env_dir, _ = wheel_venv
+    spec_dir = tmp_path / "deployments"
+    spec_dir.mkdir()
+    spec = spec_dir / DEFAULT_SPEC.name
+    shutil.copy(DEFAULT_SPEC, spec)
+    shutil.copytree(REPO / "models", tmp_path / "models")       # the spec's model.card is ../models/<name>
+    work, out = tmp_path / "work", tmp_path / "outputs"
+    work.mkdir()
+    before_repo, before_site = _tree(REPO, skip=(".git",)), _tree(_site(env_dir))
+    cp = _run(env_dir, work, env_dir / "bin" / "runbook", "run", "--only", "environment,kv_memory",
+              "--deployment", spec, "--out", out, "--timeout", "600")
+    assert cp.returncode in (0, 1), cp.stderr[-3000:]        # 1: a check failed, which is a result
+    s = _summary(out)
+    assert [n["name"] for n in s["notebooks"]] == ["00_environment", "20_kv_memory"]
+    assert all(n["status"] == "ok" and n["html"] for n in s["notebooks"]), s["notebooks"]
+    assert s["deployment_file"] == str(spec.resolve()) and s["git_commit"] is None
+    assert list(work.iterdir()) == []                        # --out given: nothing in the current directory
+    assert _tree(REPO, skip=(".git",)) == before_repo, "the run wrote inside the checkout"
+    assert _tree(_site(env_dir)) == before_site, "the run wrote inside site-packages"
+
+
+def test_wheel_run_defaults_to_the_packaged_deployment_and_outputs_here(wheel_venv, tmp_path):
+    env_dir, _ = wheel_venv
+    env_site = _site(env_dir).resolve()
+    cp = _run(env_dir, tmp_path, env_dir / "bin" / "runbook", "run", "--only", "kv_memory", "--timeout", "600")
+    assert cp.returncode in (0, 1), cp.stderr[-3000:]
+    s = _summary(tmp_path / "outputs")                       # no --out, no $RUNBOOK_OUTPUTS: ./outputs
+    assert Path(s["deployment_file"]).is_relative_to(env_site / "runbook" / "_data" / "deployments"), s["deployment_file"]
+    assert s["notebooks"][0]["status"] == "ok", s["notebooks"]
+
+
+def test_wheel_caches_the_demo_outside_site_packages(wheel_venv, tmp_path):
+    """The demo's llama-server and tiny model: $RUNBOOK_CACHE, else $XDG_CACHE_HOME/runbook; gguf only when it builds."""
+    env_dir, _ = wheel_venv
+    code = "import sys; from runbook.demo import llama; print(llama.CACHE); print('gguf' in sys.modules)"
+    py = str(env_dir / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RUNBOOK_CACHE")}
+    cp = subprocess.run([py, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=dict(env, XDG_CACHE_HOME=str(tmp_path / "xdg")))
+    assert cp.returncode == 0 and cp.stdout.split() == [str(tmp_path / "xdg" / "runbook"), "False"], cp.stderr
+    cp = subprocess.run([py, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=dict(env, RUNBOOK_CACHE=str(tmp_path / "c")))
+    assert cp.returncode == 0 and cp.stdout.split()[0] == str(tmp_path / "c"), cp.stderr

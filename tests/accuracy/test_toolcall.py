@@ -150,7 +150,7 @@ def test_stage_50_runs_the_probe_with_the_other_live_probes(server, cli):
     from runbook import accuracy
     from runbook.core import spec as spec_mod
 
-    dep = spec_mod.load(spec_mod.REPO_ROOT / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml")
+    dep = spec_mod.load(spec_mod.DEFAULT_SPEC)
     offline = accuracy.assess(dep, None)
     assert {f.id: f.status for f in offline.findings}["accuracy.toolcall.endpoint"] == "skip"
     srv = server("wrong_finish")

@@ -8,9 +8,10 @@ from typing import Any, Literal, Optional
 from pydantic import Field, model_validator
 
 from runbook.bench.run import BenchResult, measure, options_from
+from runbook.core import paths
 from runbook.core.options import NonNegFloat, NonNegInt, Options, PosFloat, PosInt, Url
 from runbook.core.registry import Stage, register
-from runbook.core.spec import REPO_ROOT, SLO, Deployment, level_meets_slo
+from runbook.core.spec import SLO, Deployment, level_meets_slo
 
 # The benchmark stage's archive default: the runner's outputs/ (the CLI's --archive default too).
 WORKLOAD_HELP = ("random | code | longctx | prefix | agentic | trace:FILE (Mooncake JSONL; trace:synthetic) | FILE.jsonl "
@@ -75,7 +76,7 @@ def _archive(archive: Optional[str]) -> Optional[Path]:
     if archive == "":
         return None
     if archive is None:
-        return REPO_ROOT / "outputs"
+        return paths.outputs_dir()
     return Path(archive)
 
 

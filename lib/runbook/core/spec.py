@@ -22,12 +22,12 @@ from pydantic import (
     model_validator,
 )
 
+from runbook.core import paths
 from runbook.core.errors import SpecError
 from runbook.core.fsutil import FileRefused, read_regular
 from runbook.core.secrets import is_secret_key
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_SPEC = REPO_ROOT / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml"
+DEFAULT_SPEC = paths.default_deployment()   # the checkout's deployments/, or the wheel's packaged copy
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # Flags owned by other spec sections, so the spec cannot say the same thing twice.

@@ -3,7 +3,7 @@ random-weight Llama model with a byte-level BPE tokenizer trained offline.
 
 Nothing is downloaded but from the package registries: llama.cpp's sources come from the
 llama-cpp-python sdist on PyPI (target llama-server only, OpenSSL and web UI off); the binary is
-cached under .cache/ keyed by that version. The figures such a model produces come from a tiny CPU
+cached under .cache/ (runbook.core.paths.cache_dir) keyed by that version. The figures such a model produces come from a tiny CPU
 model and say nothing about a deployment.
 """
 from __future__ import annotations
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from runbook.core.spec import REPO_ROOT
+from runbook.core import paths
 
 LLAMA_CPP_PYTHON = "0.3.36"
-CACHE = Path(os.environ.get("RUNBOOK_CACHE", REPO_ROOT / ".cache"))
+CACHE = paths.cache_dir()   # the checkout's .cache/ (the Makefile's LLAMA_SERVER), else $RUNBOOK_CACHE or ~/.cache/runbook
 MODEL_VERSION = "tiny-llama-v1"
 
 
@@ -216,7 +216,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m runbook.demo")
     ap.add_argument("action", choices=["build", "serve", "runbook"])
     ap.add_argument("--port", type=int)
-    ap.add_argument("--out", default=str(REPO_ROOT / "outputs"))
+    ap.add_argument("--out", default=str(paths.outputs_dir()))
     a = ap.parse_args(argv)
     log = lambda m: print(f"demo: {m}", file=sys.stderr, flush=True)  # noqa: E731
     exe = build_llama_server(log=log)

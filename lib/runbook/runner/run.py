@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, TextIO
 
-from runbook.core import registry, secrets
+from runbook.core import paths, registry, secrets
 from runbook.core import spec as spec_mod
 from runbook.core.errors import LockHeld, SpecError
 from runbook.core.findings import STATUSES, counts, exit_code_for
@@ -32,9 +32,8 @@ from runbook.core.fsutil import atomic_write_json, atomic_write_text
 from runbook.runner import archive, figures, results, upload
 from runbook.runner import params as params_mod
 
-REPO_ROOT = spec_mod.REPO_ROOT
-NOTEBOOKS = REPO_ROOT / "notebooks"
-OUTPUTS = REPO_ROOT / "outputs"
+NOTEBOOKS = paths.notebooks_dir()
+OUTPUTS = paths.outputs_dir()
 EXIT_LOCKED = 75
 _DEAD_KERNEL = 138
 _GUARD = Path(__file__).with_name("guard.py")
@@ -143,11 +142,15 @@ class DeploymentLock:
 
 
 def git_commit() -> Optional[str]:
+    """The checkout's commit (with -dirty); None for an installed wheel or without git."""
+    root = paths.repo_root()
+    if root is None:
+        return None
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return head.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -243,6 +246,26 @@ def execute(nb: Path, out_nb: Path, parameters: dict[str, Any], cwd: Path, timeo
     return rc, _error_line(text), False
 
 
+def _kernel_for(nb: Path, requested: Optional[str], log: Log) -> Optional[str]:
+    """--kernel, else None (the notebook's own kernel) when it is installed, else "python3": ipykernel's
+    kernel on this interpreter (a pip-installed runbook has no "runbook" kernel registered)."""
+    if requested:
+        return requested
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        name = ((json.loads(nb.read_text(encoding="utf-8")).get("metadata") or {}).get("kernelspec") or {}).get("name")
+    except (OSError, ValueError, AttributeError):
+        return None                    # papermill reports the unreadable notebook itself
+    try:
+        if name:
+            KernelSpecManager().get_kernel_spec(name)
+        return None
+    except NoSuchKernel:
+        log(f"{nb.stem}: kernel {name!r} is not installed; running it on this interpreter's python3 kernel")
+        return "python3"
+
+
 def _stamp_notebook(path: Path, res: NotebookResult) -> None:
     """Record the runner's verdict inside the archived notebook: papermill marks timed-out and
     dead-kernel notebooks as completed, so its own metadata cannot be trusted for that."""
@@ -264,7 +287,7 @@ def _run_one(nb: Path, run_dir: Path, spec: spec_mod.Deployment, user_params: di
                   "archive_root": str(run_dir.parent), "interactive": False, **user_params}
     t0 = time.monotonic()
     log(f"{stem}: running (bound {budget:.0f} s)")
-    rc, err, _ = execute(nb, out_nb, parameters, nb.parent, budget, log_path, opts.kernel)
+    rc, err, _ = execute(nb, out_nb, parameters, nb.parent, budget, log_path, _kernel_for(nb, opts.kernel, log))
     res.duration_s = round(time.monotonic() - t0, 2)
     res.papermill_exit, res.error = rc, err
     res.log = log_path.name

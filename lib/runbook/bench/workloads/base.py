@@ -143,6 +143,8 @@ class WorkloadType:
 
     def start(self, o: BenchOptions, tokenizer: Any, vocab_size: Optional[int]) -> Workload:
         """The run's workload: described in the summary, and for a source the first requests."""
+        if self.is_driver:
+            return Workload(self.name, [], False, self.description)
         return self.build(o.workload, o.requests or 1, BuildParams.of(o, tokenizer, vocab_size))
 
     def level(self, o: BenchOptions, run: Workload, lv: Level, n: int, tokenizer: Any,

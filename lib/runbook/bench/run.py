@@ -12,17 +12,15 @@ from typing import Any, Optional, cast
 
 import numpy as np
 
-from runbook.bench import metrics, sessions, workers, workloads
-from runbook.bench.sessions import SessionPlan
+from runbook.bench import metrics, workers, workloads
 from runbook.bench.sweep import Level, LevelResult, cache_hit_from_metrics, run_level
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding, Status
 from runbook.core.spec import Deployment
-from runbook.corpus import VERSION as CORPUS_VERSION
 from runbook.endpoint import client as stream_client
 from runbook.endpoint.client import EXACT_SOURCES, Client
 from runbook.endpoint.reach import model_name, probe, run_sync
-from runbook.model.tokenizer import chat_counter, load_tokenizer
+from runbook.model.tokenizer import load_tokenizer
 
 
 @dataclass
@@ -61,28 +59,21 @@ class BenchOptions:
     transport: Optional[str] = None  # streamed requests' HTTP client: h1 (endpoint/h1.py) | aiohttp; None: client's default
 
 
-AGENTIC = "agentic"
 DURATION_REQUESTS = 100000   # the request budget of a level bounded by time (built lazily: only those sent)
 
 
 def check_options(o: BenchOptions) -> None:
-    """Combinations that cannot be measured as asked: InputError with the fix."""
+    """Combinations that cannot be measured as asked: InputError with the fix. The workload checks its own
+    options; what the sweep may do with it (search, worker processes, A/B) it declares."""
     if o.transport is not None and o.transport not in stream_client.TRANSPORTS:
         raise InputError(f"--transport {o.transport}: one of {', '.join(stream_client.TRANSPORTS)}")
-    if o.workload == AGENTIC:
-        if o.rates:
-            raise InputError("--workload agentic runs sessions at fixed concurrency (N sessions at once); --rate is for single requests")
-        if o.turns < 1 or o.tool_result_len < 0 or o.think_time_s < 0:
-            raise InputError("--turns must be ≥ 1, --tool-result-len and --think-time ≥ 0")
-        if o.think_dist not in sessions.THINK_DISTS:
-            raise InputError(f"--think-dist must be one of {', '.join(sessions.THINK_DISTS)}")
-    if o.workload.startswith("trace:") and o.rates:
-        raise InputError("--workload trace:FILE replays the trace's own times; --rate does not apply (use --trace-speed)")
+    wt = workloads.resolve(o.workload)
+    wt.check(o)
     if o.find_max is not None:
         if o.find_max != "slo":
             raise InputError(f"--find-max: only 'slo' is known (got {o.find_max!r})")
-        if o.workload.startswith("trace:"):
-            raise InputError("--find-max slo varies the load; a trace replays its own, so it cannot be searched")
+        if wt.own_load:
+            raise InputError(f"--find-max slo varies the load; {wt.own_load}, so it cannot be searched")
         if o.rates and o.concurrency:
             raise InputError("--find-max slo searches concurrency or rate, not both: give --concurrency START or --rate START")
         if o.find_max_levels < 2:
@@ -90,11 +81,13 @@ def check_options(o: BenchOptions) -> None:
     if o.workers != 1:
         if not 1 <= o.workers <= 64:
             raise InputError(f"--workers must be between 1 and 64 (got {o.workers})")
-        if o.workload == AGENTIC or o.workload.startswith("trace:") or o.rates or o.duration_s or o.compare_url:
-            raise InputError("--workers N splits fixed-concurrency levels of --requests over N processes; agentic sessions, "
-                             "traces, --rate, --duration and --compare-url run in one process: drop --workers")
-    if o.compare_url and (o.workload == AGENTIC or o.workload.startswith("trace:")):
-        raise InputError("--compare-url runs the A/B comparison on single requests; it does not take the agentic or trace workloads")
+        if wt.one_process or o.rates or o.duration_s or o.compare_url:
+            alone = "".join(f"{w.one_process}, " for w in workloads.ordered() if w.one_process)
+            raise InputError(f"--workers N splits fixed-concurrency levels of --requests over N processes; {alone}"
+                             "--rate, --duration and --compare-url run in one process: drop --workers")
+    if o.compare_url and not wt.paired:
+        unpaired = " or ".join(w.name for w in workloads.ordered() if not w.paired)
+        raise InputError(f"--compare-url runs the A/B comparison on single requests; it does not take the {unpaired} workloads")
 
 
 @dataclass
@@ -149,7 +142,8 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
     api_key = os.environ.get(o.api_key_env) if o.api_key_env else None
     model = o.model or await model_name(o.url, api_key)
     tok = load_tokenizer(o.tokenizer)
-    chat = chat_counter(o.tokenizer, tok) if o.workload == AGENTIC else None
+    wt = workloads.resolve(o.workload)
+    wl = wt.start(o, tok, vocab_size)
     out = Path(o.out) if o.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
@@ -157,53 +151,35 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
     findings: list[Finding] = []
     summaries: list[dict[str, Any]] = []
     results: list[LevelResult] = []
-    agentic = o.workload == AGENTIC
-    if agentic:
-        wl = workloads.Workload(AGENTIC, [], False, f"agentic sessions: {o.turns} turns, ~{o.input_len}-token repository "
-                                f"context, {o.tool_result_len}-token tool results, output {o.output_len}, think "
-                                f"{o.think_time_s:g} s ({o.think_dist})"
-                                + ("; client-side lengths through the model's chat template" if chat is not None else ""),
-                                CORPUS_VERSION)
-    else:
-        trace = o.workload.startswith("trace:")
-        wl = workloads.build(o.workload, (o.requests or 1 << 30) if trace else (o.requests or 1), o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed,
-                             o.range_ratio, trace_speed=o.trace_speed)
 
     procs: Optional[workers.Pool] = None       # spawned below, before any level's clock starts
 
     async def measure(lv: Level) -> dict[str, Any]:
         nonlocal procs
         tel = _telemetry(o)
-        if agentic:
-            assert lv.concurrency
-            n_sess = max(lv.concurrency, -(-o.requests // max(1, o.turns))) if o.requests else lv.concurrency
-            plan = SessionPlan(n_sess, o.turns, o.input_len, o.output_len, o.tool_result_len, o.think_time_s,
-                               o.think_dist, o.seed, tok, chat=chat)
-            client = Client(o.url, model, True, api_key, o.timeout_s, tok, transport=o.transport)
-            lr = await run_level(client, plan.warmup_requests(), lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
-                                 telemetry=tel, driver=plan.driver(lv.concurrency))
+        n = o.requests or max(8, 4 * (lv.concurrency or int((lv.rate or 1) * 10)))
+        if lv.schedule is not None:
+            n = len(lv.schedule)
+        load = wt.level(o, wl, lv, n, tok, vocab_size)
+        client = Client(o.url, model, load.chat, api_key, o.timeout_s, tok, transport=o.transport)
+        if load.driver is not None:
+            lr = await run_level(client, load.requests, lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
+                                 telemetry=tel, driver=load.driver)
         else:
-            n = o.requests or max(8, 4 * (lv.concurrency or int((lv.rate or 1) * 10)))
-            if lv.schedule is not None:
-                n = len(lv.schedule)
-            lwl = workloads.build(o.workload, n, o.input_len, o.output_len, tok, vocab_size, o.chat, o.seed, o.range_ratio,
-                                  trace_speed=o.trace_speed)
-            client = Client(o.url, model, o.chat, api_key, o.timeout_s, tok, transport=o.transport)
-            bar = _bar(len(lwl.requests), lv.label) if o.progress and not o.duration_s and not procs else None
+            bar = _bar(len(load.requests), lv.label) if o.progress and not o.duration_s and not procs else None
             if procs is not None and lv.concurrency:
-                lr = await workers.run_level_workers(procs, client, o.tokenizer if tok is not None else None, lwl.requests,
+                lr = await workers.run_level_workers(procs, client, o.tokenizer if tok is not None else None, load.requests,
                                                      lv, o.workers, o.warmup, o.flush, records_path, telemetry=tel)
                 if lr.workers_lost:          # a dead worker broke the pool: the next level gets a fresh one
                     procs.shutdown(cancel_futures=True)
                     procs = workers.pool(o.workers)
             else:
-                lr = await run_level(client, lwl.requests, lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
+                lr = await run_level(client, load.requests, lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
                                      bar.update if bar else None, telemetry=tel)
             if bar:
                 bar.close()
         lr.summary = level_summary(lr, slo)
-        if agentic:
-            lr.summary["turns"] = sessions.per_turn(lr.records)
+        lr.summary.update(wt.level_summary(lr))
         if lv.schedule is not None:
             lr.summary["schedule_error_ms"] = metrics.stats((r.meta.get("schedule_error_ms") for r in lr.records), scale=1.0)
         summaries.append(lr.summary)
@@ -216,7 +192,7 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
 
     procs = workers.pool(o.workers) if o.workers > 1 else None
     try:
-        search = await _levels(o, slo, wl, measure)
+        search = await _levels(o, slo, wt.levels(o, wl), measure)
     finally:
         if procs is not None:
             procs.shutdown(cancel_futures=True)
@@ -228,11 +204,7 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
                "range_ratio": o.range_ratio, "seed": o.seed, "requests_per_level": o.requests, "duration_s": o.duration_s,
                "levels": summaries}
     summary["client"] = client_info(summaries, o.workers, o.transport)
-    if agentic:
-        summary.update({"turns": o.turns, "think_time_s": o.think_time_s, "think_dist": o.think_dist,
-                        "tool_result_len": o.tool_result_len, "chat": True})
-    if wl.schedule is not None:
-        summary["trace_speed"] = o.trace_speed
+    summary.update(wt.summary(o, wl))
     if search is not None:
         summary["slo_search"] = search
         findings += slo_search_findings(search)
@@ -259,17 +231,13 @@ def client_info(summaries: list[dict[str, Any]], workers: int = 1, transport: Op
             "chunks": chunks, "cpu_s": round(cpu, 3)}
 
 
-async def _levels(o: BenchOptions, slo: Any, wl: Any, measure: Any) -> Optional[dict[str, Any]]:
-    """The run's levels: the SLO search, a trace's one level, or the fixed levels; the search's result."""
+async def _levels(o: BenchOptions, slo: Any, own: Optional[list[Level]], measure: Any) -> Optional[dict[str, Any]]:
+    """The run's levels: the SLO search, the workload's own (a trace's one level), or the fixed levels; the search's result."""
     if o.find_max == "slo":
         if slo is None or not any(getattr(slo, k, None) for k in ("ttft_ms_p99", "tpot_ms_p99", "e2e_ms_p99")):
             raise InputError("--find-max slo needs the spec's SLOs (slo.ttft_ms_p99, slo.tpot_ms_p99)")
         return await slo_search(measure, o, slo)
-    if wl.schedule is not None:
-        # A trace is its own load: one open-loop level at the recorded times (÷ --trace-speed).
-        await measure(Level("trace" if o.trace_speed == 1 else f"trace-x{o.trace_speed:g}", schedule=wl.schedule))
-        return None
-    for lv in levels_of(o):
+    for lv in own if own is not None else levels_of(o):
         await measure(lv)
     return None
 
@@ -391,11 +359,7 @@ _SOURCE_WHY = ("usage: the server's continuous usage, exact. usage_spread: the s
 
 
 def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> list[Finding]:
-    out: list[Finding] = []
-    if workload == "random":
-        out.append(Finding("bench.workload", "warn", "random-token prompts: speculative decoding cannot be judged on them",
-                           detail="Draft models accept almost nothing on random tokens; the story dropped MTP on exactly this evidence.",
-                           remedy="Use --workload code or prefix for spec-decoding decisions."))
+    out: list[Finding] = list(workloads.resolve(workload).findings(levels))
     for s in levels:
         tag = s["label"]
         if s["failed"]:
@@ -604,9 +568,6 @@ def paired(a_recs: list, b_recs: list, a_url: str, b_url: str,
     return res, findings
 
 
-REGRESSION_KEY = ("workload", "corpus_version", "input_len", "output_len", "chat", "range_ratio",
-                  # a session's shape and a trace's pace change the work as much as its lengths do
-                  "turns", "think_time_s", "think_dist", "tool_result_len", "trace_speed")
 ERROR_RATE_SLACK = 0.01          # error rate up by more than 1 point: a regression
 LENGTH_TOLERANCE = 0.05          # mean output (or input) tokens per request differing by more: other work
 
@@ -619,7 +580,9 @@ def compare_previous(current: dict[str, Any], previous: Optional[dict[str, Any]]
     remaining requests are fast."""
     if not previous or not previous.get("levels"):
         return [Finding("bench.regression", "info", "no previous benchmark of this deployment to compare with")]
-    differ = [k for k in REGRESSION_KEY if previous.get(k, _DEFAULTS.get(k)) != current.get(k, _DEFAULTS.get(k))]
+    # each workload declares its key (workloads/*.py); both runs' keys, so another workload's fields show too
+    like = workloads.regression_key(previous.get("workload"), current.get("workload"))
+    differ = [k for k in like if previous.get(k, _DEFAULTS.get(k)) != current.get(k, _DEFAULTS.get(k))]
     if differ:
         return [Finding("bench.regression", "skip", "previous run measured different work: not compared",
                         detail="; ".join(f"{k}: {previous.get(k)!r} then, {current.get(k)!r} now" for k in differ),

@@ -25,7 +25,7 @@ import numpy as np
 
 from runbook.bench import metrics
 from runbook.bench.sweep import sleep_until
-from runbook.bench.workloads import _count, _text_of_length
+from runbook.bench.workloads.text import _count, _text_of_length
 from runbook.corpus import code_prompts, code_text
 from runbook.endpoint.client import RequestRecord, RequestSpec
 

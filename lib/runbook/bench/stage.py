@@ -7,15 +7,12 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
+from runbook.bench import workloads
 from runbook.bench.run import BenchResult, measure, options_from
 from runbook.core import paths
 from runbook.core.options import NonNegFloat, NonNegInt, Options, PosFloat, PosInt, Url
 from runbook.core.registry import Stage, register
 from runbook.core.spec import SLO, Deployment, level_meets_slo
-
-# The benchmark stage's archive default: the runner's outputs/ (the CLI's --archive default too).
-WORKLOAD_HELP = ("random | code | longctx | prefix | agentic | trace:FILE (Mooncake JSONL; trace:synthetic) | FILE.jsonl "
-                 "(default: the spec's)")
 
 
 class BenchStageOptions(Options):
@@ -25,7 +22,7 @@ class BenchStageOptions(Options):
     rates: Optional[list[PosFloat]] = Field(None, alias="rate", description="Poisson request-rate levels (requests/s), run alone")
     requests: Optional[PosInt] = Field(None, description="measured requests per level (default: the spec's)")
     duration: Optional[PosFloat] = Field(None, description="measure each level for S seconds (no request starts later)")
-    workload: Optional[str] = Field(None, description=WORKLOAD_HELP)
+    workload: Optional[str] = Field(None, description=workloads.help_text() + " (default: the spec's)")
     turns: Optional[PosInt] = Field(None, description="agentic: turns per session (default 4)")
     think_time: Optional[NonNegFloat] = Field(None, description="agentic: pause between turns, fixed or an exponential's mean (default 0)")
     think_dist: Optional[Literal["fixed", "exp"]] = Field(None, description="agentic: think time fixed, or exponential with that mean")

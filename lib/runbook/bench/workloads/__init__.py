@@ -1,0 +1,45 @@
+"""Workloads (`--workload`), one module each in this package, found at import: random, code, longctx,
+prefix, agentic (sessions), trace:FILE, and FILE (a JSON Lines prompt file). Each declares its
+selection, description, options and their checks, regression key, and its request source or session
+driver (base.WorkloadType); the registry (registry.py) resolves a --workload value to one. Request
+lengths are measured with the model's tokenizer when one is given, otherwise approximated (~4
+characters per token) and marked so.
+
+Adding a workload: one module here defining `WORKLOAD = YourType()`, and its test."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from runbook.bench.workloads.base import BASE_KEY, BuildParams, LazyRequests, LevelLoad, Workload, WorkloadType
+from runbook.bench.workloads.file import MAX_WORKLOAD_BYTES, read_workload_file
+from runbook.bench.workloads.registry import (
+    WORKLOADS,
+    contract_gaps,
+    describe,
+    discover,
+    help_text,
+    names,
+    ordered,
+    register,
+    regression_key,
+    resolve,
+)
+from runbook.bench.workloads.text import _count, _exact_ids, _text_of_length
+from runbook.bench.workloads.trace import MAX_TRACE_LENGTH, SYNTHETIC_TRACE, TRACE_BLOCK, build_trace, read_trace
+from runbook.corpus import code_prompts, code_text
+
+discover()
+
+
+def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, tokenizer: Any = None,
+          vocab_size: Optional[int] = None, chat: bool = False, seed: int = 0, range_ratio: float = 0.0,
+          ignore_eos: bool = True, trace_speed: float = 1.0) -> Workload:
+    """n requests of the workload `name` selects (a request source's)."""
+    return resolve(name).build(name, n, BuildParams(input_len, output_len, tokenizer, vocab_size, chat, seed, range_ratio,
+                                                    ignore_eos, trace_speed))
+
+
+__all__ = ["BASE_KEY", "MAX_TRACE_LENGTH", "MAX_WORKLOAD_BYTES", "SYNTHETIC_TRACE", "TRACE_BLOCK", "WORKLOADS", "BuildParams",
+           "LazyRequests", "LevelLoad", "Workload", "WorkloadType", "_count", "_exact_ids", "_text_of_length", "build",
+           "build_trace", "code_prompts", "code_text", "contract_gaps", "describe", "discover", "help_text", "names", "ordered",
+           "read_trace", "read_workload_file", "register", "regression_key", "resolve"]

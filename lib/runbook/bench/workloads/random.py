@@ -1,0 +1,51 @@
+"""random: uniformly random token ids; input length drawn from U[L·(1−r), L·(1+r)] (integers, both ends
+included; r = range_ratio, default 0 = exactly L). Random tokens make speculative-decoding drafts
+useless: never judge spec decoding on this workload."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from runbook.bench.workloads.base import BuildParams, LazyRequests, Workload, WorkloadType
+from runbook.bench.workloads.text import _count
+from runbook.core.findings import Finding
+from runbook.endpoint.client import RequestSpec
+
+
+class Random(WorkloadType):
+    name = "random"
+    description = "uniformly random token ids, input length U[L·(1−r), L·(1+r)] (--input-len, --range-ratio)"
+    options = ("input_len", "output_len", "range_ratio", "seed", "chat")
+    order = 10
+
+    def build(self, ref: str, n: int, p: BuildParams) -> Workload:
+        rng = np.random.default_rng(p.seed)
+        lo, hi = int(p.input_len * (1 - p.range_ratio)), int(p.input_len * (1 + p.range_ratio))
+        lens = rng.integers(max(1, lo), max(1, hi) + 1, size=n)
+        tokenizer, output_len, ignore_eos, chat = p.tokenizer, p.output_len, p.ignore_eos, p.chat
+        vocab = p.vocab_size or (tokenizer.get_vocab_size() if tokenizer is not None else None)
+
+        def gen_random() -> Iterator[RequestSpec]:
+            for i, L in enumerate(lens):
+                if vocab and not chat:
+                    ids = rng.integers(10, vocab - 10, size=int(L)).tolist()
+                    yield RequestSpec(i, ids, output_len, int(L), ignore_eos)
+                elif tokenizer is not None:
+                    ids = rng.integers(10, tokenizer.get_vocab_size() - 10, size=int(L)).tolist()
+                    txt = tokenizer.decode(ids)
+                    yield RequestSpec(i, txt, output_len, _count(tokenizer, txt), ignore_eos)
+                else:
+                    words = ["".join(chr(c) for c in rng.integers(97, 123, size=3)) for _ in range(int(L))]
+                    yield RequestSpec(i, " ".join(words), output_len, None, ignore_eos)
+        exact = bool((vocab and not chat))
+        return Workload(self.name, LazyRequests(n, gen_random()), exact,
+                        f"random token ids, input length U[{lo}, {hi}], output {output_len}", f"random-seed{p.seed}")
+
+    def findings(self, summary_levels: list[dict[str, Any]]) -> list[Finding]:
+        return [Finding("bench.workload", "warn", "random-token prompts: speculative decoding cannot be judged on them",
+                        detail="Draft models accept almost nothing on random tokens; the story dropped MTP on exactly this evidence.",
+                        remedy="Use --workload code or prefix for spec-decoding decisions.")]
+
+
+WORKLOAD = Random()

@@ -1,0 +1,32 @@
+"""Prompt text cut to token lengths: measured with the model's tokenizer when one is given, otherwise
+approximated (~4 characters per token). Shared by the workloads and the agentic sessions."""
+from __future__ import annotations
+
+from typing import Any, Optional, cast
+
+from runbook.corpus import CHARS_PER_TOKEN
+
+
+def _count(tok: Any, text: str) -> Optional[int]:
+    return len(tok.encode(text, add_special_tokens=False).ids) if tok is not None else None
+
+
+def _exact_ids(tok: Any, text: str, n: int) -> list[int]:
+    ids = tok.encode(text, add_special_tokens=False).ids
+    while len(ids) < n:
+        ids = ids + ids
+    return ids[:n]
+
+
+def _text_of_length(tok: Any, text: str, n: int) -> str:
+    """Text that tokenizes to exactly n tokens where the tokenizer allows, else the nearest below."""
+    if tok is None:
+        while len(text) < n * CHARS_PER_TOKEN:
+            text += "\n" + text
+        return text[: n * CHARS_PER_TOKEN]
+    ids = _exact_ids(tok, text, n)
+    s = tok.decode(ids)
+    while cast(int, _count(tok, s)) > n and ids:  # tok is not None here
+        ids = ids[:-1]
+        s = tok.decode(ids)
+    return s

@@ -16,7 +16,7 @@ SGLANG_VERSION ?= $(shell sed -n 's/^SGLANG_VERSION = "\(.*\)"/\1/p' lib/runbook
 
 LLAMA_SERVER := .cache/llama-server-0.3.36/llama-server
 
-.PHONY: run test lint lab venv serving-env demo clean-venv
+.PHONY: run test lint lab venv serving-env demo clean-venv docs docs-check
 
 $(RUNTIME): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,7 +65,18 @@ lint: $(DEV)
 	$(VENV)/bin/ruff check lib tests benchmarks
 	$(VENV)/bin/mypy lib/runbook
 
-test: $(DEV) $(SERVING_STAMP) $(LLAMA_SERVER) lint
+# The documentation site (MkDocs + Material, mkdocs.yml) into .cache/site.
+docs: $(DEV)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir .cache/site
+
+# `mkdocs build --strict` into a temp dir: quiet on success, its output on failure (a broken link,
+# a page missing from the nav); nothing is left in the tree.
+docs-check: $(DEV)
+	@out=$$(mktemp -d); trap 'rm -rf "$$out"' EXIT; \
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir "$$out/site" >"$$out/log" 2>&1 \
+	  || { cat "$$out/log"; echo "docs-check: mkdocs build --strict failed" >&2; exit 1; }
+
+test: $(DEV) $(SERVING_STAMP) $(LLAMA_SERVER) lint docs-check
 	RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python $(PY) -m pytest $(PYTEST_ARGS)
 
 # JupyterLab on notebooks/ with the project's kernel ("Python 3 (runbook)") registered.

@@ -292,8 +292,7 @@ _VERBS: dict[str, tuple[Stage, Any]] = {}   # verb -> (stage, its flags' setting
 
 
 class _CliBase(BaseSettings):
-    model_config = SettingsConfigDict(cli_kebab_case=True, cli_implicit_flags=True, cli_hide_none_type=True,
-                                      populate_by_name=True, cli_parse_args=False)
+    model_config = SettingsConfigDict(cli_parse_args=False)
 
 
 def _flags_model(stage: Stage) -> type[BaseSettings]:

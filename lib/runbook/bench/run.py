@@ -14,6 +14,7 @@ import numpy as np
 
 from runbook.bench import metrics, workers, workloads
 from runbook.bench.sweep import Level, LevelResult, cache_hit_from_metrics, run_level
+from runbook.core import registry
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding, Status
 from runbook.core.spec import Deployment
@@ -137,7 +138,7 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
     why = await probe(o.url)
     if why:
         f = Finding("bench.server", "skip", f"no server reachable at {o.url}", evidence=why,
-                    remedy="Start the server (30_service), or give its URL; `make demo` runs a tiny CPU engine to try this notebook.")
+                    remedy=f"Start the server ({registry.notebook('service')}), or give its URL; `make demo` runs a tiny CPU engine to try this notebook.")
         return BenchResult({"url": o.url, "levels": [], "skipped": why}, [f])
     api_key = os.environ.get(o.api_key_env) if o.api_key_env else None
     model = o.model or await model_name(o.url, api_key)
@@ -678,7 +679,6 @@ def measure(spec: Deployment, options: Optional[BenchOptions] = None, archive_ro
     """The sweep, then the regression check against the newest archived
     benchmark of this deployment under `archive_root` (outputs/ for the CLI, the runner's archive
     for the notebook; none: no comparison). The regression findings and the previous run it used are in the result."""
-    from runbook.core import registry
     from runbook.core.archive import previous_data
 
     o = options or options_from(spec)

@@ -8,7 +8,7 @@ from typing import Any, Literal, Optional
 from pydantic import Field, model_validator
 
 from runbook.bench import workloads
-from runbook.bench.run import BenchResult, measure, options_from
+from runbook.bench.run import BenchOptions, BenchResult, measure, options_from
 from runbook.core import paths
 from runbook.core.options import NonNegFloat, NonNegInt, Options, PosFloat, PosInt, Url
 from runbook.core.registry import Stage, register
@@ -58,15 +58,18 @@ class BenchStageOptions(Options):
 def evaluate(spec: Deployment, options: BenchStageOptions) -> BenchResult:
     """The sweep with the spec's plan under the options, then the regression check against the newest
     archived run under `archive` (default: the outputs dir; '' skips it)."""
-    o = options
-    bo = options_from(spec, o.url, model=o.model, concurrency=o.concurrency, rates=o.rates, requests=o.requests,
-                      duration_s=o.duration, workload=o.workload, input_len=o.input_len, output_len=o.output_len,
-                      chat=o.chat or None, tokenizer=o.tokenizer, warmup=o.warmup, out=Path(o.out) if o.out else None,
-                      seed=o.seed, compare_url=o.compare_url, timeout_s=o.timeout, flush=o.flush_cache or None,
-                      progress=o.progress, turns=o.turns, think_time_s=o.think_time, think_dist=o.think_dist,
-                      tool_result_len=o.tool_result_len, trace_speed=o.trace_speed, find_max=o.find_max,
-                      workers=o.workers, transport=o.transport)
-    return measure(spec, bo, archive_root=_archive(o.archive))
+    return measure(spec, merged(spec, options), archive_root=_archive(options.archive))
+
+
+def merged(spec: Deployment, o: BenchStageOptions) -> BenchOptions:
+    """The one merge of the spec's benchmark plan with the options (CLI and notebook alike)."""
+    return options_from(spec, o.url, model=o.model, concurrency=o.concurrency, rates=o.rates, requests=o.requests,
+                        duration_s=o.duration, workload=o.workload, input_len=o.input_len, output_len=o.output_len,
+                        chat=o.chat or None, tokenizer=o.tokenizer, warmup=o.warmup, out=Path(o.out) if o.out else None,
+                        seed=o.seed, compare_url=o.compare_url, timeout_s=o.timeout, flush=o.flush_cache or None,
+                        progress=o.progress, turns=o.turns, think_time_s=o.think_time, think_dist=o.think_dist,
+                        tool_result_len=o.tool_result_len, trace_speed=o.trace_speed, find_max=o.find_max,
+                        workers=o.workers, transport=o.transport)
 
 
 def _archive(archive: Optional[str]) -> Optional[Path]:

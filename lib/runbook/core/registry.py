@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from pydantic import BaseModel
@@ -53,6 +53,11 @@ class Stage:
     runner_params: dict[str, str] = field(default_factory=dict)
 
     @property
+    def package(self) -> str:
+        """The stage's package under runbook (kv for runbook.kv)."""
+        return self.evaluate.__module__.split(".")[1]
+
+    @property
     def notebook(self) -> str:
         """The notebook's stem, e.g. 20_kv_memory: results files are `<notebook>.results.json`."""
         return f"{self.number:02d}_{self.name}"
@@ -73,9 +78,9 @@ def register(stage: Stage) -> Stage:
 def _discover() -> None:
     import runbook
 
-    root = resources.files(runbook)
     for mod in pkgutil.iter_modules(runbook.__path__):
-        if mod.ispkg and root.joinpath(mod.name).joinpath("stage.py").is_file():   # without importing the others
+        where = getattr(mod.module_finder, "path", None)
+        if mod.ispkg and where and (Path(where) / mod.name / "stage.py").is_file():   # without importing the others
             importlib.import_module(f"runbook.{mod.name}")
 
 
@@ -91,6 +96,11 @@ def get(key: str) -> Stage:
         if key in (s.name, s.notebook, s.verb):
             return s
     raise KeyError(key)
+
+
+def notebook(name: str) -> str:
+    """A stage's notebook stem by its name, for messages that point the reader at another stage."""
+    return get(name).notebook
 
 
 def trend_keys() -> tuple[str, ...]:

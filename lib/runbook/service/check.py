@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from runbook.core import registry
 from runbook.core.errors import InputError, SpecError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
@@ -130,11 +131,11 @@ def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[F
         rec = quant_rep.recommended_flags.get("kv-cache-dtype")
         fp8 = kv in ("fp8_e4m3", "fp8_e5m2") or (kv == "auto" and quant_rep.kv_cache.auto_resolves_to.startswith("fp8"))
         if rec == "bf16" and fp8:
-            out.append(Finding("service.kv_dtype", "fail", f"--kv-cache-dtype {kv} keeps the FP8 KV cache 10_quant_config flags",
+            out.append(Finding("service.kv_dtype", "fail", f"--kv-cache-dtype {kv} keeps the FP8 KV cache {registry.notebook('quant_config')} flags",
                                detail=f"the checkpoint declares {quant_rep.kv_cache.declared} KV; k/v scales: {quant_rep.kv_cache.scale_coverage}",
                                remedy="--arg kv-cache-dtype=bf16 to try it; then set serving.flags.kv-cache-dtype: bf16 (or serving.apply_recommended: true)."))
         else:
-            out.append(Finding("service.kv_dtype", "pass", f"--kv-cache-dtype {kv} agrees with 10_quant_config"))
+            out.append(Finding("service.kv_dtype", "pass", f"--kv-cache-dtype {kv} agrees with {registry.notebook('quant_config')}"))
     try:
         p = kv_stage.plan(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": r.flags})}),
                               loaded=quant_rep.loaded if quant_rep is not None else None)
@@ -150,13 +151,13 @@ def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[F
     mrr = r.flags.get("max-running-requests")
     if mrr is not None and res.max_running_requests is not None and res.max_running_requests < int(mrr):
         out.append(Finding("service.max_running_requests", "warn", f"--max-running-requests {mrr} will be capped at {res.max_running_requests}",
-                           detail="by the token pool or the linear-attention state slots (20_kv_memory)",
+                           detail=f"by the token pool or the linear-attention state slots ({registry.notebook('kv_memory')})",
                            remedy=f"Set it to {res.max_running_requests} so the unit says what the server does."))
     spec_frac = spec.serving.flags.get("mem-fraction-static")
     frac = r.flags.get("mem-fraction-static")
     if frac != spec_frac:
         out.append(Finding("service.mem_fraction", "warn", f"--mem-fraction-static {frac} differs from the spec's {spec_frac}",
-                           detail="20_kv_memory's capacity tables used the spec's value.",
+                           detail=f"{registry.notebook('kv_memory')}'s capacity tables used the spec's value.",
                            remedy="Put the value in the spec so every notebook uses the same one."))
     elif frac is None:
         out.append(Finding("service.mem_fraction", "info", f"--mem-fraction-static unset: SGLang picks ≈{res.mem_fraction_static}",

@@ -56,7 +56,7 @@ ACTIONS = ("render", "check", "diff", "install", "drift", "report")
 class ServiceOptions(Options):
     action: Literal["render", "check", "diff", "install", "drift", "report"] = Field(
         "report", description="report: check + diff + install plan + drift, what 30_service shows")
-    args: list[str] = Field([], description="add or override one SGLang flag, NAME=VALUE (what-if)")
+    args: list[str] = Field([], alias="arg", description="add or override one SGLang flag, NAME=VALUE (what-if)")
     installed_unit: Optional[str] = Field(None, alias="installed", description="diff, report: the installed unit "
                                           "(default: systemd.unit_path or /etc/systemd/system/<name>.service)")
     server_url: Optional[Url] = Field(None, alias="url", description="drift, report: server base URL (default: http://host:port from the spec)")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from runbook.core import registry
 from runbook.core.findings import Finding, Status
 from runbook.verify.logparse import Facts, kv_dtype_name
 
@@ -57,7 +58,7 @@ def _causes(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags:
         seen = w["avail_gib"] + w["usage_gib"]   # free memory before the weights loaded
         if seen < gpu_mem_gib * 0.95:
             out.append(f"only {seen:.1f} of {gpu_mem_gib:g} GiB were free before the weights loaded: another process holds GPU memory "
-                       "(nvidia-smi; 00_environment lists the processes)")
+                       f"(nvidia-smi; {registry.notebook('environment')} lists the processes)")
     frac = unit_flags.get("mem-fraction-static")
     if frac is not None and plan_frac is not None and abs(float(frac) - float(plan_frac)) > 1e-6:
         out.append(f"the unit's --mem-fraction-static {frac} is not the plan's {plan_frac}")
@@ -99,7 +100,8 @@ def compare(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags:
         remedy = ""
         if status != "pass":
             detail = "likely causes: " + "; ".join(_causes(pred, obs, facts, unit_flags, gpu_mem_gib, plan_frac))
-            remedy = ("Free the GPU of other processes, set --mem-fraction-static in the spec, or re-plan in 20_kv_memory with the "
+            remedy = ("Free the GPU of other processes, set --mem-fraction-static in the spec, or re-plan in "
+                      f"{registry.notebook('kv_memory')} with the "
                       "observed weights (--weights-gib); check the requests that fit at your context length.")
         out.append(Finding(f"{id_prefix}.tokens", status, title, detail=detail, remedy=remedy))
     p, o = pred.get("max_running_requests"), obs.get("max_running_requests")
@@ -132,7 +134,7 @@ def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> lis
         out.append(Finding("verify.fp8_kv_scales", "fail", "FP8 KV cache without scaling factors: SGLang defaults them to 1.0",
                            detail="values outside FP8's range are clipped in every attention layer (the story's warning)",
                            evidence=fp8.lines[0],
-                           remedy="--kv-cache-dtype bf16 (10_quant_config's recommendation), or a checkpoint with calibrated k/v scales."))
+                           remedy=f"--kv-cache-dtype bf16 ({registry.notebook('quant_config')}'s recommendation), or a checkpoint with calibrated k/v scales."))
     elif facts.kv:
         out.append(Finding("verify.fp8_kv_scales", "pass", "no FP8-KV-without-scales warning in the log"))
     moe = w.get("moe_default_config")
@@ -147,7 +149,7 @@ def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> lis
         out.append(Finding("verify.custom_allreduce", "warn", "custom all-reduce is disabled: NCCL does every all-reduce",
                            detail=ca.groups[0][1] if ca.groups else "", evidence=ca.lines[0],
                            remedy="Expected on more than two PCIe-only GPUs; pass --disable-custom-all-reduce to say so, and keep "
-                                  "NCCL_P2P_LEVEL right for the topology (00_environment)."))
+                                  f"NCCL_P2P_LEVEL right for the topology ({registry.notebook('environment')})."))
     rt = w.get("retraction")
     if rt:
         reqs = sum(int(g[0]) for g in rt.groups if g and g[0].isdigit())
@@ -160,7 +162,7 @@ def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> lis
         out.append(Finding("verify.oom_graph_capture", "fail", "out of memory while capturing CUDA graphs: the KV pool took their room",
                            evidence=oomg.lines[0],
                            remedy="Lower --mem-fraction-static (e.g. by 0.03) so graphs and activations fit, or lower "
-                                  "--cuda-graph-max-bs-decode (SGLang's own advice); re-plan the pool in 20_kv_memory."))
+                                  f"--cuda-graph-max-bs-decode (SGLang's own advice); re-plan the pool in {registry.notebook('kv_memory')}."))
     oom = w.get("oom")
     if oom and not oomg:
         out.append(Finding("verify.oom", "fail", f"CUDA out of memory ({oom.count}×)", evidence=oom.lines[0],

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 from pydantic import Field, field_validator, model_validator
 
 from runbook import kv, service
-from runbook.core import secrets
+from runbook.core import registry, secrets
 from runbook.core.errors import InputError, SpecError
 from runbook.core.findings import Finding
 from runbook.core.options import Options, Url
@@ -92,8 +92,8 @@ def inspect(spec: Deployment, log: Optional[str | Path] = None, unit: Optional[s
         pred = compare.predicted(p.result)
         bpt_pred, plan_frac = p.result.kv_bytes_per_token_per_gpu, p.result.mem_fraction_static
     except (InputError, SpecError) as e:
-        findings.append(Finding("verify.plan", "skip", "no plan to compare with: 20_kv_memory could not run", detail=str(e),
-                                remedy="Fix what 20_kv_memory reports."))
+        findings.append(Finding("verify.plan", "skip", f"no plan to compare with: {registry.notebook('kv_memory')} could not run", detail=str(e),
+                                remedy=f"Fix what {registry.notebook('kv_memory')} reports."))
     unit_name = unit or spec.systemd.unit_name
     src = logsource.from_file(log, since_dt) if log else logsource.from_journal(unit_name, since, journalctl, systemctl)
     parser = logparse.Parser(None if log else unit_name)

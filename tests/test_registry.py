@@ -1,0 +1,289 @@
+"""The stage contract (issue 28): one registry, settings declared once, CLI = notebook.
+
+- the registry lists exactly the notebooks in notebooks/, and no notebook file name is written as a
+  string outside its own stage's package;
+- every notebook parameter maps onto its stage's options model and a CLI flag of its verb;
+- for the same inputs the CLI and the notebook hand `evaluate` identical options (the `--duration`
+  case included: both bound a level by time, not by the spec's request count);
+- adding a stage is one package + one notebook: a stage planted in a temporary package shows up as a
+  CLI verb with generated flags, in the runner's notebook list, in the run summary's figures and in the
+  fleet index's trends, with no other file edited.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import DEFAULT_SPEC, REPO
+
+from runbook import cli
+from runbook.core import registry
+from runbook.runner import notebook
+from runbook.runner import params as params_mod
+
+LIB = REPO / "lib" / "runbook"
+NOTEBOOKS = REPO / "notebooks"
+STAGES = registry.stages()
+
+
+def test_registry_lists_exactly_the_notebooks():
+    assert sorted(f"{s.notebook}.ipynb" for s in STAGES) == sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
+    for key in ("number", "verb", "name"):
+        values = [getattr(s, key) for s in STAGES]
+        assert len(values) == len(set(values)), f"two stages share a {key}"
+    for s in STAGES:
+        pkg = __import__(f"runbook.{s.package}", fromlist=["STAGE"])
+        assert (LIB / s.package / "stage.py").is_file() and pkg.STAGE is s and pkg.evaluate is s.evaluate
+
+
+def test_a_second_stage_with_a_taken_number_or_verb_is_refused():
+    kv = registry.get("kv")
+    with pytest.raises(ValueError, match="already taken"):
+        registry.register(registry.Stage(kv.number, "other", "other", "x", kv.options, kv.evaluate))
+    with pytest.raises(ValueError, match="already taken"):
+        registry.register(registry.Stage(99, "other", kv.verb, "x", kv.options, kv.evaluate))
+    assert "other" not in {s.name for s in registry.stages()}
+
+
+_STEM = re.compile(r"\b\d\d_[a-z][a-z_]*\b")
+
+
+def _literal_violations(path: Path, text: str, own: str) -> list[str]:
+    """String constants naming a registered notebook, outside the package of the stage it belongs to."""
+    stems = {s.notebook: s.package for s in STAGES}
+    tree = ast.parse(text)
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            for m in _STEM.findall(node.value):
+                if m in stems and stems[m] != own:
+                    bad.append(f"{path}:{node.lineno}: {m!r}")
+    return bad
+
+
+def test_no_notebook_file_name_outside_its_own_stage():
+    bad = []
+    for p in LIB.rglob("*.py"):
+        rel = p.relative_to(LIB)
+        if "data" in rel.parts:
+            continue
+        bad += _literal_violations(rel, p.read_text(), rel.parts[0] if len(rel.parts) > 1 else "")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_literal_rule_can_fail():
+    assert _literal_violations(Path("runner/figures.py"), 'x = "40_benchmark"\n', "runner")
+    assert _literal_violations(Path("fleet/index.py"), 'f"{d}/20_kv_memory.results.json"\n', "fleet")
+    assert not _literal_violations(Path("bench/x.py"), 'x = "40_benchmark"\n', "bench")
+    assert not _literal_violations(Path("verify/x.py"), '"""Compares with what 20_kv_memory predicted."""\n', "verify")
+
+
+def _verb_parser(verb: str):
+    import argparse
+
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[verb]
+
+
+def _cli_names(verb: str) -> set[str]:
+    """Option strings and positional dests of a verb."""
+    p = _verb_parser(verb)
+    return {o for a in p._actions for o in a.option_strings} | {a.dest for a in p._actions if not a.option_strings}
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
+def test_every_notebook_parameter_maps_to_an_option_and_a_cli_flag(stage):
+    from runbook.core.options import flag
+
+    declared = params_mod.inspect(NOTEBOOKS / f"{stage.notebook}.ipynb")
+    fields = stage.options.model_fields
+    names = _cli_names(stage.verb)
+    for name in declared:
+        if name in params_mod.RESERVED and name not in stage.runner_params:
+            continue              # deployment, results_path, and display-only parameters the runner sets
+        field = stage.runner_params.get(name, name)
+        assert field in fields, f"{stage.notebook}: parameter {name} is not a field of {stage.options.__name__}"
+        assert flag(stage.options, field) in names or field in names, f"{stage.verb}: no CLI flag for {field}"
+
+
+# (argv after the verb, notebook parameters): the same inputs as a user gives them to either side.
+SAME_INPUTS = {
+    "environment": ([], {}),
+    "quant_config": (["models/qwen3.5-397b-a17b-nvfp4"], {"model_dir": "models/qwen3.5-397b-a17b-nvfp4"}),
+    "kv_memory": (["--tp", "4", "--kv-dtype", "bf16", "--contexts", "8192,32768", "--mem-fraction-static", "0.8",
+                   "--gpu-mem-gib", "95.6"],
+                  {"tp": 4, "kv_dtype": "bf16", "contexts": [8192, 32768], "mem_fraction_static": 0.8, "gpu_mem_gib": 95.6}),
+    "service": (["report", "--arg", "kv-cache-dtype=bf16", "--arg", "cuda-graph-bs=1,2,4", "--installed", "/tmp/u.service",
+                 "--url", "http://127.0.0.1:9"],
+                {"args": ["kv-cache-dtype=bf16", "cuda-graph-bs=1,2,4"], "installed_unit": "/tmp/u.service",
+                 "server_url": "http://127.0.0.1:9"}),
+    "verify": (["--log", "/tmp/sglang.log", "--url", "http://127.0.0.1:9", "--since", "2026-01-05 10:00"],
+               {"log_file": "/tmp/sglang.log", "server_url": "http://127.0.0.1:9", "since": "2026-01-05 10:00"}),
+    "benchmark": (["--url", "http://127.0.0.1:9", "--duration", "60", "--concurrency", "1,2", "--workload", "agentic",
+                   "--think-time", "0.5", "--turns", "3", "--chat", "--out", "/tmp/rec", "--archive", "/tmp/arch"],
+                  {"url": "http://127.0.0.1:9", "duration": 60.0, "concurrency": [1, 2], "workload": "agentic",
+                   "think_time": 0.5, "turns": 3, "chat": True, "artifact_dir": "/tmp/rec", "archive_root": "/tmp/arch",
+                   "interactive": False}),
+    "accuracy": (["report", "--url", "http://127.0.0.1:9", "--lengths", "256,512", "--depths", "0.5", "--seed", "3",
+                  "--tool-choice", "required", "--toolcall-max-tokens", "64", "--out", "/tmp/acc"],
+                 {"url": "http://127.0.0.1:9", "lengths": [256, 512], "depths": [0.5], "seed": 3, "tool_choice": "required",
+                  "toolcall_max_tokens": 64, "artifact_dir": "/tmp/acc"}),
+}
+
+
+def _notebook_defaults(stage: registry.Stage) -> dict:
+    """The parameters cell's own values (its sentinels), as papermill would leave them."""
+    declared = params_mod.inspect(NOTEBOOKS / f"{stage.notebook}.ipynb")
+    out = {}
+    for name, d in declared.items():
+        if name in ("deployment", "results_path") or (name in params_mod.RESERVED and name not in stage.runner_params):
+            continue
+        out[name] = ast.literal_eval(d["default"])
+    if "interactive" in out:
+        out["interactive"] = False        # what the runner sets, as stderr under cron is no terminal
+    return out
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
+def test_cli_and_notebook_hand_evaluate_identical_options(stage, monkeypatch):
+    assert stage.name in SAME_INPUTS, f"add the stage {stage.name} to SAME_INPUTS"
+    argv, params = SAME_INPUTS[stage.name]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)        # as under cron: no progress bars
+    from_cli = cli._options(stage.verb, cli.build_parser().parse_args([stage.verb, *argv]))
+    from_nb = notebook.options(stage.name, **{**_notebook_defaults(stage), **params})
+    assert from_cli == from_nb
+    # and with nothing given, both are the model's defaults (the notebook's sentinels mean "the spec's")
+    bare = [a for a in argv[:1] if a in ("report",)]
+    assert cli._options(stage.verb, cli.build_parser().parse_args([stage.verb, *bare])) == \
+        notebook.options(stage.name, **_notebook_defaults(stage))
+
+
+def test_duration_bounds_the_level_from_the_cli_and_the_notebook(monkeypatch):
+    """Issue 28's bug: `bench --duration 60` ran for 60 s; notebook 40 with duration = 60 stopped after the
+    spec's request count. Both now pass through the stage's one merge function."""
+    from runbook import bench
+    from runbook.bench.run import DURATION_REQUESTS
+    from runbook.bench.stage import merged
+    from runbook.core import spec
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    dep = spec.load(DEFAULT_SPEC)
+    stage = bench.STAGE
+    a = merged(dep, cli._options("bench", cli.build_parser().parse_args(["bench", "--duration", "60"])))
+    b = merged(dep, notebook.options(stage.name, **{**_notebook_defaults(stage), "duration": 60.0}))
+    assert a == b
+    assert a.duration_s == 60 and a.requests == DURATION_REQUESTS != dep.benchmark.requests_per_level
+    c = merged(dep, notebook.options(stage.name, **_notebook_defaults(stage)))
+    assert c.duration_s is None and c.requests == dep.benchmark.requests_per_level
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
+def test_a_bad_notebook_parameter_is_one_line_naming_it(stage):
+    from runbook.core.errors import InputError
+
+    field, bad = next(((k, "x" * 3) for k, f in stage.options.model_fields.items()
+                       if f.annotation in (int, float) or "int" in str(f.annotation) or "float" in str(f.annotation)),
+                      ("no_such_parameter", 1))
+    with pytest.raises(InputError) as e:
+        notebook.options(stage.name, **{field: bad})
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(field), msg
+
+
+# ---- adding a stage: one package + one notebook -----------------------------------------------
+
+_PLANTED_INIT = '''"""Stage 60: a planted stage (tests/test_registry.py)."""
+from runbook.sample.stage import STAGE, SampleOptions, evaluate
+
+__all__ = ["STAGE", "SampleOptions", "evaluate"]
+'''
+_PLANTED_STAGE = '''from dataclasses import dataclass, field
+
+from pydantic import Field
+
+from runbook.core.findings import Finding
+from runbook.core.options import Options, PosInt
+from runbook.core.registry import Stage, register
+
+
+class SampleOptions(Options):
+    threshold: PosInt = Field(3, description="how many")
+    label: str = Field("x", description="what to call it")
+
+
+@dataclass
+class SampleReport:
+    value: int
+    findings: list = field(default_factory=list)
+
+    def data(self):
+        return {"value": self.value}
+
+
+def evaluate(spec, options):
+    return SampleReport(options.threshold * 14, [Finding("sample.ok", "pass", f"sample {options.label}")])
+
+
+def figures(data, slo=None):
+    return {"sample_value": data["value"]} if "value" in data else {}
+
+
+STAGE = register(Stage(60, "sample", "sample", "a planted stage", SampleOptions, evaluate, figures=figures,
+                       trends=("sample_value",)))
+'''
+
+
+@pytest.fixture
+def planted_stage(tmp_path, monkeypatch):
+    import runbook
+
+    root = tmp_path / "pkgroot"
+    (root / "sample").mkdir(parents=True)
+    (root / "sample" / "__init__.py").write_text(_PLANTED_INIT)
+    (root / "sample" / "stage.py").write_text(_PLANTED_STAGE)
+    monkeypatch.setattr(runbook, "__path__", [*runbook.__path__, str(root)])
+    yield root
+    registry._STAGES.pop("sample", None)
+    cli._VERBS.pop("sample", None)
+    for m in [m for m in sys.modules if m.startswith("runbook.sample")]:
+        del sys.modules[m]
+
+
+def test_a_planted_stage_joins_the_cli_runner_figures_and_fleet(planted_stage, tmp_path, capsys, monkeypatch):
+    from runbook.fleet import index
+    from runbook.runner import figures, run
+
+    assert [s.name for s in registry.stages()][-1] == "sample"
+    # the CLI: a verb, flags generated from the options model, the stage's own entry point, one JSON shape
+    assert cli.main(["sample", "--threshold", "2", "--label", "y", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["value"] == 28 and [(f["id"], f["status"], f["title"]) for f in doc["findings"]] == [("sample.ok", "pass", "sample y")]
+    assert cli.main(["sample", "--threshold", "0"]) == 2
+    assert "--threshold" in capsys.readouterr().err
+    # the runner: its notebook joins the run's list, in number order
+    nbs = tmp_path / "notebooks"
+    nbs.mkdir()
+    for p in NOTEBOOKS.glob("*.ipynb"):
+        (nbs / p.name).write_bytes(p.read_bytes())
+    monkeypatch.setattr(run, "NOTEBOOKS", nbs)
+    with pytest.raises(Exception, match="60_sample.ipynb"):
+        run.discover(nbs, [])                       # registered but missing: an error, not a shorter run
+    (nbs / "60_sample.ipynb").write_bytes((NOTEBOOKS / "00_environment.ipynb").read_bytes())
+    assert [p.name for p in run.discover(nbs, [])][-1] == "60_sample.ipynb"
+    assert [p.name for p in run.discover(nbs, ["sample"])] == ["60_sample.ipynb"]
+    # the run summary's figures and the fleet index's trends
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "60_sample.results.json").write_text(json.dumps({"data": {"value": 42}}))
+    assert figures.figures(rd) == {"sample_value": 42}
+    assert "sample_value" in registry.trend_keys()
+    point = index._point({"_run": "r1", "_host": "h", "_html": [], "started": "2026-12-04T00:00:00Z",
+                          "metrics": {"sample_value": 42}}, lambda p: p)
+    assert point["sample_value"] == 42

@@ -12,11 +12,10 @@ from typing import Any, Optional
 
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
+from runbook.core.units import GIB, MIB
 from runbook.kv import defaults
 from runbook.model.arch import Arch
 
-GIB = 1024**3
-MIB = 1024**2
 KV_DTYPES = ("bfloat16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_mx_block16")
 _ALIASES = {"bf16": "bfloat16", "auto": None, "float16": "float16", "fp16": "float16"}
 _ESZ = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1, "mxfp8": 1}

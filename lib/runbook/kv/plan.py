@@ -12,12 +12,12 @@ from runbook import quant
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
+from runbook.core.units import GIB
 from runbook.kv import memory as kvmem
 from runbook.model import arch as arch_mod
 from runbook.model import checkpoint
 from runbook.model import location as modeldir
 
-GIB = 1024**3
 # SGLang flags that change the pool arithmetic, and the kvmem.Inputs field each sets.
 _FLAG_FIELDS = {"mem-fraction-static": ("mem_fraction_static", float), "context-length": ("context_len", int),
                 "page-size": ("page_size", int), "chunked-prefill-size": ("chunked_prefill_size", int),

@@ -5,11 +5,11 @@ from typing import Any, Optional
 
 from runbook.core.plots import figure, show
 from runbook.core.spec import Deployment
+from runbook.core.units import GIB
 from runbook.kv import memory as kvmem
 from runbook.kv.plan import Plan
 from runbook.model.arch import Arch
 
-GIB = 1024**3
 STORY = {"bf16_bytes": 30720, "fp8_bytes": 15360, "tokens": 1_280_000, "req_128k": 10, "req_32k": 39}
 
 

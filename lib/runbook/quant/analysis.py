@@ -15,10 +15,10 @@ from runbook.core import SGLANG_VERSION
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
+from runbook.core.units import GIB
 from runbook.model import arch as arch_mod
 from runbook.model.checkpoint import INDEX, Checkpoint
 
-GIB = 1024**3
 FP8_KV = ("fp8_e4m3", "fp8_e5m2")
 FP4_KV = ("nvfp4", "fp4_mx_block16")
 KV_CHOICES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")

@@ -4,9 +4,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from runbook.core.findings import Finding, Status
+from runbook.core.units import GIB
 from runbook.verify.logparse import Facts, kv_dtype_name
 
-GIB = 1024**3
 KEYS = ("kv_dtype", "max_total_num_tokens", "max_running_requests", "context_len", "weights_gib_per_gpu",
         "avail_mem_gib_after_start")
 WARN_SHORT, FAIL_SHORT = 0.02, 0.10   # token pool below the plan by more than this: warn, fail

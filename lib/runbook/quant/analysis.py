@@ -17,11 +17,12 @@ from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
 from runbook.core.units import GIB
 from runbook.model import arch as arch_mod
+from runbook.model import sglang_names
 from runbook.model.checkpoint import INDEX, Checkpoint
 
-FP8_KV = ("fp8_e4m3", "fp8_e5m2")
-FP4_KV = ("nvfp4", "fp4_mx_block16")
-KV_CHOICES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
+FP8_KV = sglang_names.FP8_KV
+FP4_KV = sglang_names.FP4_KV
+KV_CHOICES = sglang_names.KV_CACHE_DTYPE_CHOICES
 # Scale tensor names SGLang's maybe_remap_kv_scale_name accepts (ModelOpt, llm-compressor, Quark, deprecated kv_scale).
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
 _SCALE = re.compile(r"(?:^|\.)(?:k_scale|v_scale|kv_scale|k_proj\.output_scale|v_proj\.output_scale)$")
@@ -703,7 +704,7 @@ def sglang_auto_kv(view: SGLangView, model_dtype: str) -> str:
 def _norm_kv(flag: str, auto: str) -> str:
     if flag in ("auto", "", None):
         return auto
-    return "bfloat16" if flag in ("bf16", "bfloat16") else flag
+    return sglang_names.kv_dtype_name(flag) or flag
 
 
 def _dtype_findings(ck: Checkpoint, w: Weights) -> list[Finding]:

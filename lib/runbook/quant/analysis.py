@@ -937,16 +937,10 @@ def _flag_findings(flags: dict[str, Any], rec: dict[str, str], w: Weights, view:
 def for_deployment(spec: Deployment, model_dir: Optional[str] = None) -> QuantReport:
     """Inspect the deployment's checkpoint (or model_dir) under the spec's flags and parallelism."""
     from runbook.model import checkpoint
-    from runbook.model import location as modeldir
 
-    if model_dir:
-        ck, note = checkpoint.load(model_dir), ""
-    else:
-        loc = modeldir.locate(spec)
-        if loc.path is None:
-            raise InputError(f"{spec.source}: model.path: {loc.note}; add model.card or download the checkpoint")
-        ck, note = checkpoint.load(loc.path), (loc.note if loc.kind == "card" else "")
+    ck, note = checkpoint.for_spec(spec, model_dir)
     rep = inspect(ck, spec.serving.flags, spec.parallelism.tp, spec.parallelism.pp, note, spec.hardware.compute_capability)
+    rep.loaded = (ck, note)
     if note:
         rep.findings.insert(0, Finding("quant.source", "info", "inspecting the model card, not the checkpoint", detail=note))
     return rep

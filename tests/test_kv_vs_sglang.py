@@ -185,3 +185,46 @@ def test_architecture_names_and_context_defaults_are_sglangs():
                  "MIMO_V2_ARCHS", "DSA_ARCHS"):
         assert set(got[name]) == set(getattr(sglang_names, name)), name
     assert got["context_defaults"] == arch.HF_CONTEXT_DEFAULTS
+
+
+_KV_DTYPES = r"""
+import argparse, json, sys, types
+sys.path.insert(0, sys.argv[1]); import sglang_env; sglang_env.install()
+import torch
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.mem_cache import kv_cache_dtype as kvd
+p = argparse.ArgumentParser()
+ServerArgs.add_cli_args(p)
+choices = next(a.choices for a in p._actions if "--kv-cache-dtype" in a.option_strings)
+kvd.current_platform = types.SimpleNamespace(is_cpu=lambda: False)   # fp8_e5m2 is refused on CPU only
+pools = {}
+for c in choices:
+    for model_dtype in (torch.bfloat16, torch.float16, torch.float32):
+        _, dt = kvd.configure_kv_cache_dtype(server_args_kv_cache_dtype=c, model=None, model_dtype=model_dtype, is_draft_worker=False,
+                                             is_dflash=False, speculative_draft_attention_backend=None)
+        pools[f"{c} {model_dtype}"] = [str(dt), dt.itemsize * 8]
+print(json.dumps({"choices": list(choices), "pools": pools,
+                  "to_str": {str(k): v for k, v in kvd.TORCH_DTYPE_TO_KV_CACHE_STR.items()}}))
+"""
+
+
+def test_kv_dtype_table_is_sglangs():
+    """model/sglang_names.py's KV table: the --kv-cache-dtype choices are SGLang's parser's, in its order; each
+    choice's pool dtype (what the "KV Cache is allocated. dtype:" line prints) and bits are configure_kv_cache_dtype's,
+    and SGLang's own torch-dtype -> name map agrees with the table's."""
+    from runbook.model import sglang_names as names
+
+    proc = subprocess.run([SERVING_PY, "-c", _KV_DTYPES, str(ORACLE)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    assert tuple(got["choices"]) == names.KV_CACHE_DTYPE_CHOICES
+    for key, (torch_dtype, itemsize_bits) in got["pools"].items():
+        flag, model_dtype = key.split()
+        d = names.kv_dtype(model_dtype) if flag == "auto" else names.kv_dtype(flag)
+        assert d is not None and f"torch.{d.torch}" == torch_dtype, key
+        resolved = names.kv_dtype(torch_dtype)   # the log's dtype reads back as this storage (mxfp8 as fp8_e4m3)
+        assert resolved is not None and resolved.torch == d.torch, key
+        # float4_e2m1fn_x2 packs two 4-bit elements into each byte
+        assert d.bits * (2 if d.torch.endswith("_x2") else 1) == itemsize_bits, key
+    for torch_dtype, sglang_name in got["to_str"].items():
+        assert names.kv_dtype_name(torch_dtype) == names.kv_dtype_name(sglang_name), torch_dtype

@@ -342,3 +342,19 @@ def test_cli_service_report_matches_the_library(cli, tmp_path):
     assert [f["id"] for f in j["findings"]] == [f.id for f in rep.findings]
     assert j["units"] == json.loads(json.dumps(rep.data()["units"])) and j["install_plan"] == rep.install_plan
     assert cp.returncode == (1 if any(f.status == "fail" for f in rep.findings) else 0)
+
+
+def test_cross_checks_read_the_checkpoint_once(monkeypatch):
+    """quant.for_deployment hands its checkpoint on (QuantReport.loaded): the capacity cross-check plans KV
+    from it instead of locating and loading the checkpoint again. Both go through checkpoint.for_spec."""
+    from runbook.model import checkpoint
+
+    calls = []
+    real = checkpoint.load
+    monkeypatch.setattr(checkpoint, "load", lambda *a, **k: calls.append(a) or real(*a, **k))
+    d = dep()
+    rec, q = service.recommended_flags(d)
+    assert q is not None and q.loaded is not None and len(calls) == 1
+    f = ids(service.cross_checks(d, service.render(d, None, rec)[0], q))
+    assert "service.capacity" not in f or f["service.capacity"].status != "skip"
+    assert any(k.startswith("service.") and k != "service.gpus" for k in f) and len(calls) == 1, calls

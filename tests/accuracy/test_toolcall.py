@@ -107,6 +107,39 @@ def test_correct_server_passes_everything(server):
     assert "sk-secret-value-123" not in json.dumps(j)
 
 
+def _respelled(handler):
+    """The same events as SSE also allows them: a comment, an event name, CRLF line ends, each JSON document
+    over two data lines (the second without the space), every write cut into 7-byte reads."""
+    def respell(body):
+        reply = handler(body)
+        if not body.get("stream"):
+            return reply
+        out = b""
+        for _, w in reply.writes:
+            data = w.removeprefix(b"data: ").removesuffix(b"\n\n")
+            head, sep, tail = data.partition(b", \"")     # between two JSON tokens: the joining newline is whitespace
+            lines = [b"data: " + head + sep[:1], b"data:" + sep[1:] + tail] if sep else [b"data: " + data]
+            out += b": keep-alive\r\nevent: message\r\n" + b"\r\n".join(lines) + b"\r\n\r\n"
+        reply.writes = [(0.0, out[i:i + 7]) for i in range(0, len(out), 7)]
+        return reply
+    return respell
+
+
+def test_sse_as_the_specification_allows_it_parses_like_the_plain_stream():
+    """The probe reads SSE through endpoint/sse.py: multi-line data, CRLF, comments and event names (the
+    hand-rolled line splitter took each data line for a whole JSON document)."""
+    plain, spelled = RawServer(scripted("ok"), real_gap_s=0.0).start(), RawServer(_respelled(scripted("ok")), real_gap_s=0.0).start()
+    try:
+        a, b = toolcall.run(plain.url, model="raw"), toolcall.run(spelled.url, model="raw")
+    finally:
+        plain.stop()
+        spelled.stop()
+    assert _status(b) == _status(a) == {"parsed": "pass", "arguments": "pass", "streaming": "pass", "finish_reason": "pass"}, b.findings
+    streamed = [c for c in b.cases if c.stream]
+    assert streamed and all(c.error is None and c.arguments_valid for c in streamed)
+    assert [c.argument_deltas for c in streamed] == [c.argument_deltas for c in a.cases if c.stream]
+
+
 @pytest.mark.parametrize("mode, check, status", [
     ("in_content", "parsed", "fail"),
     ("in_reasoning", "parsed", "fail"),

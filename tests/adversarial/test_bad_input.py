@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runbook.core import spec
-from runbook.core.errors import RunbookError
+from runbook.core.errors import RunbookError, SpecError
 
 MODEL = DEFAULT_SPEC.parents[1] / "models" / "llama-3.1-70b"
 DEAD_URL = "http://127.0.0.1:9"      # nothing listens: old code that ignores a bad option fails fast
@@ -202,6 +202,16 @@ def test_env_value_read_as_boolean_says_quote_it(cli, tmp_path):
     cp = cli("kv", "--deployment", p, timeout=60)
     _assert_one_line_error(cp, "serving.env.NCCL_IB_DISABLE_X")
     assert 'quote the value: NCCL_IB_DISABLE_X: "yes"' in cp.stderr
+
+
+@pytest.mark.parametrize("value, what", [("", "an empty value as null"), ("~", "~ as null"), ("off", "off as true/false")])
+def test_env_value_yaml_reads_as_no_text_says_quote_it(tmp_path, value, what):
+    """serving.env goes through the same scalar pass as every other field: null and booleans are refused by name."""
+    p = _spec_file(tmp_path, _sub("    NCCL_DEBUG: WARN\n", f"    NCCL_DEBUG: WARN\n    X_EMPTY: {value}\n"))
+    with pytest.raises(SpecError) as ei:
+        spec.load(p)
+    msg = str(ei.value)
+    assert "serving.env.X_EMPTY" in msg and f"YAML reads {what}" in msg and 'quote the value: X_EMPTY: "' in msg, msg
 
 
 # ---- property: random bytes as the spec --------------------------------------------------------

@@ -514,6 +514,46 @@ def test_model_name_reads_a_good_answer():
         assert asyncio.run(reach.model_name(base, None)) == "qwen3.5-397b"
 
 
+@pytest.mark.parametrize("case, ready, text", [
+    ("huge-body-no-length", False, "larger than the 65,536 bytes"),   # urllib said ready at the status line
+    ("slow-trickle", False, "did not finish"),
+    ("http-500-html", False, "HTTP 500"),
+    ("reset-before-answer", False, ""),
+    ("empty-200", True, "200"),
+])
+def test_readiness_wait_goes_through_the_bounded_get(case, ready, text):
+    """service install's readiness wait reads /ready with reach.get: bounded in size and time, the reason kept."""
+    handler = _answer("200 OK", b"") if case == "empty-200" else next(h for i, h, _, _ in HTTP_CASES if i == case)
+    with raw_server(handler) as base:
+        t0 = time.monotonic()
+        ok, why = service.wait_ready(base + "/ready", timeout=1.0, interval=0.2)
+        took = time.monotonic() - t0
+    assert ok is ready and text in why and took < 4, (ok, why, took)
+    _one_line(why)
+
+
+@pytest.mark.parametrize("handler, want", [
+    (_answer("404 Not Found", b"no"), None),                      # a server that answers: reachable
+    (_answer("200 OK", b"<html>x</html>", "text/html"), None),
+    (_answer("503 Service Unavailable", b""), "HTTP 503"),
+    (_endless, None),                                              # it answered; the body is not the probe's concern
+])
+def test_reachability_probe_uses_the_bounded_get(handler, want):
+    with raw_server(handler) as base:
+        assert asyncio.run(reach.probe(base, timeout=1.0)) == want
+    assert asyncio.run(reach.probe("http://127.0.0.1:9", timeout=1.0))   # refused: a reason
+
+
+def test_get_redacts_the_key_and_returns_the_status():
+    key = "sk-live-SECRET-123456789"
+    with raw_server(_answer("200 OK", b"")) as base:
+        assert reach.get(base + "/health", api_key=key, timeout=1.0) == (200, b"")
+    with raw_server(_answer(f"401 Bad {key}", b"")) as base:   # a reason phrase that echoes the key
+        with pytest.raises(urllib.error.HTTPError) as ei:
+            reach.get(base + f"/x?{key}", api_key=key, timeout=1.0)
+    assert ei.value.code == 401 and key not in str(ei.value.reason) and "Bad" in str(ei.value.reason)
+
+
 class _Body:
     value = b""
 

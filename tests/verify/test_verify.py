@@ -110,6 +110,11 @@ def test_every_pattern_matches_the_rendered_line():
     assert f.warnings["moe_default_config"].count == 8
 
 
+def test_an_fp4_pool_reads_as_nvfp4():
+    """SGLang logs both FP4 recipes' pool as torch.float4_e2m1fn_x2: observed kv_dtype is the table's nvfp4 (was fp4)."""
+    assert logparse.parse(startup(dtype="torch.float4_e2m1fn_x2")).kv[0]["dtype"] == "nvfp4"
+
+
 def test_default_deployment_passes(tmp_path):
     rep = run_log(tmp_path, startup())
     f = ids(rep.findings)

@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from runbook.core.findings import Finding, Status
+from runbook.model import sglang_names
 
 FORMATS = {"fp8_e4m3": (ml_dtypes.float8_e4m3fn, 448.0), "fp8_e5m2": (ml_dtypes.float8_e5m2, 57344.0),
            "bf16": (ml_dtypes.bfloat16, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max))}
@@ -114,8 +115,9 @@ def study_layer(layer: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, source:
 
 def active_format(kv_dtype: str, scale_coverage: str = "unknown") -> tuple[str, str]:
     """The study's (format, scaling) for a deployment's effective KV dtype and its k/v scales."""
-    if kv_dtype in ("fp8_e4m3", "fp8_e5m2"):
-        return kv_dtype, ("per_tensor" if scale_coverage in ("all", "file") else "scale1")
+    name = sglang_names.kv_dtype_name(kv_dtype)
+    if name in sglang_names.FP8_KV:
+        return name, ("per_tensor" if scale_coverage in ("all", "file") else "scale1")
     return "bf16", "none"
 
 

@@ -29,6 +29,7 @@ from runbook.core.secrets import redact_text
 from runbook.endpoint.client import Client
 from runbook.endpoint.reach import BadResponse, decode_json, model_name, read_bounded, run_sync
 from runbook.endpoint.reach import probe as reachable
+from runbook.endpoint.sse import SSEParser
 
 MAX_BODY_BYTES = 8 << 20          # one answer (or one whole stream) larger than this is not a tool call
 MAX_EVENTS = 100_000
@@ -253,63 +254,80 @@ def _text(case: Case, content: str, reasoning: str) -> None:
     case.in_reasoning = _looks_like_call(reasoning)
 
 
+@dataclass
+class _Stream:
+    """What the streamed deltas carried, in arrival order."""
+
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)   # argument text of the first call, one entry per chunk that carried some
+    events: int = 0
+
+
+def _event(url: str, case: Case, st: _Stream, data: bytes) -> bool:
+    """One SSE event's data; False when the stream is over ([DONE] or an error object)."""
+    data = data.strip()
+    if data == b"[DONE]":
+        return False
+    st.events += 1
+    if st.events > MAX_EVENTS:
+        raise BadResponse(url, f"more than {MAX_EVENTS:,} events")
+    msg = decode_json(url, data)
+    if msg.get("error"):
+        case.error = f"server error mid-stream: {str(msg['error'])[:200]}"
+        return False
+    for ch in msg.get("choices") or []:
+        if not isinstance(ch, dict):
+            continue
+        d = ch.get("delta") or {}
+        st.content.append(str(d.get("content") or ""))
+        st.reasoning.append(str(d.get("reasoning_content") or d.get("reasoning") or ""))
+        for tc in d.get("tool_calls") or []:
+            if not isinstance(tc, dict) or tc.get("index", 0) not in (0, None):
+                continue
+            fn = tc.get("function") or {}
+            case.called = True
+            if fn.get("name"):
+                case.name = fn["name"]
+            a = fn.get("arguments")
+            if a:
+                st.pieces.append(a if isinstance(a, str) else json.dumps(a))
+        if ch.get("finish_reason"):
+            case.finish_reason = ch["finish_reason"]
+    return True
+
+
+def _events(url: str, case: Case, st: _Stream, events: list[tuple[bytes, bytes]]) -> bool:
+    """The events one read completed (their `event:` names play no part); False once the stream is over."""
+    for _, data in events:
+        if not _event(url, case, st, data):
+            return False
+    return True
+
+
 async def _streamed(s: aiohttp.ClientSession, url: str, headers: dict[str, str], case: Case, body: dict[str, Any]) -> None:
-    content: list[str] = []
-    reasoning: list[str] = []
-    pieces: list[str] = []            # argument text of the first call, one entry per chunk that carried some
-    got = events = 0
+    st = _Stream()
+    got = 0
+    parser = SSEParser()    # events as the SSE specification cuts them: multi-line data, CR or CRLF, comments
     async with s.post(url, json=body, headers=headers, allow_redirects=False) as r:
         if r.status >= 400:
             case.error = f"HTTP {r.status}: {(await r.content.read(300)).decode('utf-8', 'replace')}"
             return
-        buf = b""
-        done = False
         async for piece in r.content.iter_any():
             got += len(piece)
             if got > MAX_BODY_BYTES:
                 raise BadResponse(url, f"stream larger than the {MAX_BODY_BYTES:,} bytes allowed (stopped reading)")
-            buf += piece
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                line = line.rstrip(b"\r")
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    done = True
-                    break
-                events += 1
-                if events > MAX_EVENTS:
-                    raise BadResponse(url, f"more than {MAX_EVENTS:,} events")
-                msg = decode_json(url, data)
-                if msg.get("error"):
-                    case.error = f"server error mid-stream: {str(msg['error'])[:200]}"
-                    return
-                for ch in msg.get("choices") or []:
-                    if not isinstance(ch, dict):
-                        continue
-                    d = ch.get("delta") or {}
-                    content.append(str(d.get("content") or ""))
-                    reasoning.append(str(d.get("reasoning_content") or d.get("reasoning") or ""))
-                    for tc in d.get("tool_calls") or []:
-                        if not isinstance(tc, dict) or tc.get("index", 0) not in (0, None):
-                            continue
-                        fn = tc.get("function") or {}
-                        case.called = True
-                        if fn.get("name"):
-                            case.name = fn["name"]
-                        a = fn.get("arguments")
-                        if a:
-                            pieces.append(a if isinstance(a, str) else json.dumps(a))
-                    if ch.get("finish_reason"):
-                        case.finish_reason = ch["finish_reason"]
-            if done:
+            if not _events(url, case, st, parser.feed(piece)):
                 break
-    case.arguments = "".join(pieces)
-    case.argument_deltas = len(pieces)
-    if pieces and case.arguments:
-        case.last_delta_share = round(len(pieces[-1]) / len(case.arguments), 3)
-    _text(case, "".join(content), "".join(reasoning))
+        else:
+            _events(url, case, st, parser.close())
+    if case.error:
+        return
+    case.arguments = "".join(st.pieces)
+    case.argument_deltas = len(st.pieces)
+    if st.pieces and case.arguments:
+        case.last_delta_share = round(len(st.pieces[-1]) / len(case.arguments), 3)
+    _text(case, "".join(st.content), "".join(st.reasoning))
 
 
 async def probe(url: str, model: Optional[str] = None, api_key: Optional[str] = None, max_tokens: int = 1024,

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-GIB = 1024**3
+from runbook.core.units import GIB
 
 # summary key -> the /metrics gauge names it reads (first present wins)
 SERVER_GAUGES = {

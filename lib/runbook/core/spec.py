@@ -487,46 +487,21 @@ def _count_nodes(root: yaml.Node, p: Path) -> None:
     size(root)
 
 
-def _env_as_written(root: yaml.Node, p: Path) -> None:
-    """serving.env values are strings: keep a plain scalar's text as written (YAML 1.1 would read `0755` as 493,
-    `1:30` as 90, `1e3` as 1000.0); a value YAML reads as true/false/null must be quoted."""
-    def get(n: Any, key: str) -> Any:
-        if isinstance(n, yaml.MappingNode):
-            for k, v in n.value:
-                if isinstance(k, yaml.ScalarNode) and k.value == key:
-                    return v
-        return None
-
-    env = get(get(root, "serving"), "env")
-    if not isinstance(env, yaml.MappingNode):
-        return
-    for i, (k, v) in enumerate(env.value):
-        if not isinstance(v, yaml.ScalarNode) or v.style is not None:
-            continue
-        line = v.start_mark.line + 1
-        if v.tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
-            env.value[i] = (k, yaml.ScalarNode(_STR, v.value, v.start_mark, v.end_mark, style=v.style))
-        elif v.tag in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:null"):
-            what = "true/false" if v.tag.endswith("bool") else "null (no value)"
-            raise SpecError(f"{p}: line {line}: serving.env.{k.value}: YAML reads {v.value or 'an empty value'!s} as {what}; "
-                            f"quote the value: {k.value}: \"{v.value}\"")
-
-
 _INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-_BOOL_TAG = "tag:yaml.org,2002:bool"
+_BOOL_TAG, _NULL_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:null"
 # Plain scalars only YAML 1.1 reads as numbers, and not as the digits show: base 60 (`30:00` is 1800,
 # `1:30` is 90) and a leading-zero octal (`0755` is 493). YAML 1.2 and every reader would not agree.
 _YAML11_ONLY = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?|0[0-7_]+)$")
 
 
 def _as_written(root: yaml.Node, p: Path) -> None:
-    """Everywhere in the spec (serving.env has its own, older check with the same rules), a plain scalar is read
-    the way its field needs, never by a YAML 1.1 surprise:
+    """Everywhere in the spec, a plain scalar is read the way its field needs, never by a YAML 1.1 surprise:
 
     - string fields (and serving.flags values SGLang gets as text): a number or date is kept as the text
       written (`served_name: 0755` stays "0755", `compute_capability: 12.0` stays "12.0", a flag `x: 1:30`
       stays "1:30"); yes/no/on/off/true/false must be quoted (YAML reads them as booleans); dates are left
-      to the loader (an impossible one is refused with "quote a value meant as text");
+      to the loader (an impossible one is refused with "quote a value meant as text"); serving.env's values
+      ("text": a string that cannot be left empty) keep `0755`, `1:30`, `1e3` as written and refuse null too;
     - number fields (and the flags the runbook computes with): base-60 (`port: 30:00`) and leading-zero
       octal (`port: 030000`) are refused, as is a boolean; `0x1F`, `1_000` and quoted digits are numbers.
     """
@@ -536,11 +511,12 @@ def _as_written(root: yaml.Node, p: Path) -> None:
     def scalar(n: yaml.ScalarNode, kind: Any, where: str, key: str) -> None:
         if n.style is not None:        # quoted or block scalar: a string, as written
             return
-        if kind is str:
+        if kind in (str, "text"):
             if n.tag in (_INT_TAG, _FLOAT_TAG):
                 n.tag = _STR
-            elif n.tag == _BOOL_TAG:
-                raise SpecError(f"{p}: line {line(n)}: {where}: YAML reads {n.value} as true/false, not text; "
+            elif n.tag == _BOOL_TAG or (kind == "text" and n.tag == _NULL_TAG):
+                what = "true/false" if n.tag == _BOOL_TAG else "null (no value)"
+                raise SpecError(f"{p}: line {line(n)}: {where}: YAML reads {n.value or 'an empty value'} as {what}, not text; "
                                 f"quote the value: {key}: \"{n.value}\"")
         elif kind in (int, float):
             if n.tag in (_INT_TAG, _FLOAT_TAG) and _YAML11_ONLY.match(n.value):
@@ -565,11 +541,11 @@ def _as_written(root: yaml.Node, p: Path) -> None:
                 path = f"{where}.{name}" if where else name
                 if what == "model":
                     f = sub.model_fields.get(name)
-                    if f is None or (sub is Serving and name == "env"):   # unknown keys: pydantic says so
+                    if f is None:   # unknown keys: pydantic says so
                         continue
                     walk(v, _unwrap(f.annotation), path, name)
                 elif what == "dict":
-                    child = sub
+                    child = "text" if sub is str else sub   # a mapping's string values are never empty (serving.env)
                     if sub == "flag":
                         typed = _TYPED_FLAGS.get(name)
                         child = typed[0] if typed else "flag"
@@ -597,7 +573,6 @@ def _parse(text: str, p: Path) -> Any:
             if node is None:
                 return None
             _count_nodes(node, p)
-            _env_as_written(node, p)
             _as_written(node, p)
             return loader.construct_document(node)
         finally:

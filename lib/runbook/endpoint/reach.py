@@ -1,9 +1,9 @@
 """Is an OpenAI-compatible server there, which model does it serve, and running async code from notebooks.
 
-JSON probes (/server_info, /v1/models, /get_model_info, …) go through `fetch_json`: the body is read
-up to `MAX_JSON_BYTES` and the whole exchange (connect, headers, body) is bounded by one deadline, so
-a server that sends gigabytes or trickles a byte a second cannot hang or exhaust the runbook. What
-comes back is told apart honestly:
+Small probes go through one bounded GET, `get` (readiness, /health) and `fetch_json` on it (/server_info,
+/v1/models, /get_model_info, …): the body is read up to `max_bytes` and the whole exchange (connect, headers,
+body) is bounded by one deadline, so a server that sends gigabytes or trickles a byte a second cannot hang
+or exhaust the runbook, and an API key never appears in an error. What comes back is told apart honestly:
 
 - no server (refused, unreachable, nothing within the deadline before the headers): OSError / URLError;
 - an HTTP error status: urllib.error.HTTPError (as urllib raises it, so callers keep their handling);
@@ -13,6 +13,7 @@ comes back is told apart honestly:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import socket
@@ -20,7 +21,7 @@ import ssl
 import threading
 import time
 import urllib.error
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -87,8 +88,23 @@ def fetch_json(url: str, api_key: Optional[str] = None, timeout: float = 10.0, m
     Raises OSError (URLError for a URL that is not http(s)) when nothing usable answered before the headers,
     urllib.error.HTTPError for a status ≥ 400, BadResponse when the answer is not the JSON expected. The API key
     never appears in a message, even when the server echoes it back."""
+    with _redacted(url, api_key):
+        return decode_json(url, _get(url, api_key, timeout, max_bytes, "application/json")[1], expect)
+
+
+def get(url: str, api_key: Optional[str] = None, timeout: float = 10.0, max_bytes: int = MAX_JSON_BYTES,
+        accept: str = "*/*") -> tuple[int, bytes]:
+    """GET url -> (status, body) for a status below 400, bounded and raising as `fetch_json` does (redirects
+    are not followed: a 3xx comes back as it is)."""
+    with _redacted(url, api_key):
+        return _get(url, api_key, timeout, max_bytes, accept)
+
+
+@contextlib.contextmanager
+def _redacted(url: str, api_key: Optional[str]) -> Iterator[None]:
+    """Errors without the API key, even when the server echoes it back."""
     try:
-        return _fetch_json(url, api_key, timeout, max_bytes, expect)
+        yield
     except BadResponse as e:
         if api_key:
             raise BadResponse(url, redact_text(e.reason, [api_key])) from None
@@ -99,7 +115,7 @@ def fetch_json(url: str, api_key: Optional[str] = None, timeout: float = 10.0, m
         raise
 
 
-def _fetch_json(url: str, api_key: Optional[str], timeout: float, max_bytes: int, expect: Optional[type]) -> Any:
+def _get(url: str, api_key: Optional[str], timeout: float, max_bytes: int, accept: str) -> tuple[int, bytes]:
     u = urlsplit(url)
     try:
         port = u.port
@@ -131,7 +147,7 @@ def _fetch_json(url: str, api_key: Optional[str], timeout: float, max_bytes: int
     got_headers = False
     got = 0
     try:
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         try:
@@ -176,7 +192,7 @@ def _fetch_json(url: str, api_key: Optional[str], timeout: float, max_bytes: int
             got += len(chunk)
             if got > max_bytes:
                 raise BadResponse(url, f"body larger than the {max_bytes:,} bytes allowed (stopped reading)")
-        return decode_json(url, b"".join(chunks), expect)
+        return resp.status, b"".join(chunks)
     except TimeoutError:
         if got_headers:
             raise BadResponse(url, f"the answer did not finish within {timeout:g} s ({got:,} bytes so far)") from None
@@ -228,11 +244,14 @@ def failure_finding(finding_id: str, url: str, e: BaseException, no_server_statu
 async def probe(base: str, timeout: float = 5.0) -> Optional[str]:
     """None when the server answers /v1/models, else why not."""
     try:
-        async with aiohttp.ClientSession() as s:
-            async with s.get(base.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-                return None if r.status < 500 else f"HTTP {r.status}"
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+        await asyncio.to_thread(get, base.rstrip("/") + "/v1/models", None, timeout, 64 << 10)
+    except urllib.error.HTTPError as e:
+        return None if e.code < 500 else f"HTTP {e.code}"
+    except BadResponse:   # something answered: reachable (what it said is the caller's next probe's business)
+        return None
+    except (OSError, ValueError) as e:
         return str(e) or type(e).__name__
+    return None
 
 
 async def read_bounded(r: aiohttp.ClientResponse, url: str, max_bytes: int) -> bytes:
@@ -253,13 +272,8 @@ async def model_name(url: str, api_key: Optional[str], timeout: float = 10.0, ma
     """The first model id /v1/models lists; None when there is none or the answer is not SGLang's JSON."""
     target = url.rstrip("/") + "/v1/models"
     try:
-        async with aiohttp.ClientSession() as s:
-            async with s.get(target, headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
-                             timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-                if r.status >= 400:
-                    return None
-                ids = served_models(decode_json(target, await read_bounded(r, target, max_bytes)), target)
-                return ids[0] if ids else None
+        ids = served_models(await asyncio.to_thread(fetch_json, target, api_key, timeout, max_bytes), target)
+        return ids[0] if ids else None
     except Exception:   # noqa: BLE001 - any failure means "no name known": the caller falls back
         return None
 

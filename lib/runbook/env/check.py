@@ -12,10 +12,10 @@ from typing import Any, Callable, Optional
 
 from runbook.core.findings import Finding, Status
 from runbook.core.spec import Deployment
+from runbook.core.units import GIB
 from runbook.env import gpus
 from runbook.model.location import locate
 
-GIB = 1024**3
 # Packages the serving environment must have (fail) or should have (warn), by distribution name.
 REQUIRED = ("sglang", "torch")
 RECOMMENDED = ("flashinfer-python", "sglang-kernel", "transformers", "triton")

@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 from runbook.core.findings import Finding, Status
 from runbook.core.spec import Deployment
+from runbook.core.units import GIB
 
-GIB = 1024**3
 _TOPO = {0: "same board", 10: "single PCIe switch", 20: "multiple PCIe switches", 30: "host bridge (PHB)",
          40: "NUMA node (NODE)", 50: "across sockets (SYS)"}
 _HOT_C = 85

@@ -12,23 +12,24 @@ from typing import Any, Optional
 
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
+from runbook.core.units import GIB, MIB
 from runbook.kv import defaults
+from runbook.model import sglang_names
 from runbook.model.arch import Arch
 
-GIB = 1024**3
-MIB = 1024**2
-KV_DTYPES = ("bfloat16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_mx_block16")
-_ALIASES = {"bf16": "bfloat16", "auto": None, "float16": "float16", "fp16": "float16"}
-_ESZ = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1, "mxfp8": 1}
+KV_DTYPES = tuple(sglang_names.KV_DTYPES)
+# bytes per element of the whole-byte formats: KV dtypes and the linear-attention state's conv/SSM dtypes
+_ESZ = {n: int(d.bytes) for n, d in {**sglang_names.KV_DTYPES, **sglang_names.MODEL_KV_DTYPES}.items() if d.bits >= 8}
+_FLAG_NAMES = ", ".join(c for c in sglang_names.KV_CACHE_DTYPE_CHOICES if c not in ("auto", "bfloat16"))
 DEFAULT_CONTEXTS = (8192, 32768, 131072, 262144)
 _SSM_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 def normalise_dtype(d: str) -> str:
-    d = _ALIASES.get(d, d) or d
-    if d not in _ESZ and d not in ("nvfp4", "fp4_mx_block16"):
-        raise InputError(f"--kv-dtype {d}: not a KV cache dtype (use one of bf16, fp8_e4m3, fp8_e5m2, mxfp8, nvfp4, fp4_mx_block16)")
-    return d
+    name = sglang_names.kv_dtype_name(d)
+    if name is None:
+        raise InputError(f"--kv-dtype {d}: not a KV cache dtype (use one of {_FLAG_NAMES})")
+    return name
 
 
 @dataclass
@@ -195,7 +196,7 @@ def cell_bytes(arch: Arch, kv_dtype: str, a_tp: int, full_layers: int, swa_layer
     layers = full_layers + swa_layers
     if arch.mla:
         width = arch.kv_lora_rank + arch.qk_rope_head_dim
-        if kv_dtype in ("nvfp4", "fp4_mx_block16"):  # pool_configurator.py:387-397
+        if kv_dtype in sglang_names.FP4_KV:  # pool_configurator.py:387-397
             cell: float = width * layers // 2 + width // 16 * layers
         else:
             cell = mla_width_bytes(arch, kv_dtype, raw_dsa_layout) * layers  # mxfp8's scale branch is MHA-only
@@ -205,13 +206,13 @@ def cell_bytes(arch: Arch, kv_dtype: str, a_tp: int, full_layers: int, swa_layer
     if arch.hybrid_swa and swa_layers:
         # HybridSWAPoolConfigurator (pool_configurator.py): full layers per token plus swa_full_tokens_ratio of the
         # sliding ones; it prices a float4_e2m1fn_x2 element at its storage size (1 byte), mxfp8 with its scales.
-        esz = 1 if kv_dtype in ("nvfp4", "fp4_mx_block16") else _ESZ[kv_dtype]
+        esz = 1 if kv_dtype in sglang_names.FP4_KV else _ESZ[kv_dtype]
         swa_h = max(1, arch.swa_num_kv_heads // a_tp) if arch.swa_num_kv_heads else h
         swa_dims = (arch.swa_head_dim or arch.head_dim) + (arch.swa_v_head_dim or arch.swa_head_dim or arch.v_head_dim)
         per_full: float = h * dims * esz + (h * dims / 32 if kv_dtype == "mxfp8" else 0)
         per_swa: float = swa_h * swa_dims * esz + (swa_h * swa_dims / 32 if kv_dtype == "mxfp8" else 0)
         return per_full * full_layers + swa_ratio * per_swa * swa_layers
-    if kv_dtype in ("nvfp4", "fp4_mx_block16"):
+    if kv_dtype in sglang_names.FP4_KV:
         # layers/quantization/fp4_kv_cache_quant_method.py compute_cell_size
         layouts = nvfp4_layouts if kv_dtype == "nvfp4" else 1
         data = h * (arch.head_dim // 2) * layers * 2

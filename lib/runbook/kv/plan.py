@@ -12,12 +12,11 @@ from runbook import quant
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
+from runbook.core.units import GIB
 from runbook.kv import memory as kvmem
 from runbook.model import arch as arch_mod
 from runbook.model import checkpoint
-from runbook.model import location as modeldir
 
-GIB = 1024**3
 # SGLang flags that change the pool arithmetic, and the kvmem.Inputs field each sets.
 _FLAG_FIELDS = {"mem-fraction-static": ("mem_fraction_static", float), "context-length": ("context_len", int),
                 "page-size": ("page_size", int), "chunked-prefill-size": ("chunked_prefill_size", int),
@@ -107,13 +106,8 @@ def plan(spec: Optional[Deployment] = None, model_dir: Optional[str] = None, **o
     loaded = overrides.pop("loaded", None)   # (Checkpoint, note) already read by the caller
     if loaded is not None:
         ck, note = loaded
-    elif model_dir:
-        ck, note = checkpoint.load(model_dir), ""
-    elif spec is not None:
-        loc = modeldir.locate(spec)
-        if loc.path is None:
-            raise InputError(f"{spec.source}: model.path: {loc.note}")
-        ck, note = checkpoint.load(loc.path), (loc.note if loc.kind == "card" else "")
+    elif model_dir or spec is not None:
+        ck, note = checkpoint.for_spec(spec, model_dir)
     else:
         raise InputError("give MODEL_DIR or --deployment")
     a = arch_mod.from_config(ck.config, str(ck.dir / "config.json"))

@@ -5,11 +5,12 @@ from typing import Any, Optional
 
 from runbook.core.plots import figure, show
 from runbook.core.spec import Deployment
+from runbook.core.units import GIB
 from runbook.kv import memory as kvmem
 from runbook.kv.plan import Plan
+from runbook.model import sglang_names
 from runbook.model.arch import Arch
 
-GIB = 1024**3
 STORY = {"bf16_bytes": 30720, "fp8_bytes": 15360, "tokens": 1_280_000, "req_128k": 10, "req_32k": 39}
 
 
@@ -170,7 +171,7 @@ def panel(spec: Optional[Deployment], model_dir: str | None = None):
 
     base = plan(spec, model_dir or None)
     tp = w.Dropdown(options=[1, 2, 4, 8], value=base.inputs.tp, description="TP")
-    choices = ["auto", "bf16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4"]
+    choices = [c for c in sglang_names.KV_CACHE_DTYPE_CHOICES if c != "bfloat16"]   # bf16 is the same choice
     current = str(spec.serving.flags.get("kv-cache-dtype", "auto")) if spec is not None else "auto"
     dtype = w.Dropdown(options=choices, value=current if current in choices else "auto", description="KV dtype")
     frac = w.FloatSlider(value=base.inputs.mem_fraction_static or base.result.mem_fraction_static or 0.85, min=0.5, max=0.95,

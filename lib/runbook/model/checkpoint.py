@@ -18,7 +18,7 @@ from typing import Any, Optional
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
 from runbook.core.fsutil import FileRefused, read_regular
-from runbook.model.location import hf_snapshot, looks_like_repo_id
+from runbook.model.location import hf_snapshot, locate, looks_like_repo_id
 
 INDEX = "model.safetensors.index.json"
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
@@ -337,6 +337,17 @@ def resolve_dir(model: str | os.PathLike) -> Path:
     if p.is_symlink():
         _stat(p)    # a loop or a dangling link says so
     raise InputError(f"{model}: no such directory")
+
+
+def for_spec(spec: Any, model_dir: Optional[str | os.PathLike] = None) -> tuple[Checkpoint, str]:
+    """The checkpoint a stage inspects, and a note when it is the model card rather than the weights: model_dir
+    when given, else where the spec's model.path is found (location.locate). The one locate-then-load."""
+    if model_dir:
+        return load(model_dir), ""
+    loc = locate(spec)
+    if loc.path is None:
+        raise InputError(f"{spec.source}: model.path: {loc.note}; add model.card or download the checkpoint")
+    return load(loc.path), (loc.note if loc.kind == "card" else "")
 
 
 def load(model_dir: str | os.PathLike, read_headers: bool = True) -> Checkpoint:

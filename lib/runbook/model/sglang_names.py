@@ -1,7 +1,81 @@
-"""Architecture names SGLang 0.5.23 treats specially (configs/model_config.py), as data.
+"""Names SGLang 0.5.23 uses, as data: architectures it treats specially (configs/model_config.py) and the
+KV-cache dtypes (--kv-cache-dtype, and the torch dtypes its logs print).
 
-In one place so tests/test_kv_vs_sglang.py can check each set against SGLang's own lists.
+In one place so tests/test_kv_vs_sglang.py can check each against SGLang's own lists.
 """
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class KVDtype:
+    """One KV-cache element format. `torch`: the dtype the pool is created with, as its "KV Cache is allocated.
+    dtype: torch.X" line prints it (mem_cache/kv_cache_dtype.py configure_kv_cache_dtype); `bits`: bits per
+    stored element, scales not counted; `block`: elements per scale for block-scaled formats (None: per tensor)."""
+
+    name: str
+    flags: tuple[str, ...]
+    torch: str
+    bits: int
+    block: Optional[int] = None
+
+    @property
+    def bytes(self) -> float:
+        return self.bits / 8
+
+
+# The runbook's names are the canonical ones; the order is the one a log's torch dtype resolves in (the first
+# entry with that torch dtype: mxfp8 logs as float8_e4m3fn, fp4_mx_block16 as float4_e2m1fn_x2).
+KV_DTYPES: dict[str, KVDtype] = {d.name: d for d in (
+    KVDtype("bfloat16", ("bf16", "bfloat16"), "bfloat16", 16),
+    KVDtype("fp8_e4m3", ("fp8_e4m3",), "float8_e4m3fn", 8),
+    KVDtype("fp8_e5m2", ("fp8_e5m2",), "float8_e5m2", 8),
+    KVDtype("mxfp8", ("mxfp8",), "float8_e4m3fn", 8, block=32),             # plus one E8M0 scale byte per 32
+    KVDtype("nvfp4", ("nvfp4",), "float4_e2m1fn_x2", 4, block=16),          # two elements per stored byte
+    KVDtype("fp4_mx_block16", ("fp4_mx_block16",), "float4_e2m1fn_x2", 4, block=16),
+)}
+# `auto` keeps the model's dtype: a float16 or float32 model's KV cache is that dtype (not a flag choice).
+MODEL_KV_DTYPES: dict[str, KVDtype] = {d.name: d for d in (
+    KVDtype("float16", (), "float16", 16),
+    KVDtype("float32", (), "float32", 32),
+)}
+# server_args' --kv-cache-dtype choices, in SGLang's order (tests/test_kv_vs_sglang.py diffs them)
+KV_CACHE_DTYPE_CHOICES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
+FP8_KV = tuple(n for n, d in KV_DTYPES.items() if d.bits == 8 and d.block is None)   # per-tensor scaled FP8
+FP4_KV = tuple(n for n, d in KV_DTYPES.items() if d.bits == 4)
+
+# Other spellings: ROCm's fnuz FP8 (fp8_dtype on HIP) and the short names people write for the model dtypes.
+_SPELLINGS = {"float8_e4m3fnuz": "fp8_e4m3", "float8_e5m2fnuz": "fp8_e5m2", "fp16": "float16", "half": "float16",
+              "float": "float32", "fp32": "float32"}
+
+
+def kv_dtype(name: object) -> Optional[KVDtype]:
+    """The format a --kv-cache-dtype value, a canonical name or a logged torch dtype ('torch.float8_e4m3fn')
+    names; None for `auto`, empty or unknown."""
+    s = str(name or "").strip().strip(",").lower().removeprefix("torch.")
+    s = _SPELLINGS.get(s, s)
+    table = {**KV_DTYPES, **MODEL_KV_DTYPES}
+    if s in table:
+        return table[s]
+    for d in table.values():   # a flag spelling, then a torch dtype: in the table's order
+        if s in d.flags:
+            return d
+    return next((d for d in table.values() if d.torch == s), None)
+
+
+def kv_dtype_name(name: object) -> Optional[str]:
+    """The canonical name ('bf16' -> 'bfloat16', 'torch.float4_e2m1fn_x2' -> 'nvfp4'); None when unknown or auto."""
+    d = kv_dtype(name)
+    return d.name if d else None
+
+
+def same_kv_storage(a: object, b: object) -> bool:
+    """Whether two names store the KV cache in the same torch dtype: a log cannot tell mxfp8 from fp8_e4m3,
+    nor nvfp4 from fp4_mx_block16."""
+    da, db = kv_dtype(a), kv_dtype(b)
+    return da is not None and db is not None and da.torch == db.torch
 
 # multimodal_model_archs: served as VLMs, so mem_fraction_static is scaled down
 MULTIMODAL_ARCHS = frozenset({

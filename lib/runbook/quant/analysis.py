@@ -15,13 +15,14 @@ from runbook.core import SGLANG_VERSION
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
+from runbook.core.units import GIB
 from runbook.model import arch as arch_mod
+from runbook.model import sglang_names
 from runbook.model.checkpoint import INDEX, Checkpoint
 
-GIB = 1024**3
-FP8_KV = ("fp8_e4m3", "fp8_e5m2")
-FP4_KV = ("nvfp4", "fp4_mx_block16")
-KV_CHOICES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
+FP8_KV = sglang_names.FP8_KV
+FP4_KV = sglang_names.FP4_KV
+KV_CHOICES = sglang_names.KV_CACHE_DTYPE_CHOICES
 # Scale tensor names SGLang's maybe_remap_kv_scale_name accepts (ModelOpt, llm-compressor, Quark, deprecated kv_scale).
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
 _SCALE = re.compile(r"(?:^|\.)(?:k_scale|v_scale|kv_scale|k_proj\.output_scale|v_proj\.output_scale)$")
@@ -703,7 +704,7 @@ def sglang_auto_kv(view: SGLangView, model_dtype: str) -> str:
 def _norm_kv(flag: str, auto: str) -> str:
     if flag in ("auto", "", None):
         return auto
-    return "bfloat16" if flag in ("bf16", "bfloat16") else flag
+    return sglang_names.kv_dtype_name(flag) or flag
 
 
 def _dtype_findings(ck: Checkpoint, w: Weights) -> list[Finding]:
@@ -936,16 +937,10 @@ def _flag_findings(flags: dict[str, Any], rec: dict[str, str], w: Weights, view:
 def for_deployment(spec: Deployment, model_dir: Optional[str] = None) -> QuantReport:
     """Inspect the deployment's checkpoint (or model_dir) under the spec's flags and parallelism."""
     from runbook.model import checkpoint
-    from runbook.model import location as modeldir
 
-    if model_dir:
-        ck, note = checkpoint.load(model_dir), ""
-    else:
-        loc = modeldir.locate(spec)
-        if loc.path is None:
-            raise InputError(f"{spec.source}: model.path: {loc.note}; add model.card or download the checkpoint")
-        ck, note = checkpoint.load(loc.path), (loc.note if loc.kind == "card" else "")
+    ck, note = checkpoint.for_spec(spec, model_dir)
     rep = inspect(ck, spec.serving.flags, spec.parallelism.tp, spec.parallelism.pp, note, spec.hardware.compute_capability)
+    rep.loaded = (ck, note)
     if note:
         rep.findings.insert(0, Finding("quant.source", "info", "inspecting the model card, not the checkpoint", detail=note))
     return rep

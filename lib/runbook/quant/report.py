@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-GIB = 1024**3
+from runbook.core.units import GIB
 
 
 def weights_frame(rep: Any):

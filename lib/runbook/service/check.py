@@ -17,6 +17,7 @@ from runbook.core import registry
 from runbook.core.errors import InputError, SpecError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
+from runbook.model import sglang_names
 from runbook.service.render import Build, Rendered, build
 
 PROBE = Path(__file__).with_name("sglang_probe.py")
@@ -129,7 +130,7 @@ def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[F
     kv = str(r.flags.get("kv-cache-dtype", "auto"))
     if quant_rep is not None:
         rec = quant_rep.recommended_flags.get("kv-cache-dtype")
-        fp8 = kv in ("fp8_e4m3", "fp8_e5m2") or (kv == "auto" and quant_rep.kv_cache.auto_resolves_to.startswith("fp8"))
+        fp8 = sglang_names.kv_dtype_name(kv) in sglang_names.FP8_KV or (kv == "auto" and quant_rep.kv_cache.auto_resolves_to.startswith("fp8"))
         if rec == "bf16" and fp8:
             out.append(Finding("service.kv_dtype", "fail", f"--kv-cache-dtype {kv} keeps the FP8 KV cache {registry.notebook('quant_config')} flags",
                                detail=f"the checkpoint declares {quant_rep.kv_cache.declared} KV; k/v scales: {quant_rep.kv_cache.scale_coverage}",

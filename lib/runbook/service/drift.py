@@ -10,6 +10,7 @@ from runbook.core.findings import Finding
 from runbook.core.secrets import MASK, is_secret_key
 from runbook.core.spec import Deployment
 from runbook.endpoint.reach import BadResponse, failure_finding, fetch_json, served_models
+from runbook.model import sglang_names
 from runbook.service import unitfile
 from runbook.service.render import Build, build
 
@@ -68,9 +69,8 @@ def redact_server_info(info: dict[str, Any], api_key: Optional[str] = None) -> d
 
 
 def _same(a: Any, b: Any) -> bool:
-    norm = {"bf16": "bfloat16"}
     sa, sb = str(a).lower(), str(b).lower()
-    sa, sb = norm.get(sa, sa), norm.get(sb, sb)
+    sa, sb = sglang_names.kv_dtype_name(sa) or sa, sglang_names.kv_dtype_name(sb) or sb   # bf16 is bfloat16
     if sa == sb:
         return True
     try:

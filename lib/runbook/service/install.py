@@ -19,17 +19,18 @@ import tempfile
 import threading
 import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
+from runbook.endpoint import reach
 from runbook.service.render import Rendered
 
 CTL_TIMEOUT_S = 120.0   # one systemctl call (daemon-reload on a busy host takes seconds, restart returns once started)
 _STDERR_TAIL = 300
+_READY_BYTES = 64 << 10    # a readiness answer is a few bytes: more is read as a broken one, not waited for
 
 
 @dataclass
@@ -62,14 +63,16 @@ def wait_ready(url: str, timeout: float, interval: float = 2.0) -> tuple[bool, s
     while True:
         left = max(0.5, deadline - time.monotonic())
         try:
-            with urllib.request.urlopen(url, timeout=min(10.0, left)) as resp:
-                if resp.status == 200:
-                    return True, "200"
-                last = str(resp.status)
+            status, _ = reach.get(url, timeout=min(10.0, left), max_bytes=_READY_BYTES)
+            if status == 200:
+                return True, "200"
+            last = str(status)
         except urllib.error.HTTPError as e:
             last = f"HTTP {e.code}"
         except (urllib.error.URLError, OSError) as e:
             last = str(getattr(e, "reason", e))
+        except reach.BadResponse as e:   # answered, but cut off, too large or too slow
+            last = e.reason
         except Exception as e:  # noqa: BLE001 - a malformed URL or a broken answer: not ready, with the reason
             last = f"{type(e).__name__}: {e}"
         if time.monotonic() >= deadline:

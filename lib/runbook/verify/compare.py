@@ -5,9 +5,10 @@ from typing import Any, Optional
 
 from runbook.core import registry
 from runbook.core.findings import Finding, Status
+from runbook.core.units import GIB
+from runbook.model import sglang_names
 from runbook.verify.logparse import Facts, kv_dtype_name
 
-GIB = 1024**3
 KEYS = ("kv_dtype", "max_total_num_tokens", "max_running_requests", "context_len", "weights_gib_per_gpu",
         "avail_mem_gib_after_start")
 WARN_SHORT, FAIL_SHORT = 0.02, 0.10   # token pool below the plan by more than this: warn, fail
@@ -79,7 +80,8 @@ def compare(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags:
     want_dtype = _dtype(unit_flags.get("kv-cache-dtype")) or _dtype(pred.get("kv_dtype"))
     have_dtype = _dtype(obs.get("kv_dtype"))
     if have_dtype is not None and want_dtype is not None:
-        ok = have_dtype == want_dtype
+        # the log prints the pool's torch dtype only: mxfp8 is float8_e4m3fn there, fp4_mx_block16 float4_e2m1fn_x2
+        ok = have_dtype == want_dtype or (where == "log" and sglang_names.same_kv_storage(have_dtype, want_dtype))
         out.append(Finding(f"{id_prefix}.kv_dtype", "pass" if ok else "fail",
                            f"KV cache dtype {have_dtype} ({where})" + ("" if ok else f", the unit asks for {want_dtype}"),
                            remedy="" if ok else "The server is not running the unit: restart it from the rendered unit "

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
+from runbook.model import sglang_names
+
 MAX_LINE = 8192          # characters kept per line (longer lines are cut: a line is evidence, not data)
 MAX_WARNING_LINES = 5    # example lines kept per warning id (every occurrence is counted)
 
@@ -81,10 +83,9 @@ def _num(s: Optional[str]) -> Optional[int]:
 
 
 def kv_dtype_name(torch_dtype: str) -> str:
-    """'torch.bfloat16' -> 'bfloat16', 'torch.float8_e4m3fn' -> 'fp8_e4m3' (the runbook's names)."""
-    d = torch_dtype.replace("torch.", "").strip(",")
-    return {"float8_e4m3fn": "fp8_e4m3", "float8_e4m3fnuz": "fp8_e4m3", "float8_e5m2": "fp8_e5m2",
-            "float8_e5m2fnuz": "fp8_e5m2", "bf16": "bfloat16", "half": "float16", "float4_e2m1fn_x2": "fp4"}.get(d, d)
+    """'torch.bfloat16' -> 'bfloat16', 'torch.float8_e4m3fn' -> 'fp8_e4m3', 'torch.float4_e2m1fn_x2' -> 'nvfp4'
+    (model/sglang_names.py's names); a dtype the table does not know stays as logged, without 'torch.'."""
+    return sglang_names.kv_dtype_name(torch_dtype) or torch_dtype.replace("torch.", "").strip(",")
 
 
 @dataclass

@@ -16,7 +16,7 @@ SGLANG_VERSION ?= $(shell sed -n 's/^SGLANG_VERSION = "\(.*\)"/\1/p' lib/runbook
 
 LLAMA_SERVER := .cache/llama-server-0.3.36/llama-server
 
-.PHONY: run test lint lab venv serving-env demo clean-venv docs docs-check
+.PHONY: run test test-fast lint lab venv serving-env demo clean-venv docs docs-check
 
 $(RUNTIME): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -78,6 +78,12 @@ docs-check: $(DEV)
 
 test: $(DEV) $(SERVING_STAMP) $(LLAMA_SERVER) lint docs-check
 	RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python $(PY) -m pytest $(PYTEST_ARGS)
+
+# The unit tests in under two minutes: no serving interpreter, llama-server, notebooks, browser or servers
+# (the `slow` marker and its reasons: pyproject's [tool.pytest.ini_options] markers, tests/conftest.py).
+# RUNBOOK_SERVING_PYTHON is dropped so the library's flag checks do not start SGLang from an unmarked test.
+test-fast: $(DEV)
+	env -u RUNBOOK_SERVING_PYTHON $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # JupyterLab on notebooks/ with the project's kernel ("Python 3 (runbook)") registered.
 lab: $(RUNTIME)

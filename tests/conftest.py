@@ -70,3 +70,35 @@ def llama():
     srv = demo.start_llama_server(exe, demo.tiny_model(), parallel=8)
     yield srv
     srv.stop()
+
+
+# ---------------------------------------------------------------- markers: what `make test-fast` leaves out
+# A reason marker (pyproject's `markers`) implies `slow`; a test that takes one of these fixtures, directly or
+# through another fixture, gets the fixture's reason. tests/test_markers.py checks that every test whose source
+# shows a reason (running the serving interpreter, `runbook run`, llama-server, chromium) carries it.
+SLOW_REASONS = ("serving", "llama", "browser", "notebook", "server")
+SLOW_FIXTURES = {"llama": "llama", "browser": "browser", "lab": "browser", "default_run": "notebook", "s3": "server",
+                 "wheel_venv": "server"}
+
+
+def slow_reasons(item) -> set[str]:
+    """The reason markers an item carries or earns through its fixtures."""
+    got = {m.name for m in item.iter_markers() if m.name in SLOW_REASONS}
+    return got | {SLOW_FIXTURES[f] for f in getattr(item, "fixturenames", ()) if f in SLOW_FIXTURES}
+
+
+def repeats_on_second_transport(item) -> bool:
+    """A scenario parametrised over both HTTP transports runs once in the fast set, on the default one."""
+    from runbook.endpoint.client import DEFAULT_TRANSPORT
+
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return "transport" in params and params["transport"] != DEFAULT_TRANSPORT
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        reasons = slow_reasons(item)
+        for name in sorted(reasons):
+            item.add_marker(name)
+        if reasons or repeats_on_second_transport(item):
+            item.add_marker("slow")

@@ -26,7 +26,8 @@ from runbook.core.errors import InputError, SpecError
 
 ORACLE = REPO / "tests" / "oracle"
 SERVING_PY = os.environ.get("RUNBOOK_SERVING_PYTHON") or str(REPO / ".venv-serving" / "bin" / "python")
-pytestmark = pytest.mark.skipif(not Path(SERVING_PY).exists(), reason=f"no serving venv at {SERVING_PY} (make serving-env)")
+pytestmark = [pytest.mark.serving,
+              pytest.mark.skipif(not Path(SERVING_PY).exists(), reason=f"no serving venv at {SERVING_PY} (make serving-env)")]
 
 sys.path.insert(0, str(ORACLE))
 import kv_cases  # noqa: E402

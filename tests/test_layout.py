@@ -184,6 +184,7 @@ def test_corpus_is_intact_and_frozen():
     assert len(corpus.code_prompts()) >= 8
 
 
+@pytest.mark.serving
 def test_one_sglang_version_constant():
     import subprocess
 

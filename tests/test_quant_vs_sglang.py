@@ -27,6 +27,7 @@ SERVING_PY = Path(os.environ.get("RUNBOOK_SERVING_PYTHON") or REPO / ".venv-serv
 ORACLE = REPO / "tests" / "oracle" / "sglang_quant.py"
 EX = REPO / "tests" / "fixtures" / "quant-examples"
 REFUSAL_IDS = ("quant.refused", "quant.flag")
+pytestmark = pytest.mark.serving
 
 if not SERVING_PY.is_file():
     pytest.skip(f"no SGLang serving python at {SERVING_PY} (set RUNBOOK_SERVING_PYTHON, or build .venv-serving "

@@ -14,6 +14,7 @@ from conftest import DEFAULT_SPEC, REPO, RUNNER_PARAMS, make_notebook, record
 from runbook.runner.run import DeploymentLock
 
 TOKEN = "hf_PLANTEDsecretVALUE0123456789"
+pytestmark = pytest.mark.notebook
 
 
 def _summary(out: Path) -> dict:

@@ -118,6 +118,7 @@ def test_systemd_analyze_verify_real():
     assert any("Unknown key" in m and "FooBar" in m for m in msgs) and any("simpel" in m for m in msgs)
 
 
+@pytest.mark.serving
 @needs_parser
 def test_real_sglang_parser_accepts_the_default_unit():
     f = service.check_flags(service.render(dep())[0], SERVING_PY)
@@ -130,6 +131,7 @@ def test_real_sglang_parser_accepts_the_default_unit():
     ("kv-cache-dtype=fp7", "service.flag.kv-cache-dtype", "--kv-cache-dtype: rejected by SGLang 0.5.23's parser", "Fix the value"),
     ("mem-fraction-static=lots", "service.flag.mem-fraction-static", "--mem-fraction-static: rejected", "Fix the value"),
 ])
+@pytest.mark.serving
 def test_real_sglang_parser_names_the_bad_flag(arg, fid, title, remedy):
     f = ids(service.check_flags(service.render(dep(), service.parse_args([arg]))[0], SERVING_PY))
     assert fid in f and f[fid].status == "fail" and f[fid].title.startswith(title) and remedy in f[fid].remedy
@@ -271,6 +273,7 @@ def test_cli_drift_json_has_no_secret(cli, monkeypatch):
     assert json.loads(cp.stdout)["differences"][0]["flag"] == "kv-cache-dtype"
 
 
+@pytest.mark.serving
 @needs_parser
 def test_cli_render_out_and_check_json(cli, tmp_path):
     out = tmp_path / "u.service"
@@ -303,6 +306,7 @@ def test_drift_compares_with_the_unit_install_writes():
     assert rows == [] and f[0].status == "pass"
 
 
+@pytest.mark.slow  # the whole service CLI, one process a verb
 def test_render_diff_install_and_drift_see_one_unit(tmp_path, cli):
     spec_file = tmp_path / "d.yaml"
     doc = yaml.safe_load(DEFAULT_SPEC.read_text())

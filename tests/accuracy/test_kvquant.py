@@ -42,6 +42,7 @@ def test_attention_error_zero_for_exact_inputs_and_grows_with_noise():
     assert kvquant.attn_error(q, k, v, kq, v, 256) > 0
 
 
+@pytest.mark.slow  # a real model forward pass
 def test_real_minilm_activations():
     acts = minilm.activations("def f(x):\n    return x + 1\n" * 20, max_tokens=128)
     assert len(acts) == 6
@@ -50,6 +51,7 @@ def test_real_minilm_activations():
     assert 0.5 < np.abs(a.k).max() < 100
 
 
+@pytest.mark.slow  # the study over a real model
 def test_study_rows_keys_and_findings_target_the_deployment():
     st = kvquant.run(real_lengths=(64, 128), synth_lengths=(256, 512), active=("fp8_e4m3", "scale1"),
                      text="class A:\n    def b(self):\n        return 42\n" * 30)

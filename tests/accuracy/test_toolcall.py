@@ -171,6 +171,7 @@ def test_skips_without_endpoint():
     assert toolcall.run("http://127.0.0.1:9").findings[0].status == "skip"
 
 
+@pytest.mark.slow  # CLI processes against the scripted server
 def test_cli_json(server, cli):
     cp = cli("accuracy", "toolcall", "--url", server("wrong_finish").url, "--model", "m", "--json")
     j = json.loads(cp.stdout)
@@ -178,6 +179,7 @@ def test_cli_json(server, cli):
     assert {f["id"] for f in j["findings"]} >= {"accuracy.toolcall.finish_reason", "accuracy.toolcall.parsed"}
 
 
+@pytest.mark.slow  # the whole stage and the CLI, ~10 s
 def test_stage_50_runs_the_probe_with_the_other_live_probes(server, cli):
     # the same entry point as `accuracy toolcall`: the stage report carries its findings and cases
     from runbook import accuracy
@@ -199,6 +201,7 @@ def test_stage_50_runs_the_probe_with_the_other_live_probes(server, cli):
     assert [b["tool_choice"] for b in srv.bodies[n:] if "tools" in b] == ["required"] * 6
 
 
+@pytest.mark.slow  # CLI processes against the scripted server
 def test_tool_choice_is_sent_and_checked(server, cli):
     srv = server("ok")
     rep = toolcall.run(srv.url, model="m", tools=["read_file"], tool_choice="required")
@@ -245,6 +248,7 @@ TOOLS_TEMPLATE = """\
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
 
 
+@pytest.mark.llama
 def test_real_tool_call_against_llama_server_jinja(monkeypatch):
     """Real tool calls from llama-server --jinja with tool_choice=required, streamed and not: parsed into
     `tool_calls`, arguments JSON matching the schema, streamed in many deltas, finish reason `tool_calls`;

@@ -317,6 +317,7 @@ def test_cli_install_failure_exits_1_with_an_honest_finding(tmp_path, cli):
 _VERBS = ["daemon-reload", "restart", "stop", "is-active"]
 
 
+@pytest.mark.slow  # 20 installs with rollbacks, ~10 s
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(plan=st.dictionaries(st.sampled_from(_VERBS[:3]), st.sampled_from(["once", "always"]), max_size=3),
        had_unit=st.booleans(), ready=st.booleans(), state=st.sampled_from(["active", "inactive", "failed"]))
@@ -558,6 +559,7 @@ class _Body:
     value = b""
 
 
+@pytest.mark.slow  # a real HTTP round trip per example
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.binary(max_size=300),
                  st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),

@@ -18,6 +18,8 @@ from runbook.core.errors import SpecError
 from runbook.runner import archive, params
 from runbook.runner.run import DeploymentLock, RunOptions, run, validate_options
 
+pytestmark = pytest.mark.notebook
+
 
 def spec_named(tmp: Path, name: str) -> Path:
     """The default spec under another deployment name."""

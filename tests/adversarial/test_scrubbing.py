@@ -91,6 +91,7 @@ def _leaky_notebook(d: Path, var: str, file_secret: str) -> None:
     )
 
 
+@pytest.mark.notebook
 def test_end_to_end_secret_is_nowhere_in_archive_or_runner_output(tmp_path):
     var = "RB_PLANTED_CLIENT"  # a name that does not itself look secret: only the spec says it holds one
     assert not secrets.is_secret_key(var)

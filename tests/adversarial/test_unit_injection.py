@@ -289,6 +289,7 @@ _values = st.lists(st.one_of(st.characters(blacklist_categories=("Cc", "Cs")),
                    max_size=20).map("".join)
 
 
+@pytest.mark.slow  # 50 examples, one `systemd --test` each
 @needs_systemd
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(a=_values, b=_values, c=_values)

@@ -52,6 +52,7 @@ def _t_interval(xs):
     return a.mean(), a.mean() - half, a.mean() + half
 
 
+@pytest.mark.slow  # a simulation per example
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.001, 1000, allow_nan=False), min_size=6, max_size=10))
 def test_self_comparison_covers_zero_in_95pct_of_orders(magnitudes):
@@ -75,6 +76,7 @@ def test_sampled_signs_agree_with_enumeration(monkeypatch):
     assert bench._sign_flip_interval(d[:5])[1:] == (None, None)                  # 32 orders: no 95% interval
 
 
+@pytest.mark.slow  # thousands of simulated runs
 def test_self_comparison_intervals_cover_zero():
     # one server against itself at c4: each block's 4 requests share the server's state on that arm's
     # turn (a batch effect), plus per-request noise; 40,000 runs of 8 blocks (by design 1 − 12/256 = 95.3%)
@@ -87,6 +89,7 @@ def test_self_comparison_intervals_cover_zero():
     assert covered / sims >= 0.95, covered / sims
 
 
+@pytest.mark.slow  # thousands of simulated runs, ~12 s
 def test_paired_intervals_are_over_blocks_not_requests():
     rng = np.random.default_rng(7)
     covered_requests = 0
@@ -107,6 +110,7 @@ def _opts(url, compare, **kw):
                               warmup=0, telemetry=False, **kw)
 
 
+@pytest.mark.slow  # real-clock A/B blocks
 def test_ab_interleaves_blocks_and_writes_strict_json(raw):
     srv = raw(lambda b: Reply(completion_stream(4, 0.02, 0.005)))
     res, findings = asyncio.run(bench.ab_compare(_opts(srv.url, srv.url), "raw", None, None, None))

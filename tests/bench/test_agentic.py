@@ -154,6 +154,7 @@ def test_agentic_refuses_what_it_cannot_measure():
         bench.run(opts("http://127.0.0.1:9", compare_url="http://127.0.0.1:8"))
 
 
+@pytest.mark.slow  # a CLI benchmark run with real-clock turns
 def test_cli_json_has_levels_turns(server, tmp_path):
     srv, _ = server()
     env = dict(os.environ, PYTHONPATH=str(REPO / "lib"))

@@ -67,6 +67,7 @@ def transformers_counts(d: Path) -> list[int]:
     return json.loads(cp.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.serving
 @pytest.mark.parametrize("template, as_file", [(CHATML, False), (HEADERS, False), (HEADERS, True)])
 def test_counts_equal_transformers_apply_chat_template(tmp_path, template, as_file):
     d = model_dir(tmp_path, template, "m", as_file)

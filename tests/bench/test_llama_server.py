@@ -5,6 +5,7 @@ import asyncio
 import json
 
 import aiohttp
+import pytest
 
 from runbook.bench import run as bench
 from runbook.bench import sweep, workloads
@@ -81,6 +82,7 @@ def test_cli_bench_json_fixed_keys(llama, cli, tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["workload"] == "prefix"
 
 
+@pytest.mark.notebook
 def test_runner_archives_the_benchmark(llama, cli, tmp_path):
     out = tmp_path / "out"
     cp = cli("run", "--out", out, "--only", "benchmark", "--param", f"url={llama.url}", "--param", "concurrency=1,2",
@@ -101,6 +103,7 @@ def test_runner_archives_the_benchmark(llama, cli, tmp_path):
     assert reg and all(f["status"] in ("pass", "warn") for f in reg), reg   # compared, same corpus and workload
 
 
+@pytest.mark.notebook
 def test_runner_agentic_sessions_on_llama_server(llama, cli, tmp_path):
     # a real session run through the notebook's parameters: each turn re-sends the whole conversation
     out = tmp_path / "out"

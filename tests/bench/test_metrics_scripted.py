@@ -159,6 +159,7 @@ def test_poisson_level(server):
     assert sends[-1] - sends[0] > 0.02   # spread out by exponential gaps, not sent at once
 
 
+@pytest.mark.slow  # two real-clock arms of blocks
 def test_ab_paired_difference(server):
     fast = server(Script(ttft_s=0.02, gap_s=0.005, tokens=6))
     slow = server(Script(ttft_s=0.02, gap_s=0.02, tokens=6))

@@ -47,6 +47,7 @@ def real_dump(tmp_path_factory):
     return sglang_dump_file(d, spec)
 
 
+@pytest.mark.serving
 def test_a_dump_written_by_sglang_reads_as_a_trace(real_dump):
     rows, skipped = sglang_dump.rows(real_dump.read_bytes(), str(real_dump), workloads.TRACE_BLOCK)
     assert skipped == 0
@@ -57,6 +58,7 @@ def test_a_dump_written_by_sglang_reads_as_a_trace(real_dump):
     assert c == []                                                   # a text prompt: no token ids, no prefix ids
 
 
+@pytest.mark.serving
 def test_a_dump_replays_at_its_recorded_times(real_dump, raw):
     tok = demo.train_tokenizer(vocab_size=2048)
     wl = workloads.build(f"trace:{real_dump}", 100, tokenizer=tok)

@@ -35,6 +35,7 @@ def knee():
     srv.stop()
 
 
+@pytest.mark.slow  # real-clock levels against a scripted server
 def test_search_finds_the_knee_within_one_step(knee, tmp_path):
     o = bench.BenchOptions(url=knee.url, model="raw", concurrency=[1], workload="code", output_len=2, warmup=0,
                            telemetry=False, timeout_s=30.0, find_max="slo", find_max_levels=8)
@@ -59,6 +60,7 @@ def test_search_finds_the_knee_within_one_step(knee, tmp_path):
     assert figures.figures(tmp_path, SLO(ttft_ms_p99=100.0))["max_concurrency_within_slo"] == r["limit"]
 
 
+@pytest.mark.slow  # real-clock levels through the CLI, ~20 s
 def test_cli_find_max_slo_with_the_spec_slos(knee, tmp_path):
     doc = yaml.safe_load(DEFAULT_SPEC.read_text())
     doc["slo"] = {"ttft_ms_p99": 100}

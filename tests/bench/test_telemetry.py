@@ -44,6 +44,7 @@ class Metrics:
 
 
 
+@pytest.mark.slow  # real-clock levels sampled for telemetry
 def test_levels_carry_telemetry(raw, tmp_path):
     srv = raw(lambda b: Reply(completion_stream(4, 0.3, 0.05)), metrics=Metrics())
     o = bench.BenchOptions(url=srv.url, concurrency=[2], requests=8, workload="code", output_len=4, warmup=0,

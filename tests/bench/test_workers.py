@@ -16,6 +16,7 @@ from runbook.core.errors import InputError
 from runbook.endpoint.client import TRANSPORTS
 
 
+@pytest.mark.slow  # worker processes
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_two_workers_merge_into_one_level_on_one_clock(raw, tmp_path, transport):
     scripted = raw(lambda b: Reply(completion_stream(int(b.get("max_tokens", 2)), 0.050, 0.005)))
@@ -56,6 +57,7 @@ def test_unknown_transport_is_an_input_error():
         bench.check_options(bench.BenchOptions(url="http://127.0.0.1:9", transport="h2"))
 
 
+@pytest.mark.slow  # worker processes and a real-clock level
 def test_a_worker_killed_mid_level_fails_its_level_and_the_run_goes_on(raw, tmp_path):
     """SIGKILL one worker (as the OOM killer would): no level aborts the run, nothing already written is
     lost, the broken level says why per request, and the next level runs on a fresh pool."""

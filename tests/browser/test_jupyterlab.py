@@ -18,7 +18,8 @@ from conftest import REPO
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="chromium not installed (.ci/run installs it)")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="chromium not installed (.ci/run installs it)")]
 
 
 # The panel's first table (the selected configuration) once it differs from `b` and both tables are drawn.
@@ -183,6 +184,7 @@ def test_kv_notebook_widgets_recompute(lab, browser, tmp_path):
     page.close()
 
 
+@pytest.mark.notebook
 def test_archived_run_renders(browser, tmp_path, cli):
     out = tmp_path / "out"
     cp = cli("run", "--out", out, "--only", "quant_config,kv_memory")

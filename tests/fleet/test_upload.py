@@ -195,6 +195,7 @@ def test_archive_url_from_spec_env_and_flag(tmp_path, monkeypatch):
     ("bkt/p", "must be a URL such as s3://BUCKET/PREFIX"),
     ("s3:///p", "names no bucket"),
 ])
+@pytest.mark.notebook
 def test_bad_archive_url_is_one_line_exit_2_nothing_written(cli, tmp_path, url, message):
     out = tmp_path / "out"
     cp = cli("run", "--out", out, "--archive-url", url)

@@ -25,6 +25,7 @@ def test_abbreviation_is_a_warn_naming_the_full_flag():
     assert f[0].status == "warn" and "--kv-cache-dtype" in f[0].title and "--kv-cache-dtype" in f[0].remedy
 
 
+@pytest.mark.serving
 @pytest.mark.skipif(not os.environ.get("RUNBOOK_SERVING_PYTHON"), reason="needs SGLang's parser (RUNBOOK_SERVING_PYTHON)")
 def test_check_with_sglangs_parser_warns_on_an_abbreviation():
     flags = dict(dep().serving.flags)

@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import sys
+from typing import Any
 
 
 def _parse(prepare, argv):
@@ -43,7 +44,7 @@ def main():
     p = argparse.ArgumentParser()
     ServerArgs.add_cli_args(p)
     known = sorted({o for a in p._actions for o in a.option_strings if o.startswith("--")})
-    out = {"ok": False, "version": getattr(sglang, "__version__", None), "errors": [], "known_flags": known, "resolved": {}}
+    out: dict[str, Any] = {"ok": False, "version": getattr(sglang, "__version__", None), "errors": [], "known_flags": known, "resolved": {}}
     args, err, kind = _parse(prepare_server_args, argv)
     if args is not None:
         out["ok"] = True

@@ -121,6 +121,7 @@ def test_external_flags_belong_to_their_owner():
     assert not runbook_flags & set(EXTERNAL), "a runbook option is listed as another program's"
 
 
+@pytest.mark.serving
 def test_sglang_flags_exist_in_sglang():
     """SGLang's own server parser (run by the serving interpreter) knows every flag the docs call its own;
     the configure_logging client's flags are in that script's source."""

@@ -90,7 +90,7 @@ def argv_to_spec(case: dict) -> spec_mod.Deployment:
 def runbook_figures(case: dict) -> dict:
     try:
         dep = argv_to_spec(case)
-        p = kv.plan(dep, case["model_dir"], weights_gib=case["weights_bytes_per_gpu"] / 2**30)
+        p = kv.plan_pools(dep, case["model_dir"], weights_gib=case["weights_bytes_per_gpu"] / 2**30)
     except (InputError, SpecError) as e:
         return {"input_error": str(e)}
     r = p.result

@@ -115,6 +115,7 @@ def _summary(out: Path) -> dict:
     return json.loads(summary.read_text())
 
 
+@pytest.mark.notebook
 def test_wheel_runs_notebooks_on_a_spec_outside_the_checkout(wheel_venv, tmp_path):
     """`runbook run` from an installed wheel: packaged notebooks, a spec anywhere, the archive where --out says."""
     env_dir, _ = wheel_venv
@@ -138,6 +139,7 @@ def test_wheel_runs_notebooks_on_a_spec_outside_the_checkout(wheel_venv, tmp_pat
     assert _tree(_site(env_dir)) == before_site, "the run wrote inside site-packages"
 
 
+@pytest.mark.notebook
 def test_wheel_run_defaults_to_the_packaged_deployment_and_outputs_here(wheel_venv, tmp_path):
     env_dir, _ = wheel_venv
     env_site = _site(env_dir).resolve()

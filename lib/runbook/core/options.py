@@ -71,17 +71,40 @@ def unset(value: Any) -> bool:
     return value is None or value is False or (not isinstance(value, bool) and value == 0) or value == "" or value == []
 
 
+# pydantic's error types in the CLI's own words ("--tp must be at least 1 (got 0)").
+_WORDS = {
+    "int_parsing": "must be an integer", "int_from_float": "must be an integer", "int_type": "must be an integer",
+    "float_parsing": "must be a number", "float_type": "must be a number", "finite_number": "must be finite",
+    "greater_than_equal": "must be at least {ge}", "greater_than": "must be greater than {gt}",
+    "less_than_equal": "must be at most {le}", "less_than": "must be less than {lt}",
+    "literal_error": "must be {expected}", "bool_parsing": "must be true or false",
+    "list_type": "must be a comma-separated list", "string_type": "must be text",
+}
+
+
+def _words(err: Any) -> str:
+    ctx = err.get("ctx") or {}
+    if err["type"] == "greater_than" and ctx.get("gt") == 0:
+        return "must be positive"
+    template = _WORDS.get(err["type"])
+    if template is None:
+        return str(err["msg"]).removeprefix("Value error, ")
+    return template.format(**{k: v for k, v in ctx.items()}) if ctx else template.split(" {")[0]
+
+
 def _problem(model: type[BaseModel], e: ValidationError, cli: bool) -> str:
     err = e.errors()[0]
     loc = [x for x in err["loc"] if isinstance(x, str)]
     name = loc[0] if loc else ""
     field = next((k for k, f in model.model_fields.items() if name in (k, f.alias)), None)
-    where = (flag(model, field) if cli else field) if field else (name or "options")
-    msg = str(err["msg"]).removeprefix("Value error, ")
+    if field is None:
+        return _words(err) if not name else f"{name}: not a setting of this stage"
+    where = flag(model, field) if cli else field
+    msg = _words(err)
     got = err.get("input")
-    if field and not isinstance(got, (dict, BaseModel)) and got is not None and "got " not in msg:
-        msg += f" (got {got!r})"
-    return f"{where}: {msg}" if where != "options" else msg
+    if not isinstance(got, (dict, BaseModel)) and got is not None and "got " not in msg:
+        msg += f" (got {got!r})" if isinstance(got, str) and not got.strip().lstrip("-").replace(".", "", 1).isdigit() else f" (got {got})"
+    return f"{where} {msg}" if msg.startswith("must ") else f"{where}: {msg}"
 
 
 def validate(model: type[O], values: dict[str, Any], cli: bool = False) -> O:

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
-from pydantic import BaseModel
-
 from runbook.core.findings import Finding
+from runbook.core.options import Options
 
 if TYPE_CHECKING:
     from runbook.core.spec import SLO, Deployment
@@ -43,7 +42,7 @@ class Stage:
     name: str                       # the notebook's stem without its number; `runbook run --only NAME`
     verb: str                       # `python -m runbook VERB`
     summary: str                    # one line: the CLI's help and the docs' table
-    options: type[BaseModel]        # every setting: type, bound, default and help, declared once
+    options: type[Options]          # every setting: type, bound, default and help, declared once
     evaluate: Callable[[Deployment, Any], Report]
     # The figures a run summary takes from this stage's results data (runner/figures.py) and the
     # ones the fleet index trends.

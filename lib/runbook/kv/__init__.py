@@ -1,7 +1,8 @@
 """Stage 20: KV-cache and state memory per GPU, the way SGLang sizes its pools. `evaluate(spec, ...)`
 is the entry point (`runbook kv`, 20_kv_memory); `memory` holds the pure arithmetic, `report` the
 tables, plots and the what-if panel."""
-from runbook.kv.plan import Plan, plan
+from runbook.kv.plan import Plan
+from runbook.kv.plan import plan as plan_pools
 from runbook.kv.report import (
                                candidates_frame,
                                memory_frame,
@@ -17,4 +18,4 @@ from runbook.kv.report import (
 from runbook.kv.stage import STAGE, KvOptions, evaluate
 
 __all__ = ["STAGE", "KvOptions", "Plan", "candidates_frame", "evaluate", "memory_frame", "panel", "plot_capacity", "plot_concurrency",
-           "plan", "plot_memory", "scenarios_frame", "selected_frame", "story_frame", "text_table"]
+           "plan_pools", "plot_memory", "scenarios_frame", "selected_frame", "story_frame", "text_table"]

@@ -88,7 +88,7 @@ def inspect(spec: Deployment, log: Optional[str | Path] = None, unit: Optional[s
     bpt_pred: Optional[int] = None
     plan_frac = None
     try:
-        p = kv.plan(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": flags})}))
+        p = kv.plan_pools(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": flags})}))
         pred = compare.predicted(p.result)
         bpt_pred, plan_frac = p.result.kv_bytes_per_token_per_gpu, p.result.mem_fraction_static
     except (InputError, SpecError) as e:

@@ -25,15 +25,15 @@ def test_blackwell_host_with_leftover_process_and_ecc_off(dep):
     nvml = FakeNVML(ecc=False, procs={0: {4242: int(70 * GIB)}, 3: {4242: int(70 * GIB)}})
     rep = gpus.check(dep, nvml)
     f = _by_id(rep.findings)
-    assert f["gpu.driver"].status == "pass" and "580.95.05" in f["gpu.driver"].title and "CUDA 13.0" in f["gpu.driver"].title
-    assert f["gpu.count"].status == "pass"
-    assert f["gpu.compute_capability"].status == "pass" and "sm_120" in f["gpu.compute_capability"].title
-    assert f["gpu.ecc"].status == "warn" and "GPU 0, 1, 2, 3, 4, 5, 6, 7" in f["gpu.ecc"].title
-    assert f["gpu.processes"].status == "warn"
-    assert "140.0 GiB" in f["gpu.processes"].title and "kill 4242" in f["gpu.processes"].remedy
-    assert "pid 4242 on GPU 0: 70.0 GiB" in f["gpu.processes"].evidence
-    assert f["gpu.p2p"].status == "pass" and "28 GPU pairs" in f["gpu.p2p"].title
-    assert "gpu.model" not in f and "gpu.memory" not in f and "gpu.mig" not in f
+    assert f["env.gpu.driver"].status == "pass" and "580.95.05" in f["env.gpu.driver"].title and "CUDA 13.0" in f["env.gpu.driver"].title
+    assert f["env.gpu.count"].status == "pass"
+    assert f["env.gpu.compute_capability"].status == "pass" and "sm_120" in f["env.gpu.compute_capability"].title
+    assert f["env.gpu.ecc"].status == "warn" and "GPU 0, 1, 2, 3, 4, 5, 6, 7" in f["env.gpu.ecc"].title
+    assert f["env.gpu.processes"].status == "warn"
+    assert "140.0 GiB" in f["env.gpu.processes"].title and "kill 4242" in f["env.gpu.processes"].remedy
+    assert "pid 4242 on GPU 0: 70.0 GiB" in f["env.gpu.processes"].evidence
+    assert f["env.gpu.p2p"].status == "pass" and "28 GPU pairs" in f["env.gpu.p2p"].title
+    assert "env.gpu.model" not in f and "env.gpu.memory" not in f and "env.gpu.mig" not in f
     assert len(rep.gpus) == 8 and rep.gpus[0]["compute_capability"] == "12.0" and rep.gpus[0]["processes"] == 1
     assert rep.gpus[0]["memory_free_gib"] == pytest.approx(25.6, abs=0.01)
     assert {t["link"] for t in rep.topology} == {"host bridge (PHB)", "across sockets (SYS)"}
@@ -44,25 +44,25 @@ def test_wrong_host_findings(dep):
     nvml = FakeNVML(n=4, name="NVIDIA H100 80GB HBM3", total_gib=79.6, cc=(9, 0), persistence=False, mig=True,
                     p2p_ok=False, temp=91)
     f = _by_id(gpus.check(dep, nvml).findings)
-    assert f["gpu.count"].status == "fail" and "4 GPUs visible, spec expects 8" in f["gpu.count"].title
-    assert f["gpu.model"].status == "warn"
-    assert f["gpu.memory"].status == "warn"
-    assert f["gpu.compute_capability"].status == "warn" and "9.0" in f["gpu.compute_capability"].title
-    assert f["gpu.persistence"].status == "warn"
-    assert f["gpu.mig"].status == "fail"
-    assert f["gpu.temperature"].status == "warn"
-    assert f["gpu.p2p"].status == "warn" and "6 GPU pair" in f["gpu.p2p"].title
-    assert f["gpu.processes"].status == "pass"
+    assert f["env.gpu.count"].status == "fail" and "4 GPUs visible, spec expects 8" in f["env.gpu.count"].title
+    assert f["env.gpu.model"].status == "warn"
+    assert f["env.gpu.memory"].status == "warn"
+    assert f["env.gpu.compute_capability"].status == "warn" and "9.0" in f["env.gpu.compute_capability"].title
+    assert f["env.gpu.persistence"].status == "warn"
+    assert f["env.gpu.mig"].status == "fail"
+    assert f["env.gpu.temperature"].status == "warn"
+    assert f["env.gpu.p2p"].status == "warn" and "6 GPU pair" in f["env.gpu.p2p"].title
+    assert f["env.gpu.processes"].status == "pass"
 
 
 def test_ecc_not_supported_is_info(dep):
     f = _by_id(gpus.check(dep, FakeNVML(ecc=None)).findings)
-    assert f["gpu.ecc"].status == "info"
+    assert f["env.gpu.ecc"].status == "info"
 
 
 def test_no_driver_is_skip_unless_required(dep):
     rep = gpus.check(dep, FakeNVML(no_driver=True))
-    assert [(f.id, f.status) for f in rep.findings] == [("gpu.driver", "skip")]
+    assert [(f.id, f.status) for f in rep.findings] == [("env.gpu.driver", "skip")]
     assert "no NVIDIA driver: NVML Shared Library Not Found" == rep.findings[0].title
     strict = dep.model_copy(update={"hardware": dep.hardware.model_copy(update={"require_gpus": True})})
     assert gpus.check(strict, FakeNVML(no_driver=True)).findings[0].status == "fail"
@@ -87,7 +87,7 @@ def test_serving_env_versions_and_cuda_compat(dep, monkeypatch):
     f, info = env.serving_env(dep, run=_fake_run(pk))
     ids = _by_id(f)
     assert all(x.status == "pass" for x in f), [x for x in f if x.status != "pass"]
-    assert ids["serving.sglang-kernel"].title == "sglang-kernel 0.3.9"  # found under its older name
+    assert ids["env.serving.sglang-kernel"].title == "sglang-kernel 0.3.9"  # found under its older name
     assert info["torch_cuda"] == "13.0"
     assert env.check_driver_vs_torch({"cuda_driver_version": "12.8"}, info)[0].status == "fail"
     assert env.check_driver_vs_torch({"cuda_driver_version": "13.0"}, info)[0].status == "pass"
@@ -97,21 +97,21 @@ def test_serving_env_missing_packages(dep, monkeypatch):
     monkeypatch.setattr(env.os.path, "isfile", lambda p: True)
     monkeypatch.setattr(env.os, "access", lambda p, m: True)
     f = _by_id(env.serving_env(dep, run=_fake_run({"sglang": None, "torch": "2.13.0+cpu"}))[0])
-    assert f["serving.sglang"].status == "fail" and "pip install sglang" in f["serving.sglang"].remedy
-    assert f["serving.flashinfer-python"].status == "warn"
-    assert f["serving.torch_cuda"].status == "warn"
+    assert f["env.serving.sglang"].status == "fail" and "pip install sglang" in f["env.serving.sglang"].remedy
+    assert f["env.serving.flashinfer-python"].status == "warn"
+    assert f["env.serving.torch_cuda"].status == "warn"
 
 
 def test_serving_env_real_interpreter(dep):
     d = dep.model_copy(update={"serving": dep.serving.model_copy(update={"python": sys.executable})})
     f, info = env.serving_env(d)
-    assert info["executable"] and _by_id(f)["serving.python"].status == "pass"
-    assert _by_id(f)["serving.sglang"].status == "fail"  # the runbook's own venv has no sglang, by design
+    assert info["executable"] and _by_id(f)["env.serving.python"].status == "pass"
+    assert _by_id(f)["env.serving.sglang"].status == "fail"  # the runbook's own venv has no sglang, by design
 
 
 def test_missing_interpreter_is_a_fail_with_remedy(dep):
     f = env.serving_env(dep)[0]
-    assert [(x.id, x.status) for x in f] == [("serving.python", "fail")]
+    assert [(x.id, x.status) for x in f] == [("env.serving.python", "fail")]
     assert "/home/theuser/ml-env/bin/python" in f[0].title and "serving.python" in f[0].remedy
 
 
@@ -134,7 +134,7 @@ def test_risky_nccl_and_cuda_values(dep):
 def test_host_findings_and_full_report(dep):
     rep = env.check(dep, nvml=FakeNVML())
     ids = _by_id(rep.findings)
-    assert {"host.shm", "host.memlock", "host.disk", "host.cpu_ram", "gpu.count", "serving.python"} <= set(ids)
+    assert {"env.host.shm", "env.host.memlock", "env.host.disk", "env.host.cpu_ram", "env.gpu.count", "env.serving.python"} <= set(ids)
     assert rep.host["cpus"] >= 1 and "model card" in rep.host["model_location"]
     assert json.loads(json.dumps(document(rep), default=str))["gpus"][0]["index"] == 0
 

@@ -41,3 +41,32 @@ def test_secret_key_names(name, secret):
     from runbook.core.secrets import is_secret_key
 
     assert is_secret_key(name) is secret
+
+
+def test_every_finding_id_starts_with_its_stage_and_renamed_ids_carry_their_alias():
+    """Issue 28: ids start with the stage that emits them; the old id rides along as `alias` for one release."""
+    import ast
+    from pathlib import Path
+
+    from runbook.core import registry
+    from runbook.core.findings import RENAMED, Finding, alias
+
+    assert Finding("env.gpu.count", "pass", "x").to_dict()["alias"] == "gpu.count"
+    assert Finding("quant.kv.fp8_scales", "fail", "x").to_dict()["alias"] == "kv.fp8_scales"
+    assert "alias" not in Finding("kv.capacity", "pass", "x").to_dict()
+    assert Finding.from_dict(Finding("env.host.shm", "warn", "x").to_dict()) == Finding("env.host.shm", "warn", "x")
+    assert alias("accuracy.toolcall.parsed") is None and set(RENAMED.values()).isdisjoint({"env.", "kv.capacity"})
+    lib = Path(__file__).resolve().parents[1] / "lib" / "runbook"
+    prefixes = {s.package: (s.verb, s.name) for s in registry.stages()}
+    bad = []
+    for pkg in prefixes:
+        for p in (lib / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Finding" and node.args:
+                    a = node.args[0]
+                    first = a.value if isinstance(a, ast.Constant) else (a.values[0].value if isinstance(a, ast.JoinedStr)
+                                                                          and isinstance(a.values[0], ast.Constant) else "")
+                    # a computed id (f"{id_prefix}.tokens") is checked where its prefix is written
+                    if first and not any(str(first).startswith(x + ".") for x in prefixes[pkg]):
+                        bad.append(f"{p.name}:{node.lineno} {first}")
+    assert not bad, bad

@@ -124,7 +124,7 @@ def test_what_to_do_names_findings_the_library_emits(nb):
     pats = _finding_id_patterns()
     ids = _what_to_do_ids(nb)
     assert ids, f"{nb.name}: no finding ids in What to do"
-    # `ckpt.*` is met by ckpt.dtypes; `kvquant.fp8_e4m3.scale1.*` by f"kvquant.{fmt}.{scaling}.{source}"
+    # `quant.ckpt.*` is met by ckpt.dtypes; `accuracy.kvquant.fp8_e4m3.scale1.*` by f"accuracy.kvquant.{fmt}.{scaling}.{source}"
     missing = [i for i in ids if not any(p.fullmatch(i.replace("*", "x")) or fnmatch.fnmatchcase(ex, i) for p, ex in pats)]
     assert not missing, f"{nb.name} names findings the library never emits: {missing}"
 

@@ -57,12 +57,12 @@ def test_story_case_fp8_declared_no_scales(tmp_path):
     assert kv["kv_layers"] == 2 and kv["layers_with_scales"] == 0 and kv["scale_tensor_names"] == []
     assert j["recommended_flags"] == {"quantization": "modelopt_fp4", "kv-cache-dtype": "bf16"}
     f = ids(rep)
-    assert f["kv.fp8_scales"].status == "fail" and "uses 1.0 on all 2 KV layers" in f["kv.fp8_scales"].title
-    assert "--kv-cache-dtype bf16" in f["kv.fp8_scales"].remedy and "--quantization-param-path" in f["kv.fp8_scales"].remedy
+    assert f["quant.kv.fp8_scales"].status == "fail" and "uses 1.0 on all 2 KV layers" in f["quant.kv.fp8_scales"].title
+    assert "--kv-cache-dtype bf16" in f["quant.kv.fp8_scales"].remedy and "--quantization-param-path" in f["quant.kv.fp8_scales"].remedy
     assert f["quant.recommend"].status == "warn" and f["quant.flag"].status == "pass"
-    assert f["ckpt.dtypes"].status == "pass"
+    assert f["quant.ckpt.dtypes"].status == "pass"
     assert {"lm_head", "linear attention", "attention", "vision tower"} <= set(j["weights"]["kept_precision_kinds"])
-    assert "kv.log_warning" not in f  # auto never logs the "no scaling factors" line
+    assert "quant.kv.log_warning" not in f  # auto never logs the "no scaling factors" line
     assert [x["id"] for x in j["findings"]] == [x.id for x in rep.findings]
 
 
@@ -70,7 +70,7 @@ def test_story_fix_bf16_passes(tmp_path):
     d = make(tmp_path / "ck", qwen35_config(), qwen_shards(), hf_quant_config=MODELOPT_NVFP4)
     rep = run(d, {"kv-cache-dtype": "bf16"})
     assert rep.kv_cache.effective == "bfloat16"
-    assert ids(rep)["kv.fp8_scales"].status == "pass" and "overrides the checkpoint's FP8" in ids(rep)["kv.fp8_scales"].title
+    assert ids(rep)["quant.kv.fp8_scales"].status == "pass" and "overrides the checkpoint's FP8" in ids(rep)["quant.kv.fp8_scales"].title
 
 
 def test_hybrid_only_full_attention_layers_need_scales(tmp_path):
@@ -80,7 +80,7 @@ def test_hybrid_only_full_attention_layers_need_scales(tmp_path):
     assert j["kv_cache"]["scale_coverage"] == "all"
     assert j["kv_cache"]["scale_tensor_names"][0] == "model.language_model.layers.3.self_attn.k_proj.k_scale"
     assert not any(n.startswith("mtp.") for n in j["kv_cache"]["scale_tensor_names"])
-    assert ids(run(d))["kv.fp8_scales"].status == "warn"
+    assert ids(run(d))["quant.kv.fp8_scales"].status == "warn"
     assert j["recommended_flags"]["kv-cache-dtype"] == "auto"
 
 
@@ -109,7 +109,7 @@ def test_scales_on_every_kv_layer_is_a_warn(tmp_path):
     assert j["weights"]["algo"] == "FP8" and j["weights"]["producer"] == "modelopt"
     assert j["kv_cache"]["layers_with_scales"] == 4 == j["kv_cache"]["kv_layers"]
     assert len(j["kv_cache"]["scale_tensor_names"]) == 4
-    f = ids(rep)["kv.fp8_scales"]
+    f = ids(rep)["quant.kv.fp8_scales"]
     assert f.status == "warn" and "all 4 KV layers" in f.title and "accuracy" in f.detail
     assert j["recommended_flags"] == {"quantization": "modelopt_fp8", "kv-cache-dtype": "auto"}
 
@@ -117,7 +117,7 @@ def test_scales_on_every_kv_layer_is_a_warn(tmp_path):
 def test_scales_on_some_layers_is_a_fail(tmp_path):
     rep = run(_fp8_llama(tmp_path, (0, 1)))
     assert rep.kv_cache.layers_with_scales == 2 and rep.kv_cache.scale_coverage == "some"
-    f = ids(rep)["kv.fp8_scales"]
+    f = ids(rep)["quant.kv.fp8_scales"]
     assert f.status == "fail" and "only 2 of 4" in f.title and "other 2 use 1.0" in f.title
     assert rep.recommended_flags["kv-cache-dtype"] == "bf16"
 
@@ -125,15 +125,15 @@ def test_scales_on_some_layers_is_a_fail(tmp_path):
 @pytest.mark.parametrize("style", ["deprecated", "quark", "llmcompressor"])
 def test_other_scale_names_sglang_accepts(tmp_path, style):
     rep = run(_fp8_llama(tmp_path, range(4), style=style))
-    assert rep.kv_cache.layers_with_scales == 4 and ids(rep)["kv.fp8_scales"].status == "warn"
+    assert rep.kv_cache.layers_with_scales == 4 and ids(rep)["quant.kv.fp8_scales"].status == "warn"
 
 
 def test_explicit_fp8_flag_calls_out_the_log_line(tmp_path):
     rep = run(_fp8_llama(tmp_path, range(4)), {"kv-cache-dtype": "fp8_e4m3"})
-    f = ids(rep)["kv.log_warning"]
+    f = ids(rep)["quant.kv.log_warning"]
     assert "Using FP8 KV cache but no scaling factors provided" in f.title and "misleading" in f.detail
     rep = run(_fp8_llama(tmp_path, range(4), name="ck2"), {"kv-cache-dtype": "fp8_e4m3", "quantization-param-path": "/x.json"})
-    assert "kv.log_warning" not in ids(rep) and rep.kv_cache.scale_coverage == "file"
+    assert "quant.kv.log_warning" not in ids(rep) and rep.kv_cache.scale_coverage == "file"
     assert run(_fp8_llama(tmp_path, (), name="ck3"), {"kv-cache-dtype": "fp8_e5m2"}).kv_cache.effective == "fp8_e5m2"
 
 
@@ -150,7 +150,7 @@ def test_compressed_tensors_kv_scheme(tmp_path):
     q["kv_cache_scheme"]["dynamic"] = True  # SGLang ignores a dynamic scheme
     rep = run(make(tmp_path / "ct2", llama_config(quant=q), [shard]))
     assert rep.kv_cache.declared == "FP8" and rep.kv_cache.auto_resolves_to == "bfloat16"
-    assert "ignores it" in ids(rep)["kv.auto"].detail
+    assert "ignores it" in ids(rep)["quant.kv.auto"].detail
 
 
 @pytest.mark.parametrize("fixture, algo, group, block, method", [
@@ -174,7 +174,7 @@ def test_awq_excerpt_and_gptq_side_file(tmp_path):
     awq = json.loads((FIX / "quant-examples" / "awq_zephyr-7B-alpha-AWQ.quantization_config.excerpt.json").read_text())
     rep = run(make(tmp_path / "awq", llama_config(quant=awq["quantization_config"]), [attn_layer(0, "awq")]))
     assert rep.weights.algo == "AWQ 4-bit" and rep.weights.group_size == 128 and rep.recommended_flags["quantization"] == "awq_marlin"
-    assert ids(rep)["ckpt.dtypes"].status == "pass"
+    assert ids(rep)["quant.ckpt.dtypes"].status == "pass"
     side = json.loads((FIX / "quant-examples" / "gptq_genz-70b-3bit.quantize_config.json").read_text())
     rep = run(make(tmp_path / "gptq", llama_config(), files={"quantize_config.json": side}))
     assert (rep.weights.algo, rep.weights.group_size, rep.weights.source) == ("GPTQ 3-bit", -1, "quantize_config.json")
@@ -183,7 +183,7 @@ def test_awq_excerpt_and_gptq_side_file(tmp_path):
 def test_real_model_cards(tmp_path):
     rep = quant.inspect(checkpoint.load(FIX / "models" / "llama-3.1-70b-instruct-fp8"), tp=8)
     assert (rep.weights.algo, rep.kv_cache.declared, rep.kv_cache.auto_resolves_to, rep.kv_cache.kv_layers) == ("FP8", "FP8", "fp8_e4m3", 80)
-    assert rep.kv_cache.layers_with_scales is None and ids(rep)["kv.fp8_scales"].status == "warn"
+    assert rep.kv_cache.layers_with_scales is None and ids(rep)["quant.kv.fp8_scales"].status == "warn"
     rep = quant.inspect(checkpoint.load(FIX / "models" / "qwen3.5-397b-a17b-nvfp4"))
     assert (rep.weights.algo, rep.weights.group_size, rep.weights.source) == ("NVFP4", 16, "config.json")
     assert rep.kv_cache.auto_resolves_to == "fp8_e4m3" and rep.kv_cache.kv_layers == 15
@@ -198,14 +198,14 @@ def test_unquantized_single_file_checkpoint_sums_headers(tmp_path):
     d = make(tmp_path / "ck", llama_config(), [attn_layer(0, "bf16")], index=False)
     rep = run(d, tp=2)
     assert rep.weights.total_bytes == 4 * 64 * 64 * 2 + 64 * 2 and rep.weights.bytes_per_gpu == rep.weights.total_bytes // 2
-    assert rep.kv_cache.effective == "bfloat16" and ids(rep)["kv.fp8_scales"].status == "pass"
+    assert rep.kv_cache.effective == "bfloat16" and ids(rep)["quant.kv.fp8_scales"].status == "pass"
 
 
 def test_default_deployment_inspects_its_model_card():
     rep = quant.for_deployment(spec.load())
     f = ids(rep)
     assert f["quant.source"].status == "info" and rep.kv_cache.flag == "bf16"
-    assert f["kv.fp8_scales"].status == "pass" and f["quant.weight_bytes"].status == "skip"
+    assert f["quant.kv.fp8_scales"].status == "pass" and f["quant.weight_bytes"].status == "skip"
 
 
 # ---- bad input -------------------------------------------------------------------------------
@@ -218,8 +218,8 @@ def test_missing_shard_and_index_mismatch(tmp_path):
     (d / "model-00002-of-00002.safetensors").unlink()
     ck = checkpoint.load(d)
     f = {x.id: x for x in ck.problems}
-    assert f["ckpt.missing_shards"].status == "fail" and "model-00002-of-00002.safetensors" in f["ckpt.missing_shards"].evidence
-    assert f["ckpt.index_mismatch"].status == "fail" and "model.layers.9" in f["ckpt.index_mismatch"].evidence
+    assert f["quant.ckpt.missing_shards"].status == "fail" and "model-00002-of-00002.safetensors" in f["quant.ckpt.missing_shards"].evidence
+    assert f["quant.ckpt.index_mismatch"].status == "fail" and "model.layers.9" in f["quant.ckpt.index_mismatch"].evidence
     assert not ck.complete
 
 
@@ -228,7 +228,7 @@ def test_truncated_shard(tmp_path):
     p = next(d.glob("*.safetensors"))
     os.truncate(p, p.stat().st_size - 100)
     f = {x.id: x for x in checkpoint.load(d).problems}
-    assert f["ckpt.truncated"].status == "fail" and "needs" in f["ckpt.truncated"].detail
+    assert f["quant.ckpt.truncated"].status == "fail" and "needs" in f["quant.ckpt.truncated"].detail
 
 
 @pytest.mark.parametrize("content, message", [
@@ -241,7 +241,7 @@ def test_bad_headers_are_findings_naming_the_file(tmp_path, content, message):
     (d / "model.safetensors").write_bytes(content)
     ck = checkpoint.load(d)
     f = ck.problems[0]
-    assert f.id == "ckpt.shard_header" and f.status == "fail" and "model.safetensors" in f.title and message in f.detail
+    assert f.id == "quant.ckpt.shard_header" and f.status == "fail" and "model.safetensors" in f.title and message in f.detail
     assert not ck.complete
 
 
@@ -269,7 +269,7 @@ def test_unknown_quant_method_and_contradicting_dtypes(tmp_path):
     f = ids(rep)["quant.unknown_method"]
     assert f.status == "warn" and "'bitsandbytes_nf5'" in f.title and "config.json" in f.title
     rep = run(make(tmp_path / "ck2", llama_config(), [attn_layer(0, "bf16")], hf_quant_config=MODELOPT_FP8))
-    assert ids(rep)["ckpt.dtypes"].status == "fail" and "no F8_E4M3 tensors" in ids(rep)["ckpt.dtypes"].title
+    assert ids(rep)["quant.ckpt.dtypes"].status == "fail" and "no F8_E4M3 tensors" in ids(rep)["quant.ckpt.dtypes"].title
 
 
 def test_cli_quant_json_keys(tmp_path, cli):
@@ -344,7 +344,7 @@ def test_compressed_tensors_kv_scheme_needs_strategy_tensor(tmp_path):
     q = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {},
          "kv_cache_scheme": {"type": "float", "num_bits": 8, "dynamic": False, "symmetric": True}}
     rep = run(make(tmp_path / "ct", llama_config(quant=q)))
-    assert rep.kv_cache.auto_resolves_to == "bfloat16" and "ignores it" in ids(rep)["kv.auto"].detail
+    assert rep.kv_cache.auto_resolves_to == "bfloat16" and "ignores it" in ids(rep)["quant.kv.auto"].detail
 
 
 def test_gptq_side_file_only_needs_the_flag(tmp_path):

@@ -59,10 +59,10 @@ def test_study_rows_keys_and_findings_target_the_deployment():
         for k in ("format", "scaling", "layer", "k_rel_err", "v_rel_err", "clipped_frac", "attn_out_rel_err"):
             assert k in r
     f = {x.id: x for x in st.findings}
-    assert f["kvquant.fp8_e4m3.scale1.minilm"].title.startswith("this deployment: FP8 E4M3, scale 1.0:")
-    assert f["kvquant.fp8_e4m3.scale1.minilm"].status in ("warn", "fail")
-    assert f["kvquant.bf16.none.minilm"].status == "info"       # not this deployment's format
-    assert f["kvquant.fp8_e4m3.scale1.synthetic"].status in ("pass", "warn")   # synthetic never fails
+    assert f["accuracy.kvquant.fp8_e4m3.scale1.minilm"].title.startswith("this deployment: FP8 E4M3, scale 1.0:")
+    assert f["accuracy.kvquant.fp8_e4m3.scale1.minilm"].status in ("warn", "fail")
+    assert f["accuracy.kvquant.bf16.none.minilm"].status == "info"       # not this deployment's format
+    assert f["accuracy.kvquant.fp8_e4m3.scale1.synthetic"].status in ("pass", "warn")   # synthetic never fails
     assert {g["length"] for g in st.growth if g["source"].startswith("synthetic")} == {256, 512}
 
 

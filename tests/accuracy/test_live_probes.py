@@ -23,7 +23,7 @@ def test_recall_against_llama_server(llama, tmp_path):
     assert [r["prompt_tokens_server"] for r in doc["results"]] == [256, 256, 512, 512]   # exact lengths on the server
     assert all(r["error"] is None for r in doc["results"])
     assert len((tmp_path / "recall_prompts.jsonl").read_text().splitlines()) == 4
-    assert f[0].id == "recall.score" and "exact" in f[0].detail
+    assert f[0].id == "accuracy.recall.score" and "exact" in f[0].detail
 
 
 def test_scoring_and_grid_and_ab_arithmetic():
@@ -36,7 +36,7 @@ def test_scoring_and_grid_and_ab_arithmetic():
     assert ab["pairs"] == 4 and ab["recall_a"] == 0.75 and ab["recall_b"] == 0.0 and ab["diff_b_minus_a"] == -0.75
     assert ab["ci95"][1] < 0
     f = {x.id: x for x in recall.findings(recall.grid(b), ab)}
-    assert f["recall.ab"].status == "warn" and f["recall.misses"].status == "warn"
+    assert f["accuracy.recall.ab"].status == "warn" and f["accuracy.recall.misses"].status == "warn"
 
 
 def test_identity_same_server_is_identical_and_diff_positions(llama):

@@ -714,7 +714,7 @@ def test_shard_symlink_loop_is_a_finding_not_a_traceback(tmp_path):
     os.symlink(shard.name, shard)
     ck = checkpoint.load(d)
     f = {x.id: x for x in ck.problems}
-    assert "ckpt.shard_header" in f and "symbolic links" in f["ckpt.shard_header"].detail.lower()
+    assert "quant.ckpt.shard_header" in f and "symbolic links" in f["quant.ckpt.shard_header"].detail.lower()
     assert not ck.complete
 
 
@@ -730,7 +730,7 @@ def test_header_nested_too_deeply_is_a_finding(tmp_path):
     head = b"[" * 50000 + b"]" * 50000
     shard.write_bytes(len(head).to_bytes(8, "little") + head)
     ck = checkpoint.load(d)
-    assert any(p.id == "ckpt.shard_header" and "nested too deeply" in p.detail for p in ck.problems)
+    assert any(p.id == "quant.ckpt.shard_header" and "nested too deeply" in p.detail for p in ck.problems)
 
 
 def test_real_checkpoints_still_load():

@@ -41,9 +41,9 @@ async def compare(url_a: str, url_b: str, prompts: Sequence[str], max_tokens: in
     bad = [r for r in rows if not r["identical"]]
     unit = "token" if tokenizer is not None else "character"
     if bad:
-        f = Finding("identity.mismatch", "fail", f"greedy outputs differ on {len(bad)} of {len(rows)} prompts",
+        f = Finding("accuracy.identity.mismatch", "fail", f"greedy outputs differ on {len(bad)} of {len(rows)} prompts",
                     evidence="; ".join(f"prompt {r['id']}: first differing {unit} {r['first_diff']}" for r in bad[:6]),
                     remedy="Speculative decoding changed greedy output: check the draft/verify path (dtype, backend) before enabling it.")
     else:
-        f = Finding("identity.mismatch", "pass", f"greedy outputs identical on all {len(rows)} prompts")
+        f = Finding("accuracy.identity.mismatch", "pass", f"greedy outputs identical on all {len(rows)} prompts")
     return rows, [f]

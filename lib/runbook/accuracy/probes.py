@@ -39,11 +39,11 @@ def run_recall(url: Optional[str], lengths: Sequence[int], depths: Sequence[floa
                compare_url: Optional[str] = None, seed: int = 0, per_cell: int = 1, out: Optional[Path] = None,
                api_key_env: Optional[str] = None, model: Optional[str] = None) -> tuple[dict[str, Any], list[Finding]]:
     if not url:
-        return {"grid": []}, [Finding("recall.endpoint", "skip", "recall probe skipped: no endpoint given",
+        return {"grid": []}, [Finding("accuracy.recall.endpoint", "skip", "recall probe skipped: no endpoint given",
                                       remedy="Give url (and compare_url for an FP8-vs-BF16 A/B).")]
     why = run_sync(reachable(url))
     if why:
-        return {"grid": []}, [Finding("recall.endpoint", "skip", f"recall probe skipped: no server at {url}", evidence=why,
+        return {"grid": []}, [Finding("accuracy.recall.endpoint", "skip", f"recall probe skipped: no server at {url}", evidence=why,
                                       remedy="Start the server, or `make demo` to try the probe on a tiny CPU model.")]
     tok = load_tokenizer(tokenizer)
     items = recall.build_items(lengths, depths, tok, seed, per_cell)
@@ -67,11 +67,11 @@ def run_recall(url: Optional[str], lengths: Sequence[int], depths: Sequence[floa
 def run_identity(url: Optional[str], spec_off_url: Optional[str], n: int = 8, max_tokens: int = 64,
                  tokenizer: Optional[str] = None, model: Optional[str] = None) -> tuple[list[dict[str, Any]], list[Finding]]:
     if not (url and spec_off_url):
-        return [], [Finding("identity.endpoint", "skip", "greedy-identity check skipped: needs two endpoints",
+        return [], [Finding("accuracy.identity.endpoint", "skip", "greedy-identity check skipped: needs two endpoints",
                             remedy="Give url (speculative decoding on) and spec_off_url (the same model with it off).")]
     for u in (url, spec_off_url):
         why = run_sync(reachable(u))
         if why:
-            return [], [Finding("identity.endpoint", "skip", f"greedy-identity check skipped: no server at {u}", evidence=why)]
+            return [], [Finding("accuracy.identity.endpoint", "skip", f"greedy-identity check skipped: no server at {u}", evidence=why)]
     prompts = code_prompts()[:n]
     return run_sync(identity.compare(url, spec_off_url, prompts, max_tokens, load_tokenizer(tokenizer), model))

@@ -126,22 +126,22 @@ def findings(g: Sequence[dict[str, Any]], ab: Optional[dict[str, Any]] = None, e
              results: Sequence[dict[str, Any]] = ()) -> list[Finding]:
     total = sum(c["total"] for c in g)
     correct = sum(c["correct"] for c in g)
-    out = [Finding("recall.score", "info", f"recall {correct}/{total} ({correct / total:.0%})" if total else "recall: no items",
+    out = [Finding("accuracy.recall.score", "info", f"recall {correct}/{total} ({correct / total:.0%})" if total else "recall: no items",
                    detail=("prompt lengths exact (token ids)" if exact else "prompt lengths approximate (~4 characters per token, no tokenizer)"))]
     failed = [r for r in results if r.get("error")]
     if failed:
-        out.append(Finding("recall.errors", "fail", f"{len(failed)} of {len(results)} recall requests failed (counted as misses)",
+        out.append(Finding("accuracy.recall.errors", "fail", f"{len(failed)} of {len(results)} recall requests failed (counted as misses)",
                            evidence="; ".join(f"{r['length']} tokens: {str(r['error'])[:120]}" for r in failed[:3]),
                            remedy="A length beyond the server's context is rejected: lower `lengths` or raise --context-length."))
     worst = [c for c in g if c["total"] and c["correct"] < c["total"]]
     if worst:
-        out.append(Finding("recall.misses", "warn", f"missed needles in {len(worst)} of {len(g)} length × depth cells",
+        out.append(Finding("accuracy.recall.misses", "warn", f"missed needles in {len(worst)} of {len(g)} length × depth cells",
                            evidence=", ".join(f"{c['length']}@{c['depth']:.2f}: {c['correct']}/{c['total']}" for c in worst[:8]),
                            remedy="Compare against a BF16-KV deployment with compare_url; check --context-length."))
     if ab:
         lo, hi = ab["ci95"]
         sig = not (lo <= 0 <= hi)
-        out.append(Finding("recall.ab", "warn" if sig and ab["diff_b_minus_a"] < 0 else "info",
+        out.append(Finding("accuracy.recall.ab", "warn" if sig and ab["diff_b_minus_a"] < 0 else "info",
                            f"A/B recall: B − A = {ab['diff_b_minus_a']:+.1%} (95% CI {lo:+.1%} … {hi:+.1%}) over {ab['pairs']} items",
                            detail="significant" if sig else "not distinguishable from zero at 95%"))
     return out

@@ -61,18 +61,18 @@ def serving_env(spec: Deployment, run: Callable = subprocess.run, timeout: float
     py = spec.serving.python
     names = list(REQUIRED) + [a for n in RECOMMENDED for a in _ALIASES.get(n, (n,))]
     if not (os.path.isfile(py) and os.access(py, os.X_OK)):
-        return [Finding("serving.python", "fail", f"serving interpreter not found: {py}",
+        return [Finding("env.serving.python", "fail", f"serving interpreter not found: {py}",
                         detail="SGLang runs from this interpreter; without it nothing can be validated or served.",
                         remedy=f"Create the serving environment (e.g. `python3 -m venv {Path(py).parent.parent}` and `pip install sglang`), "
                                "or point serving.python at it.")], {}
     try:
         cp = run([py, "-c", _PROBE, json.dumps(names)], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return [Finding("serving.python", "fail", f"serving interpreter did not answer within {timeout:.0f} s", evidence=py,
+        return [Finding("env.serving.python", "fail", f"serving interpreter did not answer within {timeout:.0f} s", evidence=py,
                         remedy="Run it by hand to see why it hangs.")], {}
     if cp.returncode != 0:
         tail = (cp.stderr or "").strip().splitlines()[-1:] or ["no output"]
-        return [Finding("serving.python", "fail", f"serving interpreter failed (exit {cp.returncode})", evidence=tail[0],
+        return [Finding("env.serving.python", "fail", f"serving interpreter failed (exit {cp.returncode})", evidence=tail[0],
                         remedy=f"Run `{py} -c 'import sys'` to diagnose.")], {}
     info = json.loads(cp.stdout.strip().splitlines()[-1])
     pk = info["packages"]
@@ -81,24 +81,24 @@ def serving_env(spec: Deployment, run: Callable = subprocess.run, timeout: float
         for a in alias_group:
             pk.pop(a, None)
         pk[alias_group[0]] = found
-    out: list[Finding] = [Finding("serving.python", "pass", f"serving interpreter: Python {info['python']}", evidence=info["executable"])]
+    out: list[Finding] = [Finding("env.serving.python", "pass", f"serving interpreter: Python {info['python']}", evidence=info["executable"])]
     for n in REQUIRED:
         if pk.get(n):
-            out.append(Finding(f"serving.{n}", "pass", f"{n} {pk[n]}"))
+            out.append(Finding(f"env.serving.{n}", "pass", f"{n} {pk[n]}"))
         else:
-            out.append(Finding(f"serving.{n}", "fail", f"{n} is not installed in the serving environment",
+            out.append(Finding(f"env.serving.{n}", "fail", f"{n} is not installed in the serving environment",
                                remedy=f"`{py} -m pip install {n}` (sglang pins its own torch)."))
     for n in RECOMMENDED:
         if pk.get(n):
-            out.append(Finding(f"serving.{n}", "pass", f"{n} {pk[n]}"))
+            out.append(Finding(f"env.serving.{n}", "pass", f"{n} {pk[n]}"))
         else:
-            out.append(Finding(f"serving.{n}", "warn", f"{n} is not installed in the serving environment",
+            out.append(Finding(f"env.serving.{n}", "warn", f"{n} is not installed in the serving environment",
                                detail="Some attention/MoE backends and NVFP4 kernels need it on the GPU host.",
                                remedy=f"`{py} -m pip install {n}` matching the sglang release."))
     tc = torch_cuda(pk.get("torch"))
     info["torch_cuda"] = tc
     if pk.get("torch") and tc is None:
-        out.append(Finding("serving.torch_cuda", "warn", f"torch {pk['torch']} is not a CUDA build",
+        out.append(Finding("env.serving.torch_cuda", "warn", f"torch {pk['torch']} is not a CUDA build",
                            detail="Fine for validating flags; it cannot serve on GPUs.",
                            remedy="On the serving host install the CUDA build sglang pins (torch ...+cu130)."))
     return out, info
@@ -111,8 +111,8 @@ def check_driver_vs_torch(driver: dict[str, Any], serving: dict[str, Any]) -> li
         return []
     ok = tuple(map(int, have.split("."))) >= tuple(map(int, need.split(".")))
     if ok:
-        return [Finding("serving.cuda_compat", "pass", f"driver supports CUDA {have}; torch built for {need}")]
-    return [Finding("serving.cuda_compat", "fail", f"driver supports CUDA {have} but torch was built for CUDA {need}",
+        return [Finding("env.serving.cuda_compat", "pass", f"driver supports CUDA {have}; torch built for {need}")]
+    return [Finding("env.serving.cuda_compat", "fail", f"driver supports CUDA {have} but torch was built for CUDA {need}",
                     remedy="Upgrade the NVIDIA driver (CUDA 13.x needs >= 580) or install a torch build for the driver's CUDA.")]
 
 
@@ -121,24 +121,24 @@ def host(spec: Deployment) -> tuple[list[Finding], dict[str, Any]]:
 
     out: list[Finding] = []
     info: dict[str, Any] = {"cpus": os.cpu_count(), "ram_gib": round(psutil.virtual_memory().total / GIB, 1)}
-    out.append(Finding("host.cpu_ram", "info", f"{info['cpus']} CPUs, {info['ram_gib']} GiB RAM"))
+    out.append(Finding("env.host.cpu_ram", "info", f"{info['cpus']} CPUs, {info['ram_gib']} GiB RAM"))
     try:
         st = os.statvfs("/dev/shm")
         shm = st.f_blocks * st.f_frsize
         info["shm_gib"] = round(shm / GIB, 2)
         if shm < GIB:
-            out.append(Finding("host.shm", "fail", f"/dev/shm is only {shm / 2**20:.0f} MiB",
+            out.append(Finding("env.host.shm", "fail", f"/dev/shm is only {shm / 2**20:.0f} MiB",
                                detail="NCCL's SHM transport and torch multiprocessing need more; 64 MiB (a container default) crashes TP workers.",
                                remedy="Enlarge it (`mount -o remount,size=32G /dev/shm`, or --shm-size for containers)."))
         else:
-            out.append(Finding("host.shm", "pass", f"/dev/shm is {shm / GIB:.1f} GiB"))
+            out.append(Finding("env.host.shm", "pass", f"/dev/shm is {shm / GIB:.1f} GiB"))
     except OSError as e:
-        out.append(Finding("host.shm", "warn", "/dev/shm is missing", evidence=str(e), remedy="Mount a tmpfs at /dev/shm."))
+        out.append(Finding("env.host.shm", "warn", "/dev/shm is missing", evidence=str(e), remedy="Mount a tmpfs at /dev/shm."))
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     fmt = lambda v: "unlimited" if v == resource.RLIM_INFINITY else f"{v / 2**20:.0f} MiB"  # noqa: E731
     info["memlock"] = fmt(soft)
     # Informational: the service gets its own limit from the unit (LimitMEMLOCK=infinity).
-    out.append(Finding("host.memlock", "info",
+    out.append(Finding("env.host.memlock", "info",
                        f"RLIMIT_MEMLOCK here: {fmt(soft)} (hard {fmt(hard)})",
                        detail="Pinned memory and NCCL registration need it; systemd services do not read limits.conf.",
                        remedy="The rendered unit sets LimitMEMLOCK=infinity; for manual runs `ulimit -l unlimited`."))
@@ -159,8 +159,8 @@ def _disk(spec: Deployment, info: dict[str, Any]) -> list[Finding]:
     free = shutil.disk_usage(probe).free
     info["disk_free_gib"] = round(free / GIB, 1)
     if size is not None:
-        return [Finding("host.disk", "pass", f"checkpoint on disk: {size / GIB:.1f} GiB at {loc.path}; {free / GIB:.0f} GiB free there")]
-    return [Finding("host.disk", "info", f"{free / GIB:.0f} GiB free at {probe}",
+        return [Finding("env.host.disk", "pass", f"checkpoint on disk: {size / GIB:.1f} GiB at {loc.path}; {free / GIB:.0f} GiB free there")]
+    return [Finding("env.host.disk", "info", f"{free / GIB:.0f} GiB free at {probe}",
                     detail=loc.note + ". The NVFP4 checkpoint of a ~400B model is ~230 GB; BF16 ~800 GB.")]
 
 

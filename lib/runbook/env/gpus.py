@@ -43,7 +43,7 @@ def check(spec: Deployment, nvml: Any = None) -> GpuReport:
     except nvml.NVMLError as e:
         status: Status = "fail" if hw.require_gpus else "skip"
         rep.findings.append(Finding(
-            "gpu.driver", status, f"no NVIDIA driver: {e}",
+            "env.gpu.driver", status, f"no NVIDIA driver: {e}",
             detail="GPU checks skipped: NVML could not be initialised on this machine.",
             evidence=f"NVML error {getattr(e, 'value', '?')}: {e}",
             remedy="Run this on the serving host; there, install the NVIDIA driver (>= 580 for CUDA 13) and check `nvidia-smi`."))
@@ -75,18 +75,18 @@ def _inspect(spec: Deployment, nvml: Any, rep: GpuReport) -> None:
     cuda = q(nvml.nvmlSystemGetCudaDriverVersion_v2) or q(nvml.nvmlSystemGetCudaDriverVersion)
     cuda_s = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None
     rep.driver = {"driver_version": driver, "cuda_driver_version": cuda_s}
-    rep.findings.append(Finding("gpu.driver", "pass", f"NVIDIA driver {driver}, CUDA {cuda_s or '?'} supported",
+    rep.findings.append(Finding("env.gpu.driver", "pass", f"NVIDIA driver {driver}, CUDA {cuda_s or '?'} supported",
                                 evidence=f"nvmlSystemGetDriverVersion={driver}; cuda={cuda}"))
 
     n = nvml.nvmlDeviceGetCount()
     handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
     need = spec.parallelism.gpus
     if n < hw.gpu_count:
-        rep.findings.append(Finding("gpu.count", "fail", f"{n} GPUs visible, spec expects {hw.gpu_count}",
+        rep.findings.append(Finding("env.gpu.count", "fail", f"{n} GPUs visible, spec expects {hw.gpu_count}",
                                     detail=f"TP {spec.parallelism.tp} × PP {spec.parallelism.pp} needs {need}.",
                                     remedy="Check CUDA_VISIBLE_DEVICES, `nvidia-smi -L`, and that no GPU fell off the bus (dmesg | grep -i xid)."))
     else:
-        rep.findings.append(Finding("gpu.count", "pass", f"{n} GPUs visible (spec: {hw.gpu_count})"))
+        rep.findings.append(Finding("env.gpu.count", "pass", f"{n} GPUs visible (spec: {hw.gpu_count})"))
 
     for i, h in enumerate(handles):
         name = _text(nvml.nvmlDeviceGetName(h))
@@ -124,55 +124,55 @@ def _per_gpu_findings(spec: Deployment, rep: GpuReport) -> None:
 
     wrong = [r for r in g if hw.gpu_model.lower() not in r["name"].lower() and r["name"].lower() not in hw.gpu_model.lower()]
     if wrong:
-        rep.findings.append(Finding("gpu.model", "warn", f"GPU model differs from the spec on GPU {idx(wrong)}",
+        rep.findings.append(Finding("env.gpu.model", "warn", f"GPU model differs from the spec on GPU {idx(wrong)}",
                                     detail=f"found {wrong[0]['name']!r}, spec says {hw.gpu_model!r}",
                                     remedy="Fix hardware.gpu_model in the spec, or run on the intended host."))
     small = [r for r in g if r["memory_total_gib"] < hw.gpu_memory_gib * 0.95]
     if small:
-        rep.findings.append(Finding("gpu.memory", "warn", f"GPU {idx(small)} has less memory than the spec's {hw.gpu_memory_gib} GiB",
+        rep.findings.append(Finding("env.gpu.memory", "warn", f"GPU {idx(small)} has less memory than the spec's {hw.gpu_memory_gib} GiB",
                                     detail=f"GPU {small[0]['index']}: {small[0]['memory_total_gib']} GiB total",
                                     remedy="Fix hardware.gpu_memory_gib, or expect a smaller KV cache than the KV notebook computed."))
     if hw.compute_capability:
         cc_bad = [r for r in g if r["compute_capability"] and r["compute_capability"] != hw.compute_capability]
         if cc_bad:
-            rep.findings.append(Finding("gpu.compute_capability", "warn",
+            rep.findings.append(Finding("env.gpu.compute_capability", "warn",
                                         f"compute capability {cc_bad[0]['compute_capability']} on GPU {idx(cc_bad)}, spec says {hw.compute_capability}",
                                         detail="SM100 kernels do not run on SM120 and vice versa; backends and NVFP4 kernels differ.",
                                         remedy="Check the attention and MoE backends chosen in serving.flags for this architecture."))
         elif g:
-            rep.findings.append(Finding("gpu.compute_capability", "pass", f"compute capability {hw.compute_capability} (sm_{hw.compute_capability.replace('.', '')}) on every GPU"))
+            rep.findings.append(Finding("env.gpu.compute_capability", "pass", f"compute capability {hw.compute_capability} (sm_{hw.compute_capability.replace('.', '')}) on every GPU"))
     ecc_off = [r for r in g if r["ecc"] is False]
     if ecc_off:
-        rep.findings.append(Finding("gpu.ecc", "warn", f"ECC off on GPU {idx(ecc_off)}",
+        rep.findings.append(Finding("env.gpu.ecc", "warn", f"ECC off on GPU {idx(ecc_off)}",
                                     detail="Memory bit flips go undetected and can silently corrupt KV cache or weights.",
                                     remedy="`nvidia-smi -e 1` then reboot (ECC changes apply at the next boot)."))
     elif g:
-        rep.findings.append(Finding("gpu.ecc", "pass" if any(r["ecc"] for r in g) else "info",
+        rep.findings.append(Finding("env.gpu.ecc", "pass" if any(r["ecc"] for r in g) else "info",
                                     "ECC on" if any(r["ecc"] for r in g) else "ECC not reported by this GPU"))
     pm_off = [r for r in g if r["persistence"] is False]
     if pm_off:
-        rep.findings.append(Finding("gpu.persistence", "warn", f"persistence mode off on GPU {idx(pm_off)}",
+        rep.findings.append(Finding("env.gpu.persistence", "warn", f"persistence mode off on GPU {idx(pm_off)}",
                                     detail="The driver tears down GPU state between processes: slower start, lost clocks settings.",
                                     remedy="Enable the nvidia-persistenced service (or `nvidia-smi -pm 1`)."))
     mig_on = [r for r in g if r["mig"]]
     if mig_on:
-        rep.findings.append(Finding("gpu.mig", "fail", f"MIG enabled on GPU {idx(mig_on)}",
+        rep.findings.append(Finding("env.gpu.mig", "fail", f"MIG enabled on GPU {idx(mig_on)}",
                                     detail="Tensor parallelism needs whole GPUs.",
                                     remedy="`nvidia-smi -i N -mig 0` and reset the GPU."))
     hot = [r for r in g if r["temperature_c"] and r["temperature_c"] >= _HOT_C]
     if hot:
-        rep.findings.append(Finding("gpu.temperature", "warn", f"GPU {idx(hot)} at {hot[0]['temperature_c']} °C",
+        rep.findings.append(Finding("env.gpu.temperature", "warn", f"GPU {idx(hot)} at {hot[0]['temperature_c']} °C",
                                     detail="Hot GPUs throttle clocks; benchmarks will under-read.",
                                     remedy="Check airflow and `nvidia-smi -q -d PERFORMANCE` for thermal slowdown."))
     if rep.processes:
         held = sum(p["used_gib"] or 0 for p in rep.processes)
         pids = sorted({p["pid"] for p in rep.processes})
-        rep.findings.append(Finding("gpu.processes", "warn", f"{len(pids)} process(es) already hold {held:.1f} GiB of GPU memory",
+        rep.findings.append(Finding("env.gpu.processes", "warn", f"{len(pids)} process(es) already hold {held:.1f} GiB of GPU memory",
                                     detail="A leftover server or notebook kernel eats the KV budget the next start measures.",
                                     evidence="; ".join(f"pid {p['pid']} on GPU {p['gpu']}: {p['used_gib']} GiB" for p in rep.processes[:8]),
                                     remedy=f"If these are not the deployment's own running server, stop them (`kill {' '.join(map(str, pids[:4]))}`) before starting it."))
     elif g:
-        rep.findings.append(Finding("gpu.processes", "pass", "no process holds GPU memory"))
+        rep.findings.append(Finding("env.gpu.processes", "pass", "no process holds GPU memory"))
 
 
 def _topology(nvml: Any, handles: list, rep: GpuReport, q: Callable) -> None:
@@ -187,9 +187,9 @@ def _topology(nvml: Any, handles: list, rep: GpuReport, q: Callable) -> None:
         if p2p is not None and p2p != ok_status:
             no_p2p.append(f"{a}-{b}")
     if no_p2p:
-        rep.findings.append(Finding("gpu.p2p", "warn", f"P2P reads not supported between {len(no_p2p)} GPU pair(s)",
+        rep.findings.append(Finding("env.gpu.p2p", "warn", f"P2P reads not supported between {len(no_p2p)} GPU pair(s)",
                                     detail="NCCL falls back to shared memory through the host: all-reduce is slower.",
                                     evidence=", ".join(no_p2p[:12]),
                                     remedy="Check ACS/IOMMU in BIOS (`lspci -vvv | grep ACSCtl`); if NCCL hangs instead, NCCL_P2P_DISABLE=1 is the fallback."))
     elif rep.topology:
-        rep.findings.append(Finding("gpu.p2p", "pass", f"P2P reads supported between all {len(rep.topology)} GPU pairs"))
+        rep.findings.append(Finding("env.gpu.p2p", "pass", f"P2P reads supported between all {len(rep.topology)} GPU pairs"))

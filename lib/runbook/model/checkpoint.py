@@ -369,7 +369,7 @@ def load(model_dir: str | os.PathLike, read_headers: bool = True) -> Checkpoint:
     try:
         ck.generation_config = _read_json(d / "generation_config.json", False)
     except InputError as e:  # not needed to decide anything: a warning, not a stop
-        ck.problems.append(Finding("ckpt.generation_config", "warn", "generation_config.json unreadable", detail=str(e),
+        ck.problems.append(Finding("quant.ckpt.generation_config", "warn", "generation_config.json unreadable", detail=str(e),
                                    remedy="Re-download the file; SGLang falls back to no default sampling parameters."))
     ck.index = _read_json(d / INDEX, False, cap=_MAX_INDEX_FILE)
     if ck.index is not None:
@@ -393,7 +393,7 @@ def _read_shards(ck: Checkpoint, shard_files: list[str]) -> None:
     missing = [s for s in shard_files if _absent(ck.dir / s)]
     if missing:
         ck.unreadable_shards += missing
-        ck.problems.append(Finding("ckpt.missing_shards", "fail", f"{len(missing)} shard(s) named in {INDEX} are missing",
+        ck.problems.append(Finding("quant.ckpt.missing_shards", "fail", f"{len(missing)} shard(s) named in {INDEX} are missing",
                                    evidence=", ".join(missing[:5]) + (" …" if len(missing) > 5 else ""),
                                    remedy="Finish the download (`hf download <repo>` resumes) or restore the files."))
     for name in shard_files:
@@ -403,13 +403,13 @@ def _read_shards(ck: Checkpoint, shard_files: list[str]) -> None:
             h = read_header(ck.dir / name)
         except InputError as e:
             ck.unreadable_shards.append(name)
-            ck.problems.append(Finding("ckpt.shard_header", "fail", f"unreadable shard {name}", detail=str(e),
+            ck.problems.append(Finding("quant.ckpt.shard_header", "fail", f"unreadable shard {name}", detail=str(e),
                                        remedy="Re-download this shard; SGLang will fail to load it."))
             continue
         ck.shards[name] = h
         ck.bytes_read += 8 + h.header_len
         if h.file_size < h.data_end:
-            ck.problems.append(Finding("ckpt.truncated", "fail", f"{name} is truncated",
+            ck.problems.append(Finding("quant.ckpt.truncated", "fail", f"{name} is truncated",
                                        detail=f"its header needs {h.data_end} bytes, the file has {h.file_size}",
                                        remedy="Re-download this shard."))
     if ck.index is None:
@@ -417,6 +417,6 @@ def _read_shards(ck: Checkpoint, shard_files: list[str]) -> None:
         return
     absent = [t for t, s in ck.weight_map.items() if s in ck.shards and t not in ck.shards[s].tensors]
     if absent:
-        ck.problems.append(Finding("ckpt.index_mismatch", "fail", f"{len(absent)} tensor(s) in {INDEX} are absent from their shard",
+        ck.problems.append(Finding("quant.ckpt.index_mismatch", "fail", f"{len(absent)} tensor(s) in {INDEX} are absent from their shard",
                                    evidence=", ".join(f"{t} → {ck.weight_map[t]}" for t in absent[:3]),
                                    remedy="The index and shards come from different revisions: re-download both."))

@@ -714,15 +714,15 @@ def _dtype_findings(ck: Checkpoint, w: Weights) -> list[Finding]:
     expect = {"NVFP4": ("U8", "packed E2M1 weights"), "FP8": ("F8_E4M3", "FP8 E4M3 weights"),
               "FP8-block": ("F8_E4M3", "FP8 E4M3 weights"), "MXFP4": ("U8", "MXFP4 blocks")}
     if w.algo in expect and not c.get(expect[w.algo][0]):
-        return [Finding("ckpt.dtypes", "fail", f"declared {w.algo} but no {expect[w.algo][0]} tensors in the shards",
+        return [Finding("quant.ckpt.dtypes", "fail", f"declared {w.algo} but no {expect[w.algo][0]} tensors in the shards",
                         detail=f"dtypes found: {c}", remedy="The quant config does not describe these weights: re-download or re-export.")]
     if w.algo.startswith(("AWQ", "GPTQ")) and not c.get("I32"):
-        return [Finding("ckpt.dtypes", "fail", f"declared {w.algo} but no packed I32 qweight tensors", detail=f"dtypes found: {c}",
+        return [Finding("quant.ckpt.dtypes", "fail", f"declared {w.algo} but no packed I32 qweight tensors", detail=f"dtypes found: {c}",
                         remedy="The quant config does not describe these weights.")]
     if w.algo == "unquantized" and any(k.startswith("F8") for k in c):
-        return [Finding("ckpt.dtypes", "warn", "FP8 tensors in a checkpoint with no quantization config", detail=f"dtypes found: {c}",
+        return [Finding("quant.ckpt.dtypes", "warn", "FP8 tensors in a checkpoint with no quantization config", detail=f"dtypes found: {c}",
                         remedy="SGLang will load them as if unquantized: add the checkpoint's quantization_config.")]
-    return [Finding("ckpt.dtypes", "pass", f"tensor dtypes match {w.algo}", evidence=", ".join(f"{k}: {v}" for k, v in sorted(c.items())))]
+    return [Finding("quant.ckpt.dtypes", "pass", f"tensor dtypes match {w.algo}", evidence=", ".join(f"{k}: {v}" for k, v in sorted(c.items())))]
 
 
 def inspect(ck: Checkpoint, flags: Optional[dict[str, Any]] = None, tp: int = 1, pp: int = 1, location_note: str = "",
@@ -756,7 +756,7 @@ def inspect(ck: Checkpoint, flags: Optional[dict[str, Any]] = None, tp: int = 1,
         kv.auto_resolves_to, kv.honoured = override[0], False
     kv.flag = str(flags.get("kv-cache-dtype") or "auto")
     if kv.flag not in KV_CHOICES:
-        findings.append(Finding("kv.flag", "fail", f"--kv-cache-dtype {kv.flag} is not a choice SGLang {SGLANG_VERSION} accepts",
+        findings.append(Finding("quant.kv.flag", "fail", f"--kv-cache-dtype {kv.flag} is not a choice SGLang {SGLANG_VERSION} accepts",
                                 remedy=f"Use one of {', '.join(KV_CHOICES)}."))
     kv.effective = _norm_kv(kv.flag, kv.auto_resolves_to)
     kv.kv_layers = len(a.kv_layer_ids)
@@ -806,48 +806,48 @@ def _kv_findings(kv: KVCache, a: arch_mod.Arch, qpp: Any, ck: Checkpoint) -> lis
     out = []
     layers = f"{kv.kv_layers} of {a.num_layers} layers hold KV" + (" (the rest are linear attention)" if a.linear_layer_ids else "")
     decl = f"the checkpoint declares {kv.declared} KV in {kv.declared_in}" if kv.declared else "the checkpoint declares no KV quantization"
-    out.append(Finding("kv.auto", "info", f"--kv-cache-dtype auto resolves to {kv.auto_resolves_to}",
+    out.append(Finding("quant.kv.auto", "info", f"--kv-cache-dtype auto resolves to {kv.auto_resolves_to}",
                        detail=f"{decl}; " + ("SGLang follows it" if kv.honoured else
                                (f"SGLang ignores it (its quant config reports kv_cache_quant_algo={kv.kv_cache_quant_algo!r}; only \"FP8\" switches auto to FP8), " if kv.declared else "") + "so auto means the model dtype") + f". {layers}."))
     if kv.effective in FP8_KV:
         n, total = kv.layers_with_scales, kv.kv_layers
         if kv.scale_coverage == "file":
-            out.append(Finding("kv.fp8_scales", "warn", f"FP8 KV cache ({kv.effective}) with scales from --quantization-param-path",
+            out.append(Finding("quant.kv.fp8_scales", "warn", f"FP8 KV cache ({kv.effective}) with scales from --quantization-param-path",
                                detail="Check the file was calibrated on this model; FP8 still trades long-context accuracy for capacity.",
                                evidence=str(qpp), remedy="Measure with the accuracy notebook; `--kv-cache-dtype bf16` if capacity allows."))
         elif kv.scale_coverage == "unknown":
-            out.append(Finding("kv.fp8_scales", "warn", f"FP8 KV cache ({kv.effective}); its k/v scales cannot be checked here",
+            out.append(Finding("quant.kv.fp8_scales", "warn", f"FP8 KV cache ({kv.effective}); its k/v scales cannot be checked here",
                                detail="No index or shards on this machine. Without calibrated scales SGLang uses 1.0 and clips values beyond ±448.",
                                remedy="Run this on the checkpoint's host, or set `--kv-cache-dtype bf16` (serving.flags.kv-cache-dtype: bf16)."))
         elif kv.scale_coverage == "none":
-            out.append(Finding("kv.fp8_scales", "fail", f"FP8 KV cache with no calibrated scales: SGLang uses 1.0 on all {total} KV layers",
+            out.append(Finding("quant.kv.fp8_scales", "fail", f"FP8 KV cache with no calibrated scales: SGLang uses 1.0 on all {total} KV layers",
                                detail="Keys and values beyond ±448 are clipped and small ones lose precision; errors compound over long contexts. "
                                       f"Under `auto`, SGLang {SGLANG_VERSION} logs nothing about it.",
                                evidence=f"no *.k_scale / *.v_scale / *.kv_scale / *.k_proj.output_scale tensors in {INDEX if ck.index else 'the shards'}",
                                remedy="`--kv-cache-dtype bf16` (check capacity in the KV notebook), or calibrated scales via `--quantization-param-path`."))
         elif kv.scale_coverage == "some":
             assert n is not None  # "some" is only set after counting layers_with_scales
-            out.append(Finding("kv.fp8_scales", "fail", f"k/v scales on only {n} of {total} KV layers: the other {total - n} use 1.0",
+            out.append(Finding("quant.kv.fp8_scales", "fail", f"k/v scales on only {n} of {total} KV layers: the other {total - n} use 1.0",
                                evidence=", ".join(kv.scale_tensor_names),
                                remedy="`--kv-cache-dtype bf16`, or a complete calibration via `--quantization-param-path`."))
         else:
-            out.append(Finding("kv.fp8_scales", "warn", f"FP8 KV cache with calibrated scales on all {total} KV layers",
+            out.append(Finding("quant.kv.fp8_scales", "warn", f"FP8 KV cache with calibrated scales on all {total} KV layers",
                                detail="Half the bytes of BF16, at a long-context accuracy cost (2-3 mantissa bits). Measure it before relying on it for agentic coding.",
                                evidence=", ".join(kv.scale_tensor_names),
                                remedy="Compare FP8 and BF16 with the accuracy notebook; choose `--kv-cache-dtype bf16` if the KV notebook shows room."))
     elif kv.effective in FP4_KV or kv.effective == "mxfp8":
-        out.append(Finding("kv.fp4", "warn", f"{kv.effective} KV cache: SGLang warns it may drop accuracy",
+        out.append(Finding("quant.kv.fp4", "warn", f"{kv.effective} KV cache: SGLang warns it may drop accuracy",
                            detail="Needs Blackwell (SM100/SM120); per-token dequantisation adds work.",
                            remedy="Measure with the accuracy notebook before production."))
     else:
         over = f" — overrides the checkpoint's {kv.declared} declaration" if kv.declared and kv.flag != "auto" else ""
-        out.append(Finding("kv.fp8_scales", "pass", f"KV cache in {kv.effective}{over}",
+        out.append(Finding("quant.kv.fp8_scales", "pass", f"KV cache in {kv.effective}{over}",
                            detail="No KV quantization error; twice the bytes per token of FP8." if kv.declared else ""))
     if kv.flag == "fp8_e4m3" and not qpp:
         truth = {"all": "misleading here: the checkpoint's own scales are loaded anyway",
                  "some": "partly true: layers without checkpoint scales use 1.0",
                  "none": "true here: there are no scales", "unknown": "scales cannot be checked here"}[kv.scale_coverage]
-        out.append(Finding("kv.log_warning", "info", "SGLang will log \"Using FP8 KV cache but no scaling factors provided. Defaulting to scaling factors of 1.0.\"",
+        out.append(Finding("quant.kv.log_warning", "info", "SGLang will log \"Using FP8 KV cache but no scaling factors provided. Defaulting to scaling factors of 1.0.\"",
                            detail=f"It does so for an explicit --kv-cache-dtype fp8_e4m3 without --quantization-param-path, whatever the checkpoint holds — {truth}."))
     return out
 

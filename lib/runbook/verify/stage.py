@@ -142,7 +142,7 @@ def _server(spec: Deployment, url: str, rep: VerifyReport, flags: dict[str, Any]
             drift: Callable[..., Any]) -> list[Finding]:
     _, dfind, info = drift(spec, url)
     if not info:
-        f = dfind[0] if dfind else Finding("service.drift", "skip", f"no answer from {url}")
+        f = dfind[0] if dfind else Finding("verify.server", "skip", f"no answer from {url}")
         return [Finding("verify.server", "fail" if f.status == "fail" else "skip", f.title, f.detail, f.evidence, f.remedy)]
     rep.server = {k: info.get(k) for k in ("kv_cache_dtype", "context_length", "max_total_num_tokens", "max_running_requests",
                                            "version", "served_models") if k in info}

@@ -10,8 +10,13 @@ import pytest
 from conftest import REPO
 
 LIB = REPO / "lib" / "runbook"
-STAGES = ("env", "quant", "kv", "service", "bench", "accuracy", "verify")
+from runbook.core import registry
+
+STAGES = tuple(s.package for s in registry.stages())      # the registry says which packages are stages
 SHARED = ("core", "model", "endpoint", "corpus")
+# The layers above the stages, and the other layers each may use besides the shared ones. None of them
+# imports a stage: they reach stages only through the registry.
+UPPER = {"runner": (), "fleet": ("runner",), "demo": ("cli",)}     # demo runs the whole runbook through the CLI
 
 
 def _sources(pkg: str) -> list[Path]:
@@ -45,6 +50,7 @@ def _all(stage: str) -> list[str]:
 
 
 def _violations(path: Path, layer: str, text: str) -> list[str]:
+    allowed = UPPER.get(layer, ())
     bad = []
     for mod, names, line in _imports(path, text):
         parts = mod.split(".")
@@ -54,7 +60,7 @@ def _violations(path: Path, layer: str, text: str) -> list[str]:
                     for n in names if n in STAGES and layer not in STAGES]
             continue
         target = parts[1]
-        if target == layer or target in SHARED:
+        if target == layer or target in SHARED or target in allowed:
             continue
         if target in STAGES and layer in STAGES and len(parts) == 2 and set(names) <= set(_all(target)):
             continue
@@ -63,8 +69,29 @@ def _violations(path: Path, layer: str, text: str) -> list[str]:
 
 
 def test_no_stage_imports_another_stages_internals():
-    bad = [v for layer in STAGES + SHARED + ("runner",) for p in _sources(layer) for v in _violations(p, layer, p.read_text())]
+    bad = [v for layer in STAGES + SHARED + tuple(UPPER) for p in _sources(layer) for v in _violations(p, layer, p.read_text())]
     assert not bad, "\n".join(bad)
+
+
+def test_every_package_is_a_stage_a_shared_layer_or_an_upper_layer():
+    pkgs = {p.parent.name for p in LIB.glob("*/__init__.py")} - {"_data"}
+    assert pkgs == set(STAGES) | set(SHARED) | set(UPPER), pkgs ^ (set(STAGES) | set(SHARED) | set(UPPER))
+
+
+def test_fleet_and_demo_are_layers_nothing_below_imports():
+    """fleet (the index over every host's runs) and demo (llama.cpp tooling) sit on top: only the CLI
+    reaches fleet, and nothing in the library imports demo (it runs as `python -m runbook.demo`)."""
+    bad = []
+    for p in LIB.rglob("*.py"):
+        rel = p.relative_to(LIB)
+        if "data" in rel.parts:
+            continue
+        for mod, names, line in _imports(p, p.read_text()):
+            targets = {mod.split(".")[1]} if mod.count(".") else set(names)
+            for t in targets & {"fleet", "demo"}:
+                if rel.parts[0] not in (t, "cli.py"):
+                    bad.append(f"{rel}:{line}: imports {t}")
+    assert not bad, bad
 
 
 @pytest.mark.parametrize("layer, text, expect", [
@@ -73,6 +100,9 @@ def test_no_stage_imports_another_stages_internals():
     ("core", "from runbook import kv\n", "shared layer core imports stage kv"),
     ("model", "from runbook.service.render import build\n", "model imports runbook.service.render"),
     ("service", "from ..bench.sweep import Level\n", "service imports runbook.bench.sweep"),
+    ("runner", "from runbook import kv\n", "shared layer runner imports stage kv"),
+    ("fleet", "from runbook.bench.run import measure\n", "fleet imports runbook.bench.run"),
+    ("demo", "from runbook.runner.run import run\n", "demo imports runbook.runner.run"),
 ])
 def test_import_rule_catches_a_violation(layer, text, expect):
     assert any(expect in v for v in _violations(LIB / layer / "planted.py", layer, text))

@@ -10,7 +10,6 @@ import asyncio
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Optional
 
 from aiohttp import web
 
@@ -34,7 +33,7 @@ class Script:
     usage_gap_s: float = 0.25          # the trailing usage-only chunk comes this long after the last token
     chat: bool = False
     reasoning_chunks: int = 0          # chat: the first N chunks are reasoning_content
-    fault: Optional[str] = None        # http500 | stall | close | malformed
+    fault: str | None = None        # http500 | stall | close | malformed
     close_after: bool = False          # drop the connection after each response, like llama-server
     real_sleep_s: float = 0.01         # with a VirtualClock: real pause between writes
     prompt_tokens: int = 7
@@ -89,7 +88,7 @@ class ThreadedApp:
 
 
 class ScriptedServer(ThreadedApp):
-    def __init__(self, script: Script, clock: Optional[VirtualClock] = None):
+    def __init__(self, script: Script, clock: VirtualClock | None = None):
         self.script, self.clock = script, clock
         self.generated = 0
         self.url = ""

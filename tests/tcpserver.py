@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 
 @contextmanager
@@ -36,7 +36,7 @@ def tcp_server(serve: Callable[[socket.socket], None], backlog: int = 64) -> Ite
         while not stop.is_set():
             try:
                 conn, _ = srv.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             threading.Thread(target=one, args=(conn,), daemon=True).start()
 

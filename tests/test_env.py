@@ -63,7 +63,7 @@ def test_ecc_not_supported_is_info(dep):
 def test_no_driver_is_skip_unless_required(dep):
     rep = gpus.check(dep, FakeNVML(no_driver=True))
     assert [(f.id, f.status) for f in rep.findings] == [("env.gpu.driver", "skip")]
-    assert "no NVIDIA driver: NVML Shared Library Not Found" == rep.findings[0].title
+    assert rep.findings[0].title == "no NVIDIA driver: NVML Shared Library Not Found"
     strict = dep.model_copy(update={"hardware": dep.hardware.model_copy(update={"require_gpus": True})})
     assert gpus.check(strict, FakeNVML(no_driver=True)).findings[0].status == "fail"
 

@@ -36,7 +36,7 @@ def test_the_normalisers_use_the_table():
     assert logparse.kv_dtype_name("torch.float4_e2m1fn_x2") == "nvfp4"         # was "fp4"
     assert logparse.kv_dtype_name("torch.uint8") == "uint8"                     # unknown: as logged
     assert kvmem.normalise_dtype("bf16") == "bfloat16" and kvmem.normalise_dtype("fp16") == "float16"
-    assert kvmem.KV_DTYPES == tuple(names.KV_DTYPES)
+    assert tuple(names.KV_DTYPES) == kvmem.KV_DTYPES
     with pytest.raises(InputError, match="fp4_mx_block16"):
         kvmem.normalise_dtype("fp7")
     assert analysis.KV_CHOICES == names.KV_CACHE_DTYPE_CHOICES and analysis._norm_kv("bf16", "x") == "bfloat16"

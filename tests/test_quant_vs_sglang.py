@@ -13,7 +13,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from ckpt_factory import llama_config, make
@@ -101,7 +101,7 @@ def _hq_only(cfg: dict[str, Any]) -> dict[str, Any]:
 
 # id -> (config.json, hf_quant_config.json or None, other files, flags); a "side" flag is the --quantization
 # that reads quantize_config.json (checked against the project's quant.side_file finding).
-CASES: dict[str, tuple[dict[str, Any], Optional[dict[str, Any]], dict[str, Any], dict[str, str]]] = {
+CASES: dict[str, tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any], dict[str, str]]] = {
     # ---- the real examples, as published ----
     "real/compressed-tensors llama4 fp8-dynamic": (ex("compressed-tensors_llama4-fp8-dynamic.config.json"), None, {}, {}),
     "real/fbgemm_fp8 llama-3.1-405b": (ex("fbgemm-fp8_llama-3.1-405b-instruct-fp8.config.json"), None, {}, {}),
@@ -201,7 +201,7 @@ CASES: dict[str, tuple[dict[str, Any], Optional[dict[str, Any]], dict[str, Any],
 }
 
 
-def _argv(flags: dict[str, str], quant: Optional[str]) -> list[str]:
+def _argv(flags: dict[str, str], quant: str | None) -> list[str]:
     return (["--quantization", quant] if quant else []) + ["--kv-cache-dtype", "auto"]
 
 

@@ -11,8 +11,9 @@ import math
 import re
 import sys
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional, cast
+from typing import Any, cast
 
 from pydantic import TypeAdapter, ValidationError, create_model
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict, SettingsError
@@ -408,7 +409,7 @@ def _run_stage(verb: str, a: argparse.Namespace) -> int:
     return handler(a, o) if handler else _cmd_stage(_VERBS[verb][0], a, o)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.verb in _VERBS:

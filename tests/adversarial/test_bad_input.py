@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from conftest import DEFAULT_SPEC

@@ -17,9 +17,10 @@ import sys
 import tempfile
 import time
 import urllib.error
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, ContextManager
 
 import pytest
 import yaml
@@ -474,9 +475,8 @@ def test_good_answers_pass_through():
 
 def test_the_api_key_never_appears_in_a_message_even_when_echoed():
     key = "sk-live-SECRET-123456789"
-    with raw_server(_answer("200 OK", f"Bearer {key} <- not JSON".encode())) as base:
-        with pytest.raises(reach.BadResponse) as ei:
-            reach.fetch_json(base + "/server_info", api_key=key, timeout=1.0)
+    with raw_server(_answer("200 OK", f"Bearer {key} <- not JSON".encode())) as base, pytest.raises(reach.BadResponse) as ei:
+        reach.fetch_json(base + "/server_info", api_key=key, timeout=1.0)
     assert key not in str(ei.value) and "redacted" in str(ei.value)
 
 

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from conftest import spec_data
@@ -29,14 +29,14 @@ from runbook.service import unitfile
 API_KEY = "sk-test-value-1234"
 
 
-def dep(source: Optional[str] = None, **changes: Any) -> spec.Deployment:
+def dep(source: str | None = None, **changes: Any) -> spec.Deployment:
     data = spec_data(**changes)
     return spec.from_dict(data, source or str(spec.DEFAULT_SPEC))
 
 
 # ---------------------------------------------------------------- the systemd oracle
 
-def _systemd_cmd() -> Optional[list[str]]:
+def _systemd_cmd() -> list[str] | None:
     exe = shutil.which("systemd") or ("/usr/lib/systemd/systemd" if os.path.exists("/usr/lib/systemd/systemd") else None)
     if not exe:
         return None

@@ -12,8 +12,8 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _REQ = re.compile(r'"(GET|PUT|POST|DELETE|HEAD) (\S+) HTTP/[\d.]+" (\d{3})')
@@ -26,13 +26,13 @@ def free_port() -> int:
 
 
 class S3Server:
-    def __init__(self, tmp: Path, port: Optional[int] = None):
+    def __init__(self, tmp: Path, port: int | None = None):
         self.tmp = tmp
         self.port = port or free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.requests: list[tuple[str, str, int]] = []      # (method, path, status), in answer order
-        self.on_request: Optional[Callable[[str, str, int], None]] = None
-        self.proc: Optional[subprocess.Popen] = None
+        self.on_request: Callable[[str, str, int], None] | None = None
+        self.proc: subprocess.Popen | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -41,7 +41,7 @@ class S3Server:
                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": str(self.tmp / "no-aws-config"),
                 "AWS_SHARED_CREDENTIALS_FILE": str(self.tmp / "no-aws-credentials"), "AWS_EC2_METADATA_DISABLED": "true"}
 
-    def start(self, timeout: float = 90) -> "S3Server":
+    def start(self, timeout: float = 90) -> S3Server:
         self.requests = []
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ if _SERVING:
 SRT = next((p for p in _CANDIDATES if p.is_dir()), None)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _tree(rel: str) -> ast.AST:
     assert SRT is not None
     return ast.parse((SRT / rel).read_text())

@@ -1,7 +1,8 @@
 """Speculative decoding must not change greedy output: the same prompts with it on (A) and off (B)."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import aiohttp
 
@@ -9,7 +10,7 @@ from runbook.core.findings import Finding
 from runbook.endpoint.client import Client, RequestSpec
 
 
-def first_difference(a: str, b: str, tokenizer: Any = None) -> Optional[int]:
+def first_difference(a: str, b: str, tokenizer: Any = None) -> int | None:
     """Index of the first differing token (characters without a tokenizer); None when identical."""
     if a == b:
         return None
@@ -21,15 +22,15 @@ def first_difference(a: str, b: str, tokenizer: Any = None) -> Optional[int]:
     return min(len(xs), len(ys))
 
 
-async def outputs(url: str, prompts: Sequence[str], max_tokens: int, model: Optional[str] = None,
-                  api_key: Optional[str] = None) -> list[Any]:
+async def outputs(url: str, prompts: Sequence[str], max_tokens: int, model: str | None = None,
+                  api_key: str | None = None) -> list[Any]:
     c = Client(url, model, api_key=api_key)
     async with aiohttp.ClientSession() as s:   # one at a time: batching must not be what differs
         return [await c.send(s, RequestSpec(i, p, max_tokens, ignore_eos=False)) for i, p in enumerate(prompts)]
 
 
 async def compare(url_a: str, url_b: str, prompts: Sequence[str], max_tokens: int = 64, tokenizer: Any = None,
-                  model: Optional[str] = None, api_key: Optional[str] = None) -> tuple[list[dict[str, Any]], list[Finding]]:
+                  model: str | None = None, api_key: str | None = None) -> tuple[list[dict[str, Any]], list[Finding]]:
     a = await outputs(url_a, prompts, max_tokens, model, api_key)
     b = await outputs(url_b, prompts, max_tokens, model, api_key)
     rows = []

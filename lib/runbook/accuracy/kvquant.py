@@ -9,8 +9,9 @@ full precision, for the last query over a growing context.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -103,7 +104,7 @@ def study_layer(layer: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, source:
             kq = quantize(k, fmt, scale_for(k, fmt, scaling))
             vq = quantize(v, fmt, scale_for(v, fmt, scaling))
             n = k.shape[1]
-            errs = {L: attn_error(q, k, v, kq.x, vq.x, L) for L in lengths if L <= n}
+            errs = {L: attn_error(q, k, v, kq.x, vq.x, L) for L in lengths if n >= L}
             rows.append({"source": source, "format": fmt, "scaling": "none" if fmt == "bf16" else scaling, "layer": layer,
                          "k_rel_err": rel_err(kq.x, k), "v_rel_err": rel_err(vq.x, v),
                          "clipped_frac": kq.clipped_frac, "v_clipped_frac": vq.clipped_frac, "flushed_frac": kq.flushed_frac,
@@ -121,7 +122,7 @@ def active_format(kv_dtype: str, scale_coverage: str = "unknown") -> tuple[str, 
     return "bf16", "none"
 
 
-def run(thresholds: Any = None, text: Optional[str] = None, real_lengths: Sequence[int] = (64, 128, 256, 512),
+def run(thresholds: Any = None, text: str | None = None, real_lengths: Sequence[int] = (64, 128, 256, 512),
         synth_lengths: Sequence[int] = (512, 2048, 8192), seed: int = 0, active: tuple[str, str] = ("bf16", "none")) -> Study:
     """The whole study: MiniLM's real activations (≤512 tokens) plus long synthetic sequences."""
     from runbook.accuracy import minilm

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from runbook.accuracy import identity, recall
 from runbook.core.findings import Finding
@@ -28,16 +29,16 @@ def deployment_format(spec: Deployment) -> tuple[str, str]:
     return active_format(rep.kv_cache.effective, rep.kv_cache.scale_coverage)
 
 
-def recall_lengths(spec: Deployment, lengths: Optional[Sequence[int]] = None) -> list[int]:
+def recall_lengths(spec: Deployment, lengths: Sequence[int] | None = None) -> list[int]:
     """The spec's recall lengths, up to its --context-length (a longer prompt would be rejected)."""
     ls = list(lengths or spec.accuracy.recall_lengths)
     ctx = spec.serving.flags.get("context-length")
-    return [L for L in ls if ctx is None or L <= int(ctx)] or ls[:1]
+    return [L for L in ls if ctx is None or int(ctx) >= L] or ls[:1]
 
 
-def run_recall(url: Optional[str], lengths: Sequence[int], depths: Sequence[float], tokenizer: Optional[str] = None,
-               compare_url: Optional[str] = None, seed: int = 0, per_cell: int = 1, out: Optional[Path] = None,
-               api_key_env: Optional[str] = None, model: Optional[str] = None) -> tuple[dict[str, Any], list[Finding]]:
+def run_recall(url: str | None, lengths: Sequence[int], depths: Sequence[float], tokenizer: str | None = None,
+               compare_url: str | None = None, seed: int = 0, per_cell: int = 1, out: Path | None = None,
+               api_key_env: str | None = None, model: str | None = None) -> tuple[dict[str, Any], list[Finding]]:
     if not url:
         return {"grid": []}, [Finding("accuracy.recall.endpoint", "skip", "recall probe skipped: no endpoint given",
                                       remedy="Give url (and compare_url for an FP8-vs-BF16 A/B).")]
@@ -64,8 +65,8 @@ def run_recall(url: Optional[str], lengths: Sequence[int], depths: Sequence[floa
     return doc, recall.findings(doc["grid"], ab, tok is not None, res_a)
 
 
-def run_identity(url: Optional[str], spec_off_url: Optional[str], n: int = 8, max_tokens: int = 64,
-                 tokenizer: Optional[str] = None, model: Optional[str] = None) -> tuple[list[dict[str, Any]], list[Finding]]:
+def run_identity(url: str | None, spec_off_url: str | None, n: int = 8, max_tokens: int = 64,
+                 tokenizer: str | None = None, model: str | None = None) -> tuple[list[dict[str, Any]], list[Finding]]:
     if not (url and spec_off_url):
         return [], [Finding("accuracy.identity.endpoint", "skip", "greedy-identity check skipped: needs two endpoints",
                             remedy="Give url (speculative decoding on) and spec_off_url (the same model with it off).")]

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import string
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -31,7 +32,7 @@ class Item:
     expected: str
     needle: str
     prompt: Any                 # token ids (exact) or text
-    prompt_tokens: Optional[int]
+    prompt_tokens: int | None
     exact: bool
 
 
@@ -89,8 +90,8 @@ def score(expected: str, output: str) -> bool:
     return first.strip("`'\".,;:)(") == expected
 
 
-async def ask(url: str, items: Sequence[Item], model: Optional[str] = None, max_tokens: int = 12, concurrency: int = 4,
-              api_key: Optional[str] = None, timeout_s: float = 600.0) -> list[dict[str, Any]]:
+async def ask(url: str, items: Sequence[Item], model: str | None = None, max_tokens: int = 12, concurrency: int = 4,
+              api_key: str | None = None, timeout_s: float = 600.0) -> list[dict[str, Any]]:
     client = Client(url, model, chat=False, api_key=api_key, timeout_s=timeout_s)
     sem = asyncio.Semaphore(concurrency)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as s:
@@ -122,7 +123,7 @@ def paired(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> dict[str
             "diff_b_minus_a": mean, "ci95": [lo, hi]}
 
 
-def findings(g: Sequence[dict[str, Any]], ab: Optional[dict[str, Any]] = None, exact: bool = True,
+def findings(g: Sequence[dict[str, Any]], ab: dict[str, Any] | None = None, exact: bool = True,
              results: Sequence[dict[str, Any]] = ()) -> list[Finding]:
     total = sum(c["total"] for c in g)
     correct = sum(c["correct"] for c in g)

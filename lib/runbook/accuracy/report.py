@@ -1,7 +1,8 @@
 """Tables and plots for the accuracy notebook."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from runbook.core.plots import figure
 

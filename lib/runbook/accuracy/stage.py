@@ -3,9 +3,10 @@ tool-call probes (each a `skip` finding when its endpoint is not given or not re
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -32,9 +33,9 @@ class AccuracyReport:
 
 
 
-def assess(spec: Deployment, url: Optional[str] = None, compare_url: Optional[str] = None, spec_off_url: Optional[str] = None,
-             lengths: Optional[Sequence[int]] = None, depths: Optional[Sequence[float]] = None,
-             tokenizer: Optional[str] = None, seed: int = 0, per_cell: int = 1, artifact_dir: Optional[str | Path] = None,
+def assess(spec: Deployment, url: str | None = None, compare_url: str | None = None, spec_off_url: str | None = None,
+             lengths: Sequence[int] | None = None, depths: Sequence[float] | None = None,
+             tokenizer: str | None = None, seed: int = 0, per_cell: int = 1, artifact_dir: str | Path | None = None,
              prompts: int = 8, max_tokens: int = 64, toolcall_max_tokens: int = 1024,
              tool_choice: str = "auto") -> AccuracyReport:
     """Empty or None arguments mean the spec's value (lengths up to its --context-length)."""
@@ -58,22 +59,22 @@ PROBES = ("kvquant", "recall", "identity", "report", "toolcall")
 class AccuracyOptions(Options):
     probe: Literal["kvquant", "recall", "identity", "report", "toolcall"] = Field(
         "report", description="report: all four, what 50_accuracy shows (live probes skip without --url)")
-    url: Optional[Url] = Field(None, description="recall: the endpoint (default: the spec's); identity: speculative decoding on")
-    compare_url: Optional[Url] = Field(None, description="recall, report: A/B second endpoint (e.g. BF16 KV); identity: speculative decoding off")
-    spec_off_url: Optional[Url] = Field(None, description="report: the same model with speculative decoding off (greedy identity)")
-    lengths: Optional[list[PosInt]] = Field(None, description="recall: haystack token lengths (default: the spec's, up to --context-length)")
-    depths: Optional[list[Fraction]] = Field(None, description="recall: needle depths as fractions (default: the spec's)")
+    url: Url | None = Field(None, description="recall: the endpoint (default: the spec's); identity: speculative decoding on")
+    compare_url: Url | None = Field(None, description="recall, report: A/B second endpoint (e.g. BF16 KV); identity: speculative decoding off")
+    spec_off_url: Url | None = Field(None, description="report: the same model with speculative decoding off (greedy identity)")
+    lengths: list[PosInt] | None = Field(None, description="recall: haystack token lengths (default: the spec's, up to --context-length)")
+    depths: list[Fraction] | None = Field(None, description="recall: needle depths as fractions (default: the spec's)")
     per_cell: PosInt = Field(1, description="recall: needles per length × depth cell")
-    tokenizer: Optional[str] = Field(None, description="dir with tokenizer.json: exact prompt lengths")
+    tokenizer: str | None = Field(None, description="dir with tokenizer.json: exact prompt lengths")
     seed: int = Field(0, description="the prompts are deterministic from this seed")
     prompts: PosInt = Field(8, description="identity: number of prompts")
     max_tokens: PosInt = Field(64, description="identity: greedy tokens per prompt")
-    model: Optional[str] = Field(None, description="toolcall: the served model name (default: the first /v1/models lists)")
+    model: str | None = Field(None, description="toolcall: the served model name (default: the first /v1/models lists)")
     tool_choice: Literal["auto", "required"] = Field(
         "auto", description="toolcall, report: auto (default: what agent loops send) or required (the server must call a "
                             "tool; prose is then a fail: the chat template or parser ignores the tools)")
     toolcall_max_tokens: PosInt = Field(1024, description="toolcall, report: tokens per tool-call answer")
-    out: Optional[str] = Field(None, description="recall, report: archive the prompts here")
+    out: str | None = Field(None, description="recall, report: archive the prompts here")
 
 
 def evaluate(spec: Deployment, options: AccuracyOptions) -> AccuracyReport:
@@ -82,11 +83,11 @@ def evaluate(spec: Deployment, options: AccuracyOptions) -> AccuracyReport:
                   o.prompts, o.max_tokens, o.toolcall_max_tokens, o.tool_choice)
 
 
-def _num(v: Any) -> Optional[float]:
+def _num(v: Any) -> float | None:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def figures(data: dict[str, Any], slo: Optional[SLO] = None) -> dict[str, Any]:
+def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
     """recall (share of needles found), greedy_identical (share of identical prompts) and the KV study's
     largest attention-output error for this deployment's own KV format."""
     out: dict[str, Any] = {}

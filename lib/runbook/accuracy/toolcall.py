@@ -19,7 +19,7 @@ import asyncio
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import aiohttp
 
@@ -152,17 +152,17 @@ class Case:
     tool: str
     stream: bool
     called: bool = False              # a tool_calls entry came back
-    name: Optional[str] = None
+    name: str | None = None
     arguments: str = ""
     in_content: bool = False          # call text left in content
     in_reasoning: bool = False        # call text left in reasoning_content
     content_chars: int = 0
-    arguments_valid: Optional[bool] = None
+    arguments_valid: bool | None = None
     schema_errors: list[str] = field(default_factory=list)
     argument_deltas: int = 0          # streaming: chunks that carried argument text
-    last_delta_share: Optional[float] = None   # streaming: fraction of the argument text in the last delta
-    finish_reason: Optional[str] = None
-    error: Optional[str] = None
+    last_delta_share: float | None = None   # streaming: fraction of the argument text in the last delta
+    finish_reason: str | None = None
+    error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"tool": self.tool, "stream": self.stream, "called": self.called, "name": self.name,
@@ -174,8 +174,8 @@ class Case:
 
 @dataclass
 class ToolCallReport:
-    url: Optional[str]
-    model: Optional[str]
+    url: str | None
+    model: str | None
     cases: list[Case] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     tool_choice: str = "auto"
@@ -195,7 +195,7 @@ def _looks_like_call(text: str) -> bool:
 TOOL_CHOICES = ("auto", "required")   # auto: what agent loops send; required: the server must call a tool
 
 
-def _body(tool: str, stream: bool, model: Optional[str], max_tokens: int, tool_choice: str = "auto") -> dict[str, Any]:
+def _body(tool: str, stream: bool, model: str | None, max_tokens: int, tool_choice: str = "auto") -> dict[str, Any]:
     b: dict[str, Any] = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPTS[tool]}],
                          "tools": TOOLS, "tool_choice": tool_choice, "temperature": 0.0, "max_tokens": max_tokens,
                          "stream": stream}
@@ -218,7 +218,7 @@ def _finish_args(case: Case) -> None:
         [f"called {case.name!r}, not {case.tool!r}"]
 
 
-def _one_call(calls: Any) -> Optional[dict[str, Any]]:
+def _one_call(calls: Any) -> dict[str, Any] | None:
     if not isinstance(calls, list) or not calls:
         return None
     first = calls[0] if isinstance(calls[0], dict) else {}
@@ -330,8 +330,8 @@ async def _streamed(s: aiohttp.ClientSession, url: str, headers: dict[str, str],
     _text(case, "".join(st.content), "".join(st.reasoning))
 
 
-async def probe(url: str, model: Optional[str] = None, api_key: Optional[str] = None, max_tokens: int = 1024,
-                timeout_s: float = 180.0, tools: Optional[list[str]] = None, tool_choice: str = "auto") -> list[Case]:
+async def probe(url: str, model: str | None = None, api_key: str | None = None, max_tokens: int = 1024,
+                timeout_s: float = 180.0, tools: list[str] | None = None, tool_choice: str = "auto") -> list[Case]:
     """Every tool, non-streaming then streaming, one request at a time."""
     c = Client(url, model, chat=True, api_key=api_key)
     headers = c.headers()
@@ -434,8 +434,8 @@ def findings(cases: list[Case], tool_choice: str = "auto") -> list[Finding]:
     return out
 
 
-def run(url: Optional[str], model: Optional[str] = None, api_key: Optional[str] = None, max_tokens: int = 1024,
-        timeout_s: float = 180.0, tools: Optional[list[str]] = None, tool_choice: str = "auto") -> ToolCallReport:
+def run(url: str | None, model: str | None = None, api_key: str | None = None, max_tokens: int = 1024,
+        timeout_s: float = 180.0, tools: list[str] | None = None, tool_choice: str = "auto") -> ToolCallReport:
     """The probe as one call (CLI, notebook): a `skip` finding without a reachable endpoint."""
     if tool_choice not in TOOL_CHOICES:     # a notebook parameter reaches here unchecked by argparse
         raise InputError(f"tool_choice {tool_choice!r}: use one of {', '.join(TOOL_CHOICES)}")

@@ -21,7 +21,8 @@ Percentiles are numpy's linear interpolation.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,15 +32,15 @@ from runbook.endpoint.client import RequestRecord
 PCTS = (50, 90, 95, 99)
 
 
-def ttft_s(r: RequestRecord) -> Optional[float]:
+def ttft_s(r: RequestRecord) -> float | None:
     return r.chunk_times[0] - r.send_time if r.chunk_times else None
 
 
-def e2e_s(r: RequestRecord) -> Optional[float]:
+def e2e_s(r: RequestRecord) -> float | None:
     return r.chunk_times[-1] - r.send_time if r.chunk_times else None
 
 
-def tpot_s(r: RequestRecord) -> Optional[float]:
+def tpot_s(r: RequestRecord) -> float | None:
     n = r.output_tokens
     if not r.chunk_times or n < 2:
         return None
@@ -64,13 +65,13 @@ def itl_per_token_s(r: RequestRecord) -> list[float]:
     return out
 
 
-def stats(xs: Iterable[Optional[float]], scale: float = 1000.0) -> dict[str, Optional[float]]:
+def stats(xs: Iterable[float | None], scale: float = 1000.0) -> dict[str, float | None]:
     """mean, p50, p90, p95, p99, max (×scale: seconds → ms by default); None when empty."""
     a = np.asarray([x for x in xs if x is not None], dtype=float) * scale
     keys = ["mean"] + [f"p{p}" for p in PCTS] + ["max", "n"]
     if a.size == 0:
         return {k: (0 if k == "n" else None) for k in keys}
-    out: dict[str, Optional[float]] = {"mean": float(a.mean())}
+    out: dict[str, float | None] = {"mean": float(a.mean())}
     out.update({f"p{p}": float(np.percentile(a, p)) for p in PCTS})
     out["max"] = float(a.max())
     out["n"] = int(a.size)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 import math
 import pickle
-from typing import Any, Optional
+from typing import Any
 
 from runbook.core.errors import InputError
 
@@ -28,7 +28,7 @@ class Opaque:
 
     _name = "?"
 
-    def __new__(cls, *args: Any, **kw: Any) -> "Opaque":
+    def __new__(cls, *args: Any, **kw: Any) -> Opaque:
         return object.__new__(cls)
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -61,7 +61,7 @@ def load(raw: bytes, source: str) -> Any:
                          "give a .pkl from --dump-requests-folder / --crash-dump-folder, or a Mooncake JSON Lines trace") from None
 
 
-def _int(v: Any) -> Optional[int]:
+def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 

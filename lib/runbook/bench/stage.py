@@ -3,7 +3,7 @@ deployment's newest archived benchmark."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -16,40 +16,40 @@ from runbook.core.spec import SLO, Deployment, level_meets_slo
 
 
 class BenchStageOptions(Options):
-    url: Optional[Url] = Field(None, description="server base URL (default: the spec's host:port)")
-    model: Optional[str] = Field(None, description="model name to send (default: the server's first /v1/models entry)")
-    concurrency: Optional[list[PosInt]] = Field(None, description="fixed-concurrency levels, e.g. 1,2,4 (default: the spec's plan)")
-    rates: Optional[list[PosFloat]] = Field(None, alias="rate", description="Poisson request-rate levels (requests/s), run alone")
-    requests: Optional[PosInt] = Field(None, description="measured requests per level (default: the spec's)")
-    duration: Optional[PosFloat] = Field(None, description="measure each level for S seconds (no request starts later)")
-    workload: Optional[str] = Field(None, description=workloads.help_text() + " (default: the spec's)")
-    turns: Optional[PosInt] = Field(None, description="agentic: turns per session (default 4)")
-    think_time: Optional[NonNegFloat] = Field(None, description="agentic: pause between turns, fixed or an exponential's mean (default 0)")
-    think_dist: Optional[Literal["fixed", "exp"]] = Field(None, description="agentic: think time fixed, or exponential with that mean")
-    tool_result_len: Optional[NonNegInt] = Field(None, description="agentic: synthetic tool-result tokens per turn (default 256)")
-    trace_speed: Optional[PosFloat] = Field(None, description="trace:FILE: replay X times as fast (default 1)")
-    find_max: Optional[Literal["slo"]] = Field(None, description="slo: bracket then bisect concurrency (or --rate START) for the "
+    url: Url | None = Field(None, description="server base URL (default: the spec's host:port)")
+    model: str | None = Field(None, description="model name to send (default: the server's first /v1/models entry)")
+    concurrency: list[PosInt] | None = Field(None, description="fixed-concurrency levels, e.g. 1,2,4 (default: the spec's plan)")
+    rates: list[PosFloat] | None = Field(None, alias="rate", description="Poisson request-rate levels (requests/s), run alone")
+    requests: PosInt | None = Field(None, description="measured requests per level (default: the spec's)")
+    duration: PosFloat | None = Field(None, description="measure each level for S seconds (no request starts later)")
+    workload: str | None = Field(None, description=workloads.help_text() + " (default: the spec's)")
+    turns: PosInt | None = Field(None, description="agentic: turns per session (default 4)")
+    think_time: NonNegFloat | None = Field(None, description="agentic: pause between turns, fixed or an exponential's mean (default 0)")
+    think_dist: Literal["fixed", "exp"] | None = Field(None, description="agentic: think time fixed, or exponential with that mean")
+    tool_result_len: NonNegInt | None = Field(None, description="agentic: synthetic tool-result tokens per turn (default 256)")
+    trace_speed: PosFloat | None = Field(None, description="trace:FILE: replay X times as fast (default 1)")
+    find_max: Literal["slo"] | None = Field(None, description="slo: bracket then bisect concurrency (or --rate START) for the "
                                                                   "highest load meeting the spec's SLOs, instead of the fixed levels")
-    workers: Optional[PosInt] = Field(None, description="load-generator processes for fixed-concurrency levels (default 1): each "
+    workers: PosInt | None = Field(None, description="load-generator processes for fixed-concurrency levels (default 1): each "
                                                        "takes every N-th request and a share of the concurrency, one clock, records merged")
-    transport: Optional[Literal["h1", "aiohttp"]] = Field(None, description="HTTP client for the streamed requests: h1 (asyncio "
+    transport: Literal["h1", "aiohttp"] | None = Field(None, description="HTTP client for the streamed requests: h1 (asyncio "
                                                                            "protocol over httptools; default) or aiohttp")
-    input_len: Optional[PosInt] = Field(None, description="prompt tokens (random, longctx, prefix; default: the spec's)")
-    output_len: Optional[PosInt] = Field(None, description="generated tokens per request, ignore_eos (default: the spec's)")
+    input_len: PosInt | None = Field(None, description="prompt tokens (random, longctx, prefix; default: the spec's)")
+    output_len: PosInt | None = Field(None, description="generated tokens per request, ignore_eos (default: the spec's)")
     chat: bool = Field(False, description="use /v1/chat/completions")
-    tokenizer: Optional[str] = Field(None, description="dir with tokenizer.json for exact lengths and client token counts")
-    warmup: Optional[NonNegInt] = Field(None, description="warm-up requests per level (default: the spec's)")
-    out: Optional[str] = Field(None, description="write records.jsonl and summary.json here")
-    compare_url: Optional[Url] = Field(None, description="A/B: the same workload against this second endpoint")
+    tokenizer: str | None = Field(None, description="dir with tokenizer.json for exact lengths and client token counts")
+    warmup: NonNegInt | None = Field(None, description="warm-up requests per level (default: the spec's)")
+    out: str | None = Field(None, description="write records.jsonl and summary.json here")
+    compare_url: Url | None = Field(None, description="A/B: the same workload against this second endpoint")
     seed: int = Field(0, description="the workload is deterministic from this seed")
     timeout: PosFloat = Field(600.0, description="per-request timeout, seconds")
     flush_cache: bool = Field(False, description="POST /flush_cache before each level (default: the spec's benchmark.flush_cache, off)")
-    archive: Optional[str] = Field(None, description="compare with this deployment's newest benchmark archived here "
+    archive: str | None = Field(None, description="compare with this deployment's newest benchmark archived here "
                                                      "(default: outputs/; '' to skip)")
     progress: bool = Field(False, description="progress bars on stderr")
 
     @model_validator(mode="after")
-    def _requests_or_duration(self) -> "BenchStageOptions":
+    def _requests_or_duration(self) -> BenchStageOptions:
         if self.requests and self.duration:
             raise ValueError("--requests and --duration both bound a level: give one")
         return self
@@ -72,7 +72,7 @@ def merged(spec: Deployment, o: BenchStageOptions) -> BenchOptions:
                         workers=o.workers, transport=o.transport)
 
 
-def _archive(archive: Optional[str]) -> Optional[Path]:
+def _archive(archive: str | None) -> Path | None:
     if archive == "":
         return None
     if archive is None:
@@ -80,11 +80,11 @@ def _archive(archive: Optional[str]) -> Optional[Path]:
     return Path(archive)
 
 
-def _num(v: Any) -> Optional[float]:
+def _num(v: Any) -> float | None:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def figures(data: dict[str, Any], slo: Optional[SLO] = None) -> dict[str, Any]:
+def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
     """output_tok_s per level, and max_concurrency_within_slo: the SLO search's limit when it ran
     (max_rate_within_slo for a rate search), else the highest fixed level meeting the SLOs."""
     out: dict[str, Any] = {}

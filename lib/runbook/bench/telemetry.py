@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +67,7 @@ class Telemetry:
         self.samples: list[dict[str, Any]] = []
         self.skipped: dict[str, str] = {}
         self.label = ""
-        self._task: Optional[asyncio.Task] = None
+        self._task: asyncio.Task | None = None
         self._nvml: Any = None
         self._handles: list[Any] = []
 
@@ -115,7 +116,7 @@ class Telemetry:
         await asyncio.to_thread(self._init_nvml)
         if not self.want_server:
             self.skipped["server"] = "not asked"
-        self._metrics_ok: Optional[bool] = None if self.want_server else False
+        self._metrics_ok: bool | None = None if self.want_server else False
         await self._sample()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -145,7 +146,7 @@ class Telemetry:
                 s["server"] = g
         self.samples.append(s)
 
-    async def _scrape(self) -> Optional[dict[str, float]]:
+    async def _scrape(self) -> dict[str, float] | None:
         import aiohttp
 
         from runbook.bench.sweep import parse_prometheus
@@ -184,13 +185,13 @@ class Telemetry:
         return {"samples": self.samples, "summary": self.summary()}
 
 
-def _agg(xs: list[float]) -> dict[str, Optional[float]]:
+def _agg(xs: list[float]) -> dict[str, float | None]:
     if not xs:
         return {"mean": None, "max": None}
     return {"mean": float(np.mean(xs)), "max": float(np.max(xs))}
 
 
-def summarise(samples: list[dict[str, Any]], skipped: Optional[dict[str, str]] = None) -> dict[str, Any]:
+def summarise(samples: list[dict[str, Any]], skipped: dict[str, str] | None = None) -> dict[str, Any]:
     """Per level: mean and max of each field (GPU fields over every GPU and sample), whether the
     server queued or retracted requests, and what was skipped and why."""
     out: dict[str, Any] = {"samples": len(samples), "skipped": dict(skipped or {})}

@@ -5,8 +5,9 @@ The write side (HTML, index, retention) is the runner's; stages only ever read e
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 INPROGRESS = ".inprogress-"
 
@@ -30,8 +31,8 @@ def list_runs(out_dir: Path) -> list[dict[str, Any]]:
     return runs
 
 
-def previous_data(out_dir: Path, deployment: str, notebook: str, exclude: Optional[str] = None,
-                  usable: Callable[[dict[str, Any]], bool] = bool) -> Optional[dict[str, Any]]:
+def previous_data(out_dir: Path, deployment: str, notebook: str, exclude: str | None = None,
+                  usable: Callable[[dict[str, Any]], bool] = bool) -> dict[str, Any] | None:
     """The newest archived results `data` of one notebook for this deployment (not the run being written)."""
     for run in list_runs(out_dir):
         if run.get("deployment") != deployment or run.get("_dir") == exclude:

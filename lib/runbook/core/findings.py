@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
-from typing import Any, Iterable, Literal
+from collections.abc import Iterable
+from typing import Any, Literal
 
 Status = Literal["pass", "warn", "fail", "skip", "info"]
 STATUSES: tuple[str, ...] = ("fail", "warn", "skip", "pass", "info")  # display order: worst first
@@ -45,7 +46,7 @@ class Finding:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Finding":
+    def from_dict(cls, d: dict[str, Any]) -> Finding:
         fields = {f.name for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {k: str(v) for k, v in d.items() if k in fields}  # status is checked in __post_init__
         return cls(**kwargs)

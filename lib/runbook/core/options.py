@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Optional, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -116,7 +116,7 @@ def validate(model: type[O], values: dict[str, Any], cli: bool = False) -> O:
         raise InputError(_problem(model, e, cli)) from None
 
 
-def from_params(model: type[O], params: dict[str, Any], runner_params: Optional[dict[str, str]] = None) -> O:
+def from_params(model: type[O], params: dict[str, Any], runner_params: dict[str, str] | None = None) -> O:
     """A notebook's options: its parameters with the sentinels dropped, runner-set parameters renamed
     onto their options field (artifact_dir -> out), validated through the stage's model."""
     names = runner_params or {}

@@ -13,12 +13,11 @@ from __future__ import annotations
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Optional
 
 DEFAULT_DEPLOYMENT = "qwen3.5-397b-a17b-nvfp4.yaml"
 
 
-def repo_root() -> Optional[Path]:
+def repo_root() -> Path | None:
     """The checkout this package runs from, or None for an installed wheel."""
     here = Path(__file__).resolve()                     # <root>/lib/runbook/core/paths.py
     root = here.parents[3]

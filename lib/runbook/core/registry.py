@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runbook.core.findings import Finding
 from runbook.core.options import Options
@@ -46,7 +47,7 @@ class Stage:
     evaluate: Callable[[Deployment, Any], Report]
     # The figures a run summary takes from this stage's results data (runner/figures.py) and the
     # ones the fleet index trends.
-    figures: Optional[Callable[[dict[str, Any], Optional[SLO]], dict[str, Any]]] = None
+    figures: Callable[[dict[str, Any], SLO | None], dict[str, Any]] | None = None
     trends: tuple[str, ...] = ()
     # Notebook parameters the runner sets that map onto an options field (e.g. artifact_dir -> out).
     runner_params: dict[str, str] = field(default_factory=dict)

@@ -13,8 +13,8 @@ import json
 import os
 import re
 import urllib.parse
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 # Key names that look secret (vLLM's collect_env skips the same family of names).
 # "token" and "key" only as whole name components: HF_TOKEN and api_key are secrets, tokenizer and

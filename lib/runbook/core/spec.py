@@ -9,8 +9,9 @@ import math
 import os
 import re
 import types
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Optional, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -110,17 +111,17 @@ class _Strict(BaseModel):
 
 class Model(_Strict):
     path: str = Field(description="what SGLang gets as --model-path: a local checkpoint dir or a Hugging Face repo id")
-    card: Optional[str] = Field(None, description="local dir with config.json etc. to inspect when path is not on this machine")
-    served_name: Optional[str] = None
-    revision: Optional[str] = None
-    size_gib: Optional[float] = Field(None, gt=0, le=MAX_CHECKPOINT_GIB, description="checkpoint size when it is not on this machine; read from its index when it is")
+    card: str | None = Field(None, description="local dir with config.json etc. to inspect when path is not on this machine")
+    served_name: str | None = None
+    revision: str | None = None
+    size_gib: float | None = Field(None, gt=0, le=MAX_CHECKPOINT_GIB, description="checkpoint size when it is not on this machine; read from its index when it is")
 
 
 class Hardware(_Strict):
     gpu_model: str
     gpu_count: int = Field(gt=0, le=MAX_GPUS_PER_NODE, description="GPUs per node")
     gpu_memory_gib: float = Field(gt=0, le=MAX_GPU_MEMORY_GIB, description="memory per GPU")
-    compute_capability: Optional[str] = Field(None, pattern=r"^\d+\.\d+$")
+    compute_capability: str | None = Field(None, pattern=r"^\d+\.\d+$")
     require_gpus: bool = Field(False, description="true on the serving host: a missing driver then fails the run")
 
 
@@ -138,7 +139,7 @@ class Parallelism(_Strict):
     dist_init_port: int = Field(default=50000, gt=0, lt=65536)
 
     @model_validator(mode="after")
-    def _dp_divides_tp(self) -> "Parallelism":
+    def _dp_divides_tp(self) -> Parallelism:
         if self.tp % self.attn_dp:
             raise ValueError(f"attn_dp ({self.attn_dp}) must divide tp ({self.tp})")
         return self
@@ -155,8 +156,8 @@ class Serving(_Strict):
     port: int = Field(30000, gt=0, lt=65536)
     flags: dict[str, FlagValue] = Field(default_factory=dict, description="SGLang flags without leading dashes; true for a switch")
     env: dict[str, str] = Field(default_factory=dict)
-    env_file: Optional[str] = Field(None, description="EnvironmentFile with secrets (API key, HF token); never inlined")
-    api_key_env: Optional[str] = Field(None, description="name of the environment variable holding the API key for clients")
+    env_file: str | None = Field(None, description="EnvironmentFile with secrets (API key, HF token); never inlined")
+    api_key_env: str | None = Field(None, description="name of the environment variable holding the API key for clients")
     apply_recommended: bool = Field(False, description="apply the quant notebook's recommended flags when rendering the unit")
 
     @property
@@ -222,10 +223,10 @@ class Serving(_Strict):
 
 class Systemd(_Strict):
     unit_name: str = Field(pattern=r"^[A-Za-z0-9@_.:-]+$")
-    unit_path: Optional[str] = Field(None, description="installed unit; default /etc/systemd/system/<unit_name>.service")
-    user: Optional[str] = None
-    group: Optional[str] = None
-    working_directory: Optional[str] = None
+    unit_path: str | None = Field(None, description="installed unit; default /etc/systemd/system/<unit_name>.service")
+    user: str | None = None
+    group: str | None = None
+    working_directory: str | None = None
     timeout_start_sec: int = Field(1800, gt=0, le=MAX_SECONDS, description="long enough to load ~400 GB of weights")
     restart_sec: int = Field(30, ge=0, le=MAX_SECONDS)
     ready_path: Literal["/ready", "/health", "/health_generate"] = "/ready"
@@ -262,9 +263,9 @@ class Accuracy(_Strict):
 
 
 class SLO(_Strict):
-    ttft_ms_p99: Optional[float] = Field(default=None, gt=0, le=MAX_SECONDS * 1000)
-    tpot_ms_p99: Optional[float] = Field(default=None, gt=0, le=MAX_SECONDS * 1000)
-    e2e_ms_p99: Optional[float] = Field(default=None, gt=0, le=MAX_SECONDS * 1000)
+    ttft_ms_p99: float | None = Field(default=None, gt=0, le=MAX_SECONDS * 1000)
+    tpot_ms_p99: float | None = Field(default=None, gt=0, le=MAX_SECONDS * 1000)
+    e2e_ms_p99: float | None = Field(default=None, gt=0, le=MAX_SECONDS * 1000)
 
 
 def level_meets_slo(level: dict[str, Any], slo: Any) -> bool:
@@ -280,7 +281,7 @@ def level_meets_slo(level: dict[str, Any], slo: Any) -> bool:
     return True
 
 
-def archive_url_problem(url: str) -> Optional[str]:
+def archive_url_problem(url: str) -> str | None:
     """Why an archive URL (`s3://BUCKET/PREFIX`, `gs://…`, `az://…`, `file:///…`) is refused, or None.
 
     Credentials never travel in the URL: no `user:password@`, no query string (presigned or SAS tokens);
@@ -302,11 +303,11 @@ def archive_url_problem(url: str) -> Optional[str]:
 class Archive(_Strict):
     """Where finished runs are also uploaded (object storage through fsspec). The endpoint, region and
     credentials are the storage client's own settings (AWS_ENDPOINT_URL, AWS_PROFILE, FSSPEC_S3_*), never here."""
-    url: Optional[str] = Field(None, description="s3://BUCKET/PREFIX; runs go to PREFIX/<host>/<run id>/")
+    url: str | None = Field(None, description="s3://BUCKET/PREFIX; runs go to PREFIX/<host>/<run id>/")
 
     @field_validator("url")
     @classmethod
-    def _url_ok(cls, v: Optional[str]) -> Optional[str]:
+    def _url_ok(cls, v: str | None) -> str | None:
         problem = None if v is None else archive_url_problem(v)
         if problem:
             raise ValueError(problem)
@@ -326,10 +327,10 @@ class Deployment(_Strict):
     slo: SLO = SLO()
     archive: Archive = Archive(url=None)
     # Filled by load(): where the spec came from, for resolving relative paths and for messages.
-    source: Optional[str] = Field(None, exclude=True)
+    source: str | None = Field(None, exclude=True)
 
     @model_validator(mode="after")
-    def _parallelism_fits(self) -> "Deployment":
+    def _parallelism_fits(self) -> Deployment:
         nodes = max(1, len(self.parallelism.nodes))
         if self.parallelism.gpus > self.hardware.gpu_count * nodes:
             raise ValueError(
@@ -367,7 +368,7 @@ def _describe(err: Mapping[str, Any], model: type[BaseModel]) -> str:
     return f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}"
 
 
-def _submodel(model: type[BaseModel], loc: tuple) -> Optional[type[BaseModel]]:
+def _submodel(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     cur: Any = model
     for part in loc:
         f = getattr(cur, "model_fields", {}).get(part)

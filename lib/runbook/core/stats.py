@@ -1,7 +1,7 @@
 """Statistics shared by the stages: paired bootstrap confidence intervals."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -18,9 +18,9 @@ import tarfile
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 from runbook.core import paths
 
@@ -133,7 +133,7 @@ def write_gguf(path: Path, tok, width: int = 768, layers: int = 6, heads: int = 
     return path
 
 
-def tiny_model(dest: Optional[Path] = None) -> Path:
+def tiny_model(dest: Path | None = None) -> Path:
     """Directory with model.gguf and tokenizer.json (cached)."""
     d = dest or CACHE / MODEL_VERSION
     if (d / "model.gguf").is_file() and (d / "tokenizer.json").is_file():
@@ -169,16 +169,16 @@ class LlamaServer:
                 self.proc.kill()
                 self.proc.wait(10)
 
-    def __enter__(self) -> "LlamaServer":
+    def __enter__(self) -> LlamaServer:
         return self
 
     def __exit__(self, *a) -> None:
         self.stop()
 
 
-def start_llama_server(exe: Optional[Path] = None, model_dir: Optional[Path] = None, port: Optional[int] = None,
+def start_llama_server(exe: Path | None = None, model_dir: Path | None = None, port: int | None = None,
                        parallel: int = 8, ctx: int = 4096, threads: int = 1, cache_prompt: bool = False,
-                       log_path: Optional[Path] = None, ready_timeout: float = 60.0,
+                       log_path: Path | None = None, ready_timeout: float = 60.0,
                        extra_args: Sequence[str] = ()) -> LlamaServer:
     """Start llama-server on loopback and wait until /health answers 200 (`extra_args`: e.g. --jinja for tools)."""
     exe = exe or build_llama_server()
@@ -208,7 +208,7 @@ def start_llama_server(exe: Optional[Path] = None, model_dir: Optional[Path] = N
     raise RuntimeError(f"llama-server not ready within {ready_timeout:.0f} s; see {log_path}")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """`python -m runbook.demo build|serve|runbook`: build the engine, serve the tiny model, or run the
     whole runbook with the benchmark (and accuracy) notebooks pointed at it."""
     import argparse

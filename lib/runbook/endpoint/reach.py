@@ -21,7 +21,8 @@ import ssl
 import threading
 import time
 import urllib.error
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -60,7 +61,7 @@ def _depth_ok(doc: Any, limit: int) -> bool:
     return True
 
 
-def decode_json(url: str, body: bytes, expect: Optional[type] = dict, max_depth: int = MAX_JSON_DEPTH) -> Any:
+def decode_json(url: str, body: bytes, expect: type | None = dict, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Bytes of an answer -> JSON, or BadResponse saying what the bytes are instead."""
     head = body[:40]
     try:
@@ -81,8 +82,8 @@ def decode_json(url: str, body: bytes, expect: Optional[type] = dict, max_depth:
     return doc
 
 
-def fetch_json(url: str, api_key: Optional[str] = None, timeout: float = 10.0, max_bytes: int = MAX_JSON_BYTES,
-               expect: Optional[type] = dict) -> Any:
+def fetch_json(url: str, api_key: str | None = None, timeout: float = 10.0, max_bytes: int = MAX_JSON_BYTES,
+               expect: type | None = dict) -> Any:
     """GET url -> parsed JSON, bounded: at most `max_bytes` of body, everything within `timeout` seconds.
 
     Raises OSError (URLError for a URL that is not http(s)) when nothing usable answered before the headers,
@@ -92,7 +93,7 @@ def fetch_json(url: str, api_key: Optional[str] = None, timeout: float = 10.0, m
         return decode_json(url, _get(url, api_key, timeout, max_bytes, "application/json")[1], expect)
 
 
-def get(url: str, api_key: Optional[str] = None, timeout: float = 10.0, max_bytes: int = MAX_JSON_BYTES,
+def get(url: str, api_key: str | None = None, timeout: float = 10.0, max_bytes: int = MAX_JSON_BYTES,
         accept: str = "*/*") -> tuple[int, bytes]:
     """GET url -> (status, body) for a status below 400, bounded and raising as `fetch_json` does (redirects
     are not followed: a 3xx comes back as it is)."""
@@ -101,7 +102,7 @@ def get(url: str, api_key: Optional[str] = None, timeout: float = 10.0, max_byte
 
 
 @contextlib.contextmanager
-def _redacted(url: str, api_key: Optional[str]) -> Iterator[None]:
+def _redacted(url: str, api_key: str | None) -> Iterator[None]:
     """Errors without the API key, even when the server echoes it back."""
     try:
         yield
@@ -115,7 +116,7 @@ def _redacted(url: str, api_key: Optional[str]) -> Iterator[None]:
         raise
 
 
-def _get(url: str, api_key: Optional[str], timeout: float, max_bytes: int, accept: str) -> tuple[int, bytes]:
+def _get(url: str, api_key: str | None, timeout: float, max_bytes: int, accept: str) -> tuple[int, bytes]:
     u = urlsplit(url)
     try:
         port = u.port
@@ -180,7 +181,7 @@ def _get(url: str, api_key: Optional[str], timeout: float, max_bytes: int, accep
                 conn.sock.settimeout(max(0.01, left))
             try:
                 chunk = resp.read1(min(65536, max_bytes + 1 - got))
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 raise BadResponse(url, f"the answer did not finish within {timeout:g} s ({got:,} bytes so far)") from None
             except (OSError, http.client.HTTPException) as e:
                 if expired.is_set():
@@ -241,7 +242,7 @@ def failure_finding(finding_id: str, url: str, e: BaseException, no_server_statu
                    remedy="Start the service, or give the server's URL.")
 
 
-async def probe(base: str, timeout: float = 5.0) -> Optional[str]:
+async def probe(base: str, timeout: float = 5.0) -> str | None:
     """None when the server answers /v1/models, else why not."""
     try:
         await asyncio.to_thread(get, base.rstrip("/") + "/v1/models", None, timeout, 64 << 10)
@@ -268,7 +269,7 @@ async def read_bounded(r: aiohttp.ClientResponse, url: str, max_bytes: int) -> b
         chunks.append(chunk)
 
 
-async def model_name(url: str, api_key: Optional[str], timeout: float = 10.0, max_bytes: int = MAX_JSON_BYTES) -> Optional[str]:
+async def model_name(url: str, api_key: str | None, timeout: float = 10.0, max_bytes: int = MAX_JSON_BYTES) -> str | None:
     """The first model id /v1/models lists; None when there is none or the answer is not SGLang's JSON."""
     target = url.rstrip("/") + "/v1/models"
     try:

@@ -14,8 +14,6 @@ last partial line is ever held, so a hostile stream costs no re-copying. Both pa
 """
 from __future__ import annotations
 
-from typing import Optional
-
 MAX_EVENT_BYTES = 64 << 20       # a pending event larger than this is not a chunk
 
 Event = tuple[bytes, bytes]      # (event name, data)
@@ -113,7 +111,7 @@ class SSEParser:
         return []
 
     @property
-    def pending(self) -> Optional[bytes]:
+    def pending(self) -> bytes | None:
         """Bytes of an event not yet ended by a blank line (None when there are none)."""
         rest = self._buf + b"".join(self._parts)
         return rest or (b"\n".join(self._data) if self._data else None)

@@ -6,9 +6,10 @@ import os
 import resource
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from runbook.core.findings import Finding, Status
 from runbook.core.spec import Deployment
@@ -149,7 +150,7 @@ def host(spec: Deployment) -> tuple[list[Finding], dict[str, Any]]:
 def _disk(spec: Deployment, info: dict[str, Any]) -> list[Finding]:
     loc = locate(spec)
     info["model_location"] = loc.note
-    size: Optional[int] = None
+    size: int | None = None
     if loc.has_weights:
         assert loc.path is not None  # has_weights implies a path
         size = sum(p.stat().st_size for p in loc.path.glob("*.safetensors"))

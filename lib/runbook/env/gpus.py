@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from runbook.core.findings import Finding, Status
 from runbook.core.spec import Deployment

@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import jinja2
 
@@ -73,7 +73,7 @@ def _read_all(fs: Any, paths: list[str], workers: int) -> list[Any]:
         return list(pool.map(one_sync, paths))
 
 
-def collect(url: str, workers: int = 64, fs: Any = None, root: Optional[str] = None) -> Fleet:
+def collect(url: str, workers: int = 64, fs: Any = None, root: str | None = None) -> Fleet:
     """List the store once and read the summary.json of every completed run, concurrently."""
     if fs is None or root is None:
         fs, root = open_store(url)
@@ -109,7 +109,7 @@ def collect(url: str, workers: int = 64, fs: Any = None, root: Optional[str] = N
 
 # --- the index document -------------------------------------------------------------------------------
 
-def _linker(fl: Fleet, links: str, base: Optional[str], expires: int, fs: Any) -> Any:
+def _linker(fl: Fleet, links: str, base: str | None, expires: int, fs: Any) -> Any:
     """rel path (HOST/RUN/FILE under PREFIX) -> href: relative, under an absolute base, or presigned."""
     if links == "presigned":
         if fs is None:
@@ -149,7 +149,7 @@ def _point(s: dict[str, Any], link: Any) -> dict[str, Any]:
     return p
 
 
-def build(fl: Fleet, trend: int = 30, links: str = "relative", link_base: Optional[str] = None, expires: int = 7 * 86400,
+def build(fl: Fleet, trend: int = 30, links: str = "relative", link_base: str | None = None, expires: int = 7 * 86400,
           fs: Any = None) -> dict[str, Any]:
     """The fleet JSON: hosts, deployments, one cell per (host, deployment) and every run's point."""
     t0 = time.perf_counter()
@@ -179,7 +179,7 @@ def build(fl: Fleet, trend: int = 30, links: str = "relative", link_base: Option
     return doc
 
 
-def _spark(values: list[Optional[float]], w: int = 120, h: int = 28) -> str:
+def _spark(values: list[float | None], w: int = 120, h: int = 28) -> str:
     pts = [(i, v) for i, v in enumerate(values) if v is not None]
     if not pts:
         return ""

@@ -8,7 +8,6 @@ overrides. Each function names the SGLang file and function it follows; the diff
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from runbook.model import sglang_names as names
 from runbook.model.arch import Arch
@@ -34,8 +33,8 @@ class Speculative:
         return f"{self.algorithm} ({self.num_steps} steps, topk {self.eagle_topk}, {self.num_draft_tokens} draft tokens)"
 
 
-def speculative(arch: Arch, algorithm: Optional[str], steps: Optional[int], topk: Optional[int],
-                draft_tokens: Optional[int], draft_model: bool = False) -> Optional[Speculative]:
+def speculative(arch: Arch, algorithm: str | None, steps: int | None, topk: int | None,
+                draft_tokens: int | None, draft_model: bool = False) -> Speculative | None:
     """speculative_hook.py _handle_eagle_family + _auto_choose_speculative_params; the draft KV layers
     follow model_runner_components/spec_aux_hidden_state.py (a path-less NEXTN/MTP draft is the
     checkpoint's own num_nextn_predict_layers)."""
@@ -63,7 +62,7 @@ VLM_CACHE_MIB = 100
 MM_FEATURE_CACHE_MIB = 1024
 
 
-def multimodal_reservation_mib(arch: Arch, cc: Optional[str]) -> int:
+def multimodal_reservation_mib(arch: Arch, cc: str | None) -> int:
     if arch.architecture.startswith("Qwen3VL") and sm_major(cc) == 9:
         return MM_FEATURE_CACHE_MIB
     return VLM_CACHE_MIB
@@ -102,7 +101,7 @@ class MemFraction:
     words: str
 
 
-def prefill_graph_enabled(arch: Arch, pp: int, attention_backend: Optional[str], disable_cuda_graph: bool,
+def prefill_graph_enabled(arch: Arch, pp: int, attention_backend: str | None, disable_cuda_graph: bool,
                           disable_prefill_graph: bool) -> bool:
     """cuda_graph_config.default_prefill_backend (breakable on CUDA) and cuda_graph_hook.py's
     compatibility rules as memory_hook sees them: off under PP and for VLMs outside SGLang's allowlist
@@ -124,9 +123,9 @@ def vlm_factor(arch: Arch) -> float:
 
 
 def mem_fraction_static(arch: Arch, gpu_mem_gib: float, tp: int, pp: int, attn_dp: int = 1,
-                        chunked_prefill_size: Optional[int] = None, max_running_requests: Optional[int] = None,
-                        cuda_graph_max_bs: Optional[int] = None, max_total_tokens: Optional[int] = None,
-                        attention_backend: Optional[str] = None, disable_cuda_graph: bool = False,
+                        chunked_prefill_size: int | None = None, max_running_requests: int | None = None,
+                        cuda_graph_max_bs: int | None = None, max_total_tokens: int | None = None,
+                        attention_backend: str | None = None, disable_cuda_graph: bool = False,
                         disable_prefill_graph: bool = False, language_only: bool = False) -> MemFraction:
     """memory_hook.py handle_gpu_memory_settings + reserve_for_graph_mb (no post-capture sizing, no DeepEP)."""
     mib = gpu_mem_gib * 1024
@@ -170,12 +169,12 @@ _TRTLLM_MLA_ON_SM100 = ("DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneratio
 _PER_MODEL = {"Gemma4": {10: "trtllm_mha"}, "GptOss": {10: "trtllm_mha", 9: "fa3"}, "Llama4": {10: "trtllm_mha", 9: "fa3"}}
 
 
-def sm_major(cc: Optional[str]) -> Optional[int]:
+def sm_major(cc: str | None) -> int | None:
     return int(str(cc).split(".")[0]) if cc else None
 
 
-def attention_backend(arch: Arch, cc: Optional[str], given: Optional[str] = None,
-                      spec: Optional[Speculative] = None) -> Optional[str]:
+def attention_backend(arch: Arch, cc: str | None, given: str | None = None,
+                      spec: Speculative | None = None) -> str | None:
     """The backend SGLang picks when --attention-backend is not given; None when the GPU is unknown."""
     if given:
         return given
@@ -204,7 +203,7 @@ def attention_backend(arch: Arch, cc: Optional[str], given: Optional[str] = None
     return "triton" if arch.architecture in names.SWA_SINK_ARCHS else "flashinfer"
 
 
-def page_size(arch: Arch, backend: Optional[str], given: Optional[int], kv_dtype: str, cc: Optional[str]) -> tuple[int, str]:
+def page_size(arch: Arch, backend: str | None, given: int | None, kv_dtype: str, cc: str | None) -> tuple[int, str]:
     """The page size SGLang runs with, and why, when the backend or the model forces one."""
     major = sm_major(cc)
     if given is None and arch.dsa:
@@ -224,7 +223,7 @@ def page_size(arch: Arch, backend: Optional[str], given: Optional[int], kv_dtype
     return page, ""
 
 
-def fp4_workspace_esz(backend: Optional[str], cc: Optional[str]) -> int:
+def fp4_workspace_esz(backend: str | None, cc: str | None) -> int:
     """fp4_kv_cache_quant_method.py: trtllm_mha reads FP4 natively (no dequant workspace); FlashInfer prefill
     dequantises into an FP8 workspace (1 byte per element)."""
     return 0 if backend == "trtllm_mha" and sm_major(cc) == 10 else 1
@@ -236,7 +235,7 @@ _BACKENDS_ALLOWED = {"Gemma4": ("trtllm_mha", "triton", "fa4", "ascend", "intel_
 _NVFP4_PREFILL = ("flashinfer", "trtllm_mha")
 
 
-def refusals(arch: Arch, kv_dtype: str, backend: Optional[str], cc: Optional[str]) -> list[tuple[str, str, str]]:
+def refusals(arch: Arch, kv_dtype: str, backend: str | None, cc: str | None) -> list[tuple[str, str, str]]:
     """Start-up refusals SGLang raises for this model, KV dtype, backend and GPU: (condition, where, fix)."""
     out = []
     major = sm_major(cc)
@@ -262,7 +261,7 @@ def refusals(arch: Arch, kv_dtype: str, backend: Optional[str], cc: Optional[str
     return out
 
 
-def dsa_raw_layout(arch: Arch, cc: Optional[str]) -> bool:
+def dsa_raw_layout(arch: Arch, cc: str | None) -> bool:
     """arg_groups/overrides.py _dsa_split_backend_resolution: FP8 DSA runs the trtllm kernels (raw MLA rows)
     from SM100, flashmla_kv (scaled rows) on Hopper, and flashinfer_sparse_mla (scaled) for GLM on SM120."""
     major = sm_major(cc) or 0

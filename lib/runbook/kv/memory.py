@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Optional
+from typing import Any
 
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
@@ -40,31 +40,31 @@ class Inputs:
     tp: int = 1
     pp: int = 1
     attn_dp: int = 1
-    gpu_mem_gib: Optional[float] = None
-    weights_bytes_per_gpu: Optional[int] = None
-    mem_fraction_static: Optional[float] = None   # None: SGLang's default heuristic
-    kv_budget_gib: Optional[float] = None         # given: skips the memory arithmetic
-    page_size: Optional[int] = None               # None: SGLang's default for the backend and model
-    context_len: Optional[int] = None
+    gpu_mem_gib: float | None = None
+    weights_bytes_per_gpu: int | None = None
+    mem_fraction_static: float | None = None   # None: SGLang's default heuristic
+    kv_budget_gib: float | None = None         # given: skips the memory arithmetic
+    page_size: int | None = None               # None: SGLang's default for the backend and model
+    context_len: int | None = None
     contexts: tuple[int, ...] = DEFAULT_CONTEXTS
-    chunked_prefill_size: Optional[int] = None
-    max_running_requests: Optional[int] = None
-    max_total_tokens: Optional[int] = None
+    chunked_prefill_size: int | None = None
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
     mamba_full_memory_ratio: float = 0.9
-    max_mamba_cache_size: Optional[int] = None
+    max_mamba_cache_size: int | None = None
     disable_radix_cache: bool = False
     swa_full_tokens_ratio: float = 0.8
     nvfp4_scale_layouts: int = 1
     # speculative decoding (--speculative-*): changes the running-request default, adds draft KV
     # and, on hybrid models, an intermediate SSM state per draft token
-    spec_algorithm: Optional[str] = None
-    spec_num_steps: Optional[int] = None
-    spec_eagle_topk: Optional[int] = None
-    spec_num_draft_tokens: Optional[int] = None
-    mamba_ssm_dtype: Optional[str] = None          # --mamba-ssm-dtype / SGLANG_MAMBA_SSM_DTYPE
-    compute_capability: Optional[str] = None       # "9.0" H100/H200, "10.0" B200, "12.0" RTX PRO 6000
-    attention_backend: Optional[str] = None
-    cuda_graph_max_bs: Optional[int] = None
+    spec_algorithm: str | None = None
+    spec_num_steps: int | None = None
+    spec_eagle_topk: int | None = None
+    spec_num_draft_tokens: int | None = None
+    mamba_ssm_dtype: str | None = None          # --mamba-ssm-dtype / SGLANG_MAMBA_SSM_DTYPE
+    compute_capability: str | None = None       # "9.0" H100/H200, "10.0" B200, "12.0" RTX PRO 6000
+    attention_backend: str | None = None
+    cuda_graph_max_bs: int | None = None
     disable_cuda_graph: bool = False
     disable_overlap_schedule: bool = False
     context_len_explicit: bool = False             # --context-length given (checked against the model's)
@@ -125,27 +125,27 @@ class Result:
     kv_head_replication: float
     state_bytes_per_request_per_gpu: int
     state_slots_per_request: int
-    max_state_slots: Optional[int]
-    kv_budget_bytes_per_gpu: Optional[int]
-    max_total_num_tokens: Optional[int]
-    max_running_requests: Optional[int]
-    requests_at_context: dict[str, Optional[int]]
-    mem_fraction_static: Optional[float] = None
+    max_state_slots: int | None
+    kv_budget_bytes_per_gpu: int | None
+    max_total_num_tokens: int | None
+    max_running_requests: int | None
+    requests_at_context: dict[str, int | None]
+    mem_fraction_static: float | None = None
     mem_fraction_source: str = ""
-    weights_bytes_per_gpu: Optional[int] = None
+    weights_bytes_per_gpu: int | None = None
     state_pool_bytes_per_gpu: int = 0
-    kv_pool_bytes_per_gpu: Optional[int] = None
-    reserved_bytes_per_gpu: Optional[int] = None
-    swa_tokens: Optional[int] = None
-    context_len: Optional[int] = None
-    kv_limited_requests_at_context: dict[str, Optional[int]] = field(default_factory=dict)
+    kv_pool_bytes_per_gpu: int | None = None
+    reserved_bytes_per_gpu: int | None = None
+    swa_tokens: int | None = None
+    context_len: int | None = None
+    kv_limited_requests_at_context: dict[str, int | None] = field(default_factory=dict)
     layout: str = ""
     stages: list[dict[str, Any]] = field(default_factory=list)
-    speculative: Optional[str] = None              # e.g. "EAGLE (3 steps, topk 1, 4 draft tokens)"
+    speculative: str | None = None              # e.g. "EAGLE (3 steps, topk 1, 4 draft tokens)"
     draft_kv_bytes_per_token_per_gpu: int = 0      # part of kv_bytes_per_token_per_gpu
     spec_state_bytes_per_gpu: int = 0              # intermediate SSM state for draft tokens (hybrid)
     page_size: int = 1
-    attention_backend: Optional[str] = None
+    attention_backend: str | None = None
     mem_fraction_detail: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
 
@@ -226,7 +226,7 @@ def cell_bytes(arch: Arch, kv_dtype: str, a_tp: int, full_layers: int, swa_layer
     return cell
 
 
-def state_bytes_per_request(arch: Arch, a_tp: int, linear_layers: int, ssm_dtype: Optional[str] = None) -> int:
+def state_bytes_per_request(arch: Arch, a_tp: int, linear_layers: int, ssm_dtype: str | None = None) -> int:
     """configs/mamba_utils.py (Mamba2StateShape, mamba2_cache_params) with Qwen3Next's shape: conv + SSM
     state per request. The SSM dtype: --mamba-ssm-dtype, else the config's mamba_ssm_dtype, else float32."""
     la = arch.linear
@@ -351,8 +351,8 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     return res
 
 
-def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_arg: Optional[int],
-            backend: Optional[str]) -> Optional[int]:
+def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_arg: int | None,
+            backend: str | None) -> int | None:
     if inp.kv_budget_gib is not None:
         res.mem_fraction_source = "KV+state budget given directly"
         return int(inp.kv_budget_gib * GIB)
@@ -386,8 +386,8 @@ def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_a
     return rest
 
 
-def _state_pool(inp: Inputs, rest: int, slots: int, per_slot: int, spec: Optional[defaults.Speculative],
-                mrr_arg: Optional[int]) -> tuple[int, int]:
+def _state_pool(inp: Inputs, rest: int, slots: int, per_slot: int, spec: defaults.Speculative | None,
+                mrr_arg: int | None) -> tuple[int, int]:
     """kv_cache_configurator.py KVCacheConfigurator._handle_max_mamba_cache: (max_mamba_cache_size, bytes
     of intermediate SSM state for draft tokens). Speculative decoding solves state and draft state jointly."""
     dp = inp.attn_dp
@@ -412,10 +412,10 @@ def _state_pool(inp: Inputs, rest: int, slots: int, per_slot: int, spec: Optiona
 
 
 def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest: int, ctx: int, slots: int, per_slot: int,
-           findings: list[Finding], spec: Optional[defaults.Speculative], mrr_arg: Optional[int]) -> None:
+           findings: list[Finding], spec: defaults.Speculative | None, mrr_arg: int | None) -> None:
     res.kv_budget_bytes_per_gpu = rest
     kv_avail = rest
-    max_mamba: Optional[int] = None
+    max_mamba: int | None = None
     if per_slot:
         max_mamba, inter = _state_pool(inp, rest, slots, per_slot, spec, mrr_arg)
         if max_mamba < 1:

@@ -6,7 +6,7 @@ This is the edge of the KV calculation: it reads the checkpoint (weights from it
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Optional
+from typing import Any
 
 from runbook import quant
 from runbook.core.errors import InputError
@@ -100,7 +100,7 @@ class Plan:
         return d
 
 
-def plan(spec: Optional[Deployment] = None, model_dir: Optional[str] = None, **overrides: Any) -> Plan:
+def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrides: Any) -> Plan:
     """Stage 20's entry point. Inputs from the spec, then from the checkpoint, then explicit overrides
     (CLI flags, notebook parameters, widgets)."""
     loaded = overrides.pop("loaded", None)   # (Checkpoint, note) already read by the caller
@@ -159,11 +159,11 @@ def plan(spec: Optional[Deployment] = None, model_dir: Optional[str] = None, **o
     return Plan(a, inp, result, cands, findings, auto, source, scen)
 
 
-def _auto_kv_dtype(a: arch_mod.Arch, from_checkpoint: str, cc: Optional[str]) -> tuple[str, str]:
+def _auto_kv_dtype(a: arch_mod.Arch, from_checkpoint: str, cc: str | None) -> tuple[str, str]:
     return arch_mod.auto_kv_override(a, cc) or (from_checkpoint, "")
 
 
-def _weights(inp: kvmem.Inputs, ck: checkpoint.Checkpoint, spec: Optional[Deployment], weights_gib: Optional[float], note: str):
+def _weights(inp: kvmem.Inputs, ck: checkpoint.Checkpoint, spec: Deployment | None, weights_gib: float | None, note: str):
     gpus = inp.tp * inp.pp
     if weights_gib is not None:
         return replace(inp, weights_bytes_per_gpu=int(weights_gib * GIB)), f"{weights_gib:g} GiB per GPU (given)"

@@ -1,7 +1,7 @@
 """Tables, plots, the story re-done, and the interactive panel for the KV-memory notebook."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from runbook.core.plots import figure, show
 from runbook.core.spec import Deployment
@@ -88,7 +88,7 @@ def text_table(p: Plan) -> str:
     return "\n".join(lines)
 
 
-def _fmt3(x: Optional[float]) -> str:
+def _fmt3(x: float | None) -> str:
     return "—" if x is None else f"{x:.3f}"
 
 
@@ -162,7 +162,7 @@ def story_frame(a: Arch, tp: int = 8):
     return df.astype({"story": object, "SGLang's rules": object})
 
 
-def panel(spec: Optional[Deployment], model_dir: str | None = None):
+def panel(spec: Deployment | None, model_dir: str | None = None):
     """An ipywidgets panel (TP, KV dtype, memory fraction, context length) that recomputes live."""
     import ipywidgets as w
     from IPython.display import display

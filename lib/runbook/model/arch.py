@@ -7,7 +7,7 @@ rather than read is listed in `assumptions`, so callers can turn it into a warn 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from runbook.core.errors import InputError
 from runbook.model import sglang_names as names
@@ -54,23 +54,23 @@ class Arch:
     head_dim: int
     v_head_dim: int
     dtype: str
-    max_context: Optional[int]
+    max_context: int | None
     mla: bool = False
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
-    sliding_window: Optional[int] = None
+    sliding_window: int | None = None
     hybrid_swa: bool = False          # SGLang sizes SWA layers with their own, smaller pool
-    swa_num_kv_heads: Optional[int] = None   # sliding layers' own KV heads / head dims (Gemma-4, MiMo), else the full ones
-    swa_head_dim: Optional[int] = None
-    swa_v_head_dim: Optional[int] = None
-    linear: Optional[LinearAttention] = None
+    swa_num_kv_heads: int | None = None   # sliding layers' own KV heads / head dims (Gemma-4, MiMo), else the full ones
+    swa_head_dim: int | None = None
+    swa_v_head_dim: int | None = None
+    linear: LinearAttention | None = None
     mtp_layers: int = 0               # MTP/NextN layers shipped with the checkpoint (either config key)
     nextn_layers: int = 0             # num_nextn_predict_layers: the draft layers SGLang adds to the target pool
     multimodal: bool = False          # SGLang serves it as a VLM (model_config.is_multimodal)
     multimodal_prefill_graph: bool = False   # a VLM allowed to keep the breakable prefill CUDA graph
     has_vision_config: bool = False   # SGLang scales mem_fraction_static only when there is one
-    vit_layers: Optional[int] = None
-    vit_hidden: Optional[int] = None
+    vit_layers: int | None = None
+    vit_hidden: int | None = None
     dsa: bool = False                 # DeepSeek sparse attention: an FP8 indexer cache per layer too
     index_head_dim: int = 0
     context_source: str = ""
@@ -109,7 +109,7 @@ def _int(cfg: dict[str, Any], key: str, source: str) -> int:
     return v
 
 
-def model_dtype(cfg: dict[str, Any], assumptions: Optional[list[str]] = None) -> str:
+def model_dtype(cfg: dict[str, Any], assumptions: list[str] | None = None) -> str:
     raw = cfg.get("torch_dtype") or cfg.get("dtype")
     if isinstance(raw, str) and raw.lower().removeprefix("torch.") in _DTYPES:
         d = _DTYPES[raw.lower().removeprefix("torch.")]
@@ -154,7 +154,7 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
     index_head_dim = _int(cfg, "index_head_dim", source) if dsa else 0
 
     full, swa, linear_ids = list(range(n)), [], []
-    linear: Optional[LinearAttention] = None
+    linear: LinearAttention | None = None
     layer_types = cfg.get("layer_types")
     interval = cfg.get("full_attention_interval")
     if isinstance(interval, int) and interval > 0 and "linear_num_value_heads" in cfg:
@@ -243,14 +243,14 @@ def _nonneg(v: Any, key: str, source: str) -> int:
     return v
 
 
-def _opt_int(d: dict[str, Any], keys: tuple[str, ...]) -> Optional[int]:
+def _opt_int(d: dict[str, Any], keys: tuple[str, ...]) -> int | None:
     for k in keys:
         if isinstance(d.get(k), int) and not isinstance(d.get(k), bool) and d[k] > 0:
             return int(d[k])
     return None
 
 
-def _context_len(cfg: dict[str, Any], model_type: str, source: str, assumptions: list[str]) -> tuple[Optional[int], str]:
+def _context_len(cfg: dict[str, Any], model_type: str, source: str, assumptions: list[str]) -> tuple[int | None, str]:
     """utils/hf_transformers/common.py get_context_length: the first CONTEXT_LENGTH_KEYS entry, times the
     rope scaling factor unless the scaling keeps original_max_position_embeddings or is llama3."""
     rope = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else None
@@ -272,7 +272,7 @@ def _context_len(cfg: dict[str, Any], model_type: str, source: str, assumptions:
     return 2048, "SGLang's fallback 2048 (config.json has no length)"
 
 
-def auto_kv_override(a: Arch, compute_capability: Optional[str]) -> Optional[tuple[str, str]]:
+def auto_kv_override(a: Arch, compute_capability: str | None) -> tuple[str, str] | None:
     """arg_groups/overrides.py: DeepSeek DSA models override `--kv-cache-dtype auto` before the checkpoint is
     read — fp8_e4m3 on SM100 and newer, bfloat16 below — whatever hf_quant_config says. (dtype, why) or None."""
     if not a.dsa:

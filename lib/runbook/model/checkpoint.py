@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
@@ -54,10 +54,10 @@ class ShardHeader:
 class Checkpoint:
     dir: Path
     config: dict[str, Any]
-    hf_quant_config: Optional[dict[str, Any]] = None
-    quantize_config: Optional[dict[str, Any]] = None     # GPTQ/AWQ side files
-    generation_config: Optional[dict[str, Any]] = None
-    index: Optional[dict[str, Any]] = None
+    hf_quant_config: dict[str, Any] | None = None
+    quantize_config: dict[str, Any] | None = None     # GPTQ/AWQ side files
+    generation_config: dict[str, Any] | None = None
+    index: dict[str, Any] | None = None
     shards: dict[str, ShardHeader] = field(default_factory=dict)
     weight_map: dict[str, str] = field(default_factory=dict)  # tensor -> shard file
     problems: list[Finding] = field(default_factory=list)
@@ -74,7 +74,7 @@ class Checkpoint:
         return not self.unreadable_shards
 
     @property
-    def total_bytes(self) -> Optional[int]:
+    def total_bytes(self) -> int | None:
         meta = (self.index or {}).get("metadata") or {}
         if not isinstance(meta, dict):
             meta = {}
@@ -109,7 +109,7 @@ def _json_kind(v: Any) -> str:
             int: "a number", float: "a number"}.get(type(v), type(v).__name__)
 
 
-def _stat(path: Path) -> Optional[os.stat_result]:
+def _stat(path: Path) -> os.stat_result | None:
     """stat() following links; None when nothing is there. A loop or an unreadable path is an InputError."""
     try:
         return path.stat()
@@ -126,7 +126,7 @@ def _stat(path: Path) -> Optional[os.stat_result]:
         raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
-def _read_json(path: Path, required: bool, cap: int = _MAX_JSON_FILE) -> Optional[dict[str, Any]]:
+def _read_json(path: Path, required: bool, cap: int = _MAX_JSON_FILE) -> dict[str, Any] | None:
     """A JSON object from a regular, bounded, UTF-8 file; InputError names the file, what is wrong and the fix."""
     st = _stat(path)
     if st is None:
@@ -339,7 +339,7 @@ def resolve_dir(model: str | os.PathLike) -> Path:
     raise InputError(f"{model}: no such directory")
 
 
-def for_spec(spec: Any, model_dir: Optional[str | os.PathLike] = None) -> tuple[Checkpoint, str]:
+def for_spec(spec: Any, model_dir: str | os.PathLike | None = None) -> tuple[Checkpoint, str]:
     """The checkpoint a stage inspects, and a note when it is the model card rather than the weights: model_dir
     when given, else where the spec's model.path is found (location.locate). The one locate-then-load."""
     if model_dir:

@@ -5,7 +5,6 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from runbook.core.spec import Deployment
 
@@ -14,7 +13,7 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 @dataclass(frozen=True)
 class ModelLocation:
-    path: Optional[Path]  # directory holding config.json, or None
+    path: Path | None  # directory holding config.json, or None
     kind: str             # "local" | "hf-snapshot" | "card" | "missing"
     note: str
 
@@ -27,7 +26,7 @@ def looks_like_repo_id(s: str) -> bool:
     return bool(_REPO_ID.match(s)) and not os.path.exists(s)
 
 
-def hf_snapshot(repo_id: str, revision: Optional[str] = None) -> Optional[Path]:
+def hf_snapshot(repo_id: str, revision: str | None = None) -> Path | None:
     """The local snapshot of a Hugging Face repo in the HF cache, without touching the network."""
     try:
         from huggingface_hub import snapshot_download

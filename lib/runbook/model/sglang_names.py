@@ -6,7 +6,6 @@ In one place so tests/test_kv_vs_sglang.py can check each against SGLang's own l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -19,7 +18,7 @@ class KVDtype:
     flags: tuple[str, ...]
     torch: str
     bits: int
-    block: Optional[int] = None
+    block: int | None = None
 
     @property
     def bytes(self) -> float:
@@ -51,7 +50,7 @@ _SPELLINGS = {"float8_e4m3fnuz": "fp8_e4m3", "float8_e5m2fnuz": "fp8_e5m2", "fp1
               "float": "float32", "fp32": "float32"}
 
 
-def kv_dtype(name: object) -> Optional[KVDtype]:
+def kv_dtype(name: object) -> KVDtype | None:
     """The format a --kv-cache-dtype value, a canonical name or a logged torch dtype ('torch.float8_e4m3fn')
     names; None for `auto`, empty or unknown."""
     s = str(name or "").strip().strip(",").lower().removeprefix("torch.")
@@ -65,7 +64,7 @@ def kv_dtype(name: object) -> Optional[KVDtype]:
     return next((d for d in table.values() if d.torch == s), None)
 
 
-def kv_dtype_name(name: object) -> Optional[str]:
+def kv_dtype_name(name: object) -> str | None:
     """The canonical name ('bf16' -> 'bfloat16', 'torch.float4_e2m1fn_x2' -> 'nvfp4'); None when unknown or auto."""
     d = kv_dtype(name)
     return d.name if d else None

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 
-def load_tokenizer(path: Optional[str | Path]) -> Any:
+def load_tokenizer(path: str | Path | None) -> Any:
     """A `tokenizers.Tokenizer` from DIR/tokenizer.json (or the file itself); None when absent."""
     if not path:
         return None
@@ -28,7 +28,7 @@ def _special(v: Any) -> str:
     return v if isinstance(v, str) else ""
 
 
-def chat_template(path: Optional[str | Path]) -> Optional[tuple[str, dict[str, str]]]:
+def chat_template(path: str | Path | None) -> tuple[str, dict[str, str]] | None:
     """The model's chat template and its special tokens: DIR/chat_template.jinja, else
     tokenizer_config.json's `chat_template` (a string, or a list of named templates: "default");
     None when the directory has neither or they are unreadable."""
@@ -87,7 +87,7 @@ class ChatCounter:
     def render(self, messages: list[dict[str, Any]]) -> str:
         return str(self.template.render(messages=messages, add_generation_prompt=True, tools=None, **self.specials))
 
-    def count(self, messages: list[dict[str, Any]]) -> Optional[int]:
+    def count(self, messages: list[dict[str, Any]]) -> int | None:
         try:
             text = self.render(messages)
         except Exception:  # noqa: BLE001 - a template that refuses these messages: no count, not a crash
@@ -95,7 +95,7 @@ class ChatCounter:
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-def chat_counter(path: Optional[str | Path], tokenizer: Any) -> Optional[ChatCounter]:
+def chat_counter(path: str | Path | None, tokenizer: Any) -> ChatCounter | None:
     """A ChatCounter for the model at `path`, when it has a tokenizer and a chat template that compiles."""
     if tokenizer is None:
         return None

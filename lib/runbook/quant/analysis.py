@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from runbook.core import SGLANG_VERSION
 from runbook.core.errors import InputError
@@ -36,35 +36,35 @@ _KINDS = [("lm_head", "lm_head"), ("embed", "embeddings"), ("linear_attn", "line
 @dataclass
 class Weights:
     algo: str = "unquantized"
-    quant_method: Optional[str] = None
-    producer: Optional[str] = None
-    producer_version: Optional[str] = None
-    group_size: Optional[int] = None
-    block_size: Optional[list[int]] = None
-    source: Optional[str] = None                 # file the quant config was read from
+    quant_method: str | None = None
+    producer: str | None = None
+    producer_version: str | None = None
+    group_size: int | None = None
+    block_size: list[int] | None = None
+    source: str | None = None                 # file the quant config was read from
     excluded_modules: list[str] = field(default_factory=list)
     kept_precision_kinds: list[str] = field(default_factory=list)
-    total_bytes: Optional[int] = None
-    bytes_per_gpu: Optional[int] = None
+    total_bytes: int | None = None
+    bytes_per_gpu: int | None = None
     dtype_counts: dict[str, int] = field(default_factory=dict)
-    sglang_quantization: Optional[str] = None    # ModelConfig.quantization under the deployment's flags
-    sglang_config_class: Optional[str] = None    # the --quantization whose config class SGLang builds
-    sglang_refusal: Optional[str] = None         # SGLang's start-up error, if it would refuse
+    sglang_quantization: str | None = None    # ModelConfig.quantization under the deployment's flags
+    sglang_config_class: str | None = None    # the --quantization whose config class SGLang builds
+    sglang_refusal: str | None = None         # SGLang's start-up error, if it would refuse
 
 
 @dataclass
 class KVCache:
-    declared: Optional[str] = None
-    declared_in: Optional[str] = None
+    declared: str | None = None
+    declared_in: str | None = None
     honoured: bool = False                       # does SGLang act on the declaration under auto?
     auto_resolves_to: str = "bfloat16"
     effective: str = "bfloat16"                  # after the deployment's --kv-cache-dtype
     flag: str = "auto"
     kv_layers: int = 0
-    layers_with_scales: Optional[int] = None     # None: cannot tell (no index or shards here)
+    layers_with_scales: int | None = None     # None: cannot tell (no index or shards here)
     scale_coverage: str = "unknown"              # all | some | none | unknown | file
     scale_tensor_names: list[str] = field(default_factory=list)
-    kv_cache_quant_algo: Optional[str] = None    # what SGLang's quant config reports (configure_kv_cache_dtype reads it)
+    kv_cache_quant_algo: str | None = None    # what SGLang's quant config reports (configure_kv_cache_dtype reads it)
 
 
 @dataclass
@@ -75,20 +75,20 @@ class QuantReport:
     recommended_flags: dict[str, str]
     findings: list[Finding]
     # The checkpoint read and its location note, so a caller (service check -> kv) does not read it again.
-    loaded: Optional[tuple[Checkpoint, str]] = field(default=None, repr=False, compare=False)
+    loaded: tuple[Checkpoint, str] | None = field(default=None, repr=False, compare=False)
 
     def data(self) -> dict[str, Any]:
         return {"checkpoint": self.checkpoint, "weights": asdict(self.weights), "kv_cache": asdict(self.kv_cache),
                 "recommended_flags": self.recommended_flags}
 
 
-def _producer(p: Any) -> tuple[Optional[str], Optional[str]]:
+def _producer(p: Any) -> tuple[str | None, str | None]:
     if isinstance(p, dict):
         return p.get("name"), (str(p["version"]) if p.get("version") is not None else None)
     return (str(p), None) if p else (None, None)
 
 
-def _kv_from_scheme(scheme: Any) -> Optional[str]:
+def _kv_from_scheme(scheme: Any) -> str | None:
     if isinstance(scheme, str):
         return scheme.upper()
     if isinstance(scheme, dict) and scheme.get("type") == "float" and scheme.get("num_bits") == 8:
@@ -300,11 +300,11 @@ class SGLangRefusal(Exception):
 
 @dataclass
 class SGLangView:
-    quantization: Optional[str] = None           # ModelConfig.quantization after _verify_quantization
-    quant_method: Optional[str] = None           # the checkpoint's method as SGLang reads it
-    config_class: Optional[str] = None           # get_quantization_config(quantization).__name__
-    kv_cache_quant_algo: Optional[str] = None    # the quant config's kv_cache_quant_algo
-    refusal: Optional[SGLangRefusal] = None
+    quantization: str | None = None           # ModelConfig.quantization after _verify_quantization
+    quant_method: str | None = None           # the checkpoint's method as SGLang reads it
+    config_class: str | None = None           # get_quantization_config(quantization).__name__
+    kv_cache_quant_algo: str | None = None    # the quant config's kv_cache_quant_algo
+    refusal: SGLangRefusal | None = None
 
 
 def _modelopt_section(d: Any) -> dict[str, Any]:
@@ -316,7 +316,7 @@ def _modelopt_section(d: Any) -> dict[str, Any]:
     return nested if isinstance(nested, dict) else q
 
 
-def _sg_parse_modelopt(d: Any) -> Optional[dict[str, Any]]:
+def _sg_parse_modelopt(d: Any) -> dict[str, Any] | None:
     """configs/model_config.py ModelConfig._parse_modelopt_quant_config."""
     j = _modelopt_section(d)
     if not j:
@@ -345,7 +345,7 @@ def _sg_parse_modelopt(d: Any) -> Optional[dict[str, Any]]:
     return None
 
 
-def _sg_hf_quant_cfg(ck: Checkpoint) -> tuple[Optional[dict[str, Any]], str]:
+def _sg_hf_quant_cfg(ck: Checkpoint) -> tuple[dict[str, Any] | None, str]:
     """configs/model_config.py ModelConfig._parse_quant_hf_config: config.json's quantization_config (a flat
     ModelOpt one gains the parsed quant_method), else compression_config, else hf_quant_config.json parsed by
     _parse_modelopt_quant_config. quantize_config.json / quant_config.json are not read here."""
@@ -384,7 +384,7 @@ def _sg_marlin_awq(qc: dict[str, Any]) -> bool:
     return bits == 4 and bool(zp) and gs in _MARLIN_GROUPS
 
 
-def _sg_override(qc: dict[str, Any], user: Optional[str]) -> Optional[str]:
+def _sg_override(qc: dict[str, Any], user: str | None) -> str | None:
     """The override_quantization_method loop of _verify_quantization, in registry order."""
     if user in _SGLANG_REQUANT:
         return None
@@ -419,11 +419,11 @@ def _sg_override(qc: dict[str, Any], user: Optional[str]) -> Optional[str]:
     return None
 
 
-def _sg_verify(ck: Checkpoint, user: Optional[str]) -> tuple[Optional[str], Optional[str], Optional[dict[str, Any]]]:
+def _sg_verify(ck: Checkpoint, user: str | None) -> tuple[str | None, str | None, dict[str, Any] | None]:
     """configs/model_config.py ModelConfig._verify_quantization -> (quantization, checkpoint method, parsed cfg)."""
     user = user.lower() if user else None
     qc, _ = _sg_hf_quant_cfg(ck)
-    method: Optional[str] = None
+    method: str | None = None
     if qc is not None:
         if not isinstance(qc, dict):
             raise SGLangRefusal("model_config", "compression_config is not an object", "Fix config.json.")
@@ -448,7 +448,7 @@ def _sg_verify(ck: Checkpoint, user: Optional[str]) -> tuple[Optional[str], Opti
     return user, method, qc
 
 
-def _sg_config_file(ck: Checkpoint, quantization: str) -> Optional[dict[str, Any]]:
+def _sg_config_file(ck: Checkpoint, quantization: str) -> dict[str, Any] | None:
     """model_loader/weight_utils.py get_quant_config when config.json declares nothing: the class's
     get_config_filenames() among the checkpoint's *.json files."""
     names = {"gptq_marlin": ("quantize_config.json",), "awq_marlin": ("quantize_config.json",), "moe_wna16": ("quantize_config.json",),
@@ -486,7 +486,7 @@ def _need(cfg: dict[str, Any], *keys: str) -> Any:
                         f"Add {keys[0]!r} to the checkpoint's quantization config.")
 
 
-def _kv_modelopt_fp8(cfg: dict[str, Any], flat: bool) -> Optional[str]:
+def _kv_modelopt_fp8(cfg: dict[str, Any], flat: bool) -> str | None:
     # modelopt_quant.py ModelOptFp8Config.from_config: a flat config reads kv_cache_scheme only as a dict
     # (float, 8 bits -> FP8) and otherwise kv_cache_quant_algo; a string kv_cache_scheme counts for nothing.
     if flat:
@@ -509,7 +509,7 @@ def _kv_modelopt_fp8(cfg: dict[str, Any], flat: bool) -> Optional[str]:
     return kv if isinstance(kv, str) or kv is None else str(kv)
 
 
-def _kv_modelopt_fp4(cfg: dict[str, Any], flat: bool) -> Optional[str]:  # noqa: C901
+def _kv_modelopt_fp4(cfg: dict[str, Any], flat: bool) -> str | None:  # noqa: C901
     # modelopt_quant.py ModelOptFp4Config.from_config: flat configs take kv_cache_scheme as a dict (float 8 -> FP8,
     # else "auto") or as a string (FP8/FLOAT8 -> FP8, FP4/FLOAT4/NVFP4 -> NVFP4, else "auto"); nested read
     # quantization.kv_cache_quant_algo. An "fp8" checkpoint is requantized online (no KV algo).
@@ -556,7 +556,7 @@ def _kv_modelopt_fp4(cfg: dict[str, Any], flat: bool) -> Optional[str]:  # noqa:
     return kv if isinstance(kv, str) else None
 
 
-def _kv_modelopt_mixed(cfg: dict[str, Any], flat: bool) -> Optional[str]:
+def _kv_modelopt_mixed(cfg: dict[str, Any], flat: bool) -> str | None:
     # modelopt_quant.py ModelOptMixedPrecisionConfig.from_config
     kv: Any
     if flat:
@@ -582,7 +582,7 @@ def _kv_modelopt_mixed(cfg: dict[str, Any], flat: bool) -> Optional[str]:
     return kv if isinstance(kv, str) else None
 
 
-def _kv_fp8(cfg: dict[str, Any], flat: bool) -> Optional[str]:
+def _kv_fp8(cfg: dict[str, Any], flat: bool) -> str | None:
     # fp8.py Fp8Config.from_config: quant_method and activation_scheme are required; KV from kv_cache_quant_algo.
     _need(cfg, "quant_method")
     _need(cfg, "activation_scheme")
@@ -590,7 +590,7 @@ def _kv_fp8(cfg: dict[str, Any], flat: bool) -> Optional[str]:
     return kv if isinstance(kv, str) else None
 
 
-def _kv_compressed_tensors(cfg: dict[str, Any], flat: bool) -> Optional[str]:
+def _kv_compressed_tensors(cfg: dict[str, Any], flat: bool) -> str | None:
     # compressed_tensors.py CompressedTensorsConfig.kv_cache_quant_algo -> CompressedTensorsKVCacheMethod
     # .is_supported_scheme: float, 8 bits, strategy exactly "tensor", symmetric, not dynamic.
     scheme = cfg.get("kv_cache_scheme")
@@ -606,7 +606,7 @@ def _kv_compressed_tensors(cfg: dict[str, Any], flat: bool) -> Optional[str]:
     return "FP8" if ok else None
 
 
-def _kv_gptq_marlin(cfg: dict[str, Any], flat: bool) -> Optional[str]:
+def _kv_gptq_marlin(cfg: dict[str, Any], flat: bool) -> str | None:
     # gptq/gptq.py GPTQMarlinConfig.from_config / __init__: TYPE_MAP holds (4, sym) and (8, sym) only.
     bits, sym = _need(cfg, "bits"), None
     _need(cfg, "group_size")
@@ -618,14 +618,14 @@ def _kv_gptq_marlin(cfg: dict[str, Any], flat: bool) -> Optional[str]:
     return None
 
 
-def _kv_awq_marlin(cfg: dict[str, Any], flat: bool) -> Optional[str]:
+def _kv_awq_marlin(cfg: dict[str, Any], flat: bool) -> str | None:
     _need(cfg, "bits")
     _need(cfg, "group_size")
     _need(cfg, "zero_point")
     return None
 
 
-def _kv_awq(cfg: dict[str, Any], flat: bool) -> Optional[str]:
+def _kv_awq(cfg: dict[str, Any], flat: bool) -> str | None:
     _need(cfg, "w_bit", "bits")
     _need(cfg, "q_group_size", "group_size")
     _need(cfg, "zero_point")
@@ -635,14 +635,14 @@ def _kv_awq(cfg: dict[str, Any], flat: bool) -> Optional[str]:
 _KV_FROM_CONFIG = {'modelopt': _kv_modelopt_fp8, 'modelopt_fp8': _kv_modelopt_fp8, 'modelopt_fp4': _kv_modelopt_fp4, 'modelopt_mixed': _kv_modelopt_mixed, 'fp8': _kv_fp8, 'mxfp8': _kv_fp8, 'compressed-tensors': _kv_compressed_tensors, 'gptq_marlin': _kv_gptq_marlin, 'awq_marlin': _kv_awq_marlin, 'awq': _kv_awq}
 
 
-def _sg_kv_algo(quantization: str, cfg: dict[str, Any]) -> Optional[str]:
+def _sg_kv_algo(quantization: str, cfg: dict[str, Any]) -> str | None:
     """from_config of the class SGLang picks; returns its kv_cache_quant_algo, raising where from_config does.
     w4afp8, mxfp4 and the rest have no kv_cache_quant_algo attribute: None."""
     fn = _KV_FROM_CONFIG.get(quantization)
     return fn(cfg, cfg.get("quant_algo") is not None) if fn else None
 
 
-def sglang_view(ck: Checkpoint, user_quant: Optional[str], model_dtype: str) -> SGLangView:
+def sglang_view(ck: Checkpoint, user_quant: str | None, model_dtype: str) -> SGLangView:
     """What SGLang does with this checkpoint under `--quantization user_quant` (None: not given)."""
     v = SGLangView()
     try:
@@ -653,7 +653,7 @@ def sglang_view(ck: Checkpoint, user_quant: Optional[str], model_dtype: str) -> 
         # model_loader/weight_utils.py get_quant_config -> checkpoint_quantization.resolve_checkpoint_quant_spec:
         # config.json's quantization_config (as _parse_quant_hf_config left it), else text_config's, else
         # compression_config; modelopt_mixed without its layer map / KV metadata falls through to the file.
-        cfg: Optional[dict[str, Any]] = None
+        cfg: dict[str, Any] | None = None
         if ck.config.get("quantization_config") is not None or ck.config.get("compression_config") is not None:
             cfg = dict(qc) if isinstance(qc, dict) else None
         elif isinstance(ck.config.get("text_config"), dict) and isinstance(ck.config["text_config"].get("quantization_config"), dict):
@@ -725,8 +725,8 @@ def _dtype_findings(ck: Checkpoint, w: Weights) -> list[Finding]:
     return [Finding("quant.ckpt.dtypes", "pass", f"tensor dtypes match {w.algo}", evidence=", ".join(f"{k}: {v}" for k, v in sorted(c.items())))]
 
 
-def inspect(ck: Checkpoint, flags: Optional[dict[str, Any]] = None, tp: int = 1, pp: int = 1, location_note: str = "",
-            compute_capability: Optional[str] = None) -> QuantReport:
+def inspect(ck: Checkpoint, flags: dict[str, Any] | None = None, tp: int = 1, pp: int = 1, location_note: str = "",
+            compute_capability: str | None = None) -> QuantReport:
     """Inspect a loaded checkpoint against a deployment's SGLang flags and parallelism."""
     flags = dict(flags or {})
     findings: list[Finding] = list(ck.problems)
@@ -852,7 +852,7 @@ def _kv_findings(kv: KVCache, a: arch_mod.Arch, qpp: Any, ck: Checkpoint) -> lis
     return out
 
 
-def _side_file_view(ck: Checkpoint, auto_view: SGLangView, model_dtype: str) -> Optional[SGLangView]:
+def _side_file_view(ck: Checkpoint, auto_view: SGLangView, model_dtype: str) -> SGLangView | None:
     """A GPTQ/AWQ checkpoint whose quantization lives only in quantize_config.json / quant_config.json:
     ModelConfig._parse_quant_hf_config never reads those, so SGLang sees it unquantized unless --quantization
     names a method whose get_config_filenames() finds the file (weight_utils.get_quant_config)."""
@@ -861,7 +861,7 @@ def _side_file_view(ck: Checkpoint, auto_view: SGLangView, model_dtype: str) -> 
     qc = ck.quantize_config
     awq = "w_bit" in qc or "zero_point" in qc or str(qc.get("quant_method", "")).lower() == "awq"
     cands = ("awq_marlin", "awq") if awq else ("gptq_marlin",)
-    first: Optional[SGLangView] = None
+    first: SGLangView | None = None
     for c in cands:
         v = sglang_view(ck, c, model_dtype)
         if v.refusal is None:
@@ -870,7 +870,7 @@ def _side_file_view(ck: Checkpoint, auto_view: SGLangView, model_dtype: str) -> 
     return first
 
 
-def _recommend(w: Weights, kv: KVCache, auto_view: SGLangView, side: Optional[SGLangView]) -> dict[str, str]:
+def _recommend(w: Weights, kv: KVCache, auto_view: SGLangView, side: SGLangView | None) -> dict[str, str]:
     rec: dict[str, str] = {}
     # What SGLang's _verify_quantization resolves to by itself; never a method it refuses.
     if auto_view.refusal is None and auto_view.quantization:
@@ -884,8 +884,8 @@ def _recommend(w: Weights, kv: KVCache, auto_view: SGLangView, side: Optional[SG
     return rec
 
 
-def _refusal_findings(ck: Checkpoint, w: Weights, auto_view: SGLangView, view: SGLangView, side: Optional[SGLangView],
-                      user_q: Optional[str]) -> list[Finding]:
+def _refusal_findings(ck: Checkpoint, w: Weights, auto_view: SGLangView, view: SGLangView, side: SGLangView | None,
+                      user_q: str | None) -> list[Finding]:
     out: list[Finding] = []
     if side is not None:
         if side.refusal is None:
@@ -934,7 +934,7 @@ def _flag_findings(flags: dict[str, Any], rec: dict[str, str], w: Weights, view:
     return out
 
 
-def for_deployment(spec: Deployment, model_dir: Optional[str] = None) -> QuantReport:
+def for_deployment(spec: Deployment, model_dir: str | None = None) -> QuantReport:
     """Inspect the deployment's checkpoint (or model_dir) under the spec's flags and parallelism."""
     from runbook.model import checkpoint
 

@@ -2,8 +2,6 @@
 weight and KV-cache quantization."""
 from __future__ import annotations
 
-from typing import Optional
-
 from pydantic import Field
 
 from runbook.core.options import Options
@@ -13,10 +11,10 @@ from runbook.quant.analysis import QuantReport, for_deployment, inspect
 
 
 class QuantOptions(Options):
-    model_dir: Optional[str] = Field(None, description="checkpoint dir or cached HF repo id (default: the deployment's model)")
+    model_dir: str | None = Field(None, description="checkpoint dir or cached HF repo id (default: the deployment's model)")
 
 
-def evaluate(spec: Optional[Deployment], options: QuantOptions) -> QuantReport:
+def evaluate(spec: Deployment | None, options: QuantOptions) -> QuantReport:
     """The deployment's checkpoint under its flags; without a spec, MODEL_DIR alone (`runbook quant DIR`)."""
     if spec is None:
         from runbook.model import checkpoint

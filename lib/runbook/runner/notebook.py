@@ -1,8 +1,9 @@
 """What a notebook's first and last cells call, so notebooks hold no logic of their own."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from runbook.core import registry
 from runbook.core import spec as spec_mod

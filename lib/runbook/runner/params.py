@@ -21,7 +21,7 @@ from runbook.core.secrets import is_secret_key
 # Names a parameters cell may use in annotations; anything else is passed as a string.
 _TYPES: dict[str, Any] = {
     "int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict,
-    "List": typing.List, "Dict": typing.Dict, "Optional": Optional, "None": type(None),
+    "List": list, "Dict": dict, "Optional": Optional, "None": type(None),
 }
 # Parameters the runner itself sets (the runner-notebook contract); a user may not override them.
 # deployment: the spec file; results_path: where finish() writes the results JSON; artifact_dir: a
@@ -30,7 +30,7 @@ _TYPES: dict[str, Any] = {
 RESERVED = ("deployment", "results_path", "artifact_dir", "archive_root", "interactive")
 
 
-def _type(name: Optional[str]) -> Any:
+def _type(name: str | None) -> Any:
     if not name or name == "None":
         return None
     try:
@@ -79,7 +79,7 @@ def inspect(notebook: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def coerce(key: str, raw: str, type_name: Optional[str], where: str) -> Any:
+def coerce(key: str, raw: str, type_name: str | None, where: str) -> Any:
     typ = _type(type_name)
     if typ is None or typ is str:
         return raw

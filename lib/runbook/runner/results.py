@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from runbook.core.findings import Finding
 from runbook.core.fsutil import atomic_write_json

@@ -20,9 +20,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, TextIO
+from typing import Any, TextIO
 
 from runbook.core import paths, registry, secrets
 from runbook.core import spec as spec_mod
@@ -43,17 +44,17 @@ _CHILDREN: set[int] = set()
 
 @dataclass
 class RunOptions:
-    deployment: Optional[str] = None
+    deployment: str | None = None
     only: list[str] = field(default_factory=list)
     params: list[str] = field(default_factory=list)
     out: Path = OUTPUTS
     timeout: float = 1800.0        # per notebook, seconds
     run_timeout: float = 7200.0    # whole run, seconds
-    keep: Optional[int] = None
+    keep: int | None = None
     strict: bool = False
     notebooks_dir: Path = NOTEBOOKS
-    kernel: Optional[str] = None
-    archive_url: Optional[str] = None   # else $RUNBOOK_ARCHIVE_URL, else the spec's archive.url
+    kernel: str | None = None
+    archive_url: str | None = None   # else $RUNBOOK_ARCHIVE_URL, else the spec's archive.url
 
 
 @dataclass
@@ -62,12 +63,12 @@ class NotebookResult:
     status: str                    # ok | failed | skipped
     duration_s: float = 0.0
     findings: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STATUSES})
-    papermill_exit: Optional[int] = None
-    error: Optional[str] = None
-    ipynb: Optional[str] = None
-    html: Optional[str] = None
-    results: Optional[str] = None
-    log: Optional[str] = None
+    papermill_exit: int | None = None
+    error: str | None = None
+    ipynb: str | None = None
+    html: str | None = None
+    results: str | None = None
+    log: str | None = None
     failed_findings: list[dict[str, str]] = field(default_factory=list)
 
 
@@ -118,9 +119,9 @@ class DeploymentLock:
 
     def __init__(self, out_dir: Path, name: str):
         self.path = out_dir / ".locks" / f"{name}.lock"
-        self.fd: Optional[int] = None
+        self.fd: int | None = None
 
-    def __enter__(self) -> "DeploymentLock":
+    def __enter__(self) -> DeploymentLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)  # not inherited by kernels
         try:
@@ -141,7 +142,7 @@ class DeploymentLock:
             self.fd = None
 
 
-def git_commit() -> Optional[str]:
+def git_commit() -> str | None:
     """The checkout's commit (with -dirty); None for an installed wheel or without git."""
     root = paths.repo_root()
     if root is None:
@@ -191,7 +192,7 @@ def _on_signal(signum: int, _frame: Any) -> None:
 
 
 class _SignalsKillChildren:
-    def __enter__(self) -> "_SignalsKillChildren":
+    def __enter__(self) -> _SignalsKillChildren:
         import threading
 
         self.saved: dict[int, Any] = {}
@@ -215,7 +216,7 @@ def _error_line(stderr: str) -> str:
 
 
 def execute(nb: Path, out_nb: Path, parameters: dict[str, Any], cwd: Path, timeout: float, log_path: Path,
-            kernel: Optional[str] = None) -> tuple[Optional[int], Optional[str], bool]:
+            kernel: str | None = None) -> tuple[int | None, str | None, bool]:
     """Run one notebook through papermill's CLI in its own process group.
 
     Parameters travel as one JSON document through `-y`, so their types survive. Returns
@@ -246,7 +247,7 @@ def execute(nb: Path, out_nb: Path, parameters: dict[str, Any], cwd: Path, timeo
     return rc, _error_line(text), False
 
 
-def _kernel_for(nb: Path, requested: Optional[str], log: Log) -> Optional[str]:
+def _kernel_for(nb: Path, requested: str | None, log: Log) -> str | None:
     """--kernel, else None (the notebook's own kernel) when it is installed, else "python3": ipykernel's
     kernel on this interpreter (a pip-installed runbook has no "runbook" kernel registered)."""
     if requested:
@@ -426,8 +427,8 @@ def _record_upload(run_dir: Path, summary: dict[str, Any], fnd: dict[str, str], 
     archive.write_summary_html(run_dir, summary)
 
 
-def _upload(out_dir: Path, run_ids: list[str], url: str, scrub: set[str], log: Log, by: Optional[str] = None,
-            current: Optional[dict[str, Any]] = None) -> list[upload.UploadResult]:
+def _upload(out_dir: Path, run_ids: list[str], url: str, scrub: set[str], log: Log, by: str | None = None,
+            current: dict[str, Any] | None = None) -> list[upload.UploadResult]:
     """Upload finished runs (oldest first) and record each outcome in its summary; never raises.
 
     `by`: the run doing it (retries are marked "retried by"); `current`: that run's summary, in memory."""
@@ -460,8 +461,8 @@ def _upload(out_dir: Path, run_ids: list[str], url: str, scrub: set[str], log: L
     return out
 
 
-def push(out_dir: Path, url: Optional[str], deployment: Optional[str] = None, run_ids: Iterable[str] = (),
-         everything: bool = True, log: Optional[Log] = None) -> list[upload.UploadResult]:
+def push(out_dir: Path, url: str | None, deployment: str | None = None, run_ids: Iterable[str] = (),
+         everything: bool = True, log: Log | None = None) -> list[upload.UploadResult]:
     """`runbook push`: upload local runs not yet in the store at `url` (or exactly `run_ids`)."""
     log = log or Log()
     spec = spec_mod.load(deployment) if deployment else None
@@ -480,7 +481,7 @@ def push(out_dir: Path, url: Optional[str], deployment: Optional[str] = None, ru
     return _upload(out_dir, ids or upload.pending_runs(out_dir, url, name, everything=everything), url, scrub, log)
 
 
-def run(opts: RunOptions, log: Optional[Log] = None) -> tuple[int, Optional[Path]]:
+def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
     """Execute and archive; returns (exit code, run directory)."""
     log = log or Log()
     only = validate_options(opts)

@@ -18,9 +18,10 @@ import os
 import re
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from runbook.core import secrets
 from runbook.core.archive import list_runs
@@ -43,7 +44,7 @@ def host_name() -> str:
     return name[:128] or "host"
 
 
-def resolve_url(cli_url: Optional[str], spec_url: Optional[str]) -> Optional[str]:
+def resolve_url(cli_url: str | None, spec_url: str | None) -> str | None:
     """--archive-url, else $RUNBOOK_ARCHIVE_URL, else the spec's archive.url; refused with a one-line SpecError."""
     for where, url in (("--archive-url", cli_url), (ENV_URL, os.environ.get(ENV_URL)), ("archive.url", spec_url)):
         if url:
@@ -81,7 +82,7 @@ class UploadResult:
     files: int = 0
     bytes: int = 0
     seconds: float = 0.0
-    error: Optional[str] = None
+    error: str | None = None
     withheld: list[str] = field(default_factory=list)   # files not uploaded: a secret in their name
 
 
@@ -101,7 +102,7 @@ def _error_text(e: BaseException, scrub: Iterable[str]) -> str:
     return secrets.redact_text(" ".join(msg.split())[:400], scrub)
 
 
-def upload_run(run_dir: Path, url: str, host: str, scrub: Iterable[str] = (), fs: Any = None, root: Optional[str] = None) -> UploadResult:
+def upload_run(run_dir: Path, url: str, host: str, scrub: Iterable[str] = (), fs: Any = None, root: str | None = None) -> UploadResult:
     """Upload one finished run folder; `_COMPLETE` is written only after every other object succeeded."""
     run_dir = Path(run_dir)
     scrub = set(scrub)
@@ -169,7 +170,7 @@ def mark_pending(out_dir: Path, run_id: str, url: str) -> None:
     write_state(out_dir, UploadResult(run_id=run_id, url="", ok=False, error="upload started, not finished"), url)
 
 
-def pending_runs(out_dir: Path, url: str, deployment: Optional[str] = None, everything: bool = False) -> list[str]:
+def pending_runs(out_dir: Path, url: str, deployment: str | None = None, everything: bool = False) -> list[str]:
     """Run ids to (re)upload to `url`, oldest first: those whose last attempt did not finish; with
     `everything`, also those never uploaded there (what `runbook push` does by hand)."""
     out: list[str] = []
@@ -195,7 +196,7 @@ def prune_state(out_dir: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-def finding(res: UploadResult, retried_by: Optional[str] = None) -> dict[str, str]:
+def finding(res: UploadResult, retried_by: str | None = None) -> dict[str, str]:
     """The run summary's record of its upload, in the findings' shape."""
     if res.ok:
         how = f" (retried by run {retried_by})" if retried_by else ""

@@ -10,8 +10,9 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from runbook.core import registry
 from runbook.core.errors import InputError, SpecError
@@ -23,7 +24,7 @@ from runbook.service.render import Build, Rendered, build
 PROBE = Path(__file__).with_name("sglang_probe.py")
 
 
-def serving_python(spec: Deployment) -> tuple[Optional[str], list[Finding]]:
+def serving_python(spec: Deployment) -> tuple[str | None, list[Finding]]:
     py = spec.serving.python
     if os.path.isfile(py) and os.access(py, os.X_OK):
         return py, []
@@ -170,8 +171,8 @@ def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[F
     return out
 
 
-def check(spec: Deployment, args: Optional[dict[str, Any]] = None, run: Callable = subprocess.run,
-          built: Optional[Build] = None) -> tuple[list[Rendered], list[Finding]]:
+def check(spec: Deployment, args: dict[str, Any] | None = None, run: Callable = subprocess.run,
+          built: Build | None = None) -> tuple[list[Rendered], list[Finding]]:
     b = built or build(spec, args, with_quant=True)
     units = b.units
     python, findings = serving_python(spec)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 import re
 import urllib.error
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from runbook.core.findings import Finding
 from runbook.core.secrets import MASK, is_secret_key
@@ -15,7 +16,7 @@ from runbook.service import unitfile
 from runbook.service.render import Build, build
 
 
-def _get(url: str, api_key: Optional[str], timeout: float = 10.0) -> Any:
+def _get(url: str, api_key: str | None, timeout: float = 10.0) -> Any:
     """Bounded in size and time (reach.fetch_json): a body that never ends or is gigabytes long is a BadResponse."""
     return fetch_json(url, api_key, timeout=timeout, expect=None)
 
@@ -23,7 +24,7 @@ def _get(url: str, api_key: Optional[str], timeout: float = 10.0) -> Any:
 _SECRET_OPT = re.compile(r"(--[a-z0-9-]*(?:api-key|token|password|secret)[a-z0-9-]*)(\s+|=)(\S+)", re.I)
 
 
-def _redact_words(words: list[Any], api_key: Optional[str]) -> list[Any]:
+def _redact_words(words: list[Any], api_key: str | None) -> list[Any]:
     """An argv list: the word after a secret option (or its =value) is masked."""
     out, mask_next = [], False
     for w in words:
@@ -43,7 +44,7 @@ def _redact_words(words: list[Any], api_key: Optional[str]) -> list[Any]:
     return out
 
 
-def _redact_value(v: Any, api_key: Optional[str]) -> Any:
+def _redact_value(v: Any, api_key: str | None) -> Any:
     if isinstance(v, str):
         v = _SECRET_OPT.sub(lambda m: m.group(1) + m.group(2) + MASK, v)
         return v.replace(api_key, MASK) if api_key else v
@@ -54,7 +55,7 @@ def _redact_value(v: Any, api_key: Optional[str]) -> Any:
     return v
 
 
-def redact_server_info(info: dict[str, Any], api_key: Optional[str] = None) -> dict[str, Any]:
+def redact_server_info(info: dict[str, Any], api_key: str | None = None) -> dict[str, Any]:
     """/server_info returns api_key, admin_api_key, ssl_keyfile_password and launch_command in clear.
 
     Secret-named keys are masked; every string anywhere (launch_command as a string with any
@@ -100,9 +101,9 @@ def server_state(info: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def drift(spec: Deployment, url: Optional[str] = None, args: Optional[dict[str, Any]] = None,
-          fetch: Callable[[str, Optional[str]], Any] = _get,
-          built: Optional[Build] = None) -> tuple[list[dict[str, str]], list[Finding], dict[str, Any]]:
+def drift(spec: Deployment, url: str | None = None, args: dict[str, Any] | None = None,
+          fetch: Callable[[str, str | None], Any] = _get,
+          built: Build | None = None) -> tuple[list[dict[str, str]], list[Finding], dict[str, Any]]:
     """Compare the running server's effective arguments with the unit `install` writes (recommendations included)."""
     base = (url or spec.serving.local_url).rstrip("/")
     api_key = os.environ.get(spec.serving.api_key_env) if spec.serving.api_key_env else None

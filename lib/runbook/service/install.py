@@ -19,9 +19,10 @@ import tempfile
 import threading
 import time
 import urllib.error
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
@@ -38,10 +39,10 @@ class InstallResult:
     steps: list[dict[str, str]] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     rolled_back: bool = False
-    backup: Optional[str] = None
+    backup: str | None = None
     interrupted: bool = False                 # Ctrl-C / SIGTERM / SIGHUP arrived during the install
-    installed: Optional[str] = None           # after the call: "new", "previous", "none" or "unknown"
-    service_state: Optional[str] = None       # `systemctl is-active` after a rollback (active, inactive, failed, …)
+    installed: str | None = None           # after the call: "new", "previous", "none" or "unknown"
+    service_state: str | None = None       # `systemctl is-active` after a rollback (active, inactive, failed, …)
 
 
 class _Interrupted(BaseException):
@@ -80,7 +81,7 @@ def wait_ready(url: str, timeout: float, interval: float = 2.0) -> tuple[bool, s
         time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
 
 
-def _tail(text: Optional[str]) -> str:
+def _tail(text: str | None) -> str:
     lines = [x for x in (text or "").strip().splitlines() if x.strip()]
     return lines[-1][:_STDERR_TAIL] if lines else ""
 
@@ -112,7 +113,7 @@ def _write_bytes(path: Path, data: bytes, mode: int) -> None:
         raise
 
 
-def _unchanged(path: Path, prev: Optional[bytes]) -> bool:
+def _unchanged(path: Path, prev: bytes | None) -> bool:
     try:
         return (path.read_bytes() == prev) if path.exists() else prev is None
     except OSError:
@@ -172,8 +173,8 @@ class _Signals:
         self.saved.clear()
 
 
-def install(spec: Deployment, r: Rendered, dry_run: bool = True, root: Optional[Path] = None,
-            systemctl: Sequence[str] = ("systemctl",), ready_url: Optional[str] = None, ready_timeout: Optional[float] = None,
+def install(spec: Deployment, r: Rendered, dry_run: bool = True, root: Path | None = None,
+            systemctl: Sequence[str] = ("systemctl",), ready_url: str | None = None, ready_timeout: float | None = None,
             interval: float = 2.0, log: Callable[[str], None] = lambda s: None,
             ctl_timeout: float = CTL_TIMEOUT_S) -> InstallResult:
     """Back up, write atomically, daemon-reload, restart, wait for readiness; roll back on any failure after the write."""
@@ -191,7 +192,7 @@ def install(spec: Deployment, r: Rendered, dry_run: bool = True, root: Optional[
     new = r.text.encode("utf-8")
 
     # What is there now, read once as bytes: the rollback writes exactly these bytes back.
-    prev: Optional[bytes] = None
+    prev: bytes | None = None
     prev_mode = 0o644
     try:
         if path.is_dir():
@@ -314,7 +315,7 @@ def install(spec: Deployment, r: Rendered, dry_run: bool = True, root: Optional[
     return res
 
 
-def _roll_back(res: InstallResult, path: Path, prev: Optional[bytes], prev_mode: int, new: bytes, backup: Optional[Path],
+def _roll_back(res: InstallResult, path: Path, prev: bytes | None, prev_mode: int, new: bytes, backup: Path | None,
                unit: str, cmd: Callable[..., str], ctl: Callable[..., None], query: Callable[..., subprocess.CompletedProcess],
                record: Callable[[str, str], dict[str, str]], restarted: bool, why: str) -> None:
     """Undo the install and say honestly what is installed and running afterwards. Never raises."""
@@ -352,7 +353,7 @@ def _roll_back(res: InstallResult, path: Path, prev: Optional[bytes], prev_mode:
 
     # What is really there now: read back, not assumed.
     try:
-        on_disk: Optional[bytes] = path.read_bytes() if path.exists() else None
+        on_disk: bytes | None = path.read_bytes() if path.exists() else None
     except OSError:
         res.installed = "unknown"
     else:

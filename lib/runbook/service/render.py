@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import jinja2
 
@@ -36,7 +37,7 @@ class _EnvRef(str):
     """An ExecStart word the renderer itself writes as ${VAR} for systemd to expand (the API key)."""
 
 
-def _control(value: str, allow_tab: bool = False) -> Optional[str]:
+def _control(value: str, allow_tab: bool = False) -> str | None:
     m = (_CONTROL_BUT_TAB if allow_tab else _CONTROL).search(value)
     if not m:
         return None
@@ -86,7 +87,7 @@ def _pct(value: str) -> str:
     return value.replace("%", "%%")
 
 
-def _flag_source(name: str, spec: Deployment, args: Optional[dict[str, Any]]) -> str:
+def _flag_source(name: str, spec: Deployment, args: dict[str, Any] | None) -> str:
     if args and name in args:
         return f"--arg {name}"
     if name in spec.serving.flags:
@@ -94,7 +95,7 @@ def _flag_source(name: str, spec: Deployment, args: Optional[dict[str, Any]]) ->
     return f"recommended flag {name}"
 
 
-def _validate(spec: Deployment, args: Optional[dict[str, Any]], flags: dict[str, Any]) -> None:
+def _validate(spec: Deployment, args: dict[str, Any] | None, flags: dict[str, Any]) -> None:
     """Every spec value that lands in a unit directive, checked for that directive (one SpecError line)."""
     sd, s = spec.systemd, spec.serving
     for field, v in (("systemd.user", sd.user), ("systemd.group", sd.group)):
@@ -141,7 +142,7 @@ class Rendered:
     argv: list[str]                 # ExecStart as a list; ${VAR} kept literally for systemd to expand
     flags: dict[str, Any]           # the SGLang flags after what-ifs and recommendations
     unit_name: str
-    node: Optional[str] = None
+    node: str | None = None
     rank: int = 0
 
 
@@ -160,8 +161,8 @@ def parse_args(pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def effective_flags(spec: Deployment, args: Optional[dict[str, Any]] = None,
-                    recommended: Optional[dict[str, str]] = None) -> dict[str, Any]:
+def effective_flags(spec: Deployment, args: dict[str, Any] | None = None,
+                    recommended: dict[str, str] | None = None) -> dict[str, Any]:
     flags = dict(spec.serving.flags)
     if spec.serving.apply_recommended and recommended:
         for k, v in recommended.items():
@@ -236,11 +237,11 @@ def _comment(value: str) -> str:
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], value)
 
 
-def render(spec: Deployment, args: Optional[dict[str, Any]] = None, recommended: Optional[dict[str, str]] = None) -> list[Rendered]:
+def render(spec: Deployment, args: dict[str, Any] | None = None, recommended: dict[str, str] | None = None) -> list[Rendered]:
     """One unit per node (one unit when the spec names no nodes)."""
     flags = effective_flags(spec, args, recommended)
     _validate(spec, args, flags)
-    nodes: Sequence[Optional[Node]] = spec.parallelism.nodes or [None]
+    nodes: Sequence[Node | None] = spec.parallelism.nodes or [None]
     out = []
     for rank, node in enumerate(nodes):
         groups = _argv(spec, flags, rank)
@@ -259,7 +260,7 @@ def render(spec: Deployment, args: Optional[dict[str, Any]] = None, recommended:
     return out
 
 
-def recommended_flags(spec: Deployment) -> tuple[Optional[dict[str, str]], Any]:
+def recommended_flags(spec: Deployment) -> tuple[dict[str, str] | None, Any]:
     """The quant notebook's recommendations (None when the checkpoint cannot be read)."""
     from runbook import quant
 
@@ -274,7 +275,7 @@ def recommended_flags(spec: Deployment) -> tuple[Optional[dict[str, str]], Any]:
 class Build:
     """The units for one spec + what-ifs, and the quant report the recommendations came from."""
     units: list[Rendered]
-    recommended: Optional[dict[str, str]]   # None when the checkpoint could not be read
+    recommended: dict[str, str] | None   # None when the checkpoint could not be read
     quant: Any = None                       # runbook.quant's report, reused by check (read once)
 
     @property
@@ -282,7 +283,7 @@ class Build:
         return self.units[0]
 
 
-def build(spec: Deployment, args: Optional[dict[str, Any]] = None, with_quant: bool = False) -> Build:
+def build(spec: Deployment, args: dict[str, Any] | None = None, with_quant: bool = False) -> Build:
     """The one unit builder: render, check, diff, install and drift all call this.
 
     The checkpoint is read (once) when the spec applies recommendations or the caller needs the

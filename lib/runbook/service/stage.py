@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -38,8 +38,8 @@ class ServiceReport:
 
 
 
-def assemble(spec: Deployment, args: Optional[dict[str, Any]] = None, installed: Optional[str | Path] = None,
-             url: Optional[str] = None) -> ServiceReport:
+def assemble(spec: Deployment, args: dict[str, Any] | None = None, installed: str | Path | None = None,
+             url: str | None = None) -> ServiceReport:
     """Everything 30_service shows, built from one unit (checkpoint read once)."""
     b = build(spec, args, with_quant=True)
     units, findings = check(spec, args, built=b)
@@ -57,15 +57,15 @@ class ServiceOptions(Options):
     action: Literal["render", "check", "diff", "install", "drift", "report"] = Field(
         "report", description="report: check + diff + install plan + drift, what 30_service shows")
     args: list[str] = Field([], alias="arg", description="add or override one SGLang flag, NAME=VALUE (what-if)")
-    installed_unit: Optional[str] = Field(None, alias="installed", description="diff, report: the installed unit "
+    installed_unit: str | None = Field(None, alias="installed", description="diff, report: the installed unit "
                                           "(default: systemd.unit_path or /etc/systemd/system/<name>.service)")
-    server_url: Optional[Url] = Field(None, alias="url", description="drift, report: server base URL (default: http://host:port from the spec)")
-    out: Optional[str] = Field(None, description="render: write the unit here (a directory for multi-node)")
+    server_url: Url | None = Field(None, alias="url", description="drift, report: server base URL (default: http://host:port from the spec)")
+    out: str | None = Field(None, description="render: write the unit here (a directory for multi-node)")
     yes: bool = Field(False, description="install: really do it (default: dry run)")
-    root: Optional[str] = Field(None, description="install: prefix for the unit path (testing, chroots)")
-    systemctl: Optional[str] = Field(None, description="install: systemctl command to use")
-    ready_url: Optional[Url] = Field(None, description="install: readiness URL (default: http://host:port + systemd.ready_path)")
-    ready_timeout: Optional[PosFloat] = Field(None, description="install: readiness timeout (default: systemd.timeout_start_sec)")
+    root: str | None = Field(None, description="install: prefix for the unit path (testing, chroots)")
+    systemctl: str | None = Field(None, description="install: systemctl command to use")
+    ready_url: Url | None = Field(None, description="install: readiness URL (default: http://host:port + systemd.ready_path)")
+    ready_timeout: PosFloat | None = Field(None, description="install: readiness timeout (default: systemd.timeout_start_sec)")
 
 
 def evaluate(spec: Deployment, options: ServiceOptions) -> ServiceReport:

@@ -8,7 +8,6 @@ Python library for this, so the few rules needed are here, with a round-trip tes
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 from runbook.core.errors import SpecError
 
@@ -47,7 +46,7 @@ def quote_assignment(name: str, value: str) -> str:
     return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def split_words(line: str, expand_env: Optional[dict[str, str]] = None) -> list[str]:
+def split_words(line: str, expand_env: dict[str, str] | None = None) -> list[str]:
     """Split a command line or Environment= value into words as systemd does (specifiers left as %%→%)."""
     words: list[str] = []
     i, n = 0, len(line)
@@ -98,7 +97,7 @@ def split_words(line: str, expand_env: Optional[dict[str, str]] = None) -> list[
 def parse(text: str) -> dict[str, list[tuple[str, str]]]:
     """Sections -> [(key, value)] in order, continuation lines joined, comments dropped."""
     sections: dict[str, list[tuple[str, str]]] = {}
-    cur: Optional[str] = None
+    cur: str | None = None
     # systemd ends lines at \n, \r\n, \r or NUL only (str.splitlines also splits at U+2028, \x0c …).
     lines = re.split(r"\r\n|\r|\n|\0", text)
     i = 0
@@ -140,7 +139,7 @@ def environment(unit: dict[str, list[tuple[str, str]]]) -> dict[str, str]:
 def flags_of(argv: list[str]) -> dict[str, str]:
     """--flag value pairs of a launch_server argv; switches map to "true"; repeats are joined."""
     out: dict[str, str] = {}
-    key: Optional[str] = None
+    key: str | None = None
     for a in argv:
         if a.startswith("--"):
             if "=" in a:

@@ -1,7 +1,7 @@
 """Predicted (20_kv_memory's figures for the unit) against observed (the log, /server_info): rows and findings."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from runbook.core import registry
 from runbook.core.findings import Finding, Status
@@ -14,7 +14,7 @@ KEYS = ("kv_dtype", "max_total_num_tokens", "max_running_requests", "context_len
 WARN_SHORT, FAIL_SHORT = 0.02, 0.10   # token pool below the plan by more than this: warn, fail
 
 
-def _dtype(v: Any) -> Optional[str]:
+def _dtype(v: Any) -> str | None:
     if v in (None, "", "auto"):
         return None
     return kv_dtype_name(str(v).lower())
@@ -42,15 +42,15 @@ def observed(facts: Facts) -> dict[str, Any]:
             "avail_mem_gib_after_start": s.get("available_gpu_mem_gib")}
 
 
-def bytes_per_token(facts: Facts) -> Optional[int]:
+def bytes_per_token(facts: Facts) -> int | None:
     kv = facts.rank0(facts.kv)
     if not kv or not kv["tokens"] or not kv["size_gib"]:
         return None
     return round(kv["size_gib"] * GIB / kv["tokens"])   # sizes are logged with 2 decimals: approximate
 
 
-def _causes(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags: dict[str, Any], gpu_mem_gib: Optional[float],
-            plan_frac: Optional[float]) -> list[str]:
+def _causes(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags: dict[str, Any], gpu_mem_gib: float | None,
+            plan_frac: float | None) -> list[str]:
     out = []
     if obs.get("weights_gib_per_gpu") and pred.get("weights_gib_per_gpu") and obs["weights_gib_per_gpu"] > pred["weights_gib_per_gpu"] * 1.03:
         out.append(f"weights take {obs['weights_gib_per_gpu']:.2f} GiB per GPU, the plan {pred['weights_gib_per_gpu']:.2f}")
@@ -73,7 +73,7 @@ def _causes(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags:
 
 
 def compare(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags: dict[str, Any], where: str = "log",
-            gpu_mem_gib: Optional[float] = None, plan_frac: Optional[float] = None,
+            gpu_mem_gib: float | None = None, plan_frac: float | None = None,
             id_prefix: str = "verify") -> list[Finding]:
     """Token pool vs plan (warn > 2 % short, fail > 10 %), KV dtype and context length vs the unit (fail)."""
     out: list[Finding] = []

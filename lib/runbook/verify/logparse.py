@@ -9,8 +9,9 @@ Only the last start counts: a start marker (systemd's "Starting <unit>" line, or
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from runbook.model import sglang_names
 
@@ -78,7 +79,7 @@ def clean(raw: str) -> str:
     return "".join(c if (c >= " " or c == "\t") and c != "\x7f" else "" for c in s)
 
 
-def _num(s: Optional[str]) -> Optional[int]:
+def _num(s: str | None) -> int | None:
     return None if s in (None, "None") else int(s)  # type: ignore[arg-type]
 
 
@@ -100,22 +101,22 @@ class Warning_:
 class Facts:
     """What the last start's log says. GB in SGLang's lines is GiB (it divides by 1 << 30)."""
 
-    start_time: Optional[str] = None
+    start_time: str | None = None
     start_marker: str = ""                  # what began the last start
     starts_seen: int = 0
     lines: int = 0
     sglang_lines: int = 0
     ready: bool = False
-    ready_time: Optional[str] = None
+    ready_time: str | None = None
     weights: dict[int, dict[str, Any]] = field(default_factory=dict)   # TP rank -> elapsed_s, type, quant, avail_gib, usage_gib
     kv: dict[int, dict[str, Any]] = field(default_factory=dict)        # TP rank -> dtype, tokens, size_gib, label
-    scheduler: Optional[dict[str, Any]] = None
+    scheduler: dict[str, Any] | None = None
     mamba: dict[int, dict[str, Any]] = field(default_factory=dict)
     graphs: list[dict[str, Any]] = field(default_factory=list)         # rank, name, elapsed_s, mem_gib, avail_gib, bs
     warnings: dict[str, Warning_] = field(default_factory=dict)
     capturing: bool = False                 # a CUDA-graph capture began and has not ended
 
-    def rank0(self, table: dict[int, dict[str, Any]]) -> Optional[dict[str, Any]]:
+    def rank0(self, table: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
         return table.get(0) or (table[min(table)] if table else None)
 
     def to_json(self) -> dict[str, Any]:
@@ -129,12 +130,12 @@ class Facts:
 class Parser:
     """Feed lines one at a time (memory stays bounded by what one start logs)."""
 
-    def __init__(self, unit: Optional[str] = None):
+    def __init__(self, unit: str | None = None):
         self.unit = unit
         self.facts = Facts()
         self._systemd_start_pending = False
 
-    def _restart(self, ts: Optional[str], marker: str) -> None:
+    def _restart(self, ts: str | None, marker: str) -> None:
         seen = self.facts.starts_seen + 1
         self.facts = Facts(start_time=ts, start_marker=marker, starts_seen=seen)
 
@@ -152,7 +153,7 @@ class Parser:
                 self._restart(ts, "systemd: " + msg)
                 self._systemd_start_pending = True
             return
-        rank: Optional[int] = None
+        rank: int | None = None
         sm = _SGLANG.match(msg)
         if sm:
             ts = ts or sm.group(1)
@@ -187,7 +188,7 @@ class Parser:
                 entry.lines.append(line)
                 entry.groups.append(tuple(g or "" for g in w.groups()))
 
-    def _facts(self, f: Facts, msg: str, rank: int, ts: Optional[str]) -> None:
+    def _facts(self, f: Facts, msg: str, rank: int, ts: str | None) -> None:
         if "Load weight end." in msg:
             m = _WEIGHTS.search(msg)
             if m:
@@ -234,7 +235,7 @@ class Parser:
             f.ready, f.ready_time = True, ts
 
 
-def parse(lines: Iterable[str], unit: Optional[str] = None) -> Facts:
+def parse(lines: Iterable[str], unit: str | None = None) -> Facts:
     p = Parser(unit)
     for ln in lines:
         p.feed(ln)

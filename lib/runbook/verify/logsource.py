@@ -11,9 +11,9 @@ import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 from runbook.core.findings import Finding
 from runbook.verify.logparse import MAX_LINE
@@ -35,7 +35,7 @@ def parse_since(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(f"{m.group(1)} {t}")
 
 
-def line_time(line: str) -> Optional[dt.datetime]:
+def line_time(line: str) -> dt.datetime | None:
     m = _TS.search(line[:64])
     if not m:
         return None
@@ -67,7 +67,7 @@ class LogSource:
     errors: list[str] = field(default_factory=list)   # filled while `lines` is consumed (journalctl's exit)
 
 
-def _since_filter(lines: Iterator[str], since: Optional[dt.datetime]) -> Iterator[str]:
+def _since_filter(lines: Iterator[str], since: dt.datetime | None) -> Iterator[str]:
     if since is None:
         yield from lines
         return
@@ -81,7 +81,7 @@ def _since_filter(lines: Iterator[str], since: Optional[dt.datetime]) -> Iterato
         yield ln
 
 
-def from_file(path: str | Path, since: Optional[dt.datetime] = None) -> LogSource:
+def from_file(path: str | Path, since: dt.datetime | None = None) -> LogSource:
     p = Path(path)
     src = f"file:{p}"
     if not p.is_file():
@@ -101,7 +101,7 @@ def from_file(path: str | Path, since: Optional[dt.datetime] = None) -> LogSourc
     return LogSource(src, _since_filter(gen(), since))
 
 
-def unit_start(unit: str, systemctl: str = "systemctl", timeout: float = 15.0) -> Optional[str]:
+def unit_start(unit: str, systemctl: str = "systemctl", timeout: float = 15.0) -> str | None:
     """The unit's last start time as systemd reports it (ExecMainStartTimestamp), or None."""
     exe = shutil.which(systemctl)
     if not exe:
@@ -115,14 +115,14 @@ def unit_start(unit: str, systemctl: str = "systemctl", timeout: float = 15.0) -
     return v if cp.returncode == 0 and v and v != "n/a" else None
 
 
-def journal_argv(unit: str, since: Optional[str], journalctl: str = "journalctl") -> list[str]:
+def journal_argv(unit: str, since: str | None, journalctl: str = "journalctl") -> list[str]:
     argv = [journalctl, "-u", unit, "-b", "-o", "short-iso", "--no-pager"]
     if since:
         argv += ["--since", since]
     return argv
 
 
-def from_journal(unit: str, since: Optional[str] = None, journalctl: Sequence[str] | str = "journalctl",
+def from_journal(unit: str, since: str | None = None, journalctl: Sequence[str] | str = "journalctl",
                  systemctl: str = "systemctl", timeout: float = JOURNAL_TIMEOUT_S) -> LogSource:
     """journalctl -u UNIT -b -o short-iso --no-pager [--since the unit's last start]."""
     src = f"journal:{unit}"

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -27,7 +28,7 @@ class VerifyReport:
     predicted: dict[str, Any] = field(default_factory=dict)
     server: dict[str, Any] = field(default_factory=dict)
     unit: dict[str, Any] = field(default_factory=dict)          # the unit's kv-cache-dtype, context-length, mem-fraction-static
-    bytes_per_token: dict[str, Optional[int]] = field(default_factory=dict)
+    bytes_per_token: dict[str, int | None] = field(default_factory=dict)
 
     def rows(self) -> list[dict[str, Any]]:
         """The predicted-vs-observed table (one row per quantity; `server` from /server_info when read)."""
@@ -66,12 +67,12 @@ def _scrub(rep: VerifyReport, spec: Deployment) -> VerifyReport:
     return rep
 
 
-def inspect(spec: Deployment, log: Optional[str | Path] = None, unit: Optional[str] = None, url: Optional[str] = None,
-             since: Optional[str] = None, journalctl: str = "journalctl", systemctl: str = "systemctl",
-             drift: Optional[Callable[..., Any]] = None) -> VerifyReport:
+def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = None, url: str | None = None,
+             since: str | None = None, journalctl: str = "journalctl", systemctl: str = "systemctl",
+             drift: Callable[..., Any] | None = None) -> VerifyReport:
     """Stage 35: the running server against the plan. `log` (a saved file) wins over `unit` (the journal;
     default: the spec's systemd unit); `url` adds /server_info; `since` bounds what is read."""
-    since_dt: Optional[dt.datetime] = None
+    since_dt: dt.datetime | None = None
     if since:
         try:
             since_dt = logsource.parse_since(since)
@@ -85,7 +86,7 @@ def inspect(spec: Deployment, log: Optional[str | Path] = None, unit: Optional[s
     except (InputError, SpecError) as e:
         findings.append(Finding("verify.unit", "skip", "the unit could not be built; the spec's flags are used", detail=str(e)))
     pred: dict[str, Any] = {}
-    bpt_pred: Optional[int] = None
+    bpt_pred: int | None = None
     plan_frac = None
     try:
         p = kv.plan_pools(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": flags})}))
@@ -138,7 +139,7 @@ def inspect(spec: Deployment, log: Optional[str | Path] = None, unit: Optional[s
     return _scrub(rep, spec)
 
 
-def _server(spec: Deployment, url: str, rep: VerifyReport, flags: dict[str, Any], plan_frac: Optional[float],
+def _server(spec: Deployment, url: str, rep: VerifyReport, flags: dict[str, Any], plan_frac: float | None,
             drift: Callable[..., Any]) -> list[Finding]:
     _, dfind, info = drift(spec, url)
     if not info:
@@ -160,14 +161,14 @@ def _server(spec: Deployment, url: str, rep: VerifyReport, flags: dict[str, Any]
 
 
 class VerifyOptions(Options):
-    log_file: Optional[str] = Field(None, alias="log", description="a saved server log (default: the unit's journal)")
-    unit: Optional[str] = Field(None, description="systemd unit whose journal to read (default: the spec's systemd.unit_name)")
-    server_url: Optional[Url] = Field(None, alias="url", description="compare /server_info of this server (default: the spec's host:port)")
-    since: Optional[str] = Field(None, description="read from this time, e.g. '2026-01-05 10:00' (default: the unit's last start)")
+    log_file: str | None = Field(None, alias="log", description="a saved server log (default: the unit's journal)")
+    unit: str | None = Field(None, description="systemd unit whose journal to read (default: the spec's systemd.unit_name)")
+    server_url: Url | None = Field(None, alias="url", description="compare /server_info of this server (default: the spec's host:port)")
+    since: str | None = Field(None, description="read from this time, e.g. '2026-01-05 10:00' (default: the unit's last start)")
 
     @field_validator("since")
     @classmethod
-    def _since(cls, v: Optional[str]) -> Optional[str]:
+    def _since(cls, v: str | None) -> str | None:
         if v is not None:
             try:
                 logsource.parse_since(v)
@@ -177,7 +178,7 @@ class VerifyOptions(Options):
         return v
 
     @model_validator(mode="after")
-    def _one_source(self) -> "VerifyOptions":
+    def _one_source(self) -> VerifyOptions:
         if self.log_file and self.unit:
             raise ValueError("--log and --unit are two sources: give one")
         return self

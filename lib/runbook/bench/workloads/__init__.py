@@ -8,7 +8,7 @@ characters per token) and marked so.
 Adding a workload: one module here defining `WORKLOAD = YourType()`, and its test."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from runbook.bench.workloads.base import BASE_KEY, BuildParams, LazyRequests, LevelLoad, Workload, WorkloadType
 from runbook.bench.workloads.file import MAX_WORKLOAD_BYTES, read_workload_file
@@ -32,7 +32,7 @@ discover()
 
 
 def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, tokenizer: Any = None,
-          vocab_size: Optional[int] = None, chat: bool = False, seed: int = 0, range_ratio: float = 0.0,
+          vocab_size: int | None = None, chat: bool = False, seed: int = 0, range_ratio: float = 0.0,
           ignore_eos: bool = True, trace_speed: float = 1.0) -> Workload:
     """n requests of the workload `name` selects (a request source's)."""
     return resolve(name).build(name, n, BuildParams(input_len, output_len, tokenizer, vocab_size, chat, seed, range_ratio,

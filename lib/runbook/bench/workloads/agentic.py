@@ -2,7 +2,7 @@
 N runs N sessions at once, each turn re-sending the conversation so far plus a tool result."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from runbook.bench import sessions
 from runbook.bench.workloads.base import LevelLoad, Workload, WorkloadType
@@ -33,7 +33,7 @@ class Agentic(WorkloadType):
         if o.think_dist not in sessions.THINK_DISTS:
             raise InputError(f"--think-dist must be one of {', '.join(sessions.THINK_DISTS)}")
 
-    def start(self, o: BenchOptions, tokenizer: Any, vocab_size: Optional[int]) -> Workload:
+    def start(self, o: BenchOptions, tokenizer: Any, vocab_size: int | None) -> Workload:
         from runbook.model.tokenizer import chat_counter
 
         chat = chat_counter(o.tokenizer, tokenizer)     # lengths as the model's chat template renders them

@@ -5,9 +5,9 @@ sweep may do with it (rate levels, the SLO search, worker processes, A/B), and e
 (`build`) or a session driver (`sessions`). The sweep (bench/run.py) asks the workload and runs levels."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Optional, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
@@ -65,7 +65,7 @@ class Workload:
     exact_lengths: bool
     description: str
     corpus_version: str = ""   # what the prompts were built from; the regression check compares only equal ones
-    schedule: Optional[list[float]] = None   # trace replay: each request's send offset (s) from the start
+    schedule: list[float] | None = None   # trace replay: each request's send offset (s) from the start
     context: Any = None        # a session workload's per-run state (agentic: the chat-template counter)
 
 
@@ -75,7 +75,7 @@ class BuildParams:
     input_len: int = 1024
     output_len: int = 256
     tokenizer: Any = None
-    vocab_size: Optional[int] = None
+    vocab_size: int | None = None
     chat: bool = False
     seed: int = 0
     range_ratio: float = 0.0
@@ -83,12 +83,12 @@ class BuildParams:
     trace_speed: float = 1.0
 
     @classmethod
-    def of(cls, o: BenchOptions, tokenizer: Any, vocab_size: Optional[int]) -> BuildParams:
+    def of(cls, o: BenchOptions, tokenizer: Any, vocab_size: int | None) -> BuildParams:
         return cls(o.input_len, o.output_len, tokenizer, vocab_size, o.chat, o.seed, o.range_ratio, trace_speed=o.trace_speed)
 
 
 Send = Callable[[RequestSpec], Awaitable[RequestRecord]]
-Driver = Callable[[Send, Optional[float]], Awaitable[None]]   # sweep.run_level's driver(send, deadline)
+Driver = Callable[[Send, float | None], Awaitable[None]]   # sweep.run_level's driver(send, deadline)
 
 
 @dataclass
@@ -97,7 +97,7 @@ class LevelLoad:
     serve only the warm-up); `chat`: over the chat API."""
     requests: Sequence[RequestSpec]
     chat: bool
-    driver: Optional[Driver] = None
+    driver: Driver | None = None
 
 
 # The summary fields every workload's runs must share to be compared (bench.run.compare_previous).
@@ -107,7 +107,7 @@ BASE_KEY = ("workload", "corpus_version", "input_len", "output_len", "chat", "ra
 class WorkloadType:
     """A workload plug-in; subclass it in a module of this package and set `WORKLOAD = YourType()`."""
     name: str = ""                 # the registry key; `--workload NAME` selects it unless `prefix` is set
-    prefix: Optional[str] = None   # selected by `--workload PREFIX…` (trace: "trace:")
+    prefix: str | None = None   # selected by `--workload PREFIX…` (trace: "trace:")
     fallback: bool = False         # selected by any value no other workload takes (a file path)
     usage: str = ""                # how it is written in the --workload help; default: the name
     hint: str = ""                 # said after the usage in the help line, in parentheses
@@ -141,20 +141,20 @@ class WorkloadType:
     def sessions(self, o: BenchOptions, run: Workload, lv: Level, tokenizer: Any) -> LevelLoad:
         raise NotImplementedError(f"{self.name}: a request source has no session driver")
 
-    def start(self, o: BenchOptions, tokenizer: Any, vocab_size: Optional[int]) -> Workload:
+    def start(self, o: BenchOptions, tokenizer: Any, vocab_size: int | None) -> Workload:
         """The run's workload: described in the summary, and for a source the first requests."""
         if self.is_driver:
             return Workload(self.name, [], False, self.description)
         return self.build(o.workload, o.requests or 1, BuildParams.of(o, tokenizer, vocab_size))
 
     def level(self, o: BenchOptions, run: Workload, lv: Level, n: int, tokenizer: Any,
-              vocab_size: Optional[int]) -> LevelLoad:
+              vocab_size: int | None) -> LevelLoad:
         """One level's load; `n`: the requests the sweep plans for it (a source's)."""
         if self.is_driver:
             return self.sessions(o, run, lv, tokenizer)
         return LevelLoad(self.build(o.workload, n, BuildParams.of(o, tokenizer, vocab_size)).requests, o.chat)
 
-    def levels(self, o: BenchOptions, run: Workload) -> Optional[list[Level]]:
+    def levels(self, o: BenchOptions, run: Workload) -> list[Level] | None:
         """Levels of its own (a trace: one at its recorded times); None: the sweep's --concurrency/--rate levels."""
         return None
 

@@ -1,7 +1,7 @@
 """longctx: the corpus's code text cut to an exact token length per request, each from another offset."""
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from runbook.bench.workloads.base import BuildParams, LazyRequests, Workload, WorkloadType
 from runbook.bench.workloads.text import _count, _exact_ids, _text_of_length

@@ -3,7 +3,8 @@ included; r = range_ratio, default 0 = exactly L). Random tokens make speculativ
 useless: never judge spec decoding on this workload."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +39,7 @@ class Random(WorkloadType):
                 else:
                     words = ["".join(chr(c) for c in rng.integers(97, 123, size=3)) for _ in range(int(L))]
                     yield RequestSpec(i, " ".join(words), output_len, None, ignore_eos)
-        exact = bool((vocab and not chat))
+        exact = bool(vocab and not chat)
         return Workload(self.name, LazyRequests(n, gen_random()), exact,
                         f"random token ids, input length U[{lo}, {hi}], output {output_len}", f"random-seed{p.seed}")
 

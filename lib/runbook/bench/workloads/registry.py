@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Optional
 
 from runbook.bench.workloads.base import WorkloadType
 from runbook.core.errors import InputError
@@ -26,7 +25,7 @@ def register(w: WorkloadType) -> WorkloadType:
     return w
 
 
-def contract_gaps(w: WorkloadType, option_fields: Optional[set[str]] = None) -> list[str]:
+def contract_gaps(w: WorkloadType, option_fields: set[str] | None = None) -> list[str]:
     """What `w` lacks of the contract; with `option_fields`, also the option names it declares that are no field."""
     gaps = []
     if not w.name:
@@ -62,7 +61,7 @@ def ordered() -> list[WorkloadType]:
     return sorted(WORKLOADS.values(), key=lambda w: (w.fallback, w.order, w.name))
 
 
-def resolve(ref: Optional[str]) -> WorkloadType:
+def resolve(ref: str | None) -> WorkloadType:
     """The workload a --workload value selects: by name, by prefix (trace:FILE), else the file workload."""
     ref = ref or ""
     for w in ordered():
@@ -94,7 +93,7 @@ def describe() -> str:
     return "\n".join(f"- `{w.usage or w.name}`: {w.description}" for w in ordered())
 
 
-def regression_key(*workload_refs: Optional[str]) -> tuple[str, ...]:
+def regression_key(*workload_refs: str | None) -> tuple[str, ...]:
     """The summary fields two runs must share to be compared: the union of their workloads' keys, in order."""
     out: list[str] = []
     for ref in workload_refs:

@@ -2,12 +2,12 @@
 approximated (~4 characters per token). Shared by the workloads and the agentic sessions."""
 from __future__ import annotations
 
-from typing import Any, Optional, cast
+from typing import Any, cast
 
 from runbook.corpus import CHARS_PER_TOKEN
 
 
-def _count(tok: Any, text: str) -> Optional[int]:
+def _count(tok: Any, text: str) -> int | None:
     return len(tok.encode(text, add_special_tokens=False).ids) if tok is not None else None
 
 

@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from runbook.bench import sglang_dump
 from runbook.bench.workloads.base import BuildParams, LazyRequests, Workload, WorkloadType
@@ -152,11 +152,11 @@ class Trace(WorkloadType):
     def build(self, ref: str, n: int, p: BuildParams) -> Workload:
         return build_trace(ref[len(self.prefix or ""):], n, p.tokenizer, p.chat, p.ignore_eos, p.trace_speed)
 
-    def start(self, o: BenchOptions, tokenizer: Any, vocab_size: Optional[int]) -> Workload:
+    def start(self, o: BenchOptions, tokenizer: Any, vocab_size: int | None) -> Workload:
         # The whole trace (or --requests of it): its length and times make the one level.
         return self.build(o.workload, o.requests or 1 << 30, BuildParams.of(o, tokenizer, vocab_size))
 
-    def levels(self, o: BenchOptions, run: Workload) -> Optional[list[Level]]:
+    def levels(self, o: BenchOptions, run: Workload) -> list[Level] | None:
         from runbook.bench.sweep import Level
 
         # A trace is its own load: one open-loop level at the recorded times (÷ --trace-speed).

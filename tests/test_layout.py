@@ -228,3 +228,29 @@ def test_one_sglang_version_constant():
         v = subprocess.run([serving, "-c", "from importlib.metadata import version; print(version('sglang'))"],
                            capture_output=True, text=True, timeout=60).stdout.strip()
         assert v == SGLANG_VERSION
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_export_is_the_object_not_a_submodule(stage):
+    """A stage package's names resolve lazily (core/lazy.py); a function named like its module (service's
+    `check`) must be bound eagerly, or the import system's module attribute would shadow it."""
+    import importlib
+    import pkgutil
+    import types
+
+    pkg = importlib.import_module(f"runbook.{stage}")
+    for m in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"runbook.{stage}.{m.name}")
+    bad = [n for n in pkg.__all__ if isinstance(getattr(pkg, n), types.ModuleType)]
+    assert not bad, f"runbook.{stage}: {bad} resolve to modules"
+
+
+def test_the_cli_does_not_import_the_heavy_stacks():
+    """The registry imports every stage package; `runbook VERB --help` stays light (no pandas, matplotlib, ml_dtypes)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from runbook import cli; cli.build_parser(); "
+            "print(sorted(m for m in ('pandas', 'matplotlib', 'ml_dtypes', 'jupyter_client') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

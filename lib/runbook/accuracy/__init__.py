@@ -2,9 +2,12 @@
 tool calls (`toolcall`) live.
 `evaluate(spec, ...)` is the entry point (`runbook accuracy report`, 50_accuracy); `report` holds
 its tables and plots."""
-from runbook.accuracy.report import kv_table, plot_growth, plot_recall
-from runbook.accuracy.stage import STAGE, AccuracyOptions, AccuracyReport, assess, evaluate
-from runbook.accuracy.toolcall import ToolCallReport
-from runbook.accuracy.toolcall import run as probe_toolcalls
+from runbook.accuracy.stage import STAGE, AccuracyOptions, evaluate
+from runbook.core.lazy import exports
 
-__all__ = ["STAGE", "AccuracyOptions", "AccuracyReport", "assess", "ToolCallReport", "evaluate", "kv_table", "plot_growth", "plot_recall", "probe_toolcalls"]
+# Imported on first use (core/lazy.py): the registry imports this package to read its contract.
+__getattr__, __dir__ = exports(__name__, {"kv_table": "report", "plot_growth": "report", "plot_recall": "report",
+    "AccuracyReport": "stage", "assess": "stage", "ToolCallReport": "toolcall", "probe_toolcalls": "toolcall:run"})
+
+__all__ = ["STAGE", "AccuracyOptions", "AccuracyReport", "assess", "ToolCallReport", "evaluate", "kv_table",
+           "plot_growth", "plot_recall", "probe_toolcalls"]

@@ -6,15 +6,17 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from runbook.accuracy import kvquant, probes, toolcall
 from runbook.core.findings import Finding
 from runbook.core.options import Fraction, Options, PosInt, Url
 from runbook.core.registry import Stage, register
 from runbook.core.spec import SLO, Deployment
+
+if TYPE_CHECKING:
+    from runbook.accuracy import kvquant
 
 
 @dataclass
@@ -32,13 +34,14 @@ class AccuracyReport:
                 "recall": dict(self.recall), "identity": self.identity, "toolcall": dict(self.toolcall)}
 
 
-
 def assess(spec: Deployment, url: str | None = None, compare_url: str | None = None, spec_off_url: str | None = None,
-             lengths: Sequence[int] | None = None, depths: Sequence[float] | None = None,
-             tokenizer: str | None = None, seed: int = 0, per_cell: int = 1, artifact_dir: str | Path | None = None,
-             prompts: int = 8, max_tokens: int = 64, toolcall_max_tokens: int = 1024,
-             tool_choice: str = "auto") -> AccuracyReport:
+           lengths: Sequence[int] | None = None, depths: Sequence[float] | None = None,
+           tokenizer: str | None = None, seed: int = 0, per_cell: int = 1, artifact_dir: str | Path | None = None,
+           prompts: int = 8, max_tokens: int = 64, toolcall_max_tokens: int = 1024,
+           tool_choice: str = "auto") -> AccuracyReport:
     """Empty or None arguments mean the spec's value (lengths up to its --context-length)."""
+    from runbook.accuracy import kvquant, probes, toolcall  # numeric and HTTP stacks: only when the stage runs
+
     active = probes.deployment_format(spec)
     study = kvquant.run(spec.accuracy, active=active)
     rec, recall_findings = probes.run_recall(url or None, probes.recall_lengths(spec, list(lengths or [])),

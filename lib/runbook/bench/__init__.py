@@ -1,25 +1,15 @@
 """Stage 40: serving benchmarks. `evaluate(spec, options, archive_root)` is the entry point (`runbook
 bench`, 40_benchmark): workload from the frozen corpus, sweep, summary, regression check against the
 previous archived run. metrics.py is pure arithmetic; report.py holds the tables and plots."""
-from runbook.bench.report import (
-           frame,
-           plot_cdf,
-           plot_latency,
-           plot_slo_search,
-           plot_telemetry,
-           plot_throughput,
-           plot_turns,
-           spec_decoding_frame,
-           turns_frame,
-)
-from runbook.bench.run import (
-           BenchOptions,
-           BenchResult,
-           compare_previous,
-           measure,
-           options_from,
-)
 from runbook.bench.stage import STAGE, BenchStageOptions, evaluate
+from runbook.core.lazy import exports
 
-__all__ = ["STAGE", "BenchOptions", "BenchResult", "BenchStageOptions", "measure", "compare_previous", "evaluate", "frame", "options_from", "plot_cdf",
-           "plot_latency", "plot_slo_search", "plot_telemetry", "plot_throughput", "plot_turns", "spec_decoding_frame", "turns_frame"]
+# Imported on first use (core/lazy.py): the registry imports this package to read its contract.
+__getattr__, __dir__ = exports(__name__, {"frame": "report", "plot_cdf": "report", "plot_latency": "report",
+    "plot_slo_search": "report", "plot_telemetry": "report", "plot_throughput": "report", "plot_turns": "report",
+    "spec_decoding_frame": "report", "turns_frame": "report", "BenchOptions": "run", "BenchResult": "run",
+    "compare_previous": "run", "measure": "run", "options_from": "run"})
+
+__all__ = ["STAGE", "BenchOptions", "BenchResult", "BenchStageOptions", "measure", "compare_previous", "evaluate",
+           "frame", "options_from", "plot_cdf", "plot_latency", "plot_slo_search", "plot_telemetry", "plot_throughput",
+           "plot_turns", "spec_decoding_frame", "turns_frame"]

@@ -1,21 +1,15 @@
 """Stage 20: KV-cache and state memory per GPU, the way SGLang sizes its pools. `evaluate(spec, ...)`
 is the entry point (`runbook kv`, 20_kv_memory); `memory` holds the pure arithmetic, `report` the
 tables, plots and the what-if panel."""
-from runbook.kv.plan import Plan
-from runbook.kv.plan import plan as plan_pools
-from runbook.kv.report import (
-                               candidates_frame,
-                               memory_frame,
-                               panel,
-                               plot_capacity,
-                               plot_concurrency,
-                               plot_memory,
-                               scenarios_frame,
-                               selected_frame,
-                               story_frame,
-                               text_table,
-)
+from runbook.core.lazy import exports
 from runbook.kv.stage import STAGE, KvOptions, evaluate
 
-__all__ = ["STAGE", "KvOptions", "Plan", "candidates_frame", "evaluate", "memory_frame", "panel", "plot_capacity", "plot_concurrency",
-           "plan_pools", "plot_memory", "scenarios_frame", "selected_frame", "story_frame", "text_table"]
+# Imported on first use (core/lazy.py): the registry imports this package to read its contract.
+__getattr__, __dir__ = exports(__name__, {"Plan": "plan", "plan_pools": "plan:plan", "candidates_frame": "report",
+    "memory_frame": "report", "panel": "report", "plot_capacity": "report", "plot_concurrency": "report",
+    "plot_memory": "report", "scenarios_frame": "report", "selected_frame": "report", "story_frame": "report",
+    "text_table": "report"})
+
+__all__ = ["STAGE", "KvOptions", "Plan", "candidates_frame", "evaluate", "memory_frame", "panel", "plot_capacity",
+           "plot_concurrency", "plan_pools", "plot_memory", "scenarios_frame", "selected_frame", "story_frame",
+           "text_table"]

@@ -1,16 +1,13 @@
 """Stage 10: what SGLang will do with the checkpoint's weight and KV-cache quantization.
 `evaluate(spec)` is the entry point (`runbook quant`, 10_quant_config); `inspect` reads one
 checkpoint without a spec."""
-from runbook.quant.analysis import (
-           KVCache,
-           QuantReport,
-           Weights,
-           for_deployment,
-           inspect,
-           scale_tensors,
-)
-from runbook.quant.report import kv_cache_frame, weights_frame
+from runbook.core.lazy import exports
 from runbook.quant.stage import STAGE, QuantOptions, evaluate
 
-__all__ = ["STAGE", "KVCache", "QuantOptions", "QuantReport", "Weights", "evaluate", "for_deployment", "inspect", "kv_cache_frame",
-           "scale_tensors", "weights_frame"]
+# Imported on first use (core/lazy.py): the registry imports this package to read its contract.
+__getattr__, __dir__ = exports(__name__, {"KVCache": "analysis", "QuantReport": "analysis", "Weights": "analysis",
+    "for_deployment": "analysis", "inspect": "analysis", "scale_tensors": "analysis", "kv_cache_frame": "report",
+    "weights_frame": "report"})
+
+__all__ = ["STAGE", "KVCache", "QuantOptions", "QuantReport", "Weights", "evaluate", "for_deployment", "inspect",
+           "kv_cache_frame", "scale_tensors", "weights_frame"]

@@ -1,28 +1,26 @@
 """Stage 30: the systemd unit — built once from spec + what-ifs + recommendations (`build`), then
 rendered, checked, diffed, installed and compared with the running server. `evaluate` is the
 stage's entry point: what 30_service shows and `runbook service report` prints."""
-from runbook.service.check import (
-           check,
-           check_flags,
-           cross_checks,
-           serving_python,
-           verify_unit,
-)
-from runbook.service.diff import diff
-from runbook.service.drift import drift, redact_server_info, server_state
-from runbook.service.install import InstallResult, install, wait_ready
-from runbook.service.render import (
-           Build,
-           Rendered,
-           build,
-           effective_flags,
-           parse_args,
-           recommended_flags,
-           render,
-)
-from runbook.service.report import changes_frame, drift_frame, plan_frame
-from runbook.service.stage import STAGE, ServiceOptions, ServiceReport, assemble, evaluate
+from runbook.core.lazy import exports
 
-__all__ = ["STAGE", "Build", "InstallResult", "Rendered", "ServiceOptions", "ServiceReport", "assemble", "build", "changes_frame", "check", "check_flags", "cross_checks",
-           "diff", "drift", "drift_frame", "effective_flags", "evaluate", "install", "parse_args", "plan_frame", "recommended_flags",
-           "redact_server_info", "render", "server_state", "serving_python", "verify_unit", "wait_ready"]
+# Functions named like their module are bound here, after the import system has set the module as the
+# package attribute (stage.py imports all five anyway).
+from runbook.service.check import check
+from runbook.service.diff import diff
+from runbook.service.drift import drift
+from runbook.service.install import install
+from runbook.service.render import render
+from runbook.service.stage import STAGE, ServiceOptions, evaluate
+
+# Imported on first use (core/lazy.py): the registry imports this package to read its contract.
+__getattr__, __dir__ = exports(__name__, {"check_flags": "check", "cross_checks": "check",
+    "serving_python": "check", "verify_unit": "check", "redact_server_info": "drift",
+    "server_state": "drift", "InstallResult": "install", "wait_ready": "install",
+    "Build": "render", "Rendered": "render", "build": "render", "effective_flags": "render", "parse_args": "render",
+    "recommended_flags": "render", "changes_frame": "report", "drift_frame": "report",
+    "plan_frame": "report", "ServiceReport": "stage", "assemble": "stage"})
+
+__all__ = ["STAGE", "Build", "InstallResult", "Rendered", "ServiceOptions", "ServiceReport", "assemble", "build",
+           "changes_frame", "check", "check_flags", "cross_checks", "diff", "drift", "drift_frame", "effective_flags",
+           "evaluate", "install", "parse_args", "plan_frame", "recommended_flags", "redact_server_info", "render",
+           "server_state", "serving_python", "verify_unit", "wait_ready"]

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-LIB = REPO / "lib" / "runbook"
 from runbook.core import registry
+
+LIB = REPO / "lib" / "runbook"
 
 STAGES = tuple(s.package for s in registry.stages())      # the registry says which packages are stages
 SHARED = ("core", "model", "endpoint", "corpus")

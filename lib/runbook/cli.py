@@ -52,10 +52,7 @@ def _int(lo: int) -> Callable[[str], int]:
 
 
 def _float(lo: float = 0.0, hi: float = math.inf, lo_ok: bool = False, hi_ok: bool = True) -> Callable[[str], float]:
-    if lo == 0 and not lo_ok and hi == math.inf:
-        want = "positive"
-    else:
-        want = f"in {'[' if lo_ok else '('}{lo:g}, {hi:g}{']' if hi_ok else ')'}"
+    want = "positive" if lo == 0 and not lo_ok and hi == math.inf else f"in {'[' if lo_ok else '('}{lo:g}, {hi:g}{']' if hi_ok else ')'}"
 
     def parse(s: str) -> float:
         try:

@@ -40,7 +40,7 @@ _OWNED_FLAGS = {
     "api-key": "serving.env_file (never inline a key)",
 }
 
-FlagValue = Union[bool, int, float, str, None]
+FlagValue = bool | int | float | str | None
 # SGLang flags whose type the runbook relies on (kv sizing, service checks): checked at load, so a
 # `context-length: lots` is a one-line spec error instead of a traceback in a later stage.
 # name -> (type, lowest allowed, highest allowed, what to write)
@@ -175,7 +175,7 @@ class Serving(_Strict):
             return v
         out = {}
         for k, val in v.items():
-            if isinstance(val, bool) or isinstance(val, float):
+            if isinstance(val, (bool, float)):
                 raise ValueError(f"{k}: quote the value (YAML read {val!r} as {type(val).__name__}, not a string)")
             out[k] = str(val) if isinstance(val, int) else val
         return out

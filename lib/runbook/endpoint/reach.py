@@ -137,10 +137,8 @@ def _get(url: str, api_key: str | None, timeout: float, max_bytes: int, accept: 
         expired.set()
         s = conn.sock
         if s is not None:
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     watchdog = threading.Timer(timeout, cut)
     watchdog.daemon = True
@@ -164,10 +162,8 @@ def _get(url: str, api_key: str | None, timeout: float, max_bytes: int, accept: 
             raise
         got_headers = True
         if resp.status >= 400:
-            try:
+            with contextlib.suppress(OSError, http.client.HTTPException):
                 resp.read1(4096)
-            except (OSError, http.client.HTTPException):
-                pass
             raise urllib.error.HTTPError(url, resp.status, resp.reason or "", resp.msg, None)
         length = resp.getheader("Content-Length")
         if length and length.strip().isdigit() and int(length) > max_bytes:

@@ -1,6 +1,7 @@
 """GPU checks through NVML (nvidia-ml-py). Without a driver every check is a `skip` finding."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,10 +53,8 @@ def check(spec: Deployment, nvml: Any = None) -> GpuReport:
     try:
         _inspect(spec, nvml, rep)
     finally:
-        try:
+        with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
-        except nvml.NVMLError:
-            pass
     return rep
 
 

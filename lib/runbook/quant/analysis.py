@@ -427,7 +427,7 @@ def _sg_verify(ck: Checkpoint, user: str | None) -> tuple[str | None, str | None
     if qc is not None:
         if not isinstance(qc, dict):
             raise SGLangRefusal("model_config", "compression_config is not an object", "Fix config.json.")
-        raw = qc.get("quant_method", "" if not user else user)
+        raw = qc.get("quant_method", user or "")
         if not isinstance(raw, str):
             raise SGLangRefusal("model_config", f"quant_method is a {type(raw).__name__}, not a string",
                                 "Fix the checkpoint's quant_method.")

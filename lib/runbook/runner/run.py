@@ -10,6 +10,7 @@ index lists and nothing others can read; the next run of the same deployment rem
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fcntl
 import json
@@ -168,14 +169,10 @@ def _kill_tree(pid: int) -> None:
     except psutil.NoSuchProcess:
         procs = []
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)  # the guard leads its session: anything else left in it
-    except (ProcessLookupError, PermissionError):
-        pass
     psutil.wait_procs(procs, timeout=10)
 
 

@@ -10,6 +10,7 @@ when the install had restarted it. The finding then says which unit is installed
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import shutil
@@ -166,10 +167,8 @@ class _Signals:
 
     def restore(self) -> None:
         for s, h in self.saved.items():
-            try:
+            with contextlib.suppress(OSError, ValueError, TypeError):
                 signal.signal(s, h)
-            except (OSError, ValueError, TypeError):
-                pass
         self.saved.clear()
 
 

@@ -70,6 +70,24 @@ class Inputs:
     context_len_explicit: bool = False             # --context-length given (checked against the model's)
 
     def validate(self) -> None:
+        self._check_types()
+        if self.mamba_ssm_dtype is not None and self.mamba_ssm_dtype not in _SSM_DTYPES:
+            raise InputError(f"--mamba-ssm-dtype {self.mamba_ssm_dtype}: use float32, bfloat16 or float16")
+        if self.tp % self.attn_dp:
+            raise InputError(f"--attn-dp {self.attn_dp} must divide --tp {self.tp}")
+        for name in ("gpu_mem_gib", "kv_budget_gib"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise InputError(f"--{name.replace('_', '-')} must be positive (got {v})")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
+            raise InputError(f"--mem-fraction-static must be in (0, 1] (got {self.mem_fraction_static})")
+        if self.weights_bytes_per_gpu is not None and self.weights_bytes_per_gpu < 0:
+            raise InputError("--weights-gib must not be negative")
+        if any(c <= 0 for c in self.contexts):
+            raise InputError("--contexts must be positive token counts")
+
+    def _check_types(self) -> None:
+        """Each number is of its kind (a size, a finite number, a positive count) before any relation between them is checked."""
         for name in ("tp", "pp", "attn_dp", "page_size"):
             v = getattr(self, name)
             if v is None and name == "page_size":
@@ -87,20 +105,6 @@ class Inputs:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InputError(f"--{name.replace('_', '-').replace('spec-', 'speculative-')} must be a positive integer (got {v!r})")
-        if self.mamba_ssm_dtype is not None and self.mamba_ssm_dtype not in _SSM_DTYPES:
-            raise InputError(f"--mamba-ssm-dtype {self.mamba_ssm_dtype}: use float32, bfloat16 or float16")
-        if self.tp % self.attn_dp:
-            raise InputError(f"--attn-dp {self.attn_dp} must divide --tp {self.tp}")
-        for name in ("gpu_mem_gib", "kv_budget_gib"):
-            v = getattr(self, name)
-            if v is not None and v <= 0:
-                raise InputError(f"--{name.replace('_', '-')} must be positive (got {v})")
-        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
-            raise InputError(f"--mem-fraction-static must be in (0, 1] (got {self.mem_fraction_static})")
-        if self.weights_bytes_per_gpu is not None and self.weights_bytes_per_gpu < 0:
-            raise InputError("--weights-gib must not be negative")
-        if any(c <= 0 for c in self.contexts):
-            raise InputError("--contexts must be positive token counts")
 
 
 @dataclass

@@ -229,3 +229,43 @@ def test_one_sglang_version_constant():
         v = subprocess.run([serving, "-c", "from importlib.metadata import version; print(version('sglang'))"],
                            capture_output=True, text=True, timeout=60).stdout.strip()
         assert v == SGLANG_VERSION
+
+
+# A function longer than this hides its steps: split it where a split names a real step.
+MAX_FUNCTION_LINES = 80
+# Temporary allowance: these files are being refactored (the transport work); the lead empties this set.
+_BEING_REFACTORED = {"endpoint/client.py", "endpoint/h1.py", "bench/sweep.py", "bench/workers.py", "bench/sessions.py",
+                     "bench/run.py"}
+
+
+def _long_functions(text: str, where: str) -> list[str]:
+    out = []
+    for n in ast.walk(ast.parse(text)):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = (n.end_lineno or n.lineno) - n.lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                out.append(f"{where}:{n.lineno} {n.name} is {lines} lines")
+    return out
+
+
+def test_no_function_is_longer_than_80_lines():
+    long = []
+    for p in sorted(LIB.rglob("*.py")):
+        rel = p.relative_to(LIB).as_posix()
+        if rel.startswith("corpus/data/") or rel in _BEING_REFACTORED:
+            continue
+        long += _long_functions(p.read_text(), rel)
+    assert long == []
+
+
+@pytest.mark.parametrize("lines, caught", [(80, False), (81, True)])
+@pytest.mark.parametrize("method", [False, True], ids=["function", "async method"])
+def test_function_length_rule_can_fail(lines, caught, method):
+    import textwrap
+
+    body = "".join(f"    x{i} = {i}\n" for i in range(lines - 1))   # the def line plus lines - 1 statements
+    src = f"def f():\n{body}"
+    if method:
+        src = "class C:\n" + textwrap.indent(src.replace("def f():", "async def m(self):"), "    ")
+    assert len(src.splitlines()) == lines + method
+    assert bool(_long_functions(src, "planted.py")) == caught

@@ -110,7 +110,8 @@ def test_import_rule_catches_a_violation(layer, text, expect):
 
 
 def test_import_rule_allows_package_roots():
-    assert _violations(LIB / "service" / "x.py", "service", "from runbook import kv, quant\nfrom runbook.core.spec import Deployment\n") == []
+    assert _violations(LIB / "service" / "x.py", "service",
+                       "from runbook import kv, quant\nfrom runbook.core.spec import Deployment\n") == []
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -186,7 +187,8 @@ def test_notebook_options_drop_only_the_unset_sentinels():
         exclude_none=True) == {}
     o = notebook.options("kv_memory", tp=8, kv_dtype="bf16", contexts=[8192], mem_fraction_static=0.88)
     assert (o.tp, o.kv_dtype, o.contexts, o.mem_fraction_static) == (8, "bf16", [8192], 0.88)
-    assert notebook.options("benchmark", chat=True, interactive=True, artifact_dir="/x").model_dump(include={"chat", "progress", "out"}) == {
+    assert notebook.options("benchmark", chat=True, interactive=True, artifact_dir="/x").model_dump(include={"chat", "progress",
+                                                                                                             "out"}) == {
         "chat": True, "progress": True, "out": "/x"}
 
 

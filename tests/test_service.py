@@ -128,7 +128,8 @@ def test_real_sglang_parser_accepts_the_default_unit():
 
 @needs_parser
 @pytest.mark.parametrize("arg, fid, title, remedy", [
-    ("kv-cahce-dtype=bf16", "service.flag.kv-cahce-dtype", "--kv-cahce-dtype: not a flag of SGLang 0.5.23", "Did you mean --kv-cache-dtype?"),
+    ("kv-cahce-dtype=bf16", "service.flag.kv-cahce-dtype", "--kv-cahce-dtype: not a flag of SGLang 0.5.23",
+     "Did you mean --kv-cache-dtype?"),
     ("kv-cache-dtype=fp7", "service.flag.kv-cache-dtype", "--kv-cache-dtype: rejected by SGLang 0.5.23's parser", "Fix the value"),
     ("mem-fraction-static=lots", "service.flag.mem-fraction-static", "--mem-fraction-static: rejected", "Fix the value"),
 ])

@@ -104,7 +104,8 @@ def _diagnose(page, root, shot) -> str:
               " name: document.querySelector('.jp-KernelName')?.innerText,"
               " prompts: [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.innerText).join(' '),"
               " dialogs: [...document.querySelectorAll('.jp-Dialog, .Toastify__toast')].map(e => e.innerText).join(' | '),"
-              " errors: [...document.querySelectorAll('.jp-OutputArea-output[data-mime-type*=\"stderr\"], .jp-RenderedText[data-mime-type*=\"error\"]')]"
+              " errors: [...document.querySelectorAll('.jp-OutputArea-output[data-mime-type*=\"stderr\"], "
+              ".jp-RenderedText[data-mime-type*=\"error\"]')]"
               "   .map(e => e.innerText.slice(0, 600)).join(' | ')})")
         state = page.evaluate(js)
     except Exception as e:  # the page itself may be gone

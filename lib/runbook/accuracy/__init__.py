@@ -7,4 +7,5 @@ from runbook.accuracy.stage import STAGE, AccuracyOptions, AccuracyReport, asses
 from runbook.accuracy.toolcall import ToolCallReport
 from runbook.accuracy.toolcall import run as probe_toolcalls
 
-__all__ = ["STAGE", "AccuracyOptions", "AccuracyReport", "assess", "ToolCallReport", "evaluate", "kv_table", "plot_growth", "plot_recall", "probe_toolcalls"]
+__all__ = ["STAGE", "AccuracyOptions", "AccuracyReport", "assess", "ToolCallReport", "evaluate", "kv_table", "plot_growth", "plot_recall",
+           "probe_toolcalls"]

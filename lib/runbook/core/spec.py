@@ -114,7 +114,8 @@ class Model(_Strict):
     card: str | None = Field(None, description="local dir with config.json etc. to inspect when path is not on this machine")
     served_name: str | None = None
     revision: str | None = None
-    size_gib: float | None = Field(None, gt=0, le=MAX_CHECKPOINT_GIB, description="checkpoint size when it is not on this machine; read from its index when it is")
+    size_gib: float | None = Field(None, gt=0, le=MAX_CHECKPOINT_GIB,
+                                   description="checkpoint size when it is not on this machine; read from its index when it is")
 
 
 class Hardware(_Strict):

@@ -480,17 +480,20 @@ def _findings(arch: Arch, inp: Inputs, res: Result) -> list[Finding]:
                        f"max_total_num_tokens ≈ {tok:,} per pool ({res.kv_pool_bytes_per_gpu / GIB:.1f} GiB of KV per GPU)",
                        detail=f"budget {res.kv_budget_bytes_per_gpu / GIB:.1f} GiB per GPU ({res.mem_fraction_source})"
                               + (f"; state pool {res.state_pool_bytes_per_gpu / GIB:.1f} GiB" if res.state_pool_bytes_per_gpu else ""),
-                       remedy="Not even one request at the context length fits: lower --context-length or free memory." if tok < ctx else ""))
+                       remedy="Not even one request at the context length fits: lower "
+                              "--context-length or free memory." if tok < ctx else ""))
     if res.max_state_slots is not None and res.state_slots_per_request:
         cap = res.max_state_slots // res.state_slots_per_request
         bound = [int(c) for c, n in res.kv_limited_requests_at_context.items() if n is not None and n > cap * inp.attn_dp]
         where = (f"at contexts up to {max(bound):,} tokens KV alone would hold more "
-                 f"({res.kv_limited_requests_at_context[str(min(bound))]:,} at {min(bound):,}): there the state pool, not KV, limits concurrency"
+                 f"({res.kv_limited_requests_at_context[str(min(bound))]:,} at {min(bound):,}): there the state pool, "
+                 "not KV, limits concurrency"
                  if bound else "KV is the tighter limit at every listed context")
         out.append(Finding("kv.state_limit", "warn" if bound else "info",
                            f"the linear-attention state pool caps concurrency at {cap} running requests per DP rank",
                            detail=f"{res.max_state_slots:,} state slots of {res.state_bytes_per_request_per_gpu / MIB:.1f} MiB "
-                                  f"({res.state_pool_bytes_per_gpu / GIB:.1f} GiB), {res.state_slots_per_request} per running request; {where}.",
+                                  f"({res.state_pool_bytes_per_gpu / GIB:.1f} GiB), {res.state_slots_per_request} per "
+                                  f"running request; {where}.",
                            remedy="For more concurrent requests: raise `--mamba-full-memory-ratio` (more state, fewer tokens) or "
                                   "`--max-mamba-cache-size`, or add GPUs." if bound else ""))
     return out

@@ -218,7 +218,8 @@ def execute(nb: Path, out_nb: Path, parameters: dict[str, Any], cwd: Path, timeo
 
     Parameters travel as one JSON document through `-y`, so their types survive. Returns
     (exit code or None on timeout, error text, timed_out)."""
-    cmd = [sys.executable, str(_GUARD), str(os.getpid()), "--", sys.executable, "-m", "papermill", str(nb), str(out_nb), "-y", json.dumps(parameters),
+    cmd = [sys.executable, str(_GUARD), str(os.getpid()), "--", sys.executable, "-m", "papermill", str(nb), str(out_nb), "-y",
+           json.dumps(parameters),
            "--cwd", str(cwd), "--no-progress-bar", "--log-output", "--execution-timeout", str(int(max(1, timeout)))]
     if kernel:
         cmd += ["-k", kernel]
@@ -303,7 +304,8 @@ def _run_one(nb: Path, run_dir: Path, spec: spec_mod.Deployment, user_params: di
         res.ipynb = out_nb.name
         _stamp_notebook(out_nb, res)
         try:
-            archive.export_html(out_nb, run_dir / f"{stem}.html", banner=None if res.status == "ok" else f"This notebook did not complete: {res.error}")
+            archive.export_html(out_nb, run_dir / f"{stem}.html",
+                                banner=None if res.status == "ok" else f"This notebook did not complete: {res.error}")
             res.html = f"{stem}.html"
         except Exception as e:  # an HTML failure must not lose the run
             log(f"{stem}: HTML export failed: {e}")
@@ -331,7 +333,8 @@ def _summary_md(s: dict[str, Any]) -> str:
     if att:
         lines += ["", "## Needs attention", ""]
         for name, f in sorted(att, key=lambda x: STATUSES.index(x[1]["status"])):
-            lines.append(f"- **{f['status'].upper()}** `{f['id']}` ({name}): {f['title']}" + (f" — fix: {f['remedy']}" if f.get("remedy") else ""))
+            lines.append(f"- **{f['status'].upper()}** `{f['id']}` ({name}): {f['title']}" + (" — fix: "
+                                                                                              f"{f['remedy']}" if f.get("remedy") else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -23,6 +23,7 @@ from runbook.service.render import (
 from runbook.service.report import changes_frame, drift_frame, plan_frame
 from runbook.service.stage import STAGE, ServiceOptions, ServiceReport, assemble, evaluate
 
-__all__ = ["STAGE", "Build", "InstallResult", "Rendered", "ServiceOptions", "ServiceReport", "assemble", "build", "changes_frame", "check", "check_flags", "cross_checks",
+__all__ = ["STAGE", "Build", "InstallResult", "Rendered", "ServiceOptions", "ServiceReport", "assemble", "build", "changes_frame", "check",
+           "check_flags", "cross_checks",
            "diff", "drift", "drift_frame", "effective_flags", "evaluate", "install", "parse_args", "plan_frame", "recommended_flags",
            "redact_server_info", "render", "server_state", "serving_python", "verify_unit", "wait_ready"]

@@ -5,4 +5,5 @@ what 20_kv_memory predicted for the unit and with /server_info (`compare`); `rep
 from runbook.verify.report import compare_frame, plot_memory, startup_frame, text_table, warnings_frame
 from runbook.verify.stage import STAGE, VerifyOptions, VerifyReport, evaluate, inspect
 
-__all__ = ["STAGE", "VerifyOptions", "VerifyReport", "inspect", "compare_frame", "evaluate", "plot_memory", "startup_frame", "text_table", "warnings_frame"]
+__all__ = ["STAGE", "VerifyOptions", "VerifyReport", "inspect", "compare_frame", "evaluate", "plot_memory", "startup_frame", "text_table",
+           "warnings_frame"]

@@ -29,8 +29,9 @@ from runbook.endpoint.reach import run_sync  # noqa: E402
 
 
 def serve(port: int, tokens: int, ttft_s: float = 0.0, log: str = "", pace_s: float = 0.0) -> None:
-    """`pace_s`: one write per chunk, this far apart (else the whole response in one write). `log`: a file the server appends "prompt received first_write" to for every request, on the
-    same monotonic clock as the client (perf_counter is CLOCK_MONOTONIC, shared by processes)."""
+    """`pace_s`: one write per chunk, this far apart (else the whole response in one write). `log`: a file the
+    server appends "prompt received first_write" to for every request, on the same monotonic clock as the client
+    (perf_counter is CLOCK_MONOTONIC, shared by processes)."""
     from aiohttp import web
 
     audit = open(log, "a", buffering=1) if log else None  # noqa: SIM115 - written by every request until the server process ends

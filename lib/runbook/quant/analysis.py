@@ -634,7 +634,9 @@ def _kv_awq(cfg: dict[str, Any], flat: bool) -> str | None:
     return None
 
 
-_KV_FROM_CONFIG = {'modelopt': _kv_modelopt_fp8, 'modelopt_fp8': _kv_modelopt_fp8, 'modelopt_fp4': _kv_modelopt_fp4, 'modelopt_mixed': _kv_modelopt_mixed, 'fp8': _kv_fp8, 'mxfp8': _kv_fp8, 'compressed-tensors': _kv_compressed_tensors, 'gptq_marlin': _kv_gptq_marlin, 'awq_marlin': _kv_awq_marlin, 'awq': _kv_awq}
+_KV_FROM_CONFIG = {'modelopt': _kv_modelopt_fp8, 'modelopt_fp8': _kv_modelopt_fp8, 'modelopt_fp4': _kv_modelopt_fp4,
+                   'modelopt_mixed': _kv_modelopt_mixed, 'fp8': _kv_fp8, 'mxfp8': _kv_fp8, 'compressed-tensors': _kv_compressed_tensors,
+                   'gptq_marlin': _kv_gptq_marlin, 'awq_marlin': _kv_awq_marlin, 'awq': _kv_awq}
 
 
 def _sg_kv_algo(quantization: str, cfg: dict[str, Any]) -> str | None:
@@ -925,9 +927,9 @@ def _refusal_findings(ck: Checkpoint, w: Weights, auto_view: SGLangView, view: S
     r = view.refusal
     if user_q and auto_view.refusal is None:
         return out  # the flag is the cause: reported by _flag_findings as quant.flag
+    building = {"model_config": "model config", "quant_config": "quantization config"}.get(r.stage, "attention layers")
     out.append(Finding("quant.refused", "fail", f"SGLang {SGLANG_VERSION} refuses to start: {r}",
-                       detail="Raised while building the "
-                              f"{'model config' if r.stage == 'model_config' else 'quantization config' if r.stage == 'quant_config' else 'attention layers'}"
+                       detail=f"Raised while building the {building}"
                               f" (checkpoint quant_method {auto_view.quant_method or view.quant_method!r}).",
                        evidence=f"read from {w.source}" if w.source else "",
                        remedy=r.fix or "Use a checkpoint whose quant_method SGLang registers."))

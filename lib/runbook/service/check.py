@@ -135,7 +135,8 @@ def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[F
     kv = str(r.flags.get("kv-cache-dtype", "auto"))
     if quant_rep is not None:
         rec = quant_rep.recommended_flags.get("kv-cache-dtype")
-        fp8 = sglang_names.kv_dtype_name(kv) in sglang_names.FP8_KV or (kv == "auto" and quant_rep.kv_cache.auto_resolves_to.startswith("fp8"))
+        fp8 = (sglang_names.kv_dtype_name(kv) in sglang_names.FP8_KV
+               or (kv == "auto" and quant_rep.kv_cache.auto_resolves_to.startswith("fp8")))
         if rec == "bf16" and fp8:
             out.append(Finding("service.kv_dtype", "fail",
                                f"--kv-cache-dtype {kv} keeps the FP8 KV cache {registry.notebook('quant_config')} flags",

@@ -52,7 +52,8 @@ def bytes_per_token(facts: Facts) -> int | None:
 def _causes(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags: dict[str, Any], gpu_mem_gib: float | None,
             plan_frac: float | None) -> list[str]:
     out = []
-    if obs.get("weights_gib_per_gpu") and pred.get("weights_gib_per_gpu") and obs["weights_gib_per_gpu"] > pred["weights_gib_per_gpu"] * 1.03:
+    ow, pw = obs.get("weights_gib_per_gpu"), pred.get("weights_gib_per_gpu")
+    if ow and pw and ow > pw * 1.03:
         out.append(f"weights take {obs['weights_gib_per_gpu']:.2f} GiB per GPU, the plan {pred['weights_gib_per_gpu']:.2f}")
     w = facts.rank0(facts.weights)
     if w and gpu_mem_gib:

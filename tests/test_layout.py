@@ -187,9 +187,8 @@ def test_notebook_options_drop_only_the_unset_sentinels():
         exclude_none=True) == {}
     o = notebook.options("kv_memory", tp=8, kv_dtype="bf16", contexts=[8192], mem_fraction_static=0.88)
     assert (o.tp, o.kv_dtype, o.contexts, o.mem_fraction_static) == (8, "bf16", [8192], 0.88)
-    assert notebook.options("benchmark", chat=True, interactive=True, artifact_dir="/x").model_dump(include={"chat", "progress",
-                                                                                                             "out"}) == {
-        "chat": True, "progress": True, "out": "/x"}
+    o = notebook.options("benchmark", chat=True, interactive=True, artifact_dir="/x")
+    assert o.model_dump(include={"chat", "progress", "out"}) == {"chat": True, "progress": True, "out": "/x"}
 
 
 @pytest.mark.parametrize("nb", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)

@@ -183,8 +183,8 @@ def test_awq_excerpt_and_gptq_side_file(tmp_path):
 
 def test_real_model_cards(tmp_path):
     rep = quant.inspect(checkpoint.load(FIX / "models" / "llama-3.1-70b-instruct-fp8"), tp=8)
-    assert (rep.weights.algo, rep.kv_cache.declared, rep.kv_cache.auto_resolves_to, rep.kv_cache.kv_layers) == ("FP8", "FP8", "fp8_e4m3",
-                                                                                                                80)
+    kv = rep.kv_cache
+    assert (rep.weights.algo, kv.declared, kv.auto_resolves_to, kv.kv_layers) == ("FP8", "FP8", "fp8_e4m3", 80)
     assert rep.kv_cache.layers_with_scales is None and ids(rep)["quant.kv.fp8_scales"].status == "warn"
     rep = quant.inspect(checkpoint.load(FIX / "models" / "qwen3.5-397b-a17b-nvfp4"))
     assert (rep.weights.algo, rep.weights.group_size, rep.weights.source) == ("NVFP4", 16, "config.json")

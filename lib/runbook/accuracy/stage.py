@@ -103,8 +103,8 @@ def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
     rows = [r for r in (kvq.get("rows") or []) if isinstance(r, dict)]
     active = kvq.get("active")
     if rows and isinstance(active, list) and len(active) == 2:
-        errs = [e for e in (_num(r.get("attn_out_rel_err")) for r in rows if [r.get("format"),
-                                                                              r.get("scaling")] == active) if e is not None]
+        errs = [e for e in (_num(r.get("attn_out_rel_err")) for r in rows if [r.get("format"), r.get("scaling")] == active)
+                if e is not None]
         if errs:
             out["kvquant_attn_rel_err_max"] = round(max(errs), 6)
     return out

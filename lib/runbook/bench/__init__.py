@@ -22,5 +22,5 @@ from runbook.bench.run import (
 from runbook.bench.stage import STAGE, BenchStageOptions, evaluate
 
 __all__ = ["STAGE", "BenchOptions", "BenchResult", "BenchStageOptions", "measure", "compare_previous", "evaluate", "frame", "options_from",
-           "plot_cdf",
-           "plot_latency", "plot_slo_search", "plot_telemetry", "plot_throughput", "plot_turns", "spec_decoding_frame", "turns_frame"]
+           "plot_cdf", "plot_latency", "plot_slo_search", "plot_telemetry", "plot_throughput", "plot_turns", "spec_decoding_frame",
+           "turns_frame"]

@@ -530,8 +530,8 @@ def _kv_modelopt_fp4(cfg: dict[str, Any], flat: bool) -> str | None:  # noqa: C9
         if gs is None:
             groups = cfg.get("config_groups") or {}
             first: Any = next(iter(groups.values()), {}) if isinstance(groups, dict) else {}
-            gs = first.get("weights", {}).get("group_size") if isinstance(first, dict) and isinstance(first.get("weights", {}),
-                                                                                                      dict) else None
+            weights = first.get("weights", {}) if isinstance(first, dict) else None
+            gs = weights.get("group_size") if isinstance(weights, dict) else None
         if gs is None and isinstance(algo, str) and "NVFP4" in algo:
             gs = 16
         excl = cfg.get("ignore", cfg.get("modules_to_not_convert", cfg.get("exclude_modules", [])))
@@ -726,8 +726,8 @@ def _dtype_findings(ck: Checkpoint, w: Weights) -> list[Finding]:
     if w.algo == "unquantized" and any(k.startswith("F8") for k in c):
         return [Finding("quant.ckpt.dtypes", "warn", "FP8 tensors in a checkpoint with no quantization config", detail=f"dtypes found: {c}",
                         remedy="SGLang will load them as if unquantized: add the checkpoint's quantization_config.")]
-    return [Finding("quant.ckpt.dtypes", "pass", f"tensor dtypes match {w.algo}", evidence=", ".join(f"{k}: {v}" for k,
-                                                                                                     v in sorted(c.items())))]
+    return [Finding("quant.ckpt.dtypes", "pass", f"tensor dtypes match {w.algo}",
+                    evidence=", ".join(f"{k}: {v}" for k, v in sorted(c.items())))]
 
 
 def inspect(ck: Checkpoint, flags: dict[str, Any] | None = None, tp: int = 1, pp: int = 1, location_note: str = "",
@@ -790,17 +790,17 @@ def _weights_findings(w: Weights, a: arch_mod.Arch, tp: int, pp: int, ck: Checkp
     size = f", group {w.group_size}" if w.group_size else (f", block {w.block_size}" if w.block_size else "")
     out.append(Finding("quant.weights", "info", f"weights: {w.algo}{size} ({who})",
                        detail=(f"read from {w.source}; " if w.source else "no quantization config; ") +
-                              ("kept in higher precision: "
-                               f"{', '.join(w.kept_precision_kinds)}" if w.kept_precision_kinds else "no excluded modules listed"),
-                       evidence=f"{len(w.excluded_modules)} "
-                                "exclude/ignore pattern(s)" + (f", e.g. {w.excluded_modules[:3]}" if w.excluded_modules else "")))
+                              (f"kept in higher precision: {', '.join(w.kept_precision_kinds)}" if w.kept_precision_kinds
+                               else "no excluded modules listed"),
+                       evidence=f"{len(w.excluded_modules)} exclude/ignore pattern(s)"
+                                + (f", e.g. {w.excluded_modules[:3]}" if w.excluded_modules else "")))
     if w.total_bytes:
         assert w.bytes_per_gpu is not None  # set from total_bytes in inspect()
         out.append(Finding("quant.weight_bytes", "info", f"weights: {w.total_bytes / GIB:.1f} GiB in total, ~{w.bytes_per_gpu / GIB:.1f} "
                            f"GiB per GPU at TP {tp} × PP {pp}",
                            detail="Per GPU = total / (TP × PP): an even split; replicated norms and router weights add a little.",
-                           evidence=f"{INDEX} total_size" if (ck.index or {}).get("metadata",
-                                                                                  {}).get("total_size") else "sum over shard headers"))
+                           evidence=f"{INDEX} total_size" if (ck.index or {}).get("metadata", {}).get("total_size")
+                           else "sum over shard headers"))
     elif not ck.has_weights:
         out.append(Finding("quant.weight_bytes", "skip", "weight bytes unknown: no index or shards here",
                            detail=note or f"{ck.dir} holds configs only.",
@@ -817,9 +817,9 @@ def _kv_findings(kv: KVCache, a: arch_mod.Arch, qpp: Any, ck: Checkpoint) -> lis
     decl = f"the checkpoint declares {kv.declared} KV in {kv.declared_in}" if kv.declared else "the checkpoint declares no KV quantization"
     out.append(Finding("quant.kv.auto", "info", f"--kv-cache-dtype auto resolves to {kv.auto_resolves_to}",
                        detail=f"{decl}; " + ("SGLang follows it" if kv.honoured else
-                               (f"SGLang ignores it (its quant config reports kv_cache_quant_algo={kv.kv_cache_quant_algo!r}; only "
-                                "\"FP8\" switches auto to FP8), " if kv.declared else "") + "so auto means the model "
-                                                                                            "dtype") + f". {layers}."))
+                               (f"SGLang ignores it (its quant config reports kv_cache_quant_algo={kv.kv_cache_quant_algo!r}; "
+                                "only \"FP8\" switches auto to FP8), " if kv.declared else "")
+                               + "so auto means the model dtype") + f". {layers}."))
     if kv.effective in FP8_KV:
         n, total = kv.layers_with_scales, kv.kv_layers
         if kv.scale_coverage == "file":

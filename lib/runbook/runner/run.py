@@ -333,8 +333,8 @@ def _summary_md(s: dict[str, Any]) -> str:
     if att:
         lines += ["", "## Needs attention", ""]
         for name, f in sorted(att, key=lambda x: STATUSES.index(x[1]["status"])):
-            lines.append(f"- **{f['status'].upper()}** `{f['id']}` ({name}): {f['title']}" + (" — fix: "
-                                                                                              f"{f['remedy']}" if f.get("remedy") else ""))
+            lines.append(f"- **{f['status'].upper()}** `{f['id']}` ({name}): {f['title']}"
+                         + (f" — fix: {f['remedy']}" if f.get("remedy") else ""))
     return "\n".join(lines) + "\n"
 
 

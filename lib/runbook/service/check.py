@@ -81,8 +81,8 @@ def check_flags(r: Rendered, python: str, run: Callable = subprocess.run) -> lis
             close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag and flag not in known else []
             unknown = bool(flag) and flag not in known
             out.append(Finding(f"service.flag.{(flag or 'argv').lstrip('-')}", "fail",
-                               f"{flag}: not a flag of SGLang {ver}" if unknown else f"{flag or 'argv'}: rejected by "
-                                                                                     f"SGLang {ver}'s parser{where}",
+                               f"{flag}: not a flag of SGLang {ver}" if unknown
+                               else f"{flag or 'argv'}: rejected by SGLang {ver}'s parser{where}",
                                detail=e["error"],
                                remedy=(f"Did you mean {close[0]}?" if close else "Remove it or upgrade SGLang.") if unknown
                                else "Fix the value in serving.flags (or the --arg what-if)."))
@@ -129,8 +129,8 @@ def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[F
     par, hw = spec.parallelism, spec.hardware
     total = hw.gpu_count * max(1, len(par.nodes))
     out.append(Finding("service.gpus", "pass" if par.gpus == total else "warn",
-                       f"TP {par.tp} × PP {par.pp} = {par.gpus} GPUs of {total}" + (" (attention DP "
-                                                                                    f"{par.attn_dp} inside TP)" if par.attn_dp > 1 else ""),
+                       f"TP {par.tp} × PP {par.pp} = {par.gpus} GPUs of {total}"
+                       + (f" (attention DP {par.attn_dp} inside TP)" if par.attn_dp > 1 else ""),
                        remedy="" if par.gpus == total else "Idle GPUs: raise TP/PP or lower hardware.gpu_count."))
     kv = str(r.flags.get("kv-cache-dtype", "auto"))
     if quant_rep is not None:

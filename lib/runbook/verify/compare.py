@@ -91,8 +91,8 @@ def compare(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags:
     if obs.get("context_len") is not None and want_ctx is not None:
         ok = int(obs["context_len"]) == int(want_ctx)
         out.append(Finding(f"{id_prefix}.context_len", "pass" if ok else "fail",
-                           f"context length {int(obs['context_len']):,} ({where})" + ("" if ok else ", the unit "
-                                                                                      f"asks for {int(want_ctx):,}"),
+                           f"context length {int(obs['context_len']):,} ({where})"
+                           + ("" if ok else f", the unit asks for {int(want_ctx):,}"),
                            remedy="" if ok else "The server runs another --context-length than the unit: restart "
                                                 "it from the rendered unit."))
     p, o = pred.get("max_total_num_tokens"), obs.get("max_total_num_tokens")

@@ -119,8 +119,8 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
         else:
             findings.append(Finding("verify.log", "info", f"read the last start of {src.source}: {facts.lines:,} lines",
                                     detail=(f"started {facts.start_time}" if facts.start_time else "start time not in the log")
-                                    + (f"; {facts.starts_seen} starts in the "
-                                       "source, only the last is read" if facts.starts_seen > 1 else "")
+                                    + (f"; {facts.starts_seen} starts in the source, only the last is read"
+                                       if facts.starts_seen > 1 else "")
                                     + ("; " + src.errors[0] if src.errors else "")))
             if facts.scheduler is None:
                 findings.append(Finding("verify.started", "fail" if facts.warnings.keys() & {"oom", "oom_graph_capture",

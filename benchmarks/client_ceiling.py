@@ -29,11 +29,12 @@ from runbook.endpoint.reach import run_sync  # noqa: E402
 
 
 def serve(port: int, tokens: int, ttft_s: float = 0.0, log: str = "", pace_s: float = 0.0) -> None:
-    """`pace_s`: one write per chunk, this far apart (else the whole response in one write). `log`: a file the server appends "prompt received first_write" to for every request, on the
-    same monotonic clock as the client (perf_counter is CLOCK_MONOTONIC, shared by processes)."""
+    """`pace_s`: one write per chunk, this far apart (else the whole response in one write). `log`: a file the
+    server appends "prompt received first_write" to for every request, on the same monotonic clock as the client
+    (perf_counter is CLOCK_MONOTONIC, shared by processes)."""
     from aiohttp import web
 
-    audit = open(log, "a", buffering=1) if log else None
+    audit = open(log, "a", buffering=1) if log else None  # noqa: SIM115 - written by every request until the server process ends
 
     chunk = {"choices": [{"index": 0, "text": " tok", "finish_reason": None}]}
     line = f"data: {json.dumps(chunk)}\n\n".encode()
@@ -291,7 +292,8 @@ def send_overhead(ttft_s: float = 0.150, tokens: int = 8) -> None:
     port = free_port()
     import tempfile
 
-    log = tempfile.NamedTemporaryFile(suffix=".log", delete=False).name
+    with tempfile.NamedTemporaryFile(suffix=".log", delete=False) as f:
+        log = f.name
     p = mp.Process(target=serve, args=(port, tokens, ttft_s, log), daemon=True)
     p.start()
     time.sleep(1.0)
@@ -307,7 +309,7 @@ def send_overhead(ttft_s: float = 0.150, tokens: int = 8) -> None:
             ttft = [metrics.ttft_s(r) for r in lr.records if r.ok]
             q = [r.queue_s for r in lr.records]
             ours = float(np.median(ttft)) * 1000
-            server = {w[0]: (float(w[1]), float(w[2])) for w in (ln.split() for ln in open(log)) if len(w) == 3}
+            server = {w[0]: (float(w[1]), float(w[2])) for w in (ln.split() for ln in Path(log).read_text().splitlines()) if len(w) == 3}
             pairs = [(r, server[f"c{conc}r{r.id}"]) for r in lr.records if r.ok and f"c{conc}r{r.id}" in server]
             send_err = np.median([(sv[0] - r.send_time) * 1000 for r, sv in pairs])
             recv_err = np.median([(r.chunk_times[0] - sv[1]) * 1000 for r, sv in pairs])

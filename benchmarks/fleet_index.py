@@ -39,11 +39,13 @@ def _server(port: int) -> subprocess.Popen:
 def _summary(host: str, dep: str, i: int) -> dict:
     day, sec = divmod(i, 86400)
     code = 1 if i % 17 == 0 else 0
-    return {"run_id": f"run{i:06d}-{dep}", "deployment": dep, "host": host, "started": f"2026-{1 + day // 28:02d}-{1 + day % 28:02d}T{sec // 3600:02d}:00:00+00:00",
+    return {"run_id": f"run{i:06d}-{dep}", "deployment": dep, "host": host,
+            "started": f"2026-{1 + day // 28:02d}-{1 + day % 28:02d}T{sec // 3600:02d}:00:00+00:00",
             "exit_code": code, "verdict": "checks failed" if code else "all notebooks ran, no check failed",
             "findings": {"pass": 40, "warn": 2, "fail": code, "skip": 3, "info": 5}, "git_commit": "0123456789ab",
             "notebooks": [{"name": f"{n}", "status": "ok", "duration_s": 3.2, "failed_findings":
-                           ([{"id": "kv.fit", "status": "fail", "title": "context does not fit", "remedy": "raise the pool"}] if code and n == "20_kv_memory" else [])}
+                           ([{"id": "kv.fit", "status": "fail", "title": "context does not fit",
+                              "remedy": "raise the pool"}] if code and n == "20_kv_memory" else [])}
                           for n in ("00_environment", "10_quant_config", "20_kv_memory", "30_service", "40_benchmark", "50_accuracy")],
             "metrics": {"kv_tokens_planned": 2034058, "kv_tokens_observed": 2034058 - i % 100,
                         "output_tok_s": {f"c{c}": 100.0 * c - i % 50 for c in (1, 2, 4, 8, 16, 32, 64)},
@@ -69,7 +71,8 @@ def main() -> None:
     try:
         import s3fs
 
-        fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}"}, skip_instance_cache=True, use_listings_cache=False)
+        fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}"}, skip_instance_cache=True,
+                               use_listings_cache=False)
         fs.mkdir("bench")
         t0 = time.perf_counter()
         batch: dict[str, bytes] = {}

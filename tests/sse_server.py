@@ -7,6 +7,7 @@ so a client reading that clock on arrival measures exactly the script (plus noth
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from dataclasses import dataclass, field
@@ -79,10 +80,8 @@ class ThreadedApp:
                     t.cancel()
             await self.runner.cleanup()
 
-        try:
+        with contextlib.suppress(Exception):  # a handler cancelled mid-write is fine at shutdown
             asyncio.run_coroutine_threadsafe(_stop(), self.loop).result(10)
-        except Exception:  # noqa: BLE001 - a handler cancelled mid-write is fine at shutdown
-            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 
 @contextmanager
@@ -26,10 +26,8 @@ def tcp_server(serve: Callable[[socket.socket], None], backlog: int = 64) -> Ite
         except OSError:
             pass
         finally:
-            try:
+            with suppress(OSError):
                 conn.close()
-            except OSError:
-                pass
 
     def loop() -> None:
         srv.settimeout(0.05)

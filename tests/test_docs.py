@@ -27,7 +27,20 @@ DOCS = REPO / "docs"
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 # Every `--flag` token of the README before it was split into docs/ (issue 28): what the move had to keep.
-ORIGINAL_README_FLAGS = ["--archive", "--archive-url", "--arg", "--attention-backend", "--attn-dp", "--chat", "--compare-url", "--compute-capability", "--concurrency", "--context-len", "--context-length", "--contexts", "--crash-dump-folder", "--deployment", "--depths", "--dump-requests-folder", "--duration", "--expires", "--find-max", "--flush-cache", "--from", "--gpu-mem-gib", "--input-len", "--installed", "--jinja", "--json", "--keep", "--kv-budget-gib", "--kv-cache-dtype", "--kv-dtype", "--lag", "--lengths", "--limit", "--link-base", "--links", "--log", "--mamba-ssm-dtype", "--max-running-requests", "--mem-fraction-static", "--model", "--model-path", "--no-pager", "--now", "--only", "--out", "--output-len", "--page-size", "--param", "--pp", "--publish", "--quantization", "--rate", "--ready-timeout", "--ready-url", "--requests", "--retry", "--retry-all-errors", "--root", "--run", "--run-timeout", "--send-overhead", "--since", "--spec-off-url", "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--speculative-num-steps", "--strict", "--systemctl", "--tags", "--test", "--think-dist", "--think-time", "--timeout", "--tokenizer", "--tool-call-parser", "--tool-choice", "--tool-result-len", "--tp", "--trace-speed", "--transport", "--trend", "--turns", "--unit", "--url", "--warmup", "--weights-gib", "--workers", "--workload", "--yes"]
+ORIGINAL_README_FLAGS = ["--archive", "--archive-url", "--arg", "--attention-backend", "--attn-dp", "--chat", "--compare-url",
+                         "--compute-capability", "--concurrency", "--context-len", "--context-length", "--contexts", "--crash-dump-folder",
+                         "--deployment", "--depths", "--dump-requests-folder", "--duration", "--expires", "--find-max", "--flush-cache",
+                         "--from", "--gpu-mem-gib", "--input-len", "--installed", "--jinja", "--json", "--keep", "--kv-budget-gib",
+                         "--kv-cache-dtype", "--kv-dtype", "--lag", "--lengths", "--limit", "--link-base", "--links", "--log",
+                         "--mamba-ssm-dtype", "--max-running-requests", "--mem-fraction-static", "--model", "--model-path", "--no-pager",
+                         "--now", "--only", "--out", "--output-len", "--page-size", "--param", "--pp", "--publish", "--quantization",
+                         "--rate", "--ready-timeout", "--ready-url", "--requests", "--retry", "--retry-all-errors", "--root", "--run",
+                         "--run-timeout", "--send-overhead", "--since", "--spec-off-url", "--speculative-algorithm",
+                         "--speculative-draft-model-path", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+                         "--speculative-num-steps", "--strict", "--systemctl", "--tags", "--test", "--think-dist", "--think-time",
+                         "--timeout", "--tokenizer", "--tool-call-parser", "--tool-choice", "--tool-result-len", "--tp", "--trace-speed",
+                         "--transport", "--trend", "--turns", "--unit", "--url", "--warmup", "--weights-gib", "--workers", "--workload",
+                         "--yes"]
 
 SGLANG = "SGLang's server (sglang.launch_server)"
 SGLANG_LOGGING = "SGLang's configure_logging client (python -m sglang.srt.managers.configure_logging)"

@@ -173,7 +173,8 @@ def test_default_deployment_plan_and_json_keys(cli):
 
 def test_cli_kv_overrides(cli):
     d = MODELS / "qwen3.5-397b-a17b"
-    j = json.loads(cli("kv", d, "--tp", "1", "--kv-dtype", "fp8_e4m3", "--kv-budget-gib", "60", "--contexts", "8192,65536", "--json").stdout)
+    j = json.loads(cli("kv", d, "--tp", "1", "--kv-dtype", "fp8_e4m3", "--kv-budget-gib", "60", "--contexts", "8192,65536",
+                       "--json").stdout)
     assert j["kv_bytes_per_token_per_gpu"] == 15360 and j["state_bytes_per_request_per_gpu"] == 192_061_440
     assert set(j["requests_at_context"]) == {"8192", "65536"}
     j = json.loads(cli("kv", d, "--tp", "8", "--json").stdout)

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-LIB = REPO / "lib" / "runbook"
 from runbook.core import registry
+
+LIB = REPO / "lib" / "runbook"
 
 STAGES = tuple(s.package for s in registry.stages())      # the registry says which packages are stages
 SHARED = ("core", "model", "endpoint", "corpus")
@@ -109,7 +110,8 @@ def test_import_rule_catches_a_violation(layer, text, expect):
 
 
 def test_import_rule_allows_package_roots():
-    assert _violations(LIB / "service" / "x.py", "service", "from runbook import kv, quant\nfrom runbook.core.spec import Deployment\n") == []
+    assert _violations(LIB / "service" / "x.py", "service",
+                       "from runbook import kv, quant\nfrom runbook.core.spec import Deployment\n") == []
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -185,8 +187,8 @@ def test_notebook_options_drop_only_the_unset_sentinels():
         exclude_none=True) == {}
     o = notebook.options("kv_memory", tp=8, kv_dtype="bf16", contexts=[8192], mem_fraction_static=0.88)
     assert (o.tp, o.kv_dtype, o.contexts, o.mem_fraction_static) == (8, "bf16", [8192], 0.88)
-    assert notebook.options("benchmark", chat=True, interactive=True, artifact_dir="/x").model_dump(include={"chat", "progress", "out"}) == {
-        "chat": True, "progress": True, "out": "/x"}
+    o = notebook.options("benchmark", chat=True, interactive=True, artifact_dir="/x")
+    assert o.model_dump(include={"chat", "progress", "out"}) == {"chat": True, "progress": True, "out": "/x"}
 
 
 @pytest.mark.parametrize("nb", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
@@ -254,3 +256,44 @@ def test_the_cli_does_not_import_the_heavy_stacks():
             "print(sorted(m for m in ('pandas', 'matplotlib', 'ml_dtypes', 'jupyter_client') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# A function longer than this hides its steps: split it where a split names a real step.
+MAX_FUNCTION_LINES = 80
+# Temporary allowance: these files are being refactored (the transport work); the lead empties this set.
+_BEING_REFACTORED = {"endpoint/client.py", "endpoint/h1.py", "bench/sweep.py", "bench/workers.py", "bench/sessions.py",
+                     "bench/run.py"}
+
+
+def _long_functions(text: str, where: str) -> list[str]:
+    out = []
+    for n in ast.walk(ast.parse(text)):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = (n.end_lineno or n.lineno) - n.lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                out.append(f"{where}:{n.lineno} {n.name} is {lines} lines")
+    return out
+
+
+def test_no_function_is_longer_than_80_lines():
+    long = []
+    for p in sorted(LIB.rglob("*.py")):
+        rel = p.relative_to(LIB).as_posix()
+        if rel.startswith("corpus/data/") or rel in _BEING_REFACTORED:
+            continue
+        long += _long_functions(p.read_text(), rel)
+    assert long == []
+
+
+@pytest.mark.parametrize("lines, caught", [(80, False), (81, True)])
+@pytest.mark.parametrize("method", [False, True], ids=["function", "async method"])
+def test_function_length_rule_can_fail(lines, caught, method):
+    import textwrap
+
+    body = "".join(f"    x{i} = {i}\n" for i in range(lines - 1))   # the def line plus lines - 1 statements
+    src = f"def f():\n{body}"
+    if method:
+        src = "class C:\n" + textwrap.indent(src.replace("def f():", "async def m(self):"), "    ")
+    assert len(src.splitlines()) == lines + method
+    assert bool(_long_functions(src, "planted.py")) == caught
+

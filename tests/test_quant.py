@@ -140,7 +140,8 @@ def test_explicit_fp8_flag_calls_out_the_log_line(tmp_path):
 def test_compressed_tensors_kv_scheme(tmp_path):
     q = {"quant_method": "compressed-tensors", "format": "float-quantized", "version": "0.9.0",
          "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}},
-         "ignore": ["lm_head"], "kv_cache_scheme": {"type": "float", "num_bits": 8, "strategy": "tensor", "dynamic": False, "symmetric": True}}
+         "ignore": ["lm_head"], "kv_cache_scheme": {"type": "float", "num_bits": 8, "strategy": "tensor", "dynamic": False,
+                                                    "symmetric": True}}
     shard = {k: v for i in range(4) for k, v in attn_layer(i, "fp8").items()}
     shard.update({f"model.layers.{i}.self_attn.{s}": ("F32", []) for i in range(4) for s in ("k_scale", "v_scale")})
     rep = run(make(tmp_path / "ct", llama_config(quant=q), [shard]))
@@ -182,7 +183,8 @@ def test_awq_excerpt_and_gptq_side_file(tmp_path):
 
 def test_real_model_cards(tmp_path):
     rep = quant.inspect(checkpoint.load(FIX / "models" / "llama-3.1-70b-instruct-fp8"), tp=8)
-    assert (rep.weights.algo, rep.kv_cache.declared, rep.kv_cache.auto_resolves_to, rep.kv_cache.kv_layers) == ("FP8", "FP8", "fp8_e4m3", 80)
+    kv = rep.kv_cache
+    assert (rep.weights.algo, kv.declared, kv.auto_resolves_to, kv.kv_layers) == ("FP8", "FP8", "fp8_e4m3", 80)
     assert rep.kv_cache.layers_with_scales is None and ids(rep)["quant.kv.fp8_scales"].status == "warn"
     rep = quant.inspect(checkpoint.load(FIX / "models" / "qwen3.5-397b-a17b-nvfp4"))
     assert (rep.weights.algo, rep.weights.group_size, rep.weights.source) == ("NVFP4", 16, "config.json")

@@ -107,44 +107,62 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any], di
     "real/fbgemm_fp8 llama-3.1-405b": (ex("fbgemm-fp8_llama-3.1-405b-instruct-fp8.config.json"), None, {}, {}),
     "real/fp8 block kimi-k2": (ex("fp8block_kimi-k2-instruct.config.json"), None, {}, {}),
     "real/fp8 block qwen3-8b": (ex("fp8block_qwen3-8b-fp8.config.json"), None, {}, {}),
-    "real/fp8 block deepseek-v4-pro block on kimi": (kimi(ex("fp8block_deepseek-v4-pro.quantization_config.excerpt.json")["quantization_config"]), None, {}, {}),
+    "real/fp8 block deepseek-v4-pro block on kimi":
+        (kimi(ex("fp8block_deepseek-v4-pro.quantization_config.excerpt.json")["quantization_config"]), None, {}, {}),
     "real/gptq 3-bit genz-70b config.json": (ex("gptq_genz-70b-3bit.config.json"), None, {}, {}),
     "real/gptq 4-bit llama-2-13b fp16": (ex("gptq_llama-2-13b-chat.config.json"), None, {}, {}),
     "real/gptq 4-bit qwen-vl block on llama": (llama(ex("gptq_qwen-vl-chat-int4.config.json")["quantization_config"]), None, {}, {}),
     "real/mxfp4 gpt-oss-120b": (ex("mxfp4_gpt-oss-120b.config.json"), None, {}, {}),
     "real/mxfp4 gpt-oss-20b": (ex("mxfp4_gpt-oss-20b.config.json"), None, {}, {}),
-    "real/awq zephyr block on llama bf16": (llama(ex("awq_zephyr-7B-alpha-AWQ.quantization_config.excerpt.json")["quantization_config"]), None, {}, {}),
-    "real/awq zephyr block on llama fp16": (llama(ex("awq_zephyr-7B-alpha-AWQ.quantization_config.excerpt.json")["quantization_config"], "float16"), None, {}, {}),
+    "real/awq zephyr block on llama bf16":
+        (llama(ex("awq_zephyr-7B-alpha-AWQ.quantization_config.excerpt.json")["quantization_config"]), None, {}, {}),
+    "real/awq zephyr block on llama fp16":
+        (llama(ex("awq_zephyr-7B-alpha-AWQ.quantization_config.excerpt.json")["quantization_config"], "float16"), None, {}, {}),
     "real/modelopt nvfp4 llama-3.3 hf_quant_config": (llama(), ex(LLAMA33_FP4), {}, {}),
     "real/modelopt nvfp4 qwen3-235b hf_quant_config": (llama(), ex(QWEN3_FP4), {}, {}),
     "real/modelopt nvfp4 deepseek-r1 on kimi": (kimi(None), ex(R1_FP4), {}, {}),
     "real/gptq 3-bit genz side file only": (llama(), None, {"quantize_config.json": ex(GENZ_SIDE)}, {"side": "gptq_marlin"}),
-    "real/gptq 4-bit llama-2 side file only": (llama(dtype="float16"), None, {"quantize_config.json": ex("gptq_llama-2-13b-chat.quantize_config.json")}, {"side": "gptq_marlin"}),
-    "real/gptq 4-bit qwen-vl side file only": (llama(), None, {"quantize_config.json": ex("gptq_qwen-vl-chat-int4.quantize_config.json")}, {"side": "gptq_marlin"}),
+    "real/gptq 4-bit llama-2 side file only":
+        (llama(dtype="float16"), None, {"quantize_config.json": ex("gptq_llama-2-13b-chat.quantize_config.json")}, {"side": "gptq_marlin"}),
+    "real/gptq 4-bit qwen-vl side file only":
+        (llama(), None, {"quantize_config.json": ex("gptq_qwen-vl-chat-int4.quantize_config.json")}, {"side": "gptq_marlin"}),
     "real/gptq 3-bit genz + --quantization gptq_marlin": (ex("gptq_genz-70b-3bit.config.json"), None, {}, {"quantization": "gptq_marlin"}),
     "real/fbgemm + --quantization fp8": (ex("fbgemm-fp8_llama-3.1-405b-instruct-fp8.config.json"), None, {}, {"quantization": "fp8"}),
     "real/nvfp4 hq + --quantization modelopt": (llama(), ex(LLAMA33_FP4), {}, {"quantization": "modelopt"}),
     "real/nvfp4 hq + --quantization modelopt_fp8": (llama(), ex(LLAMA33_FP4), {}, {"quantization": "modelopt_fp8"}),
-    "real/fp8 block kimi + --quantization modelopt_fp4": (ex("fp8block_kimi-k2-instruct.config.json"), None, {}, {"quantization": "modelopt_fp4"}),
-    "real/llama4 ct + --quantization w8a8_fp8": (ex("compressed-tensors_llama4-fp8-dynamic.config.json"), None, {}, {"quantization": "w8a8_fp8"}),
+    "real/fp8 block kimi + --quantization modelopt_fp4":
+        (ex("fp8block_kimi-k2-instruct.config.json"), None, {}, {"quantization": "modelopt_fp4"}),
+    "real/llama4 ct + --quantization w8a8_fp8":
+        (ex("compressed-tensors_llama4-fp8-dynamic.config.json"), None, {}, {"quantization": "w8a8_fp8"}),
     "real/mxfp4 gpt-oss-20b + --quantization fp8": (ex("mxfp4_gpt-oss-20b.config.json"), None, {}, {"quantization": "fp8"}),
     "real/gptq llama-2 + --quantization gptq": (ex("gptq_llama-2-13b-chat.config.json"), None, {}, {"quantization": "gptq"}),
     # ---- ModelOpt flat quantization_config in config.json ----
     "modelopt flat FP8, kv_cache_scheme 'FP8' string": (llama(mo_flat("FP8", kv_cache_scheme="FP8", ignore=["lm_head"])), None, {}, {}),
-    "modelopt flat FP8, kv_cache_scheme dict": (llama(mo_flat("FP8", kv_cache_scheme={"type": "float", "num_bits": 8, "dynamic": False})), None, {}, {}),
+    "modelopt flat FP8, kv_cache_scheme dict":
+        (llama(mo_flat("FP8", kv_cache_scheme={"type": "float", "num_bits": 8, "dynamic": False})), None, {}, {}),
     "modelopt flat FP8, kv_cache_quant_algo FP8": (llama(mo_flat("FP8", kv_cache_quant_algo="FP8")), None, {}, {}),
     "modelopt flat FP8, kv_cache_scheme int8 dict": (llama(mo_flat("FP8", kv_cache_scheme={"type": "int", "num_bits": 8})), None, {}, {}),
-    "modelopt flat NVFP4, kv_cache_scheme 'FP8' string": (llama(mo_flat("NVFP4", kv_cache_scheme="FP8", group_size=16, ignore=["lm_head"])), None, {}, {}),
-    "modelopt flat NVFP4, kv_cache_scheme fp4 dict": (llama(mo_flat("NVFP4", kv_cache_scheme={"type": "float", "num_bits": 4}, ignore=[])), None, {}, {}),
-    "modelopt flat NVFP4, no group_size, kv dict": (llama(mo_flat("NVFP4", kv_cache_scheme={"type": "float", "num_bits": 8}, ignore=["lm_head"])), None, {}, {}),
+    "modelopt flat NVFP4, kv_cache_scheme 'FP8' string":
+        (llama(mo_flat("NVFP4", kv_cache_scheme="FP8", group_size=16, ignore=["lm_head"])), None, {}, {}),
+    "modelopt flat NVFP4, kv_cache_scheme fp4 dict":
+        (llama(mo_flat("NVFP4", kv_cache_scheme={"type": "float", "num_bits": 4}, ignore=[])), None, {}, {}),
+    "modelopt flat NVFP4, no group_size, kv dict":
+        (llama(mo_flat("NVFP4", kv_cache_scheme={"type": "float", "num_bits": 8}, ignore=["lm_head"])), None, {}, {}),
     "modelopt flat W4A8_AWQ (no SGLang kernel)": (llama(mo_flat("W4A8_AWQ")), None, {}, {}),
-    "modelopt flat, no quant_method, quant_algo FP8": (llama(_del(mo_flat("FP8", kv_cache_quant_algo="FP8"), "quant_method")), None, {}, {}),
-    "modelopt flat MXFP8, kv dict": (llama(mo_flat("MXFP8", kv_cache_scheme={"type": "float", "num_bits": 8}, group_size=32)), None, {}, {}),
-    "modelopt flat MIXED_PRECISION without NVFP4 layers": (llama(mo_flat("MIXED_PRECISION", quantized_layers={"model.layers.0.mlp": W4A8_LAYER})), None, {}, {}),
-    "modelopt flat MIXED_PRECISION with NVFP4, no kv info, no hq file": (llama(mo_flat("MIXED_PRECISION", quantized_layers={"model.layers.0.mlp": NVFP4_LAYER})), None, {}, {}),
-    "modelopt flat MIXED_PRECISION with NVFP4 and kv dict": (llama(mo_flat("MIXED_PRECISION", kv_cache_scheme={"type": "float", "num_bits": 8},
-                                                                           quantized_layers={"model.layers.0.mlp": NVFP4_LAYER, "model.layers.1.mlp": FP8_LAYER})), None, {}, {}),
-    "modelopt flat MIXED_PRECISION + --quantization modelopt_mixed, no NVFP4": (llama(mo_flat("MIXED_PRECISION", quantized_layers={"model.layers.0.mlp": W4A8_LAYER})), None, {}, {"quantization": "modelopt_mixed"}),
+    "modelopt flat, no quant_method, quant_algo FP8":
+        (llama(_del(mo_flat("FP8", kv_cache_quant_algo="FP8"), "quant_method")), None, {}, {}),
+    "modelopt flat MXFP8, kv dict":
+        (llama(mo_flat("MXFP8", kv_cache_scheme={"type": "float", "num_bits": 8}, group_size=32)), None, {}, {}),
+    "modelopt flat MIXED_PRECISION without NVFP4 layers":
+        (llama(mo_flat("MIXED_PRECISION", quantized_layers={"model.layers.0.mlp": W4A8_LAYER})), None, {}, {}),
+    "modelopt flat MIXED_PRECISION with NVFP4, no kv info, no hq file":
+        (llama(mo_flat("MIXED_PRECISION", quantized_layers={"model.layers.0.mlp": NVFP4_LAYER})), None, {}, {}),
+    "modelopt flat MIXED_PRECISION with NVFP4 and kv dict":
+        (llama(mo_flat("MIXED_PRECISION", kv_cache_scheme={"type": "float", "num_bits": 8},
+                       quantized_layers={"model.layers.0.mlp": NVFP4_LAYER, "model.layers.1.mlp": FP8_LAYER})), None, {}, {}),
+    "modelopt flat MIXED_PRECISION + --quantization modelopt_mixed, no NVFP4":
+        (llama(mo_flat("MIXED_PRECISION", quantized_layers={"model.layers.0.mlp": W4A8_LAYER})), None, {},
+         {"quantization": "modelopt_mixed"}),
     # ---- ModelOpt hf_quant_config.json (nested) ----
     "modelopt hq FP8, kv FP8": (llama(), mo_nested("FP8", kv_cache_quant_algo="FP8", exclude_modules=["lm_head"]), {}, {}),
     "modelopt hq FP8, kv 'fp8' lower case": (llama(), mo_nested("FP8", kv_cache_quant_algo="fp8"), {}, {}),
@@ -152,9 +170,11 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any], di
     "modelopt hq MIXED_PRECISION without NVFP4 layers": (llama(), mo_nested("MIXED_PRECISION", kv_cache_quant_algo="FP8",
                                                                             quantized_layers={"model.layers.0.mlp": W4A8_LAYER}), {}, {}),
     "modelopt hq MIXED_PRECISION with NVFP4 layers, kv FP8": (llama(), mo_nested("MIXED_PRECISION", kv_cache_quant_algo="FP8",
-                                                                                 quantized_layers={"model.layers.0.mlp": NVFP4_LAYER}), {}, {}),
+                                                                                 quantized_layers={"model.layers.0.mlp": NVFP4_LAYER}), {},
+                                                                                 {}),
     "modelopt hq MIXED_PRECISION, quantized_layers empty": (llama(), mo_nested("MIXED_PRECISION", quantized_layers={}), {}, {}),
-    "modelopt hq MIXED_PRECISION + --quantization modelopt_mixed, no NVFP4": (llama(), mo_nested("MIXED_PRECISION", quantized_layers={"a": W4A8_LAYER}), {}, {"quantization": "modelopt_mixed"}),
+    "modelopt hq MIXED_PRECISION + --quantization modelopt_mixed, no NVFP4":
+        (llama(), mo_nested("MIXED_PRECISION", quantized_layers={"a": W4A8_LAYER}), {}, {"quantization": "modelopt_mixed"}),
     "modelopt hq W4A8_AWQ (unknown to the parser)": (llama(), mo_nested("W4A8_AWQ"), {}, {}),
     "modelopt hq MXFP8, kv FP8": (llama(), mo_nested("MXFP8", kv_cache_quant_algo="FP8"), {}, {}),
     "modelopt hq FP8, producer is a string": (llama(), {"producer": "modelopt", "quantization": {"quant_algo": "FP8"}}, {}, {}),
@@ -162,15 +182,21 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any], di
     "modelopt hq, quantization is a list": (llama(), {"producer": {"name": "modelopt"}, "quantization": ["FP8"]}, {}, {}),
     # ---- contradictions between config.json and hf_quant_config.json ----
     "config.json flat FP8 (no kv) vs hq NVFP4 kv FP8": (llama(mo_flat("FP8")), ex(LLAMA33_FP4), {}, {}),
-    "config.json fp8 block vs hq NVFP4": (llama({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}), ex(LLAMA33_FP4), {}, {}),
-    "config.json flat NVFP4 kv string vs hq FP8 no kv": (llama(mo_flat("NVFP4", kv_cache_scheme="FP8", ignore=[])), mo_nested("FP8"), {}, {}),
-    "config.json quantization_config null + hq FP8": (dict(llama(), quantization_config=None), mo_nested("FP8", kv_cache_quant_algo="FP8"), {}, {}),
+    "config.json fp8 block vs hq NVFP4":
+        (llama({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}), ex(LLAMA33_FP4), {}, {}),
+    "config.json flat NVFP4 kv string vs hq FP8 no kv":
+        (llama(mo_flat("NVFP4", kv_cache_scheme="FP8", ignore=[])), mo_nested("FP8"), {}, {}),
+    "config.json quantization_config null + hq FP8":
+        (dict(llama(), quantization_config=None), mo_nested("FP8", kv_cache_quant_algo="FP8"), {}, {}),
     "config.json ct kv FP8 vs hq NVFP4": (llama(ct(FP8_KV)), ex(LLAMA33_FP4), {}, {}),
     # ---- fp8 (DeepSeek-style block / per-tensor) ----
-    "fp8 with kv_cache_quant_algo FP8": (llama({"quant_method": "fp8", "activation_scheme": "static", "kv_cache_quant_algo": "FP8"}), None, {}, {}),
+    "fp8 with kv_cache_quant_algo FP8":
+        (llama({"quant_method": "fp8", "activation_scheme": "static", "kv_cache_quant_algo": "FP8"}), None, {}, {}),
     "fp8 without activation_scheme": (llama({"quant_method": "fp8", "weight_block_size": [128, 128]}), None, {}, {}),
     "fp8 quant_method upper case FP8": (llama({"quant_method": "FP8", "activation_scheme": "dynamic"}), None, {}, {}),
-    "fp8 block on kimi, kv FP8": (kimi({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128], "kv_cache_quant_algo": "FP8"}), None, {}, {}),
+    "fp8 block on kimi, kv FP8":
+        (kimi({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128], "kv_cache_quant_algo": "FP8"}),
+         None, {}, {}),
     # ---- compressed-tensors KV schemes ----
     "ct kv static per-tensor FP8": (llama(ct(FP8_KV)), None, {}, {}),
     "ct kv without strategy": (llama(ct(_del(FP8_KV, "strategy"))), None, {}, {}),
@@ -190,8 +216,10 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any], di
     "gptq 2-bit": (llama(gptq(bits=2)), None, {}, {}),
     "gptq 4-bit + --quantization moe_wna16": (llama(gptq()), None, {}, {"quantization": "moe_wna16"}),
     "awq zero_point false bf16": (llama({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": False}), None, {}, {}),
-    "awq zero_point false fp16": (llama({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": False}, "float16"), None, {}, {}),
-    "awq 4-bit + --quantization awq on bf16": (llama(ex("awq_zephyr-7B-alpha-AWQ.quantization_config.excerpt.json")["quantization_config"]), None, {}, {"quantization": "awq"}),
+    "awq zero_point false fp16":
+        (llama({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": False}, "float16"), None, {}, {}),
+    "awq 4-bit + --quantization awq on bf16":
+        (llama(ex("awq_zephyr-7B-alpha-AWQ.quantization_config.excerpt.json")["quantization_config"]), None, {}, {"quantization": "awq"}),
     # ---- hostile forms ----
     "quantization_config without quant_method": (llama({"bits": 4, "group_size": 128}), None, {}, {}),
     "quant_method is a number": (llama({"quant_method": 8}), None, {}, {}),

@@ -80,9 +80,11 @@ def nbdir(tmp_path):
     make_notebook(d / "00_first.ipynb", RUNNER_PARAMS,
                   record('[Finding("first.ok", "pass", "fine")]'))
     make_notebook(d / "10_raises.ipynb", RUNNER_PARAMS, "raise ValueError('boom from the notebook')")
-    make_notebook(d / "20_last.ipynb", RUNNER_PARAMS + "n: int = 1\nratio: float = 0.5\nflag: bool = False\nname: str = 'x'\nlevels: list = [1]\n",
+    make_notebook(d / "20_last.ipynb",
+                  RUNNER_PARAMS + "n: int = 1\nratio: float = 0.5\nflag: bool = False\nname: str = 'x'\nlevels: list = [1]\n",
                   record('[Finding("last.typed", "fail" if n == 7 else "pass", "typed")]',
-                         '{"n": n, "ratio": ratio, "flag": flag, "name": name, "levels": levels, "types": [type(v).__name__ for v in (n, ratio, flag, name)]}'))
+                         '{"n": n, "ratio": ratio, "flag": flag, "name": name, "levels": levels, "types": [type(v).__name__ for v in '
+                         '(n, ratio, flag, name)]}'))
     return d
 
 

@@ -2,6 +2,7 @@ import json
 import os
 import shutil
 import stat
+from pathlib import Path
 
 import pytest
 import yaml
@@ -127,7 +128,8 @@ def test_real_sglang_parser_accepts_the_default_unit():
 
 @needs_parser
 @pytest.mark.parametrize("arg, fid, title, remedy", [
-    ("kv-cahce-dtype=bf16", "service.flag.kv-cahce-dtype", "--kv-cahce-dtype: not a flag of SGLang 0.5.23", "Did you mean --kv-cache-dtype?"),
+    ("kv-cahce-dtype=bf16", "service.flag.kv-cahce-dtype", "--kv-cahce-dtype: not a flag of SGLang 0.5.23",
+     "Did you mean --kv-cache-dtype?"),
     ("kv-cache-dtype=fp7", "service.flag.kv-cache-dtype", "--kv-cache-dtype: rejected by SGLang 0.5.23's parser", "Fix the value"),
     ("mem-fraction-static=lots", "service.flag.mem-fraction-static", "--mem-fraction-static: rejected", "Fix the value"),
 ])
@@ -212,7 +214,7 @@ def test_install_with_backup_and_readiness(tmp_path, recorder):
     d, unit, res = _install_over_old_unit(tmp_path, recorder, 200, 5)
     assert res.findings[0].status == "pass" and not res.rolled_back
     assert unit.read_text() == service.render(d)[0].text and oct(unit.stat().st_mode & 0o777) == "0o644"
-    assert open(res.backup).read() == "old unit\n"
+    assert Path(res.backup).read_text() == "old unit\n"
     assert recorder[1].read_text().splitlines() == ["daemon-reload", "restart sglang-qwen.service"]
     assert [s["step"] for s in res.steps] == ["back up", "write unit", "reload", "restart", "wait for readiness"]
 

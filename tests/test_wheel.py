@@ -31,7 +31,8 @@ def wheel_venv(tmp_path_factory):
                         capture_output=True, text=True, timeout=300, env=clean)
     assert cp.returncode == 0, cp.stderr[-2000:]
     assert (env_dir / "bin" / "runbook").is_file(), cp.stdout + cp.stderr
-    site = Path(subprocess.check_output([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True, env=clean).strip())
+    site = Path(subprocess.check_output([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True,
+                                        env=clean).strip())
     # The runbook's dependencies come from this venv (a path entry, so its editable runbook finder is not loaded);
     # the runbook itself only from the wheel. Written after the install, so pip never sees the editable runbook.
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")

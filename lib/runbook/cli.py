@@ -52,10 +52,7 @@ def _int(lo: int) -> Callable[[str], int]:
 
 
 def _float(lo: float = 0.0, hi: float = math.inf, lo_ok: bool = False, hi_ok: bool = True) -> Callable[[str], float]:
-    if lo == 0 and not lo_ok and hi == math.inf:
-        want = "positive"
-    else:
-        want = f"in {'[' if lo_ok else '('}{lo:g}, {hi:g}{']' if hi_ok else ')'}"
+    want = "positive" if lo == 0 and not lo_ok and hi == math.inf else f"in {'[' if lo_ok else '('}{lo:g}, {hi:g}{']' if hi_ok else ')'}"
 
     def parse(s: str) -> float:
         try:
@@ -354,8 +351,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="execute the notebooks with papermill and archive the run")
     _add_deployment(r)
-    r.add_argument("--only", action="append", default=[], type=_names, metavar="NAME[,NAME]", help="run only these notebooks (e.g. environment,kv_memory)")
-    r.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="set a notebook parameter, typed by its parameters cell")
+    r.add_argument("--only", action="append", default=[], type=_names, metavar="NAME[,NAME]",
+                   help="run only these notebooks (e.g. environment,kv_memory)")
+    r.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a notebook parameter, typed by its parameters cell")
     r.add_argument("--out", default=str(OUTPUTS), metavar="DIR", help="archive root (default: outputs/)")
     r.add_argument("--timeout", type=_POS_FLOAT, default=1800, metavar="SECONDS", help="bound per notebook (default 1800)")
     r.add_argument("--run-timeout", type=_POS_FLOAT, default=7200, metavar="SECONDS", help="bound for the whole run (default 7200)")
@@ -364,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--notebooks", default=None, metavar="DIR", help=argparse.SUPPRESS)
     r.add_argument("--kernel", default=None, help="Jupyter kernel name (default: the notebook's, run in this venv)")
     r.add_argument("--archive-url", type=_archive_url, default=None, metavar="URL",
-                   help="also upload the run to s3://BUCKET/PREFIX/<host>/<run id>/ (default: $RUNBOOK_ARCHIVE_URL, else the spec's archive.url)")
+                   help="also upload the run to s3://BUCKET/PREFIX/<host>/<run id>/ (default: $RUNBOOK_ARCHIVE_URL, "
+                        "else the spec's archive.url)")
     r.set_defaults(fn=_cmd_run)
 
     for stage in registry.stages():
@@ -385,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--links", choices=["relative", "presigned"], default="relative",
                     help="run links relative to PREFIX (the page served from the store; see --publish) or presigned URLs")
     fl.add_argument("--link-base", type=_url, default=None, metavar="URL", help="relative links under this base, e.g. https://runbooks.example.com/fleet")
-    fl.add_argument("--expires", type=_float(1, 7 * 86400), default=7 * 86400, metavar="S", help="presigned links' lifetime (default and max 7 days)")
+    fl.add_argument("--expires", type=_float(1, 7 * 86400), default=7 * 86400, metavar="S",
+                    help="presigned links' lifetime (default and max 7 days)")
     fl.add_argument("--trend", type=_POS_INT, default=30, metavar="N", help="runs per host and deployment in the trends (default 30)")
     fl.add_argument("--workers", type=_int(1), default=64, metavar="N", help="summaries read concurrently (default 64)")
     fl.add_argument("--publish", action="store_true", help="also write index.html and fleet.json to PREFIX/ in the store")

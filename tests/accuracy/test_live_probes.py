@@ -29,8 +29,10 @@ def test_recall_against_llama_server(llama, tmp_path):
 def test_scoring_and_grid_and_ab_arithmetic():
     assert recall.score("48213", " 48213\n# more") and recall.score("48213", "`48213`.")
     assert not recall.score("48213", "4821") and not recall.score("48213", "")
-    res = [{"id": i, "length": 8, "depth": d, "correct": c} for i, (d, c) in enumerate([(0.1, True), (0.1, False), (0.9, True), (0.9, True)])]
-    assert recall.grid(res) == [{"length": 8, "depth": 0.1, "correct": 1, "total": 2}, {"length": 8, "depth": 0.9, "correct": 2, "total": 2}]
+    answers = [(0.1, True), (0.1, False), (0.9, True), (0.9, True)]
+    res = [{"id": i, "length": 8, "depth": d, "correct": c} for i, (d, c) in enumerate(answers)]
+    assert recall.grid(res) == [{"length": 8, "depth": 0.1, "correct": 1, "total": 2},
+                                {"length": 8, "depth": 0.9, "correct": 2, "total": 2}]
     b = [dict(r, correct=False) for r in res]
     ab = recall.paired(res, b)
     assert ab["pairs"] == 4 and ab["recall_a"] == 0.75 and ab["recall_b"] == 0.0 and ab["diff_b_minus_a"] == -0.75

@@ -18,9 +18,9 @@ import tempfile
 import time
 import urllib.error
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any
 
 import pytest
 import yaml
@@ -138,7 +138,7 @@ def test_failing_systemctl_step_rolls_back_byte_for_byte(tmp_path, plan, hang, w
     calls = _calls(log)
     assert calls[-1] == f"is-active {UNIT}" and calls.count("daemon-reload") == 2
     assert (f"restart {UNIT}" in calls[1:]) == restarted   # never restart a service the install did not touch
-    assert open(res.backup, "rb").read() == OLD_UNIT
+    assert Path(res.backup).read_bytes() == OLD_UNIT
 
 
 @pytest.mark.parametrize("verb", ["daemon-reload", "restart"])
@@ -243,7 +243,7 @@ def test_success_installs_and_keeps_the_backup(tmp_path):
         d, unit, res = _install(tmp_path, exe, ready_url=url)
     assert res.findings[0].status == "pass" and not res.rolled_back and res.installed == "new"
     assert unit.read_text() == service.render(d)[0].text
-    assert open(res.backup, "rb").read() == OLD_UNIT
+    assert Path(res.backup).read_bytes() == OLD_UNIT
     assert _calls(log) == ["daemon-reload", f"restart {UNIT}"]
 
 
@@ -260,7 +260,7 @@ def test_two_installs_in_one_second_keep_both_backups(tmp_path):
             res = service.install(d, service.render(d)[0], dry_run=False, root=root, systemctl=[str(exe)], ready_url=url,
                                   ready_timeout=2, interval=0.05)
             backups.append(res.backup)
-    assert len(set(backups)) == 2 and [open(b, "rb").read() for b in backups] == [b"first\n", b"second\n"]
+    assert len(set(backups)) == 2 and [Path(b).read_bytes() for b in backups] == [b"first\n", b"second\n"]
 
 
 def test_unit_path_a_directory_changes_nothing(tmp_path):
@@ -346,7 +346,7 @@ def test_property_after_install_the_disk_and_the_finding_agree(plan, had_unit, r
 # 2. bounded HTTP reads: size, time, garbage, wrong shape
 # =============================================================================================
 
-def raw_server(handler: Callable[[socket.socket], None]) -> ContextManager[str]:
+def raw_server(handler: Callable[[socket.socket], None]) -> AbstractContextManager[str]:
     """A real TCP server on loopback: `handler(conn)` writes whatever bytes it likes after the request arrives."""
     def serve(conn: socket.socket) -> None:
         buf = b""
@@ -549,9 +549,9 @@ def test_get_redacts_the_key_and_returns_the_status():
     key = "sk-live-SECRET-123456789"
     with raw_server(_answer("200 OK", b"")) as base:
         assert reach.get(base + "/health", api_key=key, timeout=1.0) == (200, b"")
-    with raw_server(_answer(f"401 Bad {key}", b"")) as base:   # a reason phrase that echoes the key
-        with pytest.raises(urllib.error.HTTPError) as ei:
-            reach.get(base + f"/x?{key}", api_key=key, timeout=1.0)
+    # a reason phrase that echoes the key
+    with raw_server(_answer(f"401 Bad {key}", b"")) as base, pytest.raises(urllib.error.HTTPError) as ei:
+        reach.get(base + f"/x?{key}", api_key=key, timeout=1.0)
     assert ei.value.code == 401 and key not in str(ei.value.reason) and "Bad" in str(ei.value.reason)
 
 
@@ -852,7 +852,8 @@ YAML11_KEPT = [
     ("group-number", "group: theuser", "group: 1000", lambda d: d.systemd.group, "1000"),
     ("flag-sexagesimal", "reasoning-parser: qwen3", "reasoning-parser: qwen3\n    watchdog-timeout: 1:30",
      lambda d: d.serving.flags["watchdog-timeout"], "1:30"),
-    ("flag-octal", "reasoning-parser: qwen3", "reasoning-parser: qwen3\n    some-mask: 0755", lambda d: d.serving.flags["some-mask"], "0755"),
+    ("flag-octal", "reasoning-parser: qwen3", "reasoning-parser: qwen3\n    some-mask: 0755", lambda d: d.serving.flags["some-mask"],
+     "0755"),
     ("flag-0o", "reasoning-parser: qwen3", "reasoning-parser: qwen3\n    some-mask: 0o17", lambda d: d.serving.flags["some-mask"], "0o17"),
     ("flag-hex-is-a-number", "reasoning-parser: qwen3", "reasoning-parser: qwen3\n    seed: 0x1F", lambda d: d.serving.flags["seed"], 31),
     ("flag-yes-is-a-switch", "enable-metrics: true", "enable-metrics: yes", lambda d: d.serving.flags["enable-metrics"], True),

@@ -1,6 +1,7 @@
 """The runner under faults and careless input (issue 13): folder isolation between deployments,
 private in-progress folders, no notebook process outliving a killed runner, bounded options, and
 the service notebook's `args` list through --param. Real papermill, real kernels, temp archives."""
+import contextlib
 import json
 import os
 import re
@@ -136,10 +137,8 @@ def _survivors(procs, tmp_path, wait=20.0):
 
 def _reap(procs):
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.Error):
             p.kill()
-        except psutil.Error:
-            pass
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])

@@ -61,10 +61,11 @@ def lab(tmp_path_factory):
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(root / ".jupyter"), JUPYTER_RUNTIME_DIR=str(root / ".runtime"))
-    proc = subprocess.Popen([sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-                             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root / 'notebooks'}",
-                             f"--LabApp.workspaces_dir={root / '.workspaces'}", "--ServerApp.disable_check_xsrf=True", "--allow-root"],
-                            stdout=open(root / "lab.log", "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root / 'notebooks'}",
+           f"--LabApp.workspaces_dir={root / '.workspaces'}", "--ServerApp.disable_check_xsrf=True", "--allow-root"]
+    with open(root / "lab.log", "w") as log:   # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     for _ in range(120):
         try:
@@ -103,7 +104,8 @@ def _diagnose(page, root, shot) -> str:
               " name: document.querySelector('.jp-KernelName')?.innerText,"
               " prompts: [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.innerText).join(' '),"
               " dialogs: [...document.querySelectorAll('.jp-Dialog, .Toastify__toast')].map(e => e.innerText).join(' | '),"
-              " errors: [...document.querySelectorAll('.jp-OutputArea-output[data-mime-type*=\"stderr\"], .jp-RenderedText[data-mime-type*=\"error\"]')]"
+              " errors: [...document.querySelectorAll('.jp-OutputArea-output[data-mime-type*=\"stderr\"], "
+              ".jp-RenderedText[data-mime-type*=\"error\"]')]"
               "   .map(e => e.innerText.slice(0, 600)).join(' | ')})")
         state = page.evaluate(js)
     except Exception as e:  # the page itself may be gone

@@ -44,4 +44,6 @@ async def main(out: str, spec: list) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], json.load(open(sys.argv[2]))))
+    with open(sys.argv[2]) as f:
+        job = json.load(f)
+    asyncio.run(main(sys.argv[1], job))

@@ -131,18 +131,10 @@ from sglang.srt.distributed.utils import get_pp_indices  # noqa: E402
 from sglang.srt.mem_cache import kv_cache_configurator as _KVC  # noqa: E402
 from sglang.srt.mem_cache import kv_cache_dtype as _KVD  # noqa: E402
 from sglang.srt.model_executor import pool_configurator as _PC  # noqa: E402
-from sglang.srt.model_executor.model_runner_components import (
-    kv_pool_runtime as _KPR,
-)
-from sglang.srt.model_executor.model_runner_components import (  # noqa: E402
-    layer_setup as _LS,
-)
-from sglang.srt.model_executor.model_runner_components import (
-    load_model_utils as _LMU,
-)
-from sglang.srt.model_executor.model_runner_components import (
-    spec_aux_hidden_state as _SAH,
-)
+from sglang.srt.model_executor.model_runner_components import kv_pool_runtime as _KPR  # noqa: E402
+from sglang.srt.model_executor.model_runner_components import layer_setup as _LS  # noqa: E402
+from sglang.srt.model_executor.model_runner_components import load_model_utils as _LMU  # noqa: E402
+from sglang.srt.model_executor.model_runner_components import spec_aux_hidden_state as _SAH  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 from sglang.srt.utils import common as _C  # noqa: E402
 

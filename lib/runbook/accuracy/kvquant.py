@@ -169,7 +169,8 @@ def findings(rows: list[dict[str, Any]], t: Any = None, active: tuple[str, str] 
         title = (f"{'this deployment: ' if mine else ''}{LABEL[fmt]}{', ' + sc if sc else ''}: {clip:.1%} of K values clipped "
                  f"in {where}; attention output error {att:.2%}")
         out.append(Finding(f"accuracy.kvquant.{fmt}.{scaling}.{source.split()[0]}", status, title,
-                           detail=f"{source}; K relative error {r['k_rel_err']:.2%}, V {r['v_rel_err']:.2%}, flushed to zero {r['flushed_frac']:.2%}",
+                           detail=f"{source}; K relative error {r['k_rel_err']:.2%}, V {r['v_rel_err']:.2%}, flushed to "
+                                  f"zero {r['flushed_frac']:.2%}",
                            remedy="" if status in ("pass", "info") else
                            ("Use calibrated k/v scales or --kv-cache-dtype bf16." if scaling == "scale1" else
                             "Measure on the real model (recall probe) before relying on FP8 KV for long contexts.")))

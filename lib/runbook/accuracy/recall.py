@@ -128,7 +128,8 @@ def findings(g: Sequence[dict[str, Any]], ab: dict[str, Any] | None = None, exac
     total = sum(c["total"] for c in g)
     correct = sum(c["correct"] for c in g)
     out = [Finding("accuracy.recall.score", "info", f"recall {correct}/{total} ({correct / total:.0%})" if total else "recall: no items",
-                   detail=("prompt lengths exact (token ids)" if exact else "prompt lengths approximate (~4 characters per token, no tokenizer)"))]
+                   detail=("prompt lengths exact (token ids)" if exact else "prompt lengths approximate (~4 characters "
+                           "per token, no tokenizer)"))]
     failed = [r for r in results if r.get("error")]
     if failed:
         out.append(Finding("accuracy.recall.errors", "fail", f"{len(failed)} of {len(results)} recall requests failed (counted as misses)",

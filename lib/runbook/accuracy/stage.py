@@ -63,7 +63,8 @@ class AccuracyOptions(Options):
     probe: Literal["kvquant", "recall", "identity", "report", "toolcall"] = Field(
         "report", description="report: all four, what 50_accuracy shows (live probes skip without --url)")
     url: Url | None = Field(None, description="recall: the endpoint (default: the spec's); identity: speculative decoding on")
-    compare_url: Url | None = Field(None, description="recall, report: A/B second endpoint (e.g. BF16 KV); identity: speculative decoding off")
+    compare_url: Url | None = Field(None,
+                                    description="recall, report: A/B second endpoint (e.g. BF16 KV); identity: speculative decoding off")
     spec_off_url: Url | None = Field(None, description="report: the same model with speculative decoding off (greedy identity)")
     lengths: list[PosInt] | None = Field(None, description="recall: haystack token lengths (default: the spec's, up to --context-length)")
     depths: list[Fraction] | None = Field(None, description="recall: needle depths as fractions (default: the spec's)")
@@ -105,12 +106,14 @@ def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
     rows = [r for r in (kvq.get("rows") or []) if isinstance(r, dict)]
     active = kvq.get("active")
     if rows and isinstance(active, list) and len(active) == 2:
-        errs = [e for e in (_num(r.get("attn_out_rel_err")) for r in rows if [r.get("format"), r.get("scaling")] == active) if e is not None]
+        errs = [e for e in (_num(r.get("attn_out_rel_err")) for r in rows if [r.get("format"), r.get("scaling")] == active)
+                if e is not None]
         if errs:
             out["kvquant_attn_rel_err_max"] = round(max(errs), 6)
     return out
 
 
-STAGE = register(Stage(50, "accuracy", "accuracy", "KV-quantization error offline; long-context recall, greedy identity and tool calls live",
+STAGE = register(Stage(50, "accuracy", "accuracy",
+                       "KV-quantization error offline; long-context recall, greedy identity and tool calls live",
                        AccuracyOptions, evaluate, figures=figures, trends=("recall", "greedy_identical", "kvquant_attn_rel_err_max"),
                        runner_params={"artifact_dir": "out"}))

@@ -299,10 +299,7 @@ def _event(url: str, case: Case, st: _Stream, data: bytes) -> bool:
 
 def _events(url: str, case: Case, st: _Stream, events: list[tuple[bytes, bytes]]) -> bool:
     """The events one read completed (their `event:` names play no part); False once the stream is over."""
-    for _, data in events:
-        if not _event(url, case, st, data):
-            return False
-    return True
+    return all(_event(url, case, st, data) for _, data in events)
 
 
 async def _streamed(s: aiohttp.ClientSession, url: str, headers: dict[str, str], case: Case, body: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ requests use, so they plot against the requests' times; the per-level summary is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -162,20 +163,14 @@ class Telemetry:
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
             self._task = None
-            try:
+            with contextlib.suppress(Exception):
                 await self._sample()      # the level's end
-            except Exception:  # noqa: BLE001
-                pass
         if self._nvml is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001
-                pass
 
     # -- results ------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

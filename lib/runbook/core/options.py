@@ -56,7 +56,7 @@ Fraction = Annotated[float, Field(ge=0, le=1), AfterValidator(_finite)]   # 0..1
 Url = Annotated[str, AfterValidator(_url)]
 ComputeCapability = Annotated[str, AfterValidator(_cc)]
 
-O = TypeVar("O", bound=Options)
+OptionsT = TypeVar("OptionsT", bound=Options)
 
 
 def flag(model: type[BaseModel], name: str) -> str:
@@ -107,7 +107,7 @@ def _problem(model: type[BaseModel], e: ValidationError, cli: bool) -> str:
     return f"{where} {msg}" if msg.startswith("must ") else f"{where}: {msg}"
 
 
-def validate(model: type[O], values: dict[str, Any], cli: bool = False) -> O:
+def validate(model: type[OptionsT], values: dict[str, Any], cli: bool = False) -> OptionsT:
     """The options from explicit values; a bad one is an InputError naming the flag (cli) or the
     notebook parameter, on one line."""
     try:
@@ -116,7 +116,7 @@ def validate(model: type[O], values: dict[str, Any], cli: bool = False) -> O:
         raise InputError(_problem(model, e, cli)) from None
 
 
-def from_params(model: type[O], params: dict[str, Any], runner_params: dict[str, str] | None = None) -> O:
+def from_params(model: type[OptionsT], params: dict[str, Any], runner_params: dict[str, str] | None = None) -> OptionsT:
     """A notebook's options: its parameters with the sentinels dropped, runner-set parameters renamed
     onto their options field (artifact_dir -> out), validated through the stage's model."""
     names = runner_params or {}

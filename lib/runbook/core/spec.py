@@ -40,7 +40,7 @@ _OWNED_FLAGS = {
     "api-key": "serving.env_file (never inline a key)",
 }
 
-FlagValue = Union[bool, int, float, str, None]
+FlagValue = bool | int | float | str | None
 # SGLang flags whose type the runbook relies on (kv sizing, service checks): checked at load, so a
 # `context-length: lots` is a one-line spec error instead of a traceback in a later stage.
 # name -> (type, lowest allowed, highest allowed, what to write)
@@ -114,7 +114,8 @@ class Model(_Strict):
     card: str | None = Field(None, description="local dir with config.json etc. to inspect when path is not on this machine")
     served_name: str | None = None
     revision: str | None = None
-    size_gib: float | None = Field(None, gt=0, le=MAX_CHECKPOINT_GIB, description="checkpoint size when it is not on this machine; read from its index when it is")
+    size_gib: float | None = Field(None, gt=0, le=MAX_CHECKPOINT_GIB,
+                                   description="checkpoint size when it is not on this machine; read from its index when it is")
 
 
 class Hardware(_Strict):
@@ -175,7 +176,7 @@ class Serving(_Strict):
             return v
         out = {}
         for k, val in v.items():
-            if isinstance(val, bool) or isinstance(val, float):
+            if isinstance(val, (bool, float)):
                 raise ValueError(f"{k}: quote the value (YAML read {val!r} as {type(val).__name__}, not a string)")
             out[k] = str(val) if isinstance(val, int) else val
         return out
@@ -506,63 +507,70 @@ def _as_written(root: yaml.Node, p: Path) -> None:
     - number fields (and the flags the runbook computes with): base-60 (`port: 30:00`) and leading-zero
       octal (`port: 030000`) are refused, as is a boolean; `0x1F`, `1_000` and quoted digits are numbers.
     """
-    def line(n: yaml.Node) -> int:
-        return n.start_mark.line + 1
+    _walk(root, ("model", Deployment), "", "", p)
 
-    def scalar(n: yaml.ScalarNode, kind: Any, where: str, key: str) -> None:
-        if n.style is not None:        # quoted or block scalar: a string, as written
-            return
-        if kind in (str, "text"):
-            if n.tag in (_INT_TAG, _FLOAT_TAG):
+
+def _walk(n: yaml.Node, kind: Any, where: str, key: str, p: Path) -> None:
+    """Follow the spec's node tree alongside the model's fields; `kind` is what the field at `where` needs."""
+    if isinstance(kind, tuple) and isinstance(n, yaml.MappingNode):
+        _walk_mapping(n, kind, where, key, p)
+    elif isinstance(kind, tuple) and kind[0] == "list" and isinstance(n, yaml.SequenceNode):
+        for i, item in enumerate(n.value):
+            _walk(item, kind[1], f"{where}[{i}]", key, p)
+    elif isinstance(n, yaml.ScalarNode):
+        if kind == "flag":
+            # A value SGLang gets as text: keep YAML 1.1-only numbers and dates as written; true/false stay switches.
+            if n.style is None and n.tag in (_INT_TAG, _FLOAT_TAG) and _YAML11_ONLY.match(n.value):
                 n.tag = _STR
-            elif n.tag == _BOOL_TAG or (kind == "text" and n.tag == _NULL_TAG):
-                what = "true/false" if n.tag == _BOOL_TAG else "null (no value)"
-                raise SpecError(f"{p}: line {line(n)}: {where}: YAML reads {n.value or 'an empty value'} as {what}, not text; "
-                                f"quote the value: {key}: \"{n.value}\"")
-        elif kind in (int, float):
-            if n.tag in (_INT_TAG, _FLOAT_TAG) and _YAML11_ONLY.match(n.value):
-                how = "base 60" if ":" in n.value else "octal"
-                read = yaml.safe_load(n.value)
-                raise SpecError(f"{p}: line {line(n)}: {where}: YAML 1.1 reads {n.value} as {read} ({how}); "
-                                f"write the number you mean in plain decimal digits, without leading zeros or colons")
-            if n.tag == _BOOL_TAG:
-                raise SpecError(f"{p}: line {line(n)}: {where}: YAML reads {n.value} as true/false; write a number")
+            return
+        _scalar(n, kind, where, key, p)
 
-    def walk(n: yaml.Node, kind: Any, where: str, key: str) -> None:
-        if isinstance(kind, tuple) and isinstance(n, yaml.MappingNode):
-            what, sub = kind
-            for k, v in n.value:
-                if not isinstance(k, yaml.ScalarNode):
-                    continue
-                if k.tag == _MERGE:
-                    for m in (v.value if isinstance(v, yaml.SequenceNode) else [v]):
-                        walk(m, kind, where, key)
-                    continue
-                name = k.value
-                path = f"{where}.{name}" if where else name
-                if what == "model":
-                    f = sub.model_fields.get(name)
-                    if f is None:   # unknown keys: pydantic says so
-                        continue
-                    walk(v, _unwrap(f.annotation), path, name)
-                elif what == "dict":
-                    child = "text" if sub is str else sub   # a mapping's string values are never empty (serving.env)
-                    if sub == "flag":
-                        typed = _TYPED_FLAGS.get(name)
-                        child = typed[0] if typed else "flag"
-                    walk(v, child, path, name)
-        elif isinstance(kind, tuple) and kind[0] == "list" and isinstance(n, yaml.SequenceNode):
-            for i, item in enumerate(n.value):
-                walk(item, kind[1], f"{where}[{i}]", key)
-        elif isinstance(n, yaml.ScalarNode):
-            if kind == "flag":
-                # A value SGLang gets as text: keep YAML 1.1-only numbers and dates as written; true/false stay switches.
-                if n.style is None and n.tag in (_INT_TAG, _FLOAT_TAG) and _YAML11_ONLY.match(n.value):
-                    n.tag = _STR
-                return
-            scalar(n, kind, where, key)
 
-    walk(root, ("model", Deployment), "", "")
+def _walk_mapping(n: yaml.MappingNode, kind: tuple[Any, Any], where: str, key: str, p: Path) -> None:
+    """A model's fields or a dict's values (merge keys followed); unknown keys are left for pydantic to report."""
+    what, sub = kind
+    for k, v in n.value:
+        if not isinstance(k, yaml.ScalarNode):
+            continue
+        if k.tag == _MERGE:
+            for m in (v.value if isinstance(v, yaml.SequenceNode) else [v]):
+                _walk(m, kind, where, key, p)
+            continue
+        name = k.value
+        path = f"{where}.{name}" if where else name
+        if what == "model":
+            f = sub.model_fields.get(name)
+            if f is None:   # unknown keys: pydantic says so
+                continue
+            _walk(v, _unwrap(f.annotation), path, name, p)
+        elif what == "dict":
+            child = "text" if sub is str else sub   # a mapping's string values are never empty (serving.env)
+            if sub == "flag":
+                typed = _TYPED_FLAGS.get(name)
+                child = typed[0] if typed else "flag"
+            _walk(v, child, path, name, p)
+
+
+def _scalar(n: yaml.ScalarNode, kind: Any, where: str, key: str, p: Path) -> None:
+    """One plain scalar, read as its field needs: text kept as written, a number refused when only YAML 1.1 reads it."""
+    if n.style is not None:        # quoted or block scalar: a string, as written
+        return
+    line = n.start_mark.line + 1
+    if kind in (str, "text"):
+        if n.tag in (_INT_TAG, _FLOAT_TAG):
+            n.tag = _STR
+        elif n.tag == _BOOL_TAG or (kind == "text" and n.tag == _NULL_TAG):
+            what = "true/false" if n.tag == _BOOL_TAG else "null (no value)"
+            raise SpecError(f"{p}: line {line}: {where}: YAML reads {n.value or 'an empty value'} as {what}, not text; "
+                            f"quote the value: {key}: \"{n.value}\"")
+    elif kind in (int, float):
+        if n.tag in (_INT_TAG, _FLOAT_TAG) and _YAML11_ONLY.match(n.value):
+            how = "base 60" if ":" in n.value else "octal"
+            read = yaml.safe_load(n.value)
+            raise SpecError(f"{p}: line {line}: {where}: YAML 1.1 reads {n.value} as {read} ({how}); "
+                            f"write the number you mean in plain decimal digits, without leading zeros or colons")
+        if n.tag == _BOOL_TAG:
+            raise SpecError(f"{p}: line {line}: {where}: YAML reads {n.value} as true/false; write a number")
 
 
 def _parse(text: str, p: Path) -> Any:

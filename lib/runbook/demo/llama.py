@@ -190,8 +190,8 @@ def start_llama_server(exe: Path | None = None, model_dir: Path | None = None, p
     if not cache_prompt:
         cmd += ["--no-cache-prompt", "--cache-ram", "0"]
     cmd += list(extra_args)
-    logf = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    with open(log_path, "w") as logf:   # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:

@@ -117,6 +117,37 @@ def _redacted(url: str, api_key: str | None) -> Iterator[None]:
 
 
 def _get(url: str, api_key: str | None, timeout: float, max_bytes: int, accept: str) -> tuple[int, bytes]:
+    conn, path = _connection(url, timeout)
+    deadline = time.monotonic() + timeout
+    expired = threading.Event()
+
+    def cut() -> None:   # the hard bound: a blocked recv returns once its socket is shut down
+        expired.set()
+        s = conn.sock
+        if s is not None:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    watchdog = threading.Timer(timeout, cut)
+    watchdog.daemon = True
+    watchdog.start()
+    got_headers = False
+    try:
+        resp = _send(conn, path, url, api_key, accept, timeout, expired)
+        got_headers = True
+        _check_head(resp, url, max_bytes)
+        return resp.status, _read_body(conn, resp, url, timeout, max_bytes, deadline, expired)
+    except TimeoutError:
+        if got_headers:
+            raise BadResponse(url, f"the answer did not finish within {timeout:g} s (0 bytes so far)") from None
+        raise
+    finally:
+        watchdog.cancel()
+        conn.close()
+
+
+def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    """An (unopened) connection to the URL's host and the path to ask for; URLError for a URL that is not http(s)."""
     u = urlsplit(url)
     try:
         port = u.port
@@ -130,77 +161,68 @@ def _get(url: str, api_key: str | None, timeout: float, max_bytes: int, accept: 
         conn = http.client.HTTPSConnection(u.hostname, port, timeout=timeout, context=ssl.create_default_context())
     else:
         conn = http.client.HTTPConnection(u.hostname, port, timeout=timeout)
-    deadline = time.monotonic() + timeout
-    expired = threading.Event()
+    return conn, path
 
-    def cut() -> None:   # the hard bound: a blocked recv returns once its socket is shut down
-        expired.set()
-        s = conn.sock
-        if s is not None:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
-    watchdog = threading.Timer(timeout, cut)
-    watchdog.daemon = True
-    watchdog.start()
-    got_headers = False
-    got = 0
+def _send(conn: http.client.HTTPConnection, path: str, url: str, api_key: str | None, accept: str, timeout: float,
+          expired: threading.Event) -> http.client.HTTPResponse:
+    """Send the GET and read the status line and headers; a cut by the watchdog is a TimeoutError."""
+    headers = {"Accept": accept}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     try:
-        headers = {"Accept": accept}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        try:
-            conn.request("GET", path, headers=headers)
-            resp = conn.getresponse()
-        except http.client.HTTPException as e:   # a status line or headers that are not HTTP
-            if expired.is_set():
-                raise TimeoutError(f"no answer within {timeout:g} s") from None
-            raise BadResponse(url, f"not an HTTP answer ({type(e).__name__})") from None
-        except OSError:
-            if expired.is_set():
-                raise TimeoutError(f"no answer within {timeout:g} s") from None
-            raise
-        got_headers = True
-        if resp.status >= 400:
-            try:
-                resp.read1(4096)
-            except (OSError, http.client.HTTPException):
-                pass
-            raise urllib.error.HTTPError(url, resp.status, resp.reason or "", resp.msg, None)
-        length = resp.getheader("Content-Length")
-        if length and length.strip().isdigit() and int(length) > max_bytes:
-            raise BadResponse(url, f"body of {int(length):,} bytes is larger than the {max_bytes:,} allowed")
-        chunks: list[bytes] = []
+        conn.request("GET", path, headers=headers)
+        return conn.getresponse()
+    except http.client.HTTPException as e:   # a status line or headers that are not HTTP
+        if expired.is_set():
+            raise TimeoutError(f"no answer within {timeout:g} s") from None
+        raise BadResponse(url, f"not an HTTP answer ({type(e).__name__})") from None
+    except OSError:
+        if expired.is_set():
+            raise TimeoutError(f"no answer within {timeout:g} s") from None
+        raise
+
+
+def _check_head(resp: http.client.HTTPResponse, url: str, max_bytes: int) -> None:
+    """An error status is an HTTPError; a declared length over the limit is refused before reading the body."""
+    if resp.status >= 400:
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            resp.read1(4096)
+        raise urllib.error.HTTPError(url, resp.status, resp.reason or "", resp.msg, None)
+    length = resp.getheader("Content-Length")
+    if length and length.strip().isdigit() and int(length) > max_bytes:
+        raise BadResponse(url, f"body of {int(length):,} bytes is larger than the {max_bytes:,} allowed")
+
+
+def _read_body(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, url: str, timeout: float, max_bytes: int,
+               deadline: float, expired: threading.Event) -> bytes:
+    """The body, within the deadline and the size limit; anything else is a BadResponse saying how far it got."""
+    chunks: list[bytes] = []
+    got = 0
+    late = f"the answer did not finish within {timeout:g} s"
+    try:
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or expired.is_set():
-                raise BadResponse(url, f"the answer did not finish within {timeout:g} s ({got:,} bytes so far)")
+                raise BadResponse(url, f"{late} ({got:,} bytes so far)")
             if conn.sock is not None:
                 conn.sock.settimeout(max(0.01, left))
             try:
                 chunk = resp.read1(min(65536, max_bytes + 1 - got))
             except TimeoutError:
-                raise BadResponse(url, f"the answer did not finish within {timeout:g} s ({got:,} bytes so far)") from None
+                raise
             except (OSError, http.client.HTTPException) as e:
                 if expired.is_set():
-                    raise BadResponse(url, f"the answer did not finish within {timeout:g} s ({got:,} bytes so far)") from None
+                    raise BadResponse(url, f"{late} ({got:,} bytes so far)") from None
                 raise BadResponse(url, f"the answer was cut off after {got:,} bytes ({type(e).__name__})") from None
             if not chunk:
-                break
+                return b"".join(chunks)
             chunks.append(chunk)
             got += len(chunk)
             if got > max_bytes:
                 raise BadResponse(url, f"body larger than the {max_bytes:,} bytes allowed (stopped reading)")
-        return resp.status, b"".join(chunks)
     except TimeoutError:
-        if got_headers:
-            raise BadResponse(url, f"the answer did not finish within {timeout:g} s ({got:,} bytes so far)") from None
-        raise
-    finally:
-        watchdog.cancel()
-        conn.close()
+        raise BadResponse(url, f"{late} ({got:,} bytes so far)") from None
 
 
 def served_models(data: Any, url: str = "/v1/models") -> list[str]:

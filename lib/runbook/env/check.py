@@ -64,7 +64,8 @@ def serving_env(spec: Deployment, run: Callable = subprocess.run, timeout: float
     if not (os.path.isfile(py) and os.access(py, os.X_OK)):
         return [Finding("env.serving.python", "fail", f"serving interpreter not found: {py}",
                         detail="SGLang runs from this interpreter; without it nothing can be validated or served.",
-                        remedy=f"Create the serving environment (e.g. `python3 -m venv {Path(py).parent.parent}` and `pip install sglang`), "
+                        remedy=f"Create the serving environment (e.g. `python3 -m venv {Path(py).parent.parent}` "
+                               "and `pip install sglang`), "
                                "or point serving.python at it.")], {}
     try:
         cp = run([py, "-c", _PROBE, json.dumps(names)], capture_output=True, text=True, timeout=timeout)
@@ -82,7 +83,8 @@ def serving_env(spec: Deployment, run: Callable = subprocess.run, timeout: float
         for a in alias_group:
             pk.pop(a, None)
         pk[alias_group[0]] = found
-    out: list[Finding] = [Finding("env.serving.python", "pass", f"serving interpreter: Python {info['python']}", evidence=info["executable"])]
+    out: list[Finding] = [Finding("env.serving.python", "pass", f"serving interpreter: Python {info['python']}",
+                                  evidence=info["executable"])]
     for n in REQUIRED:
         if pk.get(n):
             out.append(Finding(f"env.serving.{n}", "pass", f"{n} {pk[n]}"))
@@ -129,7 +131,8 @@ def host(spec: Deployment) -> tuple[list[Finding], dict[str, Any]]:
         info["shm_gib"] = round(shm / GIB, 2)
         if shm < GIB:
             out.append(Finding("env.host.shm", "fail", f"/dev/shm is only {shm / 2**20:.0f} MiB",
-                               detail="NCCL's SHM transport and torch multiprocessing need more; 64 MiB (a container default) crashes TP workers.",
+                               detail="NCCL's SHM transport and torch multiprocessing need more; 64 MiB (a container "
+                                      "default) crashes TP workers.",
                                remedy="Enlarge it (`mount -o remount,size=32G /dev/shm`, or --shm-size for containers)."))
         else:
             out.append(Finding("env.host.shm", "pass", f"/dev/shm is {shm / GIB:.1f} GiB"))
@@ -160,7 +163,8 @@ def _disk(spec: Deployment, info: dict[str, Any]) -> list[Finding]:
     free = shutil.disk_usage(probe).free
     info["disk_free_gib"] = round(free / GIB, 1)
     if size is not None:
-        return [Finding("env.host.disk", "pass", f"checkpoint on disk: {size / GIB:.1f} GiB at {loc.path}; {free / GIB:.0f} GiB free there")]
+        return [Finding("env.host.disk", "pass",
+                        f"checkpoint on disk: {size / GIB:.1f} GiB at {loc.path}; {free / GIB:.0f} GiB free there")]
     return [Finding("env.host.disk", "info", f"{free / GIB:.0f} GiB free at {probe}",
                     detail=loc.note + ". The NVFP4 checkpoint of a ~400B model is ~230 GB; BF16 ~800 GB.")]
 
@@ -198,7 +202,8 @@ def nccl_cuda_env(spec: Deployment) -> list[Finding]:
     if vis is not None:
         n = len([x for x in vis.split(",") if x.strip()])
         if n < spec.parallelism.gpus:
-            out.append(Finding("env.CUDA_VISIBLE_DEVICES", "fail", f"CUDA_VISIBLE_DEVICES lists {n} GPUs, parallelism needs {spec.parallelism.gpus}",
+            out.append(Finding("env.CUDA_VISIBLE_DEVICES", "fail",
+                               f"CUDA_VISIBLE_DEVICES lists {n} GPUs, parallelism needs {spec.parallelism.gpus}",
                                evidence=f"CUDA_VISIBLE_DEVICES={vis}", remedy="List every GPU the server uses."))
     home = env.get("CUDA_HOME")
     if home and not Path(home).is_dir():

@@ -1,6 +1,7 @@
 """GPU checks through NVML (nvidia-ml-py). Without a driver every check is a `skip` finding."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,10 +53,8 @@ def check(spec: Deployment, nvml: Any = None) -> GpuReport:
     try:
         _inspect(spec, nvml, rep)
     finally:
-        try:
+        with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
-        except nvml.NVMLError:
-            pass
     return rep
 
 
@@ -85,7 +84,8 @@ def _inspect(spec: Deployment, nvml: Any, rep: GpuReport) -> None:
     if n < hw.gpu_count:
         rep.findings.append(Finding("env.gpu.count", "fail", f"{n} GPUs visible, spec expects {hw.gpu_count}",
                                     detail=f"TP {spec.parallelism.tp} × PP {spec.parallelism.pp} needs {need}.",
-                                    remedy="Check CUDA_VISIBLE_DEVICES, `nvidia-smi -L`, and that no GPU fell off the bus (dmesg | grep -i xid)."))
+                                    remedy="Check CUDA_VISIBLE_DEVICES, `nvidia-smi -L`, and that no GPU fell off the "
+                                           "bus (dmesg | grep -i xid)."))
     else:
         rep.findings.append(Finding("env.gpu.count", "pass", f"{n} GPUs visible (spec: {hw.gpu_count})"))
 
@@ -137,11 +137,13 @@ def _per_gpu_findings(spec: Deployment, rep: GpuReport) -> None:
         cc_bad = [r for r in g if r["compute_capability"] and r["compute_capability"] != hw.compute_capability]
         if cc_bad:
             rep.findings.append(Finding("env.gpu.compute_capability", "warn",
-                                        f"compute capability {cc_bad[0]['compute_capability']} on GPU {idx(cc_bad)}, spec says {hw.compute_capability}",
+                                        f"compute capability {cc_bad[0]['compute_capability']} on GPU {idx(cc_bad)}, spec "
+                                        f"says {hw.compute_capability}",
                                         detail="SM100 kernels do not run on SM120 and vice versa; backends and NVFP4 kernels differ.",
                                         remedy="Check the attention and MoE backends chosen in serving.flags for this architecture."))
         elif g:
-            rep.findings.append(Finding("env.gpu.compute_capability", "pass", f"compute capability {hw.compute_capability} (sm_{hw.compute_capability.replace('.', '')}) on every GPU"))
+            rep.findings.append(Finding("env.gpu.compute_capability", "pass", f"compute capability {hw.compute_capability} "
+                                        f"(sm_{hw.compute_capability.replace('.', '')}) on every GPU"))
     ecc_off = [r for r in g if r["ecc"] is False]
     if ecc_off:
         rep.findings.append(Finding("env.gpu.ecc", "warn", f"ECC off on GPU {idx(ecc_off)}",
@@ -171,7 +173,8 @@ def _per_gpu_findings(spec: Deployment, rep: GpuReport) -> None:
         rep.findings.append(Finding("env.gpu.processes", "warn", f"{len(pids)} process(es) already hold {held:.1f} GiB of GPU memory",
                                     detail="A leftover server or notebook kernel eats the KV budget the next start measures.",
                                     evidence="; ".join(f"pid {p['pid']} on GPU {p['gpu']}: {p['used_gib']} GiB" for p in rep.processes[:8]),
-                                    remedy=f"If these are not the deployment's own running server, stop them (`kill {' '.join(map(str, pids[:4]))}`) before starting it."))
+                                    remedy="If these are not the deployment's own running server, stop them (`kill "
+                                           f"{' '.join(map(str, pids[:4]))}`) before starting it."))
     elif g:
         rep.findings.append(Finding("env.gpu.processes", "pass", "no process holds GPU memory"))
 
@@ -184,13 +187,15 @@ def _topology(nvml: Any, handles: list, rep: GpuReport, q: Callable) -> None:
     for a, b in itertools.combinations(range(len(handles)), 2):
         level = q(nvml.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b])
         p2p = q(nvml.nvmlDeviceGetP2PStatus, handles[a], handles[b], read_idx)
-        rep.topology.append({"gpu_a": a, "gpu_b": b, "link": _TOPO.get(level, level), "p2p_read": None if p2p is None else p2p == ok_status})
+        rep.topology.append({"gpu_a": a, "gpu_b": b, "link": _TOPO.get(level, level),
+                             "p2p_read": None if p2p is None else p2p == ok_status})
         if p2p is not None and p2p != ok_status:
             no_p2p.append(f"{a}-{b}")
     if no_p2p:
         rep.findings.append(Finding("env.gpu.p2p", "warn", f"P2P reads not supported between {len(no_p2p)} GPU pair(s)",
                                     detail="NCCL falls back to shared memory through the host: all-reduce is slower.",
                                     evidence=", ".join(no_p2p[:12]),
-                                    remedy="Check ACS/IOMMU in BIOS (`lspci -vvv | grep ACSCtl`); if NCCL hangs instead, NCCL_P2P_DISABLE=1 is the fallback."))
+                                    remedy="Check ACS/IOMMU in BIOS (`lspci -vvv | grep ACSCtl`); if NCCL hangs instead, "
+                                           "NCCL_P2P_DISABLE=1 is the fallback."))
     elif rep.topology:
         rep.findings.append(Finding("env.gpu.p2p", "pass", f"P2P reads supported between all {len(rep.topology)} GPU pairs"))

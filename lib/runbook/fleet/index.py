@@ -238,7 +238,8 @@ _COMPLETE not shown{% endif %}{% if d.unreadable %} · {{ d.unreadable|length }}
  <code>{{ c.latest.git_commit[:12] }}</code>{% endif %}.
 {% for nb, href in c.latest.notebooks.items() %} <a href="{{ href }}">{{ nb }}</a>{% endfor %}</p>
 {% if c.latest.failing %}<table><tr><th>notebook</th><th>finding</th><th>title</th></tr>
-{% for f in c.latest.failing %}<tr><td>{{ f.notebook }}</td><td><code>{{ f.id }}</code></td><td>{{ f.title }}</td></tr>{% endfor %}</table>{% endif %}
+{% for f in c.latest.failing %}<tr><td>{{ f.notebook }}</td><td><code>{{ f.id }}</code></td><td>{{ f.title }}</td></tr>{% endfor %}
+</table>{% endif %}
 {% if c.rows %}<table><tr><th>trend (last {{ c.trend|length }} runs)</th><th>latest</th><th></th></tr>
 {% for r in c.rows %}<tr><td>{{ r.label }}</td><td>{{ r.latest }}</td><td>{{ r.svg|safe }}</td></tr>{% endfor %}</table>{% endif %}
 <p><small>Runs: {% for p in c.trend|reverse %}{% if p.link %}<a href="{{ p.link }}">{{ p.started }}</a>{% else %}{{ p.started }}{% endif %}

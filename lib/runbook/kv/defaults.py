@@ -108,9 +108,7 @@ def prefill_graph_enabled(arch: Arch, pp: int, attention_backend: str | None, di
     (DeepSeek-V3 on trtllm_mla turns it off only after the memory fraction is set)."""
     if disable_cuda_graph or disable_prefill_graph or pp > 1:
         return False
-    if arch.multimodal and not arch.multimodal_prefill_graph:
-        return False
-    return True
+    return not (arch.multimodal and not arch.multimodal_prefill_graph)
 
 
 def vlm_factor(arch: Arch) -> float:

@@ -70,6 +70,24 @@ class Inputs:
     context_len_explicit: bool = False             # --context-length given (checked against the model's)
 
     def validate(self) -> None:
+        self._check_types()
+        if self.mamba_ssm_dtype is not None and self.mamba_ssm_dtype not in _SSM_DTYPES:
+            raise InputError(f"--mamba-ssm-dtype {self.mamba_ssm_dtype}: use float32, bfloat16 or float16")
+        if self.tp % self.attn_dp:
+            raise InputError(f"--attn-dp {self.attn_dp} must divide --tp {self.tp}")
+        for name in ("gpu_mem_gib", "kv_budget_gib"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise InputError(f"--{name.replace('_', '-')} must be positive (got {v})")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
+            raise InputError(f"--mem-fraction-static must be in (0, 1] (got {self.mem_fraction_static})")
+        if self.weights_bytes_per_gpu is not None and self.weights_bytes_per_gpu < 0:
+            raise InputError("--weights-gib must not be negative")
+        if any(c <= 0 for c in self.contexts):
+            raise InputError("--contexts must be positive token counts")
+
+    def _check_types(self) -> None:
+        """Each number is of its kind (a size, a finite number, a positive count) before any relation between them is checked."""
         for name in ("tp", "pp", "attn_dp", "page_size"):
             v = getattr(self, name)
             if v is None and name == "page_size":
@@ -87,20 +105,6 @@ class Inputs:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InputError(f"--{name.replace('_', '-').replace('spec-', 'speculative-')} must be a positive integer (got {v!r})")
-        if self.mamba_ssm_dtype is not None and self.mamba_ssm_dtype not in _SSM_DTYPES:
-            raise InputError(f"--mamba-ssm-dtype {self.mamba_ssm_dtype}: use float32, bfloat16 or float16")
-        if self.tp % self.attn_dp:
-            raise InputError(f"--attn-dp {self.attn_dp} must divide --tp {self.tp}")
-        for name in ("gpu_mem_gib", "kv_budget_gib"):
-            v = getattr(self, name)
-            if v is not None and v <= 0:
-                raise InputError(f"--{name.replace('_', '-')} must be positive (got {v})")
-        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
-            raise InputError(f"--mem-fraction-static must be in (0, 1] (got {self.mem_fraction_static})")
-        if self.weights_bytes_per_gpu is not None and self.weights_bytes_per_gpu < 0:
-            raise InputError("--weights-gib must not be negative")
-        if any(c <= 0 for c in self.contexts):
-            raise InputError("--contexts must be positive token counts")
 
 
 @dataclass
@@ -476,17 +480,20 @@ def _findings(arch: Arch, inp: Inputs, res: Result) -> list[Finding]:
                        f"max_total_num_tokens ≈ {tok:,} per pool ({res.kv_pool_bytes_per_gpu / GIB:.1f} GiB of KV per GPU)",
                        detail=f"budget {res.kv_budget_bytes_per_gpu / GIB:.1f} GiB per GPU ({res.mem_fraction_source})"
                               + (f"; state pool {res.state_pool_bytes_per_gpu / GIB:.1f} GiB" if res.state_pool_bytes_per_gpu else ""),
-                       remedy="Not even one request at the context length fits: lower --context-length or free memory." if tok < ctx else ""))
+                       remedy="Not even one request at the context length fits: lower "
+                              "--context-length or free memory." if tok < ctx else ""))
     if res.max_state_slots is not None and res.state_slots_per_request:
         cap = res.max_state_slots // res.state_slots_per_request
         bound = [int(c) for c, n in res.kv_limited_requests_at_context.items() if n is not None and n > cap * inp.attn_dp]
         where = (f"at contexts up to {max(bound):,} tokens KV alone would hold more "
-                 f"({res.kv_limited_requests_at_context[str(min(bound))]:,} at {min(bound):,}): there the state pool, not KV, limits concurrency"
+                 f"({res.kv_limited_requests_at_context[str(min(bound))]:,} at {min(bound):,}): there the state pool, "
+                 "not KV, limits concurrency"
                  if bound else "KV is the tighter limit at every listed context")
         out.append(Finding("kv.state_limit", "warn" if bound else "info",
                            f"the linear-attention state pool caps concurrency at {cap} running requests per DP rank",
                            detail=f"{res.max_state_slots:,} state slots of {res.state_bytes_per_request_per_gpu / MIB:.1f} MiB "
-                                  f"({res.state_pool_bytes_per_gpu / GIB:.1f} GiB), {res.state_slots_per_request} per running request; {where}.",
+                                  f"({res.state_pool_bytes_per_gpu / GIB:.1f} GiB), {res.state_slots_per_request} per "
+                                  f"running request; {where}.",
                            remedy="For more concurrent requests: raise `--mamba-full-memory-ratio` (more state, fewer tokens) or "
                                   "`--max-mamba-cache-size`, or add GPUs." if bound else ""))
     return out

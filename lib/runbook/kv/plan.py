@@ -139,7 +139,8 @@ def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrid
     auto, auto_why = _auto_kv_dtype(a, qrep.kv_cache.auto_resolves_to, inp.compute_capability)
     inp = replace(inp, kv_dtype=auto if kv_flag == "auto" else kvmem.normalise_dtype(kv_flag))
     if inp.spec_algorithm and str(inp.spec_algorithm).upper() not in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"):
-        findings.append(Finding("kv.not_modelled", "warn", f"--speculative-algorithm {inp.spec_algorithm}: its draft memory is not modelled",
+        findings.append(Finding("kv.not_modelled", "warn",
+                                f"--speculative-algorithm {inp.spec_algorithm}: its draft memory is not modelled",
                                 detail="the 48-request default is applied; the draft's own pool is not",
                                 remedy="Compare with the server's logged max_total_num_tokens / max_running_requests."))
     for flag in NOT_MODELLED_FLAGS:
@@ -153,7 +154,8 @@ def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrid
     for d in dict.fromkeys(("bfloat16", "fp8_e4m3", inp.kv_dtype)):
         cands.append(result if d == inp.kv_dtype else kvmem.compute(a, replace(inp, kv_dtype=d)))
     scen = scenarios(a, inp, result)
-    findings.append(Finding("kv.dtype", "info", f"KV dtype {inp.kv_dtype}" + (f" (auto → {auto})" if kv_flag == "auto" else f" (--kv-cache-dtype {kv_flag})"),
+    findings.append(Finding("kv.dtype", "info",
+                            f"KV dtype {inp.kv_dtype}" + (f" (auto → {auto})" if kv_flag == "auto" else f" (--kv-cache-dtype {kv_flag})"),
                             detail=(auto_why + "; " if auto_why and kv_flag == "auto" else "") + f"weights per GPU: {source}"))
     findings += result.findings
     return Plan(a, inp, result, cands, findings, auto, source, scen)

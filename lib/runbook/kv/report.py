@@ -148,15 +148,18 @@ def story_frame(a: Arch, tp: int = 8):
                                        contexts=(32768, 131072), context_len=262144))
     cap = (sc.max_state_slots or 0) // max(sc.state_slots_per_request, 1)
     rows = [
-        ("KV bytes/token, whole model, BF16", STORY["bf16_bytes"], bf16_tp1.kv_bytes_per_token_per_gpu, "agrees: 15 full-attention layers × 2 heads × (256+256) × 2 B"),
+        ("KV bytes/token, whole model, BF16", STORY["bf16_bytes"], bf16_tp1.kv_bytes_per_token_per_gpu,
+         "agrees: 15 full-attention layers × 2 heads × (256+256) × 2 B"),
         ("KV bytes/token, whole model, FP8", STORY["fp8_bytes"], fp8_tp1.kv_bytes_per_token_per_gpu, "agrees: half of BF16"),
         (f"KV bytes/token on each GPU at TP {tp}, BF16", STORY["bf16_bytes"] // tp, sc.kv_bytes_per_token_per_gpu,
          f"{sc.layout}: each GPU pays {sc.kv_head_replication:g}× a naive 1/{tp} share"),
         (f"tokens from {budget_gib:.1f} GiB per GPU", STORY["tokens"], sc.max_total_num_tokens,
          f"SGLang first gives {sc.state_pool_bytes_per_gpu / GIB:.1f} GiB (r/(1+r), r=0.9) to the linear-attention state pool"),
-        ("concurrent 128K requests", STORY["req_128k"], sc.requests_at_context.get("131072"), "tokens ÷ 131,072, then the running-request cap"),
+        ("concurrent 128K requests", STORY["req_128k"], sc.requests_at_context.get("131072"),
+         "tokens ÷ 131,072, then the running-request cap"),
         ("concurrent 32K requests", STORY["req_32k"], sc.requests_at_context.get("32768"), "tokens ÷ 32,768, then the running-request cap"),
-        ("running-request cap from state slots", "—", cap, f"{sc.max_state_slots} slots ÷ {sc.state_slots_per_request} per request: not in the story"),
+        ("running-request cap from state slots", "—", cap,
+         f"{sc.max_state_slots} slots ÷ {sc.state_slots_per_request} per request: not in the story"),
     ]
     df = pd.DataFrame(rows, columns=["quantity", "story", "SGLang's rules", "why"]).set_index("quantity")
     return df.astype({"story": object, "SGLang's rules": object})
@@ -176,7 +179,8 @@ def panel(spec: Deployment | None, model_dir: str | None = None):
     dtype = w.Dropdown(options=choices, value=current if current in choices else "auto", description="KV dtype")
     frac = w.FloatSlider(value=base.inputs.mem_fraction_static or base.result.mem_fraction_static or 0.85, min=0.5, max=0.95,
                          step=0.01, description="mem frac")
-    ctx = w.Dropdown(options=[8192, 32768, 65536, 131072, 262144], value=min(base.result.context_len or 262144, 262144), description="context")
+    ctx = w.Dropdown(options=[8192, 32768, 65536, 131072, 262144], value=min(base.result.context_len or 262144, 262144),
+                     description="context")
     out = w.Output()
     shown: tuple = ()
 

@@ -129,6 +129,44 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
     model_type = str(cfg.get("model_type") or top.get("model_type") or "")
     assumptions: list[str] = []
     n = _int(cfg, "num_hidden_layers", source)
+    n_heads, kv_heads, head_dim = _heads(cfg, source, assumptions)
+    v_head_dim = head_dim
+    mla, kv_lora, rope = _mla(cfg, arch_name, bool(archs), source, assumptions)
+    nextn = _nonneg(cfg.get("num_nextn_predict_layers") or 0, "num_nextn_predict_layers", source)
+    mtp = nextn or _nonneg(cfg.get("mtp_num_hidden_layers") or 0, "mtp_num_hidden_layers", source)
+    dsa = arch_name in names.DSA_ARCHS and cfg.get("index_topk") is not None and mla
+    index_head_dim = _int(cfg, "index_head_dim", source) if dsa else 0
+
+    full, swa, linear_ids, linear = _layer_kinds(cfg, n, source, assumptions)
+    full, swa = _layers_by_architecture(cfg, arch_name, n, full, swa)
+    window = cfg.get("sliding_window") if isinstance(cfg.get("sliding_window"), int) else None
+    full, swa, hybrid_swa = _hybrid_swa(cfg, arch_name, full, swa, assumptions)
+    if not archs:
+        assumptions.append(f"no 'architectures' in {source}: standard attention formula assumed")
+    max_context, context_source = _context_len(cfg, model_type, source, assumptions)
+    kv_heads, head_dim, v_head_dim, swa_heads, swa_hd, swa_vhd = _swa_shape(cfg, arch_name, hybrid_swa, kv_heads, head_dim,
+                                                                            v_head_dim, source)
+    vision = top.get("vision_config")
+    # ModelConfig: a multimodal architecture (or a nested text_config), unless SGLang keeps it text-only by default
+    multimodal = (arch_name in names.MULTIMODAL_ARCHS or cfg is not top) and arch_name not in names.MULTIMODAL_OFF_BY_DEFAULT_ARCHS
+
+    return Arch(
+        architecture=arch_name, model_type=model_type, num_layers=n, full_layer_ids=full, swa_layer_ids=swa,
+        linear_layer_ids=linear_ids, num_attention_heads=n_heads, num_kv_heads=int(kv_heads), head_dim=int(head_dim),
+        v_head_dim=int(v_head_dim), dtype=model_dtype(cfg, assumptions),
+        max_context=max_context, context_source=context_source,
+        mla=mla, kv_lora_rank=kv_lora, qk_rope_head_dim=rope, sliding_window=window, hybrid_swa=hybrid_swa,
+        swa_num_kv_heads=swa_heads, swa_head_dim=swa_hd, swa_v_head_dim=swa_vhd,
+        linear=linear, mtp_layers=mtp, nextn_layers=nextn, multimodal=multimodal,
+        multimodal_prefill_graph=arch_name in names.MULTIMODAL_BREAKABLE_GRAPH_ARCHS,
+        has_vision_config=isinstance(vision, dict),
+        vit_layers=_opt_int(vision, ("num_hidden_layers", "vt_num_hidden_layers")) if isinstance(vision, dict) else None,
+        vit_hidden=_opt_int(vision, ("hidden_size", "vt_hidden_size")) if isinstance(vision, dict) else None,
+        dsa=dsa, index_head_dim=index_head_dim, assumptions=assumptions)
+
+
+def _heads(cfg: dict[str, Any], source: str, assumptions: list[str]) -> tuple[int, int, int]:
+    """Attention heads, KV heads (MHA when the config names none) and the head dim."""
     n_heads = _int(cfg, "num_attention_heads", source)
     kv_heads = next((cfg[k] for k in _KV_HEAD_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 0), None)
     if kv_heads is None:
@@ -137,22 +175,25 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
     head_dim = cfg.get("head_dim")
     if not isinstance(head_dim, int) or head_dim <= 0:
         head_dim = _int(cfg, "hidden_size", source) // n_heads
-    v_head_dim = head_dim
+    return n_heads, kv_heads, head_dim
+
+
+def _mla(cfg: dict[str, Any], arch_name: str, named: bool, source: str, assumptions: list[str]) -> tuple[bool, int, int]:
+    """(MLA?, kv_lora_rank, qk_rope_head_dim): SGLang's MLA judge is by architecture name
+    (model_config.py, ModelConfig._derive_model_shapes), not by the presence of kv_lora_rank alone."""
     has_latent = isinstance(cfg.get("kv_lora_rank"), int) and cfg["kv_lora_rank"] > 0
-    # SGLang's MLA judge is by architecture name (model_config.py, ModelConfig._derive_model_shapes).
-    mla = has_latent and (arch_name in names.MLA_ARCHS or not archs)
+    mla = has_latent and (arch_name in names.MLA_ARCHS or not named)
     if has_latent and not mla:
         assumptions.append(f"{arch_name} has kv_lora_rank but is not one of SGLang's MLA architectures: sized as MHA, "
                            "the way SGLang would")
-    kv_lora = rope = 0
-    if mla:
-        kv_lora = cfg["kv_lora_rank"]
-        rope = _int(cfg, "qk_rope_head_dim", source)
-    nextn = _nonneg(cfg.get("num_nextn_predict_layers") or 0, "num_nextn_predict_layers", source)
-    mtp = nextn or _nonneg(cfg.get("mtp_num_hidden_layers") or 0, "mtp_num_hidden_layers", source)
-    dsa = arch_name in names.DSA_ARCHS and cfg.get("index_topk") is not None and mla
-    index_head_dim = _int(cfg, "index_head_dim", source) if dsa else 0
+    if not mla:
+        return False, 0, 0
+    return True, cfg["kv_lora_rank"], _int(cfg, "qk_rope_head_dim", source)
 
+
+def _layer_kinds(cfg: dict[str, Any], n: int, source: str,
+                 assumptions: list[str]) -> tuple[list[int], list[int], list[int], LinearAttention | None]:
+    """Full, sliding-window and linear-attention layer ids from the config's layout fields (all full when it has none)."""
     full, swa, linear_ids = list(range(n)), [], []
     linear: LinearAttention | None = None
     layer_types = cfg.get("layer_types")
@@ -184,16 +225,25 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
         full = [i for i, c in enumerate(pat) if c == "*"]
         linear_ids = [i for i, c in enumerate(pat) if c == "M"]
         assumptions.append("Nemotron-H style pattern: only '*' layers hold KV; the Mamba state is not sized")
+    return full, swa, linear_ids, linear
 
+
+def _layers_by_architecture(cfg: dict[str, Any], arch_name: str, n: int, full: list[int],
+                            swa: list[int]) -> tuple[list[int], list[int]]:
+    """Architectures whose full/sliding split SGLang fixes itself, whatever the config's layer fields say."""
     if arch_name.startswith("Llama4"):
         # model_config.get_hybrid_layer_ids: every 4th layer is full attention, whatever layer_types says.
-        full = [i for i in range(n) if (i + 1) % 4 == 0]
-        swa = [i for i in range(n) if (i + 1) % 4 != 0]
-    elif arch_name in names.MIMO_V2_ARCHS and isinstance(cfg.get("hybrid_layer_pattern"), list):
+        return [i for i in range(n) if (i + 1) % 4 == 0], [i for i in range(n) if (i + 1) % 4 != 0]
+    if arch_name in names.MIMO_V2_ARCHS and isinstance(cfg.get("hybrid_layer_pattern"), list):
         pat = cfg["hybrid_layer_pattern"]
-        full = [i for i in range(n) if i < len(pat) and pat[i] == 0]
-        swa = [i for i in range(n) if i < len(pat) and pat[i] == 1]
-    window = cfg.get("sliding_window") if isinstance(cfg.get("sliding_window"), int) else None
+        return ([i for i in range(n) if i < len(pat) and pat[i] == 0],
+                [i for i in range(n) if i < len(pat) and pat[i] == 1])
+    return full, swa
+
+
+def _hybrid_swa(cfg: dict[str, Any], arch_name: str, full: list[int], swa: list[int],
+                assumptions: list[str]) -> tuple[list[int], list[int], bool]:
+    """Whether SGLang keeps a separate sliding-window pool; without one, sliding layers count as full ones."""
     hybrid_swa = bool(swa) and (arch_name in names.HYBRID_SWA_ARCHS or bool(cfg.get("is_hybrid_swa")))
     if hybrid_swa and arch_name.startswith(_SWA_NOT_MODELLED):
         assumptions.append(f"{arch_name}: SGLang sizes its sliding-window layers with per-layer head counts/dims or a "
@@ -203,9 +253,12 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
         assumptions.append(f"{arch_name}: SGLang disables the hybrid SWA pool, so sliding layers keep full-length KV")
     if swa and not hybrid_swa:
         full, swa = sorted(full + swa), []
-    if not archs:
-        assumptions.append(f"no 'architectures' in {source}: standard attention formula assumed")
-    max_context, context_source = _context_len(cfg, model_type, source, assumptions)
+    return full, swa, hybrid_swa
+
+
+def _swa_shape(cfg: dict[str, Any], arch_name: str, hybrid_swa: bool, kv_heads: int, head_dim: int, v_head_dim: int,
+               source: str) -> tuple[int, int, int, int | None, int | None, int | None]:
+    """(kv_heads, head_dim, v_head_dim) of the full layers and (heads, head dim, v head dim) of the sliding ones."""
     swa_heads = swa_hd = swa_vhd = None
     if hybrid_swa and arch_name.startswith("Gemma4") and isinstance(cfg.get("global_head_dim"), int):
         # Gemma-4: full-attention layers use global_head_dim and num_global_key_value_heads, sliding ones
@@ -218,23 +271,7 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
         swa_heads = cfg.get("swa_num_key_value_heads") if isinstance(cfg.get("swa_num_key_value_heads"), int) else None
         swa_hd = cfg.get("swa_head_dim") if isinstance(cfg.get("swa_head_dim"), int) else None
         swa_vhd = cfg.get("swa_v_head_dim") if isinstance(cfg.get("swa_v_head_dim"), int) else swa_hd
-    vision = top.get("vision_config")
-    # ModelConfig: a multimodal architecture (or a nested text_config), unless SGLang keeps it text-only by default
-    multimodal = (arch_name in names.MULTIMODAL_ARCHS or cfg is not top) and arch_name not in names.MULTIMODAL_OFF_BY_DEFAULT_ARCHS
-
-    return Arch(
-        architecture=arch_name, model_type=model_type, num_layers=n, full_layer_ids=full, swa_layer_ids=swa,
-        linear_layer_ids=linear_ids, num_attention_heads=n_heads, num_kv_heads=int(kv_heads), head_dim=int(head_dim),
-        v_head_dim=int(v_head_dim), dtype=model_dtype(cfg, assumptions),
-        max_context=max_context, context_source=context_source,
-        mla=mla, kv_lora_rank=kv_lora, qk_rope_head_dim=rope, sliding_window=window, hybrid_swa=hybrid_swa,
-        swa_num_kv_heads=swa_heads, swa_head_dim=swa_hd, swa_v_head_dim=swa_vhd,
-        linear=linear, mtp_layers=mtp, nextn_layers=nextn, multimodal=multimodal,
-        multimodal_prefill_graph=arch_name in names.MULTIMODAL_BREAKABLE_GRAPH_ARCHS,
-        has_vision_config=isinstance(vision, dict),
-        vit_layers=_opt_int(vision, ("num_hidden_layers", "vt_num_hidden_layers")) if isinstance(vision, dict) else None,
-        vit_hidden=_opt_int(vision, ("hidden_size", "vt_hidden_size")) if isinstance(vision, dict) else None,
-        dsa=dsa, index_head_dim=index_head_dim, assumptions=assumptions)
+    return kv_heads, head_dim, v_head_dim, swa_heads, swa_hd, swa_vhd
 
 
 def _nonneg(v: Any, key: str, source: str) -> int:

@@ -136,7 +136,8 @@ def _read_json(path: Path, required: bool, cap: int = _MAX_JSON_FILE) -> dict[st
     try:
         raw = read_regular(path, cap, st)
     except FileRefused as e:
-        fix = "remove it and re-download the file" if e.reason == "is a directory" else "replace it with the real JSON file (re-download it)"
+        fix = ("remove it and re-download the file" if e.reason == "is a directory"
+               else "replace it with the real JSON file (re-download it)")
         raise InputError(f"{path}: {e.reason}; {fix}") from None
     try:
         text = raw.decode("utf-8-sig")

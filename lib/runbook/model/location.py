@@ -54,5 +54,6 @@ def locate(spec: Deployment) -> ModelLocation:
     if m.card:
         card = spec.resolve_path(m.card)
         if card.is_dir():
-            return ModelLocation(card, "card", f"{m.path} is not on this machine; inspecting the model card {card} (configs only, no weights)")
+            return ModelLocation(card, "card",
+                                 f"{m.path} is not on this machine; inspecting the model card {card} (configs only, no weights)")
     return ModelLocation(None, "missing", f"{m.path} is neither a local directory nor a cached Hugging Face snapshot")

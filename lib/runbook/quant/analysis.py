@@ -212,7 +212,8 @@ def _parse(ck: Checkpoint, w: Weights, kv: KVCache, findings: list[Finding]) -> 
         _modelopt(ck.hf_quant_config, "hf_quant_config.json", other_w, other_kv, nested="quantization" in ck.hf_quant_config)
         if (other_w.algo, other_kv.declared) != (w.algo, kv.declared):
             findings.append(Finding("quant.files_disagree", "warn", "config.json and hf_quant_config.json disagree",
-                                    detail=f"config.json: {w.algo}, KV {kv.declared}; hf_quant_config.json: {other_w.algo}, KV {other_kv.declared}. SGLang reads config.json.",
+                                    detail=f"config.json: {w.algo}, KV {kv.declared}; hf_quant_config.json: {other_w.algo}, KV "
+                                           f"{other_kv.declared}. SGLang reads config.json.",
                                     remedy="Trust config.json, or fix the checkpoint's files."))
 
 
@@ -427,7 +428,7 @@ def _sg_verify(ck: Checkpoint, user: str | None) -> tuple[str | None, str | None
     if qc is not None:
         if not isinstance(qc, dict):
             raise SGLangRefusal("model_config", "compression_config is not an object", "Fix config.json.")
-        raw = qc.get("quant_method", "" if not user else user)
+        raw = qc.get("quant_method", user or "")
         if not isinstance(raw, str):
             raise SGLangRefusal("model_config", f"quant_method is a {type(raw).__name__}, not a string",
                                 "Fix the checkpoint's quant_method.")
@@ -529,7 +530,8 @@ def _kv_modelopt_fp4(cfg: dict[str, Any], flat: bool) -> str | None:  # noqa: C9
         if gs is None:
             groups = cfg.get("config_groups") or {}
             first: Any = next(iter(groups.values()), {}) if isinstance(groups, dict) else {}
-            gs = first.get("weights", {}).get("group_size") if isinstance(first, dict) and isinstance(first.get("weights", {}), dict) else None
+            weights = first.get("weights", {}) if isinstance(first, dict) else None
+            gs = weights.get("group_size") if isinstance(weights, dict) else None
         if gs is None and isinstance(algo, str) and "NVFP4" in algo:
             gs = 16
         excl = cfg.get("ignore", cfg.get("modules_to_not_convert", cfg.get("exclude_modules", [])))
@@ -632,7 +634,9 @@ def _kv_awq(cfg: dict[str, Any], flat: bool) -> str | None:
     return None
 
 
-_KV_FROM_CONFIG = {'modelopt': _kv_modelopt_fp8, 'modelopt_fp8': _kv_modelopt_fp8, 'modelopt_fp4': _kv_modelopt_fp4, 'modelopt_mixed': _kv_modelopt_mixed, 'fp8': _kv_fp8, 'mxfp8': _kv_fp8, 'compressed-tensors': _kv_compressed_tensors, 'gptq_marlin': _kv_gptq_marlin, 'awq_marlin': _kv_awq_marlin, 'awq': _kv_awq}
+_KV_FROM_CONFIG = {'modelopt': _kv_modelopt_fp8, 'modelopt_fp8': _kv_modelopt_fp8, 'modelopt_fp4': _kv_modelopt_fp4,
+                   'modelopt_mixed': _kv_modelopt_mixed, 'fp8': _kv_fp8, 'mxfp8': _kv_fp8, 'compressed-tensors': _kv_compressed_tensors,
+                   'gptq_marlin': _kv_gptq_marlin, 'awq_marlin': _kv_awq_marlin, 'awq': _kv_awq}
 
 
 def _sg_kv_algo(quantization: str, cfg: dict[str, Any]) -> str | None:
@@ -722,7 +726,8 @@ def _dtype_findings(ck: Checkpoint, w: Weights) -> list[Finding]:
     if w.algo == "unquantized" and any(k.startswith("F8") for k in c):
         return [Finding("quant.ckpt.dtypes", "warn", "FP8 tensors in a checkpoint with no quantization config", detail=f"dtypes found: {c}",
                         remedy="SGLang will load them as if unquantized: add the checkpoint's quantization_config.")]
-    return [Finding("quant.ckpt.dtypes", "pass", f"tensor dtypes match {w.algo}", evidence=", ".join(f"{k}: {v}" for k, v in sorted(c.items())))]
+    return [Finding("quant.ckpt.dtypes", "pass", f"tensor dtypes match {w.algo}",
+                    evidence=", ".join(f"{k}: {v}" for k, v in sorted(c.items())))]
 
 
 def inspect(ck: Checkpoint, flags: dict[str, Any] | None = None, tp: int = 1, pp: int = 1, location_note: str = "",
@@ -785,13 +790,17 @@ def _weights_findings(w: Weights, a: arch_mod.Arch, tp: int, pp: int, ck: Checkp
     size = f", group {w.group_size}" if w.group_size else (f", block {w.block_size}" if w.block_size else "")
     out.append(Finding("quant.weights", "info", f"weights: {w.algo}{size} ({who})",
                        detail=(f"read from {w.source}; " if w.source else "no quantization config; ") +
-                              (f"kept in higher precision: {', '.join(w.kept_precision_kinds)}" if w.kept_precision_kinds else "no excluded modules listed"),
-                       evidence=f"{len(w.excluded_modules)} exclude/ignore pattern(s)" + (f", e.g. {w.excluded_modules[:3]}" if w.excluded_modules else "")))
+                              (f"kept in higher precision: {', '.join(w.kept_precision_kinds)}" if w.kept_precision_kinds
+                               else "no excluded modules listed"),
+                       evidence=f"{len(w.excluded_modules)} exclude/ignore pattern(s)"
+                                + (f", e.g. {w.excluded_modules[:3]}" if w.excluded_modules else "")))
     if w.total_bytes:
         assert w.bytes_per_gpu is not None  # set from total_bytes in inspect()
-        out.append(Finding("quant.weight_bytes", "info", f"weights: {w.total_bytes / GIB:.1f} GiB in total, ~{w.bytes_per_gpu / GIB:.1f} GiB per GPU at TP {tp} × PP {pp}",
+        out.append(Finding("quant.weight_bytes", "info", f"weights: {w.total_bytes / GIB:.1f} GiB in total, ~{w.bytes_per_gpu / GIB:.1f} "
+                           f"GiB per GPU at TP {tp} × PP {pp}",
                            detail="Per GPU = total / (TP × PP): an even split; replicated norms and router weights add a little.",
-                           evidence=f"{INDEX} total_size" if (ck.index or {}).get("metadata", {}).get("total_size") else "sum over shard headers"))
+                           evidence=f"{INDEX} total_size" if (ck.index or {}).get("metadata", {}).get("total_size")
+                           else "sum over shard headers"))
     elif not ck.has_weights:
         out.append(Finding("quant.weight_bytes", "skip", "weight bytes unknown: no index or shards here",
                            detail=note or f"{ck.dir} holds configs only.",
@@ -808,7 +817,9 @@ def _kv_findings(kv: KVCache, a: arch_mod.Arch, qpp: Any, ck: Checkpoint) -> lis
     decl = f"the checkpoint declares {kv.declared} KV in {kv.declared_in}" if kv.declared else "the checkpoint declares no KV quantization"
     out.append(Finding("quant.kv.auto", "info", f"--kv-cache-dtype auto resolves to {kv.auto_resolves_to}",
                        detail=f"{decl}; " + ("SGLang follows it" if kv.honoured else
-                               (f"SGLang ignores it (its quant config reports kv_cache_quant_algo={kv.kv_cache_quant_algo!r}; only \"FP8\" switches auto to FP8), " if kv.declared else "") + "so auto means the model dtype") + f". {layers}."))
+                               (f"SGLang ignores it (its quant config reports kv_cache_quant_algo={kv.kv_cache_quant_algo!r}; "
+                                "only \"FP8\" switches auto to FP8), " if kv.declared else "")
+                               + "so auto means the model dtype") + f". {layers}."))
     if kv.effective in FP8_KV:
         n, total = kv.layers_with_scales, kv.kv_layers
         if kv.scale_coverage == "file":
@@ -817,14 +828,20 @@ def _kv_findings(kv: KVCache, a: arch_mod.Arch, qpp: Any, ck: Checkpoint) -> lis
                                evidence=str(qpp), remedy="Measure with the accuracy notebook; `--kv-cache-dtype bf16` if capacity allows."))
         elif kv.scale_coverage == "unknown":
             out.append(Finding("quant.kv.fp8_scales", "warn", f"FP8 KV cache ({kv.effective}); its k/v scales cannot be checked here",
-                               detail="No index or shards on this machine. Without calibrated scales SGLang uses 1.0 and clips values beyond ±448.",
-                               remedy="Run this on the checkpoint's host, or set `--kv-cache-dtype bf16` (serving.flags.kv-cache-dtype: bf16)."))
+                               detail="No index or shards on this machine. Without calibrated scales SGLang uses 1.0 and "
+                                      "clips values beyond ±448.",
+                               remedy="Run this on the checkpoint's host, or set `--kv-cache-dtype bf16` "
+                                      "(serving.flags.kv-cache-dtype: bf16)."))
         elif kv.scale_coverage == "none":
-            out.append(Finding("quant.kv.fp8_scales", "fail", f"FP8 KV cache with no calibrated scales: SGLang uses 1.0 on all {total} KV layers",
-                               detail="Keys and values beyond ±448 are clipped and small ones lose precision; errors compound over long contexts. "
+            out.append(Finding("quant.kv.fp8_scales", "fail",
+                               f"FP8 KV cache with no calibrated scales: SGLang uses 1.0 on all {total} KV layers",
+                               detail="Keys and values beyond ±448 are clipped and small ones lose precision; errors "
+                                      "compound over long contexts. "
                                       f"Under `auto`, SGLang {SGLANG_VERSION} logs nothing about it.",
-                               evidence=f"no *.k_scale / *.v_scale / *.kv_scale / *.k_proj.output_scale tensors in {INDEX if ck.index else 'the shards'}",
-                               remedy="`--kv-cache-dtype bf16` (check capacity in the KV notebook), or calibrated scales via `--quantization-param-path`."))
+                               evidence="no *.k_scale / *.v_scale / *.kv_scale / *.k_proj.output_scale tensors in "
+                                        f"{INDEX if ck.index else 'the shards'}",
+                               remedy="`--kv-cache-dtype bf16` (check capacity in the KV notebook), or calibrated scales via "
+                                      "`--quantization-param-path`."))
         elif kv.scale_coverage == "some":
             assert n is not None  # "some" is only set after counting layers_with_scales
             out.append(Finding("quant.kv.fp8_scales", "fail", f"k/v scales on only {n} of {total} KV layers: the other {total - n} use 1.0",
@@ -832,9 +849,11 @@ def _kv_findings(kv: KVCache, a: arch_mod.Arch, qpp: Any, ck: Checkpoint) -> lis
                                remedy="`--kv-cache-dtype bf16`, or a complete calibration via `--quantization-param-path`."))
         else:
             out.append(Finding("quant.kv.fp8_scales", "warn", f"FP8 KV cache with calibrated scales on all {total} KV layers",
-                               detail="Half the bytes of BF16, at a long-context accuracy cost (2-3 mantissa bits). Measure it before relying on it for agentic coding.",
+                               detail="Half the bytes of BF16, at a long-context accuracy cost (2-3 mantissa bits). Measure it before "
+                                      "relying on it for agentic coding.",
                                evidence=", ".join(kv.scale_tensor_names),
-                               remedy="Compare FP8 and BF16 with the accuracy notebook; choose `--kv-cache-dtype bf16` if the KV notebook shows room."))
+                               remedy="Compare FP8 and BF16 with the accuracy notebook; choose `--kv-cache-dtype bf16` if "
+                                      "the KV notebook shows room."))
     elif kv.effective in FP4_KV or kv.effective == "mxfp8":
         out.append(Finding("quant.kv.fp4", "warn", f"{kv.effective} KV cache: SGLang warns it may drop accuracy",
                            detail="Needs Blackwell (SM100/SM120); per-token dequantisation adds work.",
@@ -847,8 +866,10 @@ def _kv_findings(kv: KVCache, a: arch_mod.Arch, qpp: Any, ck: Checkpoint) -> lis
         truth = {"all": "misleading here: the checkpoint's own scales are loaded anyway",
                  "some": "partly true: layers without checkpoint scales use 1.0",
                  "none": "true here: there are no scales", "unknown": "scales cannot be checked here"}[kv.scale_coverage]
-        out.append(Finding("quant.kv.log_warning", "info", "SGLang will log \"Using FP8 KV cache but no scaling factors provided. Defaulting to scaling factors of 1.0.\"",
-                           detail=f"It does so for an explicit --kv-cache-dtype fp8_e4m3 without --quantization-param-path, whatever the checkpoint holds — {truth}."))
+        out.append(Finding("quant.kv.log_warning", "info",
+                           "SGLang will log \"Using FP8 KV cache but no scaling factors provided. Defaulting to scaling factors of 1.0.\"",
+                           detail="It does so for an explicit --kv-cache-dtype fp8_e4m3 without --quantization-param-path, whatever the "
+                                  f"checkpoint holds — {truth}."))
     return out
 
 
@@ -889,8 +910,10 @@ def _refusal_findings(ck: Checkpoint, w: Weights, auto_view: SGLangView, view: S
     out: list[Finding] = []
     if side is not None:
         if side.refusal is None:
-            out.append(Finding("quant.side_file", "warn", f"SGLang does not read {w.source or 'quantize_config.json'} unless --quantization is given",
-                               detail="ModelConfig._parse_quant_hf_config looks only at config.json's quantization_config / compression_config "
+            out.append(Finding("quant.side_file", "warn",
+                               f"SGLang does not read {w.source or 'quantize_config.json'} unless --quantization is given",
+                               detail="ModelConfig._parse_quant_hf_config looks only at config.json's "
+                                      "quantization_config / compression_config "
                                       "and hf_quant_config.json; without the flag the packed weights are loaded as if unquantized.",
                                remedy=f"Pass --quantization {side.quantization} (serving.flags.quantization), or copy the file's "
                                       "contents into config.json's quantization_config."))
@@ -904,8 +927,9 @@ def _refusal_findings(ck: Checkpoint, w: Weights, auto_view: SGLangView, view: S
     r = view.refusal
     if user_q and auto_view.refusal is None:
         return out  # the flag is the cause: reported by _flag_findings as quant.flag
+    building = {"model_config": "model config", "quant_config": "quantization config"}.get(r.stage, "attention layers")
     out.append(Finding("quant.refused", "fail", f"SGLang {SGLANG_VERSION} refuses to start: {r}",
-                       detail=f"Raised while building the {'model config' if r.stage == 'model_config' else 'quantization config' if r.stage == 'quant_config' else 'attention layers'}"
+                       detail=f"Raised while building the {building}"
                               f" (checkpoint quant_method {auto_view.quant_method or view.quant_method!r}).",
                        evidence=f"read from {w.source}" if w.source else "",
                        remedy=r.fix or "Use a checkpoint whose quant_method SGLang registers."))
@@ -921,7 +945,8 @@ def _flag_findings(flags: dict[str, Any], rec: dict[str, str], w: Weights, view:
         out.append(Finding("quant.flag", "fail", f"--quantization {have}: SGLang {SGLANG_VERSION} refuses to start",
                            detail=str(view.refusal), remedy=fix))
     elif have and view.refusal is None and view.quantization != (want or view.quantization):
-        out.append(Finding("quant.flag", "warn", f"--quantization {have} runs as {view.quantization}, not {want} ({w.algo}, {w.quant_method})",
+        out.append(Finding("quant.flag", "warn",
+                           f"--quantization {have} runs as {view.quantization}, not {want} ({w.algo}, {w.quant_method})",
                            detail="SGLang accepts the combination (a compatible or requantizing method) but does not pick it by itself.",
                            remedy=f"Use --quantization {want} (or omit it: SGLang detects the checkpoint's method)."))
     elif have and view.refusal is None:

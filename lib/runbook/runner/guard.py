@@ -13,6 +13,7 @@ Run by the runner as a script (it imports nothing of runbook) in a new session. 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -54,10 +55,8 @@ def kill_descendants() -> None:
         if not procs:
             return
         for p in procs:
-            try:
+            with contextlib.suppress(psutil.Error):
                 p.kill()
-            except psutil.Error:
-                pass
         psutil.wait_procs(procs, timeout=5)  # we are their subreaper: this reaps them too
 
 

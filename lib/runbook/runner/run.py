@@ -10,6 +10,7 @@ index lists and nothing others can read; the next run of the same deployment rem
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fcntl
 import json
@@ -168,14 +169,10 @@ def _kill_tree(pid: int) -> None:
     except psutil.NoSuchProcess:
         procs = []
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)  # the guard leads its session: anything else left in it
-    except (ProcessLookupError, PermissionError):
-        pass
     psutil.wait_procs(procs, timeout=10)
 
 
@@ -221,7 +218,8 @@ def execute(nb: Path, out_nb: Path, parameters: dict[str, Any], cwd: Path, timeo
 
     Parameters travel as one JSON document through `-y`, so their types survive. Returns
     (exit code or None on timeout, error text, timed_out)."""
-    cmd = [sys.executable, str(_GUARD), str(os.getpid()), "--", sys.executable, "-m", "papermill", str(nb), str(out_nb), "-y", json.dumps(parameters),
+    cmd = [sys.executable, str(_GUARD), str(os.getpid()), "--", sys.executable, "-m", "papermill", str(nb), str(out_nb), "-y",
+           json.dumps(parameters),
            "--cwd", str(cwd), "--no-progress-bar", "--log-output", "--execution-timeout", str(int(max(1, timeout)))]
     if kernel:
         cmd += ["-k", kernel]
@@ -306,7 +304,8 @@ def _run_one(nb: Path, run_dir: Path, spec: spec_mod.Deployment, user_params: di
         res.ipynb = out_nb.name
         _stamp_notebook(out_nb, res)
         try:
-            archive.export_html(out_nb, run_dir / f"{stem}.html", banner=None if res.status == "ok" else f"This notebook did not complete: {res.error}")
+            archive.export_html(out_nb, run_dir / f"{stem}.html",
+                                banner=None if res.status == "ok" else f"This notebook did not complete: {res.error}")
             res.html = f"{stem}.html"
         except Exception as e:  # an HTML failure must not lose the run
             log(f"{stem}: HTML export failed: {e}")
@@ -334,7 +333,8 @@ def _summary_md(s: dict[str, Any]) -> str:
     if att:
         lines += ["", "## Needs attention", ""]
         for name, f in sorted(att, key=lambda x: STATUSES.index(x[1]["status"])):
-            lines.append(f"- **{f['status'].upper()}** `{f['id']}` ({name}): {f['title']}" + (f" — fix: {f['remedy']}" if f.get("remedy") else ""))
+            lines.append(f"- **{f['status'].upper()}** `{f['id']}` ({name}): {f['title']}"
+                         + (f" — fix: {f['remedy']}" if f.get("remedy") else ""))
     return "\n".join(lines) + "\n"
 
 

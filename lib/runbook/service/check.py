@@ -51,7 +51,8 @@ def abbreviations(argv: list[str], known: list[str], ver: Any = None) -> list[Fi
         full = [k for k in known if k.startswith(flag)]
         if len(full) == 1:
             out.append(Finding(f"service.flag_abbrev.{flag.lstrip('-')}", "warn",
-                               f"{flag} is an abbreviation of {full[0]}: SGLang {ver or ''} accepts it only while no other flag shares the prefix",
+                               f"{flag} is an abbreviation of {full[0]}: SGLang {ver or ''} accepts it only while no "
+                               "other flag shares the prefix",
                                remedy=f"Write {full[0]} in serving.flags (or the --arg what-if)."))
     return out
 
@@ -80,7 +81,8 @@ def check_flags(r: Rendered, python: str, run: Callable = subprocess.run) -> lis
             close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag and flag not in known else []
             unknown = bool(flag) and flag not in known
             out.append(Finding(f"service.flag.{(flag or 'argv').lstrip('-')}", "fail",
-                               f"{flag}: not a flag of SGLang {ver}" if unknown else f"{flag or 'argv'}: rejected by SGLang {ver}'s parser{where}",
+                               f"{flag}: not a flag of SGLang {ver}" if unknown
+                               else f"{flag or 'argv'}: rejected by SGLang {ver}'s parser{where}",
                                detail=e["error"],
                                remedy=(f"Did you mean {close[0]}?" if close else "Remove it or upgrade SGLang.") if unknown
                                else "Fix the value in serving.flags (or the --arg what-if)."))
@@ -112,7 +114,8 @@ def verify_unit(r: Rendered, run: Callable = subprocess.run) -> list[Finding]:
             continue
         if "fatal" in ln.lower() and any(f.id == "service.systemd.binary" for f in out):
             continue  # the missing binary is already reported
-        out.append(Finding("service.systemd.syntax", "fail" if "fatal" in ln.lower() else "warn", f"systemd-analyze: {ln.split(': ', 1)[-1]}",
+        out.append(Finding("service.systemd.syntax", "fail" if "fatal" in ln.lower() else "warn",
+                           f"systemd-analyze: {ln.split(': ', 1)[-1]}",
                            evidence=ln.replace(str(Path(d)), "<tmp>"), remedy="Fix the spec value that produced this line."))
     if not out:
         out.append(Finding("service.systemd", "pass", "systemd-analyze verify: no warnings" + (f" (node {r.node})" if r.node else "")))
@@ -126,16 +129,21 @@ def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[F
     par, hw = spec.parallelism, spec.hardware
     total = hw.gpu_count * max(1, len(par.nodes))
     out.append(Finding("service.gpus", "pass" if par.gpus == total else "warn",
-                       f"TP {par.tp} × PP {par.pp} = {par.gpus} GPUs of {total}" + (f" (attention DP {par.attn_dp} inside TP)" if par.attn_dp > 1 else ""),
+                       f"TP {par.tp} × PP {par.pp} = {par.gpus} GPUs of {total}"
+                       + (f" (attention DP {par.attn_dp} inside TP)" if par.attn_dp > 1 else ""),
                        remedy="" if par.gpus == total else "Idle GPUs: raise TP/PP or lower hardware.gpu_count."))
     kv = str(r.flags.get("kv-cache-dtype", "auto"))
     if quant_rep is not None:
         rec = quant_rep.recommended_flags.get("kv-cache-dtype")
-        fp8 = sglang_names.kv_dtype_name(kv) in sglang_names.FP8_KV or (kv == "auto" and quant_rep.kv_cache.auto_resolves_to.startswith("fp8"))
+        fp8 = (sglang_names.kv_dtype_name(kv) in sglang_names.FP8_KV
+               or (kv == "auto" and quant_rep.kv_cache.auto_resolves_to.startswith("fp8")))
         if rec == "bf16" and fp8:
-            out.append(Finding("service.kv_dtype", "fail", f"--kv-cache-dtype {kv} keeps the FP8 KV cache {registry.notebook('quant_config')} flags",
-                               detail=f"the checkpoint declares {quant_rep.kv_cache.declared} KV; k/v scales: {quant_rep.kv_cache.scale_coverage}",
-                               remedy="--arg kv-cache-dtype=bf16 to try it; then set serving.flags.kv-cache-dtype: bf16 (or serving.apply_recommended: true)."))
+            out.append(Finding("service.kv_dtype", "fail",
+                               f"--kv-cache-dtype {kv} keeps the FP8 KV cache {registry.notebook('quant_config')} flags",
+                               detail=f"the checkpoint declares {quant_rep.kv_cache.declared} KV; k/v scales: "
+                                      f"{quant_rep.kv_cache.scale_coverage}",
+                               remedy="--arg kv-cache-dtype=bf16 to try it; then set serving.flags.kv-cache-dtype: bf16 (or "
+                                      "serving.apply_recommended: true)."))
         else:
             out.append(Finding("service.kv_dtype", "pass", f"--kv-cache-dtype {kv} agrees with {registry.notebook('quant_config')}"))
     try:
@@ -148,11 +156,13 @@ def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[F
     if res.max_total_num_tokens is not None and ctx is not None:
         ok = int(ctx) <= res.max_total_num_tokens
         out.append(Finding("service.context_length", "pass" if ok else "fail",
-                           f"--context-length {int(ctx):,} {'fits' if ok else 'exceeds'} the KV pool of {res.max_total_num_tokens:,} tokens",
+                           f"--context-length {int(ctx):,} {'fits' if ok else 'exceeds'} the KV pool of "
+                           f"{res.max_total_num_tokens:,} tokens",
                            remedy="" if ok else "Lower --context-length or raise the KV budget."))
     mrr = r.flags.get("max-running-requests")
     if mrr is not None and res.max_running_requests is not None and res.max_running_requests < int(mrr):
-        out.append(Finding("service.max_running_requests", "warn", f"--max-running-requests {mrr} will be capped at {res.max_running_requests}",
+        out.append(Finding("service.max_running_requests", "warn",
+                           f"--max-running-requests {mrr} will be capped at {res.max_running_requests}",
                            detail=f"by the token pool or the linear-attention state slots ({registry.notebook('kv_memory')})",
                            remedy=f"Set it to {res.max_running_requests} so the unit says what the server does."))
     spec_frac = spec.serving.flags.get("mem-fraction-static")

@@ -107,6 +107,40 @@ def drift(spec: Deployment, url: str | None = None, args: dict[str, Any] | None 
     """Compare the running server's effective arguments with the unit `install` writes (recommendations included)."""
     base = (url or spec.serving.local_url).rstrip("/")
     api_key = os.environ.get(spec.serving.api_key_env) if spec.serving.api_key_env else None
+    raw, problems = _server_info(spec, base, api_key, fetch)
+    if raw is None:
+        return [], problems, {}
+    info = redact_server_info(raw, api_key)
+    b = built or build(spec, args)
+    expected = unitfile.flags_of(b.unit.argv[3:])
+    expected.pop("api-key", None)
+    state = server_state(info)
+    rows = _flag_rows(expected, info) + _runtime_rows(expected, info, state, b)
+    try:
+        served = served_models(fetch(base + "/v1/models", api_key), base + "/v1/models")
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):   # BadResponse is a ValueError
+        served = []
+    findings = [Finding(f"service.drift.{row['flag']}", "fail",
+                        f"server runs --{row['flag']} {row['server']}, the spec says {row['spec']}",
+                        remedy="Restart the service from the rendered unit (`service install --yes`), "
+                               "or update the spec if the server is right.")
+                for row in rows]
+    if not rows:
+        n = len({f for f in expected if f.replace('-', '_') in info} | {f for k, f in RUNTIME_KEYS.items() if k in state})
+        findings.append(Finding("service.drift", "pass", f"running server matches the unit on {n} flags and runtime values",
+                                detail=f"KV cache dtype in use: {info.get('kv_cache_dtype')}; "
+                                       f"serving {', '.join(map(str, served)) or '?'}"))
+    subset: dict[str, Any] = {k: info.get(k) for k in ("model_path", "kv_cache_dtype", "tp_size", "context_length",
+                                                       "max_total_num_tokens", "max_running_requests", "version",
+                                                       "launch_command") if k in info}
+    subset.update({k: v for k, v in state.items() if subset.get(k) is None})
+    subset["served_models"] = served
+    return rows, findings, subset
+
+
+def _server_info(spec: Deployment, base: str, api_key: str | None,
+                 fetch: Callable[[str, str | None], Any]) -> tuple[dict[str, Any] | None, list[Finding]]:
+    """The server's /server_info (or the older /get_server_info), or None and the finding that says why not."""
     info = None
     for path in ("/server_info", "/get_server_info"):
         try:
@@ -114,25 +148,25 @@ def drift(spec: Deployment, url: str | None = None, args: dict[str, Any] | None 
             break
         except urllib.error.HTTPError as e:
             if e.code == 401:
-                return [], [Finding("service.drift", "fail", f"{base} refused the API key (401)",
-                                    remedy=f"Export {spec.serving.api_key_env or 'the API key variable'} for this run.")], {}
+                return None, [Finding("service.drift", "fail", f"{base} refused the API key (401)",
+                                      remedy=f"Export {spec.serving.api_key_env or 'the API key variable'} for this run.")]
             continue
         except BadResponse as e:   # it answered, with HTML, garbage, too much or too slowly: not "no server"
-            return [], [failure_finding("service.drift", base + path, e)], {}
+            return None, [failure_finding("service.drift", base + path, e)]
         except (urllib.error.URLError, OSError, ValueError) as e:
-            return [], [Finding("service.drift", "skip", f"no server reachable at {base}", evidence=str(getattr(e, "reason", e)),
-                                remedy="Start the service, or give the server's URL.")], {}
+            return None, [Finding("service.drift", "skip", f"no server reachable at {base}", evidence=str(getattr(e, "reason", e)),
+                                  remedy="Start the service, or give the server's URL.")]
     if info is None:
-        return [], [Finding("service.drift", "skip", f"{base} has no /server_info", remedy="Is this an SGLang server?")], {}
+        return None, [Finding("service.drift", "skip", f"{base} has no /server_info", remedy="Is this an SGLang server?")]
     if not isinstance(info, dict):
-        return [], [failure_finding("service.drift", base + "/server_info",
-                                    BadResponse(base + "/server_info", f"expected an object, got {type(info).__name__}"))], {}
-    info = redact_server_info(info, api_key)
-    b = built or build(spec, args)
-    r = b.unit
-    expected = unitfile.flags_of(r.argv[3:])
-    expected.pop("api-key", None)
-    rows, findings = [], []
+        return None, [failure_finding("service.drift", base + "/server_info",
+                                      BadResponse(base + "/server_info", f"expected an object, got {type(info).__name__}"))]
+    return info, []
+
+
+def _flag_rows(expected: dict[str, str], info: dict[str, Any]) -> list[dict[str, str]]:
+    """The unit's flags the server reports differently."""
+    rows = []
     want: str | bool
     for flag, want in expected.items():
         key = flag.replace("-", "_")
@@ -143,11 +177,15 @@ def drift(spec: Deployment, url: str | None = None, args: dict[str, Any] | None 
             want = True
         if not _same(have, want):
             rows.append({"flag": flag, "spec": str(want), "server": str(have)})
-    state = server_state(info)
+    return rows
+
+
+def _runtime_rows(expected: dict[str, str], info: dict[str, Any], state: dict[str, Any], b: Build) -> list[dict[str, str]]:
+    """Runtime values the unit leaves to SGLang's default, or that only the scheduler reports, that differ."""
+    rows = []
     for key, flag in RUNTIME_KEYS.items():
-        # runtime values the unit leaves to SGLang's default, or that only the scheduler reports
         if key == flag.replace("-", "_") and flag in expected and info.get(key) is not None:
-            continue   # compared above
+            continue   # compared with the flags
         want_rt = expected.get(flag)
         if key not in state:
             continue
@@ -165,20 +203,4 @@ def drift(spec: Deployment, url: str | None = None, args: dict[str, Any] | None 
             continue
         if not _same(state[key], want_rt):
             rows.append({"flag": flag, "spec": str(want_rt), "server": str(state[key])})
-    try:
-        served = served_models(fetch(base + "/v1/models", api_key), base + "/v1/models")
-    except (urllib.error.URLError, OSError, ValueError, AttributeError):   # BadResponse is a ValueError
-        served = []
-    for row in rows:
-        findings.append(Finding(f"service.drift.{row['flag']}", "fail", f"server runs --{row['flag']} {row['server']}, the spec says {row['spec']}",
-                                remedy="Restart the service from the rendered unit (`service install --yes`), or update the spec if the server is right."))
-    kv_in_use = info.get("kv_cache_dtype")
-    if not rows:
-        n = len({f for f in expected if f.replace('-', '_') in info} | {f for k, f in RUNTIME_KEYS.items() if k in state})
-        findings.append(Finding("service.drift", "pass", f"running server matches the unit on {n} flags and runtime values",
-                                detail=f"KV cache dtype in use: {kv_in_use}; serving {', '.join(map(str, served)) or '?'}"))
-    subset: dict[str, Any] = {k: info.get(k) for k in ("model_path", "kv_cache_dtype", "tp_size", "context_length", "max_total_num_tokens",
-                                       "max_running_requests", "version", "launch_command") if k in info}
-    subset.update({k: v for k, v in state.items() if subset.get(k) is None})
-    subset["served_models"] = served
-    return rows, findings, subset
+    return rows

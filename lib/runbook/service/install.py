@@ -10,6 +10,7 @@ when the install had restarted it. The finding then says which unit is installed
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import shutil
@@ -166,56 +167,37 @@ class _Signals:
 
     def restore(self) -> None:
         for s, h in self.saved.items():
-            try:
+            with contextlib.suppress(OSError, ValueError, TypeError):
                 signal.signal(s, h)
-            except (OSError, ValueError, TypeError):
-                pass
         self.saved.clear()
 
 
-def install(spec: Deployment, r: Rendered, dry_run: bool = True, root: Path | None = None,
-            systemctl: Sequence[str] = ("systemctl",), ready_url: str | None = None, ready_timeout: float | None = None,
-            interval: float = 2.0, log: Callable[[str], None] = lambda s: None,
-            ctl_timeout: float = CTL_TIMEOUT_S) -> InstallResult:
-    """Back up, write atomically, daemon-reload, restart, wait for readiness; roll back on any failure after the write."""
-    res = InstallResult()
-    target = Path(spec.systemd.installed_path)
-    unit = f"{r.unit_name}.service"
-    sysctl = list(systemctl)
-    if not target.is_absolute():
-        res.findings.append(Finding("service.install", "fail", f"systemd.unit_path {target} is not absolute: nothing changed",
-                                    remedy="Give systemd.unit_path as an absolute path, e.g. /etc/systemd/system/<name>.service."))
-        return res
-    path = (Path(root) / target.relative_to("/")) if root else target
-    url = ready_url or spec.serving.local_url + spec.systemd.ready_path
-    timeout = ready_timeout if ready_timeout is not None else spec.systemd.timeout_start_sec
-    new = r.text.encode("utf-8")
+@dataclass
+class _Install:
+    """One install's state, shared by its steps (and by the rollback)."""
+    res: InstallResult
+    path: Path
+    unit: str
+    new: bytes
+    sysctl: list[str]
+    ctl_timeout: float
+    dry_run: bool
+    log: Callable[[str], None]
+    prev: bytes | None = None      # the installed unit's bytes, read once: the rollback writes exactly these back
+    prev_mode: int = 0o644
+    backup: Path | None = None
+    restarted: bool = False        # the restart was attempted: the running service may be the new one
+    stage: str = ""
 
-    # What is there now, read once as bytes: the rollback writes exactly these bytes back.
-    prev: bytes | None = None
-    prev_mode = 0o644
-    try:
-        if path.is_dir():
-            raise IsADirectoryError(21, "is a directory")
-        if path.exists():
-            prev_mode = path.stat().st_mode & 0o7777
-            prev = path.read_bytes()
-    except OSError as e:
-        res.findings.append(Finding("service.install", "fail", f"cannot read the installed unit {path}: nothing changed",
-                                    detail=e.strerror or str(e),
-                                    remedy="Point systemd.unit_path (or --root) at a unit file, and check its permissions."))
-        return res
-    backup = _backup_name(path) if prev is not None else None
-
-    def record(name: str, command: str) -> dict[str, str]:
-        entry = {"step": name, "command": command, "status": "planned" if dry_run else "running"}
-        res.steps.append(entry)
-        log(f"{'(dry run) ' if dry_run else ''}{name}: {command}")
+    def record(self, name: str, command: str) -> dict[str, str]:
+        entry = {"step": name, "command": command, "status": "planned" if self.dry_run else "running"}
+        self.res.steps.append(entry)
+        self.log(f"{'(dry run) ' if self.dry_run else ''}{name}: {command}")
         return entry
 
-    def run_step(name: str, command: str, action: Callable[[], Any]) -> Any:
+    def run_step(self, name: str, command: str, action: Callable[[], Any]) -> Any:
         """Run one step; a failure (or an exception) marks it and raises _StepFailed."""
-        entry = record(name, command)
+        entry = self.record(name, command)
         try:
             out = action()
         except _StepFailed as e:
@@ -230,100 +212,164 @@ def install(spec: Deployment, r: Rendered, dry_run: bool = True, root: Path | No
         entry["status"] = "ok"
         return out
 
-    def ctl(*a: str) -> None:
-        cp = _run_ctl(sysctl + list(a), ctl_timeout)
+    def query(self, *a: str) -> subprocess.CompletedProcess:
+        return _run_ctl(self.sysctl + list(a), self.ctl_timeout)
+
+    def ctl(self, *a: str) -> None:
+        cp = self.query(*a)
         if cp.returncode != 0:
             raise _StepFailed(f"exit {cp.returncode}" + (f": {_tail(cp.stderr) or _tail(cp.stdout)}" if (cp.stderr or cp.stdout) else ""))
 
-    def cmd(*a: str) -> str:
-        return " ".join(sysctl + list(a))
+    def cmd(self, *a: str) -> str:
+        return " ".join(self.sysctl + list(a))
 
-    if prev is not None and prev == new:
+
+def install(spec: Deployment, r: Rendered, dry_run: bool = True, root: Path | None = None,
+            systemctl: Sequence[str] = ("systemctl",), ready_url: str | None = None, ready_timeout: float | None = None,
+            interval: float = 2.0, log: Callable[[str], None] = lambda s: None,
+            ctl_timeout: float = CTL_TIMEOUT_S) -> InstallResult:
+    """Back up, write atomically, daemon-reload, restart, wait for readiness; roll back on any failure after the write."""
+    res = InstallResult()
+    target = Path(spec.systemd.installed_path)
+    if not target.is_absolute():
+        res.findings.append(Finding("service.install", "fail", f"systemd.unit_path {target} is not absolute: nothing changed",
+                                    remedy="Give systemd.unit_path as an absolute path, e.g. /etc/systemd/system/<name>.service."))
+        return res
+    path = (Path(root) / target.relative_to("/")) if root else target
+    url = ready_url or spec.serving.local_url + spec.systemd.ready_path
+    timeout = ready_timeout if ready_timeout is not None else spec.systemd.timeout_start_sec
+    ins = _Install(res, path, f"{r.unit_name}.service", r.text.encode("utf-8"), list(systemctl), ctl_timeout, dry_run, log)
+    if not _read_current(ins):
+        return res
+    if ins.prev is not None and ins.prev == ins.new:
         res.installed = "new"
         res.findings.append(Finding("service.install", "pass", f"{path} already matches the spec: nothing to do"))
         return res
-
     ready_cmd = f"GET {url} until 200 (≤ {timeout:.0f} s)"
     if dry_run:
-        if backup:
-            record("back up", f"cp -p {path} {backup}")
-        record("write unit", f"write {path} (temp file + rename, mode 0644)")
-        record("reload", cmd("daemon-reload"))
-        record("restart", cmd("restart", unit))
-        record("wait for readiness", ready_cmd)
-        res.findings.append(Finding("service.install", "info", "dry run: nothing changed",
-                                    detail=f"{len(res.steps)} steps planned; `--yes` carries them out (root needed for /etc/systemd)."))
-        return res
+        _plan(ins, ready_cmd)
+    elif _back_up(ins):
+        _apply(ins, url, timeout, interval, ready_cmd)
+    return res
 
-    if backup:
-        try:
-            run_step("back up", f"cp -p {path} {backup}", lambda: shutil.copy2(path, backup))
-        except (_StepFailed, Exception) as e:
-            res.findings.append(Finding("service.install", "fail", "backup failed: nothing changed", detail=str(e),
+
+def _read_current(ins: _Install) -> bool:
+    """Read what is installed now, once, as bytes (and its mode); False (with the finding) when it cannot be read."""
+    path = ins.path
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "is a directory")
+        if path.exists():
+            ins.prev_mode = path.stat().st_mode & 0o7777
+            ins.prev = path.read_bytes()
+    except OSError as e:
+        ins.res.findings.append(Finding("service.install", "fail", f"cannot read the installed unit {path}: nothing changed",
+                                        detail=e.strerror or str(e),
+                                        remedy="Point systemd.unit_path (or --root) at a unit file, and check its permissions."))
+        return False
+    ins.backup = _backup_name(path) if ins.prev is not None else None
+    return True
+
+
+def _plan(ins: _Install, ready_cmd: str) -> None:
+    """Dry run: record the steps an install would take, change nothing."""
+    if ins.backup:
+        ins.record("back up", f"cp -p {ins.path} {ins.backup}")
+    ins.record("write unit", f"write {ins.path} (temp file + rename, mode 0644)")
+    ins.record("reload", ins.cmd("daemon-reload"))
+    ins.record("restart", ins.cmd("restart", ins.unit))
+    ins.record("wait for readiness", ready_cmd)
+    ins.res.findings.append(Finding("service.install", "info", "dry run: nothing changed",
+                                    detail=f"{len(ins.res.steps)} steps planned; `--yes` carries them out "
+                                           "(root needed for /etc/systemd)."))
+
+
+def _back_up(ins: _Install) -> bool:
+    """Copy the installed unit aside (when there is one); False (with the finding) when that fails: nothing changed."""
+    backup, path = ins.backup, ins.path
+    if not backup:
+        return True
+    try:
+        ins.run_step("back up", f"cp -p {path} {backup}", lambda: shutil.copy2(path, backup))
+    except (_StepFailed, Exception) as e:
+        ins.res.findings.append(Finding("service.install", "fail", "backup failed: nothing changed", detail=str(e),
                                         remedy="Check permissions on the unit's directory."))
-            return res
-        res.backup = str(backup)
+        return False
+    ins.res.backup = str(backup)
+    return True
 
+
+def _write_reload_restart_wait(ins: _Install, url: str, timeout: float, interval: float, ready_cmd: str) -> None:
+    """The steps that change the host, in order; `ins.stage` says which one a failure happened in."""
+    path, unit = ins.path, ins.unit
+    ins.stage = "write unit"
+    ins.run_step("write unit", f"write {path} (temp file + rename, mode 0644)", lambda: _write_bytes(path, ins.new, 0o644))
+    ins.stage = "reload"
+    ins.run_step("reload", ins.cmd("daemon-reload"), lambda: ins.ctl("daemon-reload"))
+    ins.stage = "restart"
+    ins.restarted = True
+    ins.run_step("restart", ins.cmd("restart", unit), lambda: ins.ctl("restart", unit))
+    ins.stage = "wait for readiness"
+    entry = ins.record("wait for readiness", ready_cmd)
+    ready, reason = wait_ready(url, timeout, interval)
+    if not ready:
+        entry["status"] = f"failed: {reason}"
+        raise _StepFailed(f"readiness: {reason}")
+    entry["status"] = "ok"
+
+
+def _apply(ins: _Install, url: str, timeout: float, interval: float, ready_cmd: str) -> None:
+    """Carry the install out; any failure once the unit may have changed rolls back, signals held off meanwhile."""
+    res, path = ins.res, ins.path
     sig = _Signals()
-    restarted = False      # the restart was attempted: the running service may be the new one
-    why = ""
-    stage = ""
     sig.guard()
     try:
         try:
-            stage = "write unit"
-            run_step("write unit", f"write {path} (temp file + rename, mode 0644)", lambda: _write_bytes(path, new, 0o644))
-            stage = "reload"
-            run_step("reload", cmd("daemon-reload"), lambda: ctl("daemon-reload"))
-            stage = "restart"
-            restarted = True
-            run_step("restart", cmd("restart", unit), lambda: ctl("restart", unit))
-            stage = "wait for readiness"
-            entry = record("wait for readiness", ready_cmd)
-            ready, reason = wait_ready(url, timeout, interval)
-            if not ready:
-                entry["status"] = f"failed: {reason}"
-                raise _StepFailed(f"readiness: {reason}")
-            entry["status"] = "ok"
+            _write_reload_restart_wait(ins, url, timeout, interval, ready_cmd)
         except _StepFailed as e:
             why = str(e)
-            if stage == "write unit" and _unchanged(path, prev):
+            if ins.stage == "write unit" and _unchanged(path, ins.prev):
                 # The write is atomic (temp file + rename): a failed write left the old state.
-                res.installed = "previous" if prev is not None else "none"
+                res.installed = "previous" if ins.prev is not None else "none"
                 res.findings.append(Finding("service.install", "fail", f"cannot write {path}: nothing changed", detail=why,
-                                            evidence=f"backup {backup}" if backup else "",
+                                            evidence=f"backup {ins.backup}" if ins.backup else "",
                                             remedy="Check that the unit's directory is writable (root for /etc/systemd) and not full."))
-                return res
+                return
         except (KeyboardInterrupt, _Interrupted) as e:
             res.interrupted = True
             name = signal.Signals(e.signum).name if isinstance(e, _Interrupted) else "SIGINT (Ctrl-C)"
-            why = f"interrupted by {name} during {stage}"
+            why = f"interrupted by {name} during {ins.stage}"
         except Exception as e:  # noqa: BLE001 - anything else after the write must still roll back
-            why = f"{stage}: {type(e).__name__}" + (f": {' '.join(str(e).split())}" if str(e) else "")
+            why = f"{ins.stage}: {type(e).__name__}" + (f": {' '.join(str(e).split())}" if str(e) else "")
         else:
             res.installed = "new"
             res.findings.append(Finding("service.install", "pass", f"installed {path} and the server is ready", evidence=url))
-            return res
+            return
         sig.restore()
         sig.defer()         # a second Ctrl-C must not stop the rollback half way
-        _roll_back(res, path, prev, prev_mode, new, backup, unit, cmd, ctl, lambda *a: _run_ctl(sysctl + list(a), ctl_timeout),
-                   record, restarted, why)
+        _roll_back(ins, why)
         if sig.pending:
             res.interrupted = True
     finally:
         sig.restore()
-    return res
 
 
-def _roll_back(res: InstallResult, path: Path, prev: bytes | None, prev_mode: int, new: bytes, backup: Path | None,
-               unit: str, cmd: Callable[..., str], ctl: Callable[..., None], query: Callable[..., subprocess.CompletedProcess],
-               record: Callable[[str, str], dict[str, str]], restarted: bool, why: str) -> None:
+def _roll_back(ins: _Install, why: str) -> None:
     """Undo the install and say honestly what is installed and running afterwards. Never raises."""
-    res.rolled_back = True
+    ins.res.rolled_back = True
+    problems = _undo(ins)
+    _read_back(ins)
+    ins.res.service_state = _is_active(ins.query, ins.cmd, ins.unit, ins.record)
+    ins.res.findings.append(_rollback_finding(ins, why, problems))
+
+
+def _undo(ins: _Install) -> list[str]:
+    """Restore the previous unit (or remove the new one), reload, restart the previous service; the steps that failed."""
     problems: list[str] = []
+    path, unit, prev = ins.path, ins.unit, ins.prev
 
     def attempt(name: str, command: str, action: Callable[[], Any]) -> bool:
-        entry = record(name, command)
+        entry = ins.record(name, command)
         try:
             action()
         except _StepFailed as e:
@@ -339,30 +385,36 @@ def _roll_back(res: InstallResult, path: Path, prev: bytes | None, prev_mode: in
         return False
 
     if prev is None:
-        if restarted:
-            attempt("stop new", cmd("stop", unit), lambda: ctl("stop", unit))
+        if ins.restarted:
+            attempt("stop new", ins.cmd("stop", unit), lambda: ins.ctl("stop", unit))
         attempt("roll back", f"remove {path}", lambda: path.unlink(missing_ok=True))
     else:
         old = prev
-        src = f"{backup}" if backup else "the bytes read before the install"
-        attempt("roll back", f"restore {src} -> {path} (byte for byte, mode {prev_mode:04o})",
-                lambda: _write_bytes(path, old, prev_mode))
-    attempt("reload", cmd("daemon-reload"), lambda: ctl("daemon-reload"))
-    if prev is not None and restarted:
-        attempt("restart previous", cmd("restart", unit), lambda: ctl("restart", unit))
+        src = f"{ins.backup}" if ins.backup else "the bytes read before the install"
+        attempt("roll back", f"restore {src} -> {path} (byte for byte, mode {ins.prev_mode:04o})",
+                lambda: _write_bytes(path, old, ins.prev_mode))
+    attempt("reload", ins.cmd("daemon-reload"), lambda: ins.ctl("daemon-reload"))
+    if prev is not None and ins.restarted:
+        attempt("restart previous", ins.cmd("restart", unit), lambda: ins.ctl("restart", unit))
+    return problems
 
-    # What is really there now: read back, not assumed.
+
+def _read_back(ins: _Install) -> None:
+    """What is really installed now: read back, not assumed."""
+    res, prev = ins.res, ins.prev
     try:
-        on_disk: bytes | None = path.read_bytes() if path.exists() else None
+        on_disk: bytes | None = ins.path.read_bytes() if ins.path.exists() else None
     except OSError:
         res.installed = "unknown"
     else:
         res.installed = ("previous" if prev is not None and on_disk == prev else
                          "none" if prev is None and on_disk is None else
-                         "new" if on_disk == new else "unknown")
-    state = _is_active(query, cmd, unit, record)
-    res.service_state = state
+                         "new" if on_disk == ins.new else "unknown")
 
+
+def _rollback_finding(ins: _Install, why: str, problems: list[str]) -> Finding:
+    """The one finding a rollback ends with: what is installed, whether the service runs, what to do by hand."""
+    res, path, unit, backup, state = ins.res, ins.path, ins.unit, ins.backup, ins.res.service_state
     if res.installed == "previous":
         what = f"previous unit restored; service {unit} is {state}"
     elif res.installed == "none":
@@ -371,7 +423,7 @@ def _roll_back(res: InstallResult, path: Path, prev: bytes | None, prev_mode: in
         what = f"ROLLBACK FAILED: the NEW unit is still installed at {path}; service {unit} is {state}"
     else:
         what = f"ROLLBACK FAILED: {path} holds neither the previous nor the new unit; service {unit} is {state}"
-    service_ok = state == "active" if (prev is not None and restarted) else True
+    service_ok = state == "active" if (ins.prev is not None and ins.restarted) else True
     if res.installed in ("previous", "none") and not problems and service_ok:
         remedy = f"`journalctl -u {unit}` for why the install failed; fix it and run install again."
     elif res.installed in ("previous", "none"):
@@ -382,8 +434,7 @@ def _roll_back(res: InstallResult, path: Path, prev: bytes | None, prev_mode: in
         remedy = f"Undo it by hand: {undo}, then `systemctl daemon-reload` and `systemctl restart {unit}`."
     title = ("interrupted: rolled back — " if res.interrupted else "install failed: rolled back — ") + what
     detail = why + (f"; rollback problems: {'; '.join(problems)}" if problems else "")
-    res.findings.append(Finding("service.install", "fail", title, detail=detail,
-                                evidence=f"backup {backup}" if backup else "", remedy=remedy))
+    return Finding("service.install", "fail", title, detail=detail, evidence=f"backup {backup}" if backup else "", remedy=remedy)
 
 
 def _is_active(query: Callable[..., subprocess.CompletedProcess], cmd: Callable[..., str], unit: str,

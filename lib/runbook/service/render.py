@@ -97,6 +97,13 @@ def _flag_source(name: str, spec: Deployment, args: dict[str, Any] | None) -> st
 
 def _validate(spec: Deployment, args: dict[str, Any] | None, flags: dict[str, Any]) -> None:
     """Every spec value that lands in a unit directive, checked for that directive (one SpecError line)."""
+    _validate_places(spec)
+    _validate_flags(spec, args, flags)
+    _validate_env(spec.serving.env)
+
+
+def _validate_places(spec: Deployment) -> None:
+    """Accounts, paths, hosts and names the unit's directives and command line carry."""
     sd, s = spec.systemd, spec.serving
     for field, v in (("systemd.user", sd.user), ("systemd.group", sd.group)):
         if v:
@@ -115,7 +122,11 @@ def _validate(spec: Deployment, args: dict[str, Any] | None, flags: dict[str, An
     if s.api_key_env is not None and not _ENV_NAME.fullmatch(s.api_key_env):
         raise SpecError(f"serving.api_key_env: {s.api_key_env!r} is not an environment variable name "
                         "(letters, digits, _; not starting with a digit)")
-    for k in s.flags:
+
+
+def _validate_flags(spec: Deployment, args: dict[str, Any] | None, flags: dict[str, Any]) -> None:
+    """No secret among the spec's flags; every flag name and value fits on an ExecStart line."""
+    for k in spec.serving.flags:
         if is_secret_key(k):
             raise SpecError(f"serving.flags.{k}: secrets belong in serving.env_file (referenced through "
                             "serving.api_key_env), not in the unit; remove the flag from the spec")
@@ -127,7 +138,11 @@ def _validate(spec: Deployment, args: dict[str, Any] | None, flags: dict[str, An
             what = _control(str(item), allow_tab=True) if isinstance(item, str) else None
             if what:
                 raise SpecError(f"--{k}: contains {what}, which a systemd unit line cannot carry; remove it from {where}")
-    for k, v in s.env.items():
+
+
+def _validate_env(env: dict[str, str]) -> None:
+    """Environment= names and values a unit line can carry."""
+    for k, v in env.items():
         if not _ENV_NAME.fullmatch(k):
             raise SpecError(f"serving.env.{k}: not a valid environment variable name")
         what = _control(v, allow_tab=True)

@@ -59,7 +59,8 @@ class ServiceOptions(Options):
     args: list[str] = Field([], alias="arg", description="add or override one SGLang flag, NAME=VALUE (what-if)")
     installed_unit: str | None = Field(None, alias="installed", description="diff, report: the installed unit "
                                           "(default: systemd.unit_path or /etc/systemd/system/<name>.service)")
-    server_url: Url | None = Field(None, alias="url", description="drift, report: server base URL (default: http://host:port from the spec)")
+    server_url: Url | None = Field(None, alias="url",
+                                   description="drift, report: server base URL (default: http://host:port from the spec)")
     out: str | None = Field(None, description="render: write the unit here (a directory for multi-node)")
     yes: bool = Field(False, description="install: really do it (default: dry run)")
     root: str | None = Field(None, description="install: prefix for the unit path (testing, chroots)")

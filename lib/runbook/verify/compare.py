@@ -52,7 +52,8 @@ def bytes_per_token(facts: Facts) -> int | None:
 def _causes(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags: dict[str, Any], gpu_mem_gib: float | None,
             plan_frac: float | None) -> list[str]:
     out = []
-    if obs.get("weights_gib_per_gpu") and pred.get("weights_gib_per_gpu") and obs["weights_gib_per_gpu"] > pred["weights_gib_per_gpu"] * 1.03:
+    ow, pw = obs.get("weights_gib_per_gpu"), pred.get("weights_gib_per_gpu")
+    if ow and pw and ow > pw * 1.03:
         out.append(f"weights take {obs['weights_gib_per_gpu']:.2f} GiB per GPU, the plan {pred['weights_gib_per_gpu']:.2f}")
     w = facts.rank0(facts.weights)
     if w and gpu_mem_gib:
@@ -90,8 +91,10 @@ def compare(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags:
     if obs.get("context_len") is not None and want_ctx is not None:
         ok = int(obs["context_len"]) == int(want_ctx)
         out.append(Finding(f"{id_prefix}.context_len", "pass" if ok else "fail",
-                           f"context length {int(obs['context_len']):,} ({where})" + ("" if ok else f", the unit asks for {int(want_ctx):,}"),
-                           remedy="" if ok else "The server runs another --context-length than the unit: restart it from the rendered unit."))
+                           f"context length {int(obs['context_len']):,} ({where})"
+                           + ("" if ok else f", the unit asks for {int(want_ctx):,}"),
+                           remedy="" if ok else "The server runs another --context-length than the unit: restart "
+                                                "it from the rendered unit."))
     p, o = pred.get("max_total_num_tokens"), obs.get("max_total_num_tokens")
     if p and o is not None:
         short = (p - o) / p
@@ -121,7 +124,8 @@ def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> lis
     pw, ow = pred.get("weights_gib_per_gpu"), obs.get("weights_gib_per_gpu")
     if ow is not None:
         big = pw is not None and pw > 0 and ow > pw * 1.10
-        out.append(Finding("verify.weights", "warn" if big else "info", f"weights {ow:.2f} GiB per GPU" + (f", plan {pw:.2f}" if pw else ""),
+        out.append(Finding("verify.weights", "warn" if big else "info",
+                           f"weights {ow:.2f} GiB per GPU" + (f", plan {pw:.2f}" if pw else ""),
                            detail="the plan's figure is the checkpoint's size / GPUs (or the spec's model.size_gib estimate)",
                            remedy="Re-plan with `runbook kv --weights-gib " + f"{ow:.2f}`." if big else ""))
     avail = obs.get("avail_mem_gib_after_start")
@@ -136,7 +140,8 @@ def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> lis
         out.append(Finding("verify.fp8_kv_scales", "fail", "FP8 KV cache without scaling factors: SGLang defaults them to 1.0",
                            detail="values outside FP8's range are clipped in every attention layer (the story's warning)",
                            evidence=fp8.lines[0],
-                           remedy=f"--kv-cache-dtype bf16 ({registry.notebook('quant_config')}'s recommendation), or a checkpoint with calibrated k/v scales."))
+                           remedy=f"--kv-cache-dtype bf16 ({registry.notebook('quant_config')}'s recommendation), or a checkpoint "
+                                  "with calibrated k/v scales."))
     elif facts.kv:
         out.append(Finding("verify.fp8_kv_scales", "pass", "no FP8-KV-without-scales warning in the log"))
     moe = w.get("moe_default_config")
@@ -164,7 +169,8 @@ def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> lis
         out.append(Finding("verify.oom_graph_capture", "fail", "out of memory while capturing CUDA graphs: the KV pool took their room",
                            evidence=oomg.lines[0],
                            remedy="Lower --mem-fraction-static (e.g. by 0.03) so graphs and activations fit, or lower "
-                                  f"--cuda-graph-max-bs-decode (SGLang's own advice); re-plan the pool in {registry.notebook('kv_memory')}."))
+                                  "--cuda-graph-max-bs-decode (SGLang's own advice); re-plan the pool in "
+                                  f"{registry.notebook('kv_memory')}."))
     oom = w.get("oom")
     if oom and not oomg:
         out.append(Finding("verify.oom", "fail", f"CUDA out of memory ({oom.count}×)", evidence=oom.lines[0],

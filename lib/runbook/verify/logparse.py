@@ -55,7 +55,8 @@ WARNINGS: tuple[tuple[str, re.Pattern], ...] = (
     # model_runner_components/load_model_utils.py
     ("fp8_kv_no_scales", re.compile(r"Using FP8 KV cache but no scaling factors provided\. Defaulting to scaling factors of 1\.0\.")),
     # layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py
-    ("moe_default_config", re.compile(r"Using default MoE kernel config\. Performance might be sub-optimal! Config file not found at (\S+?),? ")),
+    ("moe_default_config",
+     re.compile(r"Using default MoE kernel config\. Performance might be sub-optimal! Config file not found at (\S+?),? ")),
     # distributed/device_communicators/custom_all_reduce_utils.py ({cls_name} is disabled ...)
     ("custom_allreduce_disabled", re.compile(r"\b(CustomAllreduce|CustomAllReduceV2) is disabled (?:because|due to) (.*)$")),
     # managers/scheduler.py (decode retraction when the KV pool is full)

@@ -29,7 +29,7 @@ def startup_frame(rep: Any):
                      "detail": f"KV {k.get('dtype')} {k.get('tokens', 0):,} tokens, {k.get('size_gib')} GiB" if k else ""})
     for g in f.graphs:
         rows.append({"rank": g["rank"], "step": f"capture {g['name']}", "seconds": g["elapsed_s"], "GiB": g["mem_gib"],
-                     "detail": f"max bs {g['max_bs']}, {g['avail_gib']} GiB free after" if g.get("max_bs") else f"{g['avail_gib']} GiB free after"})
+                     "detail": (f"max bs {g['max_bs']}, " if g.get("max_bs") else "") + f"{g['avail_gib']} GiB free after"})
     return pd.DataFrame(rows, columns=["rank", "step", "seconds", "GiB", "detail"])
 
 

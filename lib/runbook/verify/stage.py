@@ -93,7 +93,8 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
         pred = compare.predicted(p.result)
         bpt_pred, plan_frac = p.result.kv_bytes_per_token_per_gpu, p.result.mem_fraction_static
     except (InputError, SpecError) as e:
-        findings.append(Finding("verify.plan", "skip", f"no plan to compare with: {registry.notebook('kv_memory')} could not run", detail=str(e),
+        findings.append(Finding("verify.plan", "skip", f"no plan to compare with: {registry.notebook('kv_memory')} could not run",
+                                detail=str(e),
                                 remedy=f"Fix what {registry.notebook('kv_memory')} reports."))
     unit_name = unit or spec.systemd.unit_name
     src = logsource.from_file(log, since_dt) if log else logsource.from_journal(unit_name, since, journalctl, systemctl)
@@ -102,7 +103,8 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
         parser.feed(ln)
     facts = parser.facts
     findings += src.findings
-    rep = VerifyReport(findings, src.source, facts, unit={k: flags.get(k) for k in ("kv-cache-dtype", "context-length", "mem-fraction-static")})
+    rep = VerifyReport(findings, src.source, facts, unit={k: flags.get(k) for k in ("kv-cache-dtype", "context-length",
+                                                                                    "mem-fraction-static")})
     rep.predicted = pred
     rep.observed = compare.observed(facts)
     rep.bytes_per_token = {"predicted": bpt_pred, "observed": compare.bytes_per_token(facts)}
@@ -117,10 +119,12 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
         else:
             findings.append(Finding("verify.log", "info", f"read the last start of {src.source}: {facts.lines:,} lines",
                                     detail=(f"started {facts.start_time}" if facts.start_time else "start time not in the log")
-                                    + (f"; {facts.starts_seen} starts in the source, only the last is read" if facts.starts_seen > 1 else "")
+                                    + (f"; {facts.starts_seen} starts in the source, only the last is read"
+                                       if facts.starts_seen > 1 else "")
                                     + ("; " + src.errors[0] if src.errors else "")))
             if facts.scheduler is None:
-                findings.append(Finding("verify.started", "fail" if facts.warnings.keys() & {"oom", "oom_graph_capture", "not_enough_memory",
+                findings.append(Finding("verify.started", "fail" if facts.warnings.keys() & {"oom", "oom_graph_capture",
+                                                                                             "not_enough_memory",
                                                                                            "graph_capture_failed"} else "warn",
                                         "the last start never logged the scheduler's pool line (max_total_num_tokens=…)",
                                         detail="the server failed during start-up, is still loading, or the log is cut",

@@ -266,7 +266,7 @@ def _cmd_accuracy(a: argparse.Namespace, o: Any) -> int:
         key = os.environ.get(dep.serving.api_key_env) if dep.serving.api_key_env else None
         tc = toolcall.run(o.url or dep.serving.local_url, o.model, key or None, tool_choice=o.tool_choice,
                           max_tokens=o.toolcall_max_tokens)
-        findings, doc = tc.findings, tc.data()
+        findings, doc = tc.findings, {"toolcall": tc.data()}
     else:
         rows, findings = probes.run_identity(o.url, o.compare_url, o.prompts, o.max_tokens, o.tokenizer)
         doc = {"identity": rows}

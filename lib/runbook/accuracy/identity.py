@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-import aiohttp
-
 from runbook.core.findings import Finding
 from runbook.endpoint.client import Client, RequestSpec
 
@@ -24,7 +22,7 @@ def first_difference(a: str, b: str, tokenizer: Any = None) -> Optional[int]:
 async def outputs(url: str, prompts: Sequence[str], max_tokens: int, model: Optional[str] = None,
                   api_key: Optional[str] = None) -> list[Any]:
     c = Client(url, model, api_key=api_key)
-    async with aiohttp.ClientSession() as s:   # one at a time: batching must not be what differs
+    async with c.session() as s:   # one at a time: batching must not be what differs
         return [await c.send(s, RequestSpec(i, p, max_tokens, ignore_eos=False)) for i, p in enumerate(prompts)]
 
 

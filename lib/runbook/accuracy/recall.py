@@ -11,7 +11,6 @@ import string
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, Sequence
 
-import aiohttp
 import numpy as np
 
 from runbook.core.findings import Finding
@@ -93,7 +92,7 @@ async def ask(url: str, items: Sequence[Item], model: Optional[str] = None, max_
               api_key: Optional[str] = None, timeout_s: float = 600.0) -> list[dict[str, Any]]:
     client = Client(url, model, chat=False, api_key=api_key, timeout_s=timeout_s)
     sem = asyncio.Semaphore(concurrency)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as s:
+    async with client.session(limit=concurrency) as s:
         async def one(it: Item) -> dict[str, Any]:
             async with sem:
                 rec = await client.send(s, RequestSpec(it.id, it.prompt, max_tokens, it.prompt_tokens, ignore_eos=False))

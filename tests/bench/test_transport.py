@@ -48,8 +48,9 @@ def test_every_transport_gives_the_same_records(scenario):
         got = {t: [record(r) for r in send(url, t)] for t in TRANSPORTS}
     else:
         wire, kind = WIRES[scenario]
+        n = 2 if kind is None else 1        # after an error the server closes: a second request's retry would race it
         with tcp(writes(wire, keep=kind is None)) as url:
-            got = {t: [record(r) for r in send(url, t, n=2)] for t in TRANSPORTS}
+            got = {t: [record(r) for r in send(url, t, n=n)] for t in TRANSPORTS}
     assert len(got) == len(TRANSPORT_TABLE) >= 2
     for recs in got.values():
         assert all(r["error_kind"] == kind for r in recs), recs

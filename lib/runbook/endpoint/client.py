@@ -1,9 +1,9 @@
 """One streamed OpenAI-compatible request -> a RequestRecord. No argparse, no metrics.
 
 - Requests go out through the client's transport (endpoint/transport.py: h1 or aiohttp, one interface),
-  over a session made by `Client.session`.
-- Send time: stamped when the request's headers are on the wire, so waiting for a pooled connection is not in TTFT; that wait is
-  recorded apart as `queue_s`. Bodies can be encoded before a level starts (`Client.encode`).
+  held by the level's session (`Client.session`).
+- Send time: stamped when the request's headers are on the wire, so waiting for a pooled connection is
+  not in TTFT; that wait is recorded apart as `queue_s`. Bodies can be encoded before a level starts (`Client.encode`).
 - The stream is parsed per the SSE specification from raw bytes (endpoint/sse.py): `data:` lines (one optional space
   after the colon, several lines joined by a newline) make up an event, dispatched at a blank line;
   `event:`, `id:`, `retry:` and comment lines are allowed; an `event: error` or a JSON chunk with an
@@ -136,7 +136,7 @@ def register_transport(cls: type[Transport]) -> type[Transport]:
 
 
 class Client:
-    """Streams requests to one endpoint. Inject `clock` for tests; share one aiohttp session per level."""
+    """Streams requests to one endpoint. Inject `clock` for tests; share one session (`session`) per level."""
 
     def __init__(self, base_url: str, model: Optional[str] = None, chat: bool = False, api_key: Optional[str] = None,
                  timeout_s: float = 600.0, tokenizer: Any = None, clock: Callable[[], float] = time.perf_counter,

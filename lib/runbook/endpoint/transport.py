@@ -160,20 +160,6 @@ class AiohttpTransport(Transport):
         pass                                         # its connections are the session's connector's
 
     async def stream(self, url: str, headers: dict[str, str], payload: bytes, st: Stream) -> bool:
-        try:
-            return await self._stream(url, headers, payload, st)
-        except asyncio.TimeoutError:
-            raise                                    # aiohttp's own timeouts are TimeoutErrors too
-        except aiohttp.ClientConnectorError as e:
-            raise Failure("connect", str(e)) from None
-        except aiohttp.ClientResponseError as e:     # aiohttp's HTTP parser refused the response
-            raise Failure("malformed", f"the response is not valid HTTP/1.1: {e.message}"[:300]) from None
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError) as e:
-            raise Failure("stream_closed", f"{type(e).__name__}: {e}") from None
-        except aiohttp.ClientError as e:
-            raise Failure("connect", f"{type(e).__name__}: {e}") from None
-
-    async def _stream(self, url: str, headers: dict[str, str], payload: bytes, st: Stream) -> bool:
         got_headers = False
         try:
             async with self.session.post(url, data=payload, headers=headers, allow_redirects=False,
@@ -187,10 +173,20 @@ class AiohttpTransport(Transport):
                     if feed(piece, clock()):         # stamped on arrival, before parsing
                         return True
                 return st.close(clock())
+        except asyncio.TimeoutError:
+            raise                                    # aiohttp's own timeouts are TimeoutErrors too
+        except aiohttp.ClientConnectorError as e:
+            raise Failure("connect", str(e)) from None
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            if not got_headers and not isinstance(e, aiohttp.ClientConnectorError):
+            if not got_headers:                      # a pooled connection the server had closed
                 raise ReusedConnectionClosed() from e
-            raise
+            raise Failure("stream_closed", f"{type(e).__name__}: {e}") from None
+        except aiohttp.ClientResponseError as e:     # aiohttp's HTTP parser refused the response
+            raise Failure("malformed", f"the response is not valid HTTP/1.1: {e.message}"[:300]) from None
+        except (aiohttp.ClientPayloadError, ConnectionResetError) as e:
+            raise Failure("stream_closed", f"{type(e).__name__}: {e}") from None
+        except aiohttp.ClientError as e:
+            raise Failure("connect", f"{type(e).__name__}: {e}") from None
 
 
 class H1Transport(Transport):

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tcpserver import tcp_server
 
-from runbook.endpoint import client as client_mod
 from runbook.endpoint import h1
+from runbook.endpoint import transport as transport_mod
 from runbook.endpoint.client import TRANSPORTS, Client, RequestSpec
 
 Handler = Callable[[socket.socket, int], bool]     # (conn, request index on this connection) -> keep the connection
@@ -142,7 +142,7 @@ def test_property_a_stream_cut_anywhere_reads_the_same(cuts):
 
 
 def test_done_before_the_last_chunk_is_a_success_and_the_connection_is_dropped_after_the_grace(monkeypatch):
-    monkeypatch.setattr(client_mod, "DONE_GRACE_S", 0.2)
+    monkeypatch.setattr(transport_mod, "DONE_GRACE_S", 0.2)
 
     def h(conn: socket.socket, _k: int) -> bool:
         conn.sendall(HEAD_CHUNKED + b"".join(chunked(events())))

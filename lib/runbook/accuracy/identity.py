@@ -4,8 +4,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import aiohttp
-
 from runbook.core.findings import Finding
 from runbook.endpoint.client import Client, RequestSpec
 
@@ -25,7 +23,7 @@ def first_difference(a: str, b: str, tokenizer: Any = None) -> int | None:
 async def outputs(url: str, prompts: Sequence[str], max_tokens: int, model: str | None = None,
                   api_key: str | None = None) -> list[Any]:
     c = Client(url, model, api_key=api_key)
-    async with aiohttp.ClientSession() as s:   # one at a time: batching must not be what differs
+    async with c.session() as s:   # one at a time: batching must not be what differs
         return [await c.send(s, RequestSpec(i, p, max_tokens, ignore_eos=False)) for i, p in enumerate(prompts)]
 
 

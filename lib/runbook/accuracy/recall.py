@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import aiohttp
 import numpy as np
 
 from runbook.core.findings import Finding
@@ -94,7 +93,7 @@ async def ask(url: str, items: Sequence[Item], model: str | None = None, max_tok
               api_key: str | None = None, timeout_s: float = 600.0) -> list[dict[str, Any]]:
     client = Client(url, model, chat=False, api_key=api_key, timeout_s=timeout_s)
     sem = asyncio.Semaphore(concurrency)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as s:
+    async with client.session(limit=concurrency) as s:
         async def one(it: Item) -> dict[str, Any]:
             async with sem:
                 rec = await client.send(s, RequestSpec(it.id, it.prompt, max_tokens, it.prompt_tokens, ignore_eos=False))

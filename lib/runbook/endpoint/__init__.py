@@ -1,2 +1,2 @@
-"""Shared layer for talking to a running OpenAI-compatible server: the streamed request client and
-reachability probes. Used by the bench and accuracy stages."""
+"""Shared layer for talking to a running OpenAI-compatible server: the streamed request client (over
+one of its transports, transport.py) and reachability probes. Used by the bench and accuracy stages."""

@@ -1,8 +1,9 @@
 """One streamed OpenAI-compatible request -> a RequestRecord. No argparse, no metrics.
 
-- Send time: stamped when the request's headers are on the wire (aiohttp's request tracing, for a
-  session made by `Client.session`), so waiting for a pooled connection is not in TTFT; that wait is
-  recorded apart as `queue_s`. Bodies can be encoded before a level starts (`Client.encode`).
+- Requests go out through the client's transport (endpoint/transport.py: h1 or aiohttp, one interface),
+  held by the level's session (`Client.session`).
+- Send time: stamped when the request's headers are on the wire, so waiting for a pooled connection is
+  not in TTFT; that wait is recorded apart as `queue_s`. Bodies can be encoded before a level starts (`Client.encode`).
 - The stream is parsed per the SSE specification from raw bytes (endpoint/sse.py): `data:` lines (one optional space
   after the colon, several lines joined by a newline) make up an event, dispatched at a blank line;
   `event:`, `id:`, `retry:` and comment lines are allowed; an `event: error` or a JSON chunk with an
@@ -28,15 +29,15 @@ from typing import Any, Callable, Optional
 import aiohttp
 import orjson
 
-from runbook.endpoint import h1
-from runbook.endpoint.sse import SSEParser, SSETooLarge
+from runbook.endpoint.transport import AiohttpTransport, Failure, H1Transport, ReusedConnectionClosed, Stream, Transport
 
 ERROR_KINDS = ("connect", "http_4xx", "http_5xx", "redirect", "timeout", "stream_closed", "malformed", "server_error",
                "no_output", "short_output", "client_error")
 EXACT_SOURCES = ("usage",)
-TRANSPORTS = ("h1", "aiohttp")     # the streamed requests' HTTP client (endpoint/h1.py: why two)
+# the streamed requests' HTTP client by name (--transport, the summary's client.transport); endpoint/h1.py: why two
+TRANSPORT_TABLE: dict[str, type[Transport]] = {t.name: t for t in (H1Transport, AiohttpTransport)}
+TRANSPORTS = tuple(TRANSPORT_TABLE)
 DEFAULT_TRANSPORT = "h1"
-DONE_GRACE_S = 2.0               # after [DONE], how long a response may take to end before its connection is dropped
 _loads = orjson.loads            # the hot path: several times faster than json on small chunks
 
 
@@ -118,16 +119,6 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-class _Fail(Exception):
-    def __init__(self, kind: str, msg: str):
-        super().__init__(msg)
-        self.kind, self.msg = kind, msg
-
-
-class _ReusedConnectionClosed(Exception):
-    pass
-
-
 def spread(total: int, n: int) -> list[int]:
     """`total` tokens over `n` chunks as evenly as integers allow (extra tokens on the later chunks)."""
     if n <= 0:
@@ -136,136 +127,22 @@ def spread(total: int, n: int) -> list[int]:
     return [base + (1 if i >= n - extra else 0) for i in range(n)]
 
 
-async def _on_headers_sent(session: Any, ctx: Any, params: Any) -> None:
-    t = getattr(ctx, "trace_request_ctx", None)
-    if isinstance(t, dict) and "rec" in t:
-        t["rec"].send_time = t["clock"]()
-
-
-def trace_config() -> aiohttp.TraceConfig:
-    tc = aiohttp.TraceConfig()
-    tc.on_request_headers_sent.append(_on_headers_sent)
-    return tc
-
-
-class _Connector(aiohttp.TCPConnector):
-    """aiohttp's connector, carrying the h1 pool for the session's streamed requests (closed with it)."""
-
-    def __init__(self, pool: Optional[h1.Pool], **kw: Any):
-        super().__init__(**kw)
-        self.h1 = pool
-
-    async def close(self, *, abort_ssl: bool = False) -> None:
-        if self.h1 is not None:
-            self.h1.close()
-        await super().close(abort_ssl=abort_ssl)
-
-
-class _Sink:
-    """One streamed request on an h1 connection: the same SSE parser and chunk handler as the aiohttp
-    path (Client._event), run inside the connection's data_received; `fut` resolves once, at the end."""
-    __slots__ = ("client", "conn", "rec", "fut", "parser", "cum", "text", "reasoning", "errbody", "headers_seen")
-
-    def __init__(self, client: "Client", conn: h1.Conn, rec: "RequestRecord", fut: "asyncio.Future[bool]"):
-        self.client, self.conn, self.rec, self.fut = client, conn, rec, fut
-        self.parser = SSEParser()
-        self.cum: list[Optional[int]] = []
-        self.text: list[str] = []
-        self.reasoning: list[str] = []
-        self.errbody: Optional[bytearray] = None
-        self.headers_seen = False
-
-    def _end(self, exc: Optional[BaseException] = None, done: bool = False) -> None:
-        if self.fut.done():
-            return
-        if exc is None:
-            self.fut.set_result(done)
-        else:
-            self.fut.set_exception(exc)
-
-    def on_headers(self, status: int, headers: dict[str, str]) -> None:
-        self.headers_seen = True
-        self.rec.status = status
-        if 300 <= status < 400:
-            where = headers.get("location", "?")
-            self._end(_Fail("redirect", f"HTTP {status} to {where[:200]}: a POST is not re-sent to a redirect; "
-                                        "give the final URL"))
-        elif status >= 400:
-            self.errbody = bytearray()
-        elif headers.get("content-encoding", "identity").lower() not in ("", "identity"):
-            self._end(_Fail("malformed", f"the stream is {headers['content-encoding'][:40]}-encoded; "
-                                         "it was not asked for (no Accept-Encoding)"))
-
-    def _http_error(self) -> None:
-        status = self.rec.status or 0
-        body = bytes(self.errbody or b"")[:300].decode("utf-8", errors="replace")
-        self._end(_Fail("http_5xx" if status >= 500 else "http_4xx", f"HTTP {status}: {body}"))
-
-    def on_body(self, body: bytes) -> None:
-        if self.fut.done():
-            return
-        if self.errbody is not None:
-            self.errbody += body
-            self._http_error()
-            return
-        try:
-            events = self.parser.feed(body)
-        except SSETooLarge as e:
-            self._end(_Fail("malformed", str(e)))
-            return
-        self._events(events, self.conn.now)
-
-    def _events(self, events: list[tuple[bytes, bytes]], now: float) -> None:
-        event, rec, cum, text, reasoning = self.client._event, self.rec, self.cum, self.text, self.reasoning
-        try:
-            for name, data in events:
-                if event(data, name, now, rec, cum, text, reasoning):
-                    self._end(done=True)
-                    return
-        except _Fail as e:
-            self._end(e)
-        except Exception as e:  # noqa: BLE001 - this request's own failure, never the level's
-            self._end(e)
-
-    def on_end(self) -> None:
-        if self.fut.done():
-            return
-        if self.errbody is not None:
-            self._http_error()
-            return
-        self._events(self.parser.close(), self.client.clock())
-        self._end(done=False)
-
-    def on_lost(self, exc: Optional[BaseException], got_response: bool, framed: bool) -> None:
-        if self.fut.done():
-            return
-        if not got_response:
-            self._end(_ReusedConnectionClosed())
-        elif self.errbody is not None:
-            self._http_error()
-        elif self.headers_seen and not framed:
-            self.on_end()            # a body without Content-Length or chunking ends when the connection does
-        else:
-            why = f" ({type(exc).__name__}: {exc})" if exc else ""
-            self._end(_Fail("stream_closed", f"connection closed mid-response{why}"))
-
-    def on_error(self, exc: BaseException) -> None:
-        if isinstance(exc, (_Fail, _ReusedConnectionClosed)):
-            self._end(exc)
-        elif isinstance(exc, h1.httptools.HttpParserError):
-            self._end(_Fail("malformed", f"the response is not valid HTTP/1.1: {str(exc)[:200]}"))
-        else:
-            self._end(exc)
+def register_transport(cls: type[Transport]) -> type[Transport]:
+    """Another transport under `cls.name`: accepted by Client and by --transport from now on."""
+    global TRANSPORTS
+    TRANSPORT_TABLE[cls.name] = cls
+    TRANSPORTS = tuple(TRANSPORT_TABLE)
+    return cls
 
 
 class Client:
-    """Streams requests to one endpoint. Inject `clock` for tests; share one aiohttp session per level."""
+    """Streams requests to one endpoint. Inject `clock` for tests; share one session (`session`) per level."""
 
     def __init__(self, base_url: str, model: Optional[str] = None, chat: bool = False, api_key: Optional[str] = None,
                  timeout_s: float = 600.0, tokenizer: Any = None, clock: Callable[[], float] = time.perf_counter,
                  extra_body: Optional[dict[str, Any]] = None, transport: Optional[str] = None):
         transport = transport or DEFAULT_TRANSPORT
-        if transport not in TRANSPORTS:
+        if transport not in TRANSPORT_TABLE:
             raise ValueError(f"transport {transport!r}: one of {', '.join(TRANSPORTS)}")
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -275,21 +152,17 @@ class Client:
         self.tokenizer = tokenizer
         self.clock = clock
         self.extra_body = extra_body or {}
-        self.transport = transport
+        self.transport = transport                               # its name
+        self._transport = TRANSPORT_TABLE[transport]
         self._headers = self.headers()
-        self._head: Optional[bytes] = None
 
     @property
     def url(self) -> str:
         return self.base_url + ("/v1/chat/completions" if self.chat else "/v1/completions")
 
     def session(self, limit: int = 100, **kw: Any) -> aiohttp.ClientSession:
-        """A session whose requests are stamped when their headers are written (limit 0: no pool cap).
-        With the h1 transport its connector also holds the h1 pool that streamed requests go through."""
-        pool = h1.Pool(self.base_url, limit, self.clock) if self.transport == "h1" else None
-        conn = _Connector(pool, limit=limit, limit_per_host=limit, keepalive_timeout=30)
-        return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None),
-                                     trace_configs=[trace_config()], **kw)
+        """The level's session (limit 0: no pool cap); streamed requests go through the transport it holds."""
+        return self._transport.open(self.base_url, limit, self.clock, **kw)
 
     def body(self, req: RequestSpec) -> dict[str, Any]:
         b: dict[str, Any] = {"max_tokens": req.max_tokens, "stream": True, "temperature": 0.0,
@@ -326,33 +199,30 @@ class Client:
                    body: Optional[bytes] = None) -> RequestRecord:
         rec = RequestRecord(id=req.id, prompt_tokens_client=req.prompt_tokens, max_tokens=req.max_tokens, level=level)
         payload = body if body is not None else self.encode(req)
-        pool = getattr(session.connector, "h1", None)
+        transport = Transport.of(session, self.base_url, self.clock)
         for _attempt in range(2):
             asked = self.clock()
-            rec.send_time = asked            # replaced on the wire by the trace hook (Client.session)
+            rec.send_time = asked            # replaced when on the wire, by the transport
+            st = Stream(self._event, rec)
             try:
-                stream = self._stream_h1(pool, req, rec, payload) if pool is not None else self._stream(session, req, rec, payload)
-                await asyncio.wait_for(stream, timeout=self.timeout_s)
+                try:
+                    done = await asyncio.wait_for(transport.stream(self.url, self._headers, payload, st),
+                                                  timeout=self.timeout_s)
+                finally:
+                    st.join()
+                self._finish(rec, req, st.cum, done)
                 rec.queue_s = max(0.0, rec.send_time - asked)
                 return rec
-            except _ReusedConnectionClosed:
+            except ReusedConnectionClosed:
                 # A pooled connection the server had already closed (llama-server closes after every
                 # stream): not a failed request. Retry once on a fresh connection.
                 rec.retries += 1
                 rec.chunk_times, rec.chunk_tokens, rec.text, rec.reasoning_text, rec.usage = [], [], "", "", None
                 continue
-            except _Fail as e:
+            except Failure as e:
                 rec.error_kind, rec.error = e.kind, e.msg
             except asyncio.TimeoutError:
                 rec.error_kind, rec.error = "timeout", f"no complete response within {self.timeout_s:.0f} s"
-            except aiohttp.ClientConnectorError as e:
-                rec.error_kind, rec.error = "connect", str(e)
-            except aiohttp.ClientResponseError as e:     # aiohttp's HTTP parser refused the response
-                rec.error_kind, rec.error = "malformed", f"the response is not valid HTTP/1.1: {e.message}"[:300]
-            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError) as e:
-                rec.error_kind, rec.error = "stream_closed", f"{type(e).__name__}: {e}"
-            except aiohttp.ClientError as e:
-                rec.error_kind, rec.error = "connect", f"{type(e).__name__}: {e}"
             except Exception as e:  # noqa: BLE001 - one odd response must never abort the level
                 rec.error_kind, rec.error = "client_error", f"{type(e).__name__}: {e}"[:300]
             rec.end_time = self.clock()
@@ -362,122 +232,44 @@ class Client:
         rec.end_time = self.clock()
         return rec
 
-    async def _stream(self, session: aiohttp.ClientSession, req: RequestSpec, rec: RequestRecord, payload: bytes) -> None:
-        got_headers = False
-        cum: list[Optional[int]] = []          # completion_tokens seen on each output chunk, if any
-        text: list[str] = []                   # joined once at the end: no copy per chunk
-        reasoning: list[str] = []
-        try:
-            async with session.post(self.url, data=payload, headers=self._headers, allow_redirects=False,
-                                    trace_request_ctx={"rec": rec, "clock": self.clock}) as resp:
-                got_headers = True
-                rec.status = resp.status
-                if 300 <= resp.status < 400:
-                    where = resp.headers.get("Location", "?")
-                    raise _Fail("redirect", f"HTTP {resp.status} to {where[:200]}: a POST is not re-sent to a redirect; "
-                                            "give the final URL")
-                if resp.status >= 400:
-                    body = (await resp.content.read(300)).decode("utf-8", errors="replace")
-                    raise _Fail("http_5xx" if resp.status >= 500 else "http_4xx", f"HTTP {resp.status}: {body}")
-                done = False
-                parser = SSEParser()
-                clock, event = self.clock, self._event
-                try:
-                    async for piece in resp.content.iter_any():
-                        now = clock()            # stamped on arrival, before parsing
-                        try:
-                            events = parser.feed(piece)
-                        except SSETooLarge as e:
-                            raise _Fail("malformed", str(e)) from None
-                        for name, data in events:
-                            if event(data, name, now, rec, cum, text, reasoning):
-                                done = True
-                                break
-                        if done:
-                            break
-                    if not done:
-                        now = clock()
-                        for name, data in parser.close():
-                            if event(data, name, now, rec, cum, text, reasoning):
-                                done = True
-                                break
-                finally:
-                    rec.text, rec.reasoning_text = "".join(text), "".join(reasoning)
-                self._finish(rec, req, cum, done)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            if not got_headers and not isinstance(e, aiohttp.ClientConnectorError):
-                raise _ReusedConnectionClosed() from e
-            raise
-
     def _finish(self, rec: RequestRecord, req: RequestSpec, cum: list[Optional[int]], done: bool) -> None:
         """After the stream: its end, the token attribution and the request's own length checks."""
         rec.end_time = self.clock() if not done else rec.end_time
         if not done and rec.finish_reason is None:
-            raise _Fail("stream_closed", "stream ended without [DONE] or a finish reason")
+            raise Failure("stream_closed", "stream ended without [DONE] or a finish reason")
         self._attribute(rec, req, cum)
         if not rec.chunk_times:
             counted = (rec.usage or {}).get("completion_tokens")
             if isinstance(counted, int) and counted > 0:
                 # the server generated them but streamed no text: special tokens the detokenizer drops
-                raise _Fail("no_output", f"the server counted {counted} output tokens but streamed no text "
+                raise Failure("no_output", f"the server counted {counted} output tokens but streamed no text "
                                          "(tokens that detokenize to nothing, e.g. special tokens)")
-            raise _Fail("no_output", "the stream carried no output tokens")
+            raise Failure("no_output", "the stream carried no output tokens")
         self._check_length(rec, req)
-
-    async def _stream_h1(self, pool: h1.Pool, req: RequestSpec, rec: RequestRecord, payload: bytes) -> None:
-        """The same request over an h1 connection (endpoint/h1.py): parsed as it arrives, one wake-up."""
-        if self._head is None:
-            try:
-                self._head = h1.head("POST", h1.URL(self.url), self._headers)
-            except h1.HeaderError as e:
-                raise _Fail("client_error", str(e)) from None
-        try:
-            conn = await pool.acquire()
-        except (OSError, asyncio.TimeoutError) as e:
-            u = pool.url
-            raise _Fail("connect", f"cannot connect to {u.host}:{u.port}: {type(e).__name__}: {e}"[:300]) from None
-        sink = _Sink(self, conn, rec, asyncio.get_running_loop().create_future())
-        ok = False
-        try:
-            conn.start(sink, self._head + b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
-            rec.send_time = self.clock()     # on the wire: the write went to the socket
-            try:
-                done = await sink.fut
-            finally:
-                rec.text, rec.reasoning_text = "".join(sink.text), "".join(sink.reasoning)
-            ok = True
-            self._finish(rec, req, sink.cum, done)
-        finally:
-            pool.done()
-            if conn.sink is sink:            # the response is not over
-                if ok:                       # [DONE] came before its last byte: give that a moment
-                    asyncio.get_running_loop().call_later(DONE_GRACE_S, conn.abandon, sink)
-                else:
-                    conn.abandon(sink)
 
     def _event(self, data: bytes, event: bytes, now: float, rec: RequestRecord, cum: list[Optional[int]],
                text: list[str], reasoning: list[str]) -> bool:
-        """One dispatched SSE event; True at [DONE]. Raises _Fail for this request's own error."""
+        """One dispatched SSE event; True at [DONE]. Raises Failure for this request's own error."""
         if data == b"[DONE]":
             rec.end_time = now
             return True
         if event == b"error":
-            raise _Fail("server_error", f"server sent an error event: {data[:200].decode('utf-8', 'replace')}")
+            raise Failure("server_error", f"server sent an error event: {data[:200].decode('utf-8', 'replace')}")
         try:
             msg = _loads(data)
         except (ValueError, RecursionError):
-            raise _Fail("malformed", f"chunk is not JSON: {data[:80]!r}") from None
+            raise Failure("malformed", f"chunk is not JSON: {data[:80]!r}") from None
         if type(msg) is not dict:
-            raise _Fail("malformed", f"chunk is JSON {type(msg).__name__}, not an object: {data[:80]!r}")
+            raise Failure("malformed", f"chunk is JSON {type(msg).__name__}, not an object: {data[:80]!r}")
         if msg.get("error") or msg.get("object") == "error":
             err = msg.get("error") if msg.get("error") else msg.get("message")
             if isinstance(err, dict):
                 err = err.get("message") or err
-            raise _Fail("server_error", f"server error mid-stream: {str(err)[:200]}")
+            raise Failure("server_error", f"server error mid-stream: {str(err)[:200]}")
         usage = msg.get("usage")
         if usage is not None:
             if type(usage) is not dict:
-                raise _Fail("malformed", f"usage is {type(usage).__name__}, not an object")
+                raise Failure("malformed", f"usage is {type(usage).__name__}, not an object")
             details = usage.get("completion_tokens_details")
             if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
                 usage = {**usage, "reasoning_tokens": details["reasoning_tokens"]}
@@ -492,7 +284,7 @@ class Client:
         if choices is None:
             return False
         if type(choices) is not list:
-            raise _Fail("malformed", f"choices is {type(choices).__name__}, not a list")
+            raise Failure("malformed", f"choices is {type(choices).__name__}, not a list")
         got = self._choices(choices, rec, text, reasoning)
         if got:
             rec.chunk_times.append(now)
@@ -505,15 +297,15 @@ class Client:
         got = False
         for ch in choices:
             if type(ch) is not dict:
-                raise _Fail("malformed", f"a choice is {type(ch).__name__}, not an object")
+                raise Failure("malformed", f"a choice is {type(ch).__name__}, not an object")
             if self.chat:
                 delta = ch.get("delta")
                 if delta:
                     if type(delta) is not dict:
-                        raise _Fail("malformed", f"delta is {type(delta).__name__}, not an object")
+                        raise Failure("malformed", f"delta is {type(delta).__name__}, not an object")
                     t, r = delta.get("content"), delta.get("reasoning_content") or delta.get("reasoning")
                     if r is not None and type(r) is not str:
-                        raise _Fail("malformed", f"reasoning is {type(r).__name__}, not a string")
+                        raise Failure("malformed", f"reasoning is {type(r).__name__}, not a string")
                     if r:
                         reasoning.append(r)
                         got = True
@@ -522,7 +314,7 @@ class Client:
             else:
                 t = ch.get("text")
             if t is not None and type(t) is not str:
-                raise _Fail("malformed", f"content is {type(t).__name__}, not a string")
+                raise Failure("malformed", f"content is {type(t).__name__}, not a string")
             if t:
                 text.append(t)
                 got = True
@@ -577,7 +369,7 @@ class Client:
         got_raw = (rec.usage or {}).get("completion_tokens")
         got: Optional[int] = got_raw if isinstance(got_raw, int) and not isinstance(got_raw, bool) else None
         if got is not None and got < req.max_tokens:
-            raise _Fail("short_output", f"ignore_eos: {got} of max_tokens {req.max_tokens} tokens generated "
+            raise Failure("short_output", f"ignore_eos: {got} of max_tokens {req.max_tokens} tokens generated "
                                         f"(finish_reason {rec.finish_reason!r}); the server did not honour ignore_eos")
         if got is None and rec.finish_reason == "stop":
-            raise _Fail("short_output", f"ignore_eos: the stream stopped (finish_reason 'stop') before max_tokens {req.max_tokens}")
+            raise Failure("short_output", f"ignore_eos: the stream stopped (finish_reason 'stop') before max_tokens {req.max_tokens}")

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from aiohttp import web
 from sse_server import ThreadedApp
@@ -54,7 +55,7 @@ class RawServer(ThreadedApp):
     backlog = 1024   # open-loop tests put hundreds of connections in flight
 
     def __init__(self, handler: Callable[[dict], Reply], clock: Any = None, real_gap_s: float = 0.005,
-                 metrics: Optional[Callable[[], str]] = None):
+                 metrics: Callable[[], str] | None = None):
         self.handler, self.clock, self.real_gap_s, self.metrics_fn = handler, clock, real_gap_s, metrics
         self.seen: list[tuple[str, str]] = []        # (method, path)
         self.bodies: list[dict] = []

@@ -5,7 +5,8 @@ import json
 import socket
 import threading
 import time
-from typing import Callable, ContextManager, Optional
+from collections.abc import Callable
+from typing import ContextManager
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +20,7 @@ from runbook.endpoint.client import TRANSPORTS, Client, RequestSpec
 Handler = Callable[[socket.socket, int], bool]     # (conn, request index on this connection) -> keep the connection
 
 
-def _read_request(conn: socket.socket, buf: bytes) -> Optional[bytes]:
+def _read_request(conn: socket.socket, buf: bytes) -> bytes | None:
     while b"\r\n\r\n" not in buf:
         got = conn.recv(65536)
         if not got:
@@ -43,7 +44,7 @@ def tcp(handler: Handler) -> ContextManager[str]:
     """A loopback server writing exactly what `handler` writes, request after request on a connection."""
     def serve(conn: socket.socket) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        buf: Optional[bytes] = b""
+        buf: bytes | None = b""
         k = 0
         while True:
             buf = _read_request(conn, buf or b"")

@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -27,21 +27,21 @@ from runbook.model.tokenizer import load_tokenizer
 @dataclass
 class BenchOptions:
     url: str
-    model: Optional[str] = None
+    model: str | None = None
     concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     rates: list[float] = field(default_factory=list)
-    requests: Optional[int] = None          # per level; default 4 × concurrency (at least 8)
-    duration_s: Optional[float] = None
+    requests: int | None = None          # per level; default 4 × concurrency (at least 8)
+    duration_s: float | None = None
     workload: str = "code"
     input_len: int = 1024
     output_len: int = 256
     chat: bool = False
-    tokenizer: Optional[str] = None
+    tokenizer: str | None = None
     warmup: int = 2
-    out: Optional[Path] = None
+    out: Path | None = None
     seed: int = 0
-    compare_url: Optional[str] = None
-    api_key_env: Optional[str] = None
+    compare_url: str | None = None
+    api_key_env: str | None = None
     timeout_s: float = 600.0
     range_ratio: float = 0.0
     flush: bool = False      # POST /flush_cache before each level (spec: benchmark.flush_cache)
@@ -54,10 +54,10 @@ class BenchOptions:
     think_dist: str = "fixed"    # fixed | exp
     tool_result_len: int = 256   # agentic: synthetic tool-result tokens per turn after the first
     trace_speed: float = 1.0     # trace:FILE: time scale (2 = twice as fast)
-    find_max: Optional[str] = None   # "slo": search the highest load meeting the spec's SLOs instead of the fixed levels
+    find_max: str | None = None   # "slo": search the highest load meeting the spec's SLOs instead of the fixed levels
     find_max_levels: int = 10        # at most this many levels for the search
     workers: int = 1                 # load-generator processes (bench/workers.py): fixed-concurrency levels only
-    transport: Optional[str] = None  # streamed requests' HTTP client: h1 (endpoint/h1.py) | aiohttp; None: client's default
+    transport: str | None = None  # streamed requests' HTTP client: h1 (endpoint/h1.py) | aiohttp; None: client's default
 
 
 DURATION_REQUESTS = 100000   # the request budget of a level bounded by time (built lazily: only those sent)
@@ -96,7 +96,7 @@ class BenchResult:
     summary: dict[str, Any]
     findings: list[Finding]
     levels: list[LevelResult] = field(default_factory=list)
-    records_path: Optional[Path] = None
+    records_path: Path | None = None
 
     def data(self) -> dict[str, Any]:
         """The results-JSON payload: the summary (with `levels`, empty when nothing ran)."""
@@ -117,7 +117,7 @@ def level_summary(lr: LevelResult, slo: Any = None) -> dict[str, Any]:
     return s
 
 
-def cache_hit(lr: LevelResult) -> tuple[Optional[float], Optional[str]]:
+def cache_hit(lr: LevelResult) -> tuple[float | None, str | None]:
     """The level's prefix-cache hit rate: from the server's usage (cached_tokens ÷ prompt_tokens over
     completed requests) where it reports cached tokens, else from SGLang's /metrics counters."""
     pairs = [(r.cached_tokens, r.input_tokens) for r in lr.records if r.ok and r.cached_tokens is not None and r.input_tokens]
@@ -133,7 +133,7 @@ def levels_of(o: BenchOptions) -> list[Level]:
     return lv
 
 
-async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] = None) -> BenchResult:
+async def run_async(o: BenchOptions, slo: Any = None, vocab_size: int | None = None) -> BenchResult:
     check_options(o)
     why = await probe(o.url)
     if why:
@@ -153,7 +153,7 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
     summaries: list[dict[str, Any]] = []
     results: list[LevelResult] = []
 
-    procs: Optional[workers.Pool] = None       # spawned below, before any level's clock starts
+    procs: workers.Pool | None = None       # spawned below, before any level's clock starts
 
     async def measure(lv: Level) -> dict[str, Any]:
         nonlocal procs
@@ -220,7 +220,7 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] 
     return BenchResult(summary, findings, results, records_path)
 
 
-def client_info(summaries: list[dict[str, Any]], workers: int = 1, transport: Optional[str] = None) -> dict[str, Any]:
+def client_info(summaries: list[dict[str, Any]], workers: int = 1, transport: str | None = None) -> dict[str, Any]:
     """The load generator itself: processes, event loop, HTTP transport, and the chunk rate at which it would fill
     its cores — chunks ingested per client CPU second over the run's levels, times workers (an
     estimate from this run's own work, so it reflects this workload's chunk and request sizes)."""
@@ -232,7 +232,7 @@ def client_info(summaries: list[dict[str, Any]], workers: int = 1, transport: Op
             "chunks": chunks, "cpu_s": round(cpu, 3)}
 
 
-async def _levels(o: BenchOptions, slo: Any, own: Optional[list[Level]], measure: Any) -> Optional[dict[str, Any]]:
+async def _levels(o: BenchOptions, slo: Any, own: list[Level] | None, measure: Any) -> dict[str, Any] | None:
     """The run's levels: the SLO search, the workload's own (a trace's one level), or the fixed levels; the search's result."""
     if o.find_max == "slo":
         if slo is None or not any(getattr(slo, k, None) for k in ("ttft_ms_p99", "tpot_ms_p99", "e2e_ms_p99")):
@@ -299,7 +299,7 @@ async def slo_search(measure: Any, o: BenchOptions, slo: Any) -> dict[str, Any]:
         else:
             hi = mid
     resolved = hi is not None and ((hi - lo <= 1) if integer else bool(lo) and hi / lo <= 1 + SLO_SEARCH_RATE_STEP)
-    limit: Optional[float] = (int(lo) if integer else lo) if lo else None
+    limit: float | None = (int(lo) if integer else lo) if lo else None
     return {"metric": metric, "limit": limit, "levels_tried": tried,
             "first_miss": (int(hi) if integer else hi) if hi is not None else None,
             "resolved": bool(resolved), "max_levels": o.find_max_levels,
@@ -342,7 +342,7 @@ def _telemetry(o: BenchOptions) -> Any:
     return Telemetry(interval_s=o.telemetry_interval_s, nvml=o.nvml)
 
 
-def run(o: BenchOptions, slo: Any = None, vocab_size: Optional[int] = None) -> BenchResult:
+def run(o: BenchOptions, slo: Any = None, vocab_size: int | None = None) -> BenchResult:
     return run_sync(run_async(o, slo, vocab_size), fast_loop=True)
 
 
@@ -430,8 +430,8 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
 AB_MIN_BLOCKS = 8
 
 
-async def ab_compare(o: BenchOptions, model: Optional[str], api_key: Optional[str], tok: Any,
-                     vocab_size: Optional[int]) -> tuple[dict[str, Any], list[Finding]]:
+async def ab_compare(o: BenchOptions, model: str | None, api_key: str | None, tok: Any,
+                     vocab_size: int | None) -> tuple[dict[str, Any], list[Finding]]:
     """The same prompts against A (--url) and B (--compare-url) at the first level, interleaved: the
     requests are cut into blocks of one level's width (the concurrency), and each block runs on both
     arms back to back in a random order (AB or BA). Blocks, not requests, are the independent units:
@@ -485,7 +485,7 @@ AB_SIGN_FLIPS = 20_000
 AB_MIN_INTERVAL_BLOCKS = 6    # 2^5 = 32 orders cannot make a 95% interval: 1 − 2/32 < 0.95
 
 
-def _sign_flip_interval(xs: list[float], seed: int = 0) -> tuple[Optional[float], Optional[float], Optional[float]]:
+def _sign_flip_interval(xs: list[float], seed: int = 0) -> tuple[float | None, float | None, float | None]:
     """Mean of the block differences with a 95% randomisation interval for their shift.
 
     Each block's order (AB or BA) is a fair coin, so under "B = A + δ" each block difference is
@@ -520,7 +520,7 @@ def _sign_flip_interval(xs: list[float], seed: int = 0) -> tuple[Optional[float]
 
 
 def paired(a_recs: list, b_recs: list, a_url: str, b_url: str,
-           block_of: Optional[dict[int, int]] = None) -> tuple[dict[str, Any], list[Finding]]:
+           block_of: dict[int, int] | None = None) -> tuple[dict[str, Any], list[Finding]]:
     """Paired B − A differences. With `block_of` (request id → block) the interval is over block means
     (a sign-flip randomisation interval with blocks as the units); without, each request is its own
     block (sequential, c1)."""
@@ -573,7 +573,7 @@ ERROR_RATE_SLACK = 0.01          # error rate up by more than 1 point: a regress
 LENGTH_TOLERANCE = 0.05          # mean output (or input) tokens per request differing by more: other work
 
 
-def compare_previous(current: dict[str, Any], previous: Optional[dict[str, Any]], threshold_pct: float) -> list[Finding]:
+def compare_previous(current: dict[str, Any], previous: dict[str, Any] | None, threshold_pct: float) -> list[Finding]:
     """Regressions against the previous archived run of the same deployment, like with like only: the
     same workload, corpus version, lengths, chat mode, session shape and trace speed for the run, and per level the same level with
     the same measured mean input and output lengths. Throughput, TPOT p50, TTFT p50/p99 and the error
@@ -651,7 +651,7 @@ def _unlike(p: dict[str, Any], s: dict[str, Any]) -> str:
     return ""
 
 
-def options_from(spec: Deployment, url: Optional[str] = None, **overrides: Any) -> BenchOptions:
+def options_from(spec: Deployment, url: str | None = None, **overrides: Any) -> BenchOptions:
     """BenchOptions from the spec's benchmark plan; explicit values (not None/empty) win."""
     b = spec.benchmark
     o = BenchOptions(url=url or spec.serving.local_url, model=None, concurrency=list(b.concurrency),
@@ -674,8 +674,8 @@ def options_from(spec: Deployment, url: Optional[str] = None, **overrides: Any) 
     return o
 
 
-def measure(spec: Deployment, options: Optional[BenchOptions] = None, archive_root: Optional[str | Path] = None,
-            exclude_run: Optional[str] = None) -> BenchResult:
+def measure(spec: Deployment, options: BenchOptions | None = None, archive_root: str | Path | None = None,
+            exclude_run: str | None = None) -> BenchResult:
     """The sweep, then the regression check against the newest archived
     benchmark of this deployment under `archive_root` (outputs/ for the CLI, the runner's archive
     for the notebook; none: no comparison). The regression findings and the previous run it used are in the result."""

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class SessionPlan:
         out = self._slice(k * 7919 + t * 15485863, self.tool_result_len)
         return {"role": "user", "content": f"Tool result ({tool}):\n```\n{out}\n```\n\n{self.question(k, t)}"}
 
-    def prompt_tokens(self, messages: list[dict[str, str]]) -> Optional[int]:
+    def prompt_tokens(self, messages: list[dict[str, str]]) -> int | None:
         """The request's prompt tokens by the local tokenizer: through the model's chat template where
         the tokenizer directory has one (what the server counts), else the messages' contents alone."""
         if self.tokenizer is None:
@@ -92,9 +93,9 @@ class SessionPlan:
         """Warm-up that primes nothing a session will send (its own short question, no context)."""
         return [RequestSpec(-1, [{"role": "user", "content": "Say hello."}], min(16, self.output_len), None, self.ignore_eos)]
 
-    def driver(self, width: int) -> Callable[[Callable[..., Awaitable[RequestRecord]], Optional[float]], Awaitable[None]]:
+    def driver(self, width: int) -> Callable[[Callable[..., Awaitable[RequestRecord]], float | None], Awaitable[None]]:
         """The level's load for sweep.run_level: `width` workers (the concurrency), each running sessions in turn."""
-        async def drive(send: Callable[..., Awaitable[RequestRecord]], deadline: Optional[float]) -> None:
+        async def drive(send: Callable[..., Awaitable[RequestRecord]], deadline: float | None) -> None:
             nxt = iter(range(self.sessions))
             rid = [0]
 

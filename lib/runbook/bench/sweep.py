@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional, Sequence
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -22,9 +23,9 @@ CPU_BOUND_SHARE = 0.85   # one core: the event loop is single-threaded
 @dataclass
 class Level:
     label: str
-    concurrency: Optional[int] = None
-    rate: Optional[float] = None
-    schedule: Optional[Sequence[float]] = None   # trace replay: send offsets (s) from the level's start, open loop
+    concurrency: int | None = None
+    rate: float | None = None
+    schedule: Sequence[float] | None = None   # trace replay: send offsets (s) from the level's start, open loop
 
 
 @dataclass(repr=False)
@@ -36,8 +37,8 @@ class LevelResult:
     cpu_share: float
     client_bound: bool
     server: dict[str, Any] = field(default_factory=dict)
-    flushed: Optional[bool] = None
-    telemetry: Optional[dict[str, Any]] = None
+    flushed: bool | None = None
+    telemetry: dict[str, Any] | None = None
     cpu_s: float = 0.0                  # the client's CPU seconds during the level
     lag_samples: list[float] = field(default_factory=list)
     workers_lost: int = 0               # --workers: worker shares that never reported (a process died)
@@ -59,7 +60,7 @@ class LagMonitor:
     def __init__(self, interval: float = 0.01):
         self.interval = interval
         self.samples: list[float] = []
-        self._task: Optional[asyncio.Task] = None
+        self._task: asyncio.Task | None = None
 
     async def _run(self) -> None:
         clock = time.perf_counter     # not loop.time(): uvloop's counts whole milliseconds
@@ -68,7 +69,7 @@ class LagMonitor:
             await asyncio.sleep(self.interval)
             self.samples.append(max(0.0, clock() - t0 - self.interval))
 
-    def __enter__(self) -> "LagMonitor":
+    def __enter__(self) -> LagMonitor:
         self._cpu0, self._wall0 = time.process_time(), time.perf_counter()
         self._task = asyncio.get_running_loop().create_task(self._run())
         return self
@@ -93,7 +94,7 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
-async def scrape(session: aiohttp.ClientSession, base: str) -> Optional[dict[str, float]]:
+async def scrape(session: aiohttp.ClientSession, base: str) -> dict[str, float] | None:
     try:
         async with session.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
             if r.status != 200:
@@ -112,7 +113,7 @@ async def flush_cache(session: aiohttp.ClientSession, base: str) -> bool:
         return False
 
 
-def server_deltas(before: Optional[dict[str, float]], after: Optional[dict[str, float]]) -> dict[str, Any]:
+def server_deltas(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any]:
     """Counters as deltas (labelled series too; one first seen during the level counts from 0), gauges as
     their value after; spec-decoding acceptance picked out."""
     if not before or not after:
@@ -132,7 +133,7 @@ def server_deltas(before: Optional[dict[str, float]], after: Optional[dict[str, 
     return out
 
 
-def cache_hit_from_metrics(server: dict[str, Any]) -> Optional[float]:
+def cache_hit_from_metrics(server: dict[str, Any]) -> float | None:
     """The level's prefix-cache hit rate from SGLang's counters: Δ sglang:cached_tokens_total (every
     cache_source) ÷ Δ sglang:prompt_tokens_total (observability/metrics_collector.py); None without them."""
     d = server.get("deltas") or {}
@@ -159,9 +160,9 @@ PREPARE_AHEAD = 4096   # bodies encoded before the level starts (the rest, for l
 
 
 async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, warmup: int = 2, flush: bool = True,
-                    records_path: Optional[Path] = None, seed: int = 0, duration_s: Optional[float] = None,
-                    progress: Optional[Callable[[int], None]] = None, telemetry: Any = None,
-                    driver: Optional[Callable[..., Awaitable[None]]] = None, start_at: Optional[float] = None,
+                    records_path: Path | None = None, seed: int = 0, duration_s: float | None = None,
+                    progress: Callable[[int], None] | None = None, telemetry: Any = None,
+                    driver: Callable[..., Awaitable[None]] | None = None, start_at: float | None = None,
                     scrape_metrics: bool = True) -> LevelResult:
     """One level. Fixed concurrency: that many workers, each sending its next request when the last
     finished. A rate: Poisson arrivals, open loop — no cap on requests in flight, so a slow server
@@ -194,7 +195,7 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
             ahead = min(len(reqs), PREPARE_AHEAD, likely)
         bodies = [client.encode(reqs[i]) for i in range(ahead)]       # before the clock starts
 
-        async def send_one(r: RequestSpec, body: Optional[bytes] = None, due: Optional[float] = None) -> RequestRecord:
+        async def send_one(r: RequestSpec, body: bytes | None = None, due: float | None = None) -> RequestRecord:
             rec = await client.send(session, r, level.label, body)
             rec.meta.update({k: v for k, v in r.meta.items() if k in ("session", "turn", "scheduled_s")})
             if due is not None:
@@ -207,7 +208,7 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
                 progress(1)
             return rec
 
-        async def do(i: int, due: Optional[float] = None) -> None:
+        async def do(i: int, due: float | None = None) -> None:
             await send_one(reqs[i], bodies[i] if i < ahead else None, due)
 
         if telemetry is not None:

@@ -22,8 +22,9 @@ import json
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from runbook.bench import metrics
 from runbook.bench.sweep import CPU_BOUND_SHARE, LAG_BOUND_MS, Level, LevelResult, _warmup, flush_cache, run_level, scrape, server_deltas
@@ -79,9 +80,9 @@ def shares(concurrency: int, workers: int) -> list[int]:
     return [concurrency // w + (1 if k < concurrency % w else 0) for k in range(w)]
 
 
-async def run_level_workers(ex: Pool, client: Client, tokenizer_path: Optional[str],
+async def run_level_workers(ex: Pool, client: Client, tokenizer_path: str | None,
                             reqs: Sequence[RequestSpec], level: Level, workers: int, warmup: int = 2, flush: bool = True,
-                            records_path: Optional[Path] = None, telemetry: Any = None) -> LevelResult:
+                            records_path: Path | None = None, telemetry: Any = None) -> LevelResult:
     assert level.concurrency, "worker processes run fixed-concurrency levels"
     split = shares(level.concurrency, workers)
     w = len(split)

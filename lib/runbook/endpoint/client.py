@@ -23,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import aiohttp
 import orjson
@@ -46,7 +47,7 @@ class RequestSpec:
     id: int
     prompt: Any                      # str or list[int] for /v1/completions; list of messages for chat
     max_tokens: int
-    prompt_tokens: Optional[int] = None   # client-side count, when known
+    prompt_tokens: int | None = None   # client-side count, when known
     ignore_eos: bool = True
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -57,20 +58,20 @@ class RequestRecord:
     send_time: float = 0.0
     chunk_times: list[float] = field(default_factory=list)    # arrival of each chunk that carried output
     chunk_tokens: list[int] = field(default_factory=list)     # tokens credited to each chunk (see count_source)
-    end_time: Optional[float] = None                          # end of stream ([DONE] or close) or the error's arrival
+    end_time: float | None = None                          # end of stream ([DONE] or close) or the error's arrival
     text: str = ""
     reasoning_text: str = ""
-    usage: Optional[dict[str, Any]] = None
+    usage: dict[str, Any] | None = None
     count_source: str = "none"                                # usage | usage_spread | tokenizer | requested | chunks
     client_tokens: int = 0                                    # the client's own count: tokenizer over the text, else chunks
-    prompt_tokens_client: Optional[int] = None
+    prompt_tokens_client: int | None = None
     max_tokens: int = 0
-    status: Optional[int] = None
-    error_kind: Optional[str] = None
-    error: Optional[str] = None
+    status: int | None = None
+    error_kind: str | None = None
+    error: str | None = None
     retries: int = 0
-    finish_reason: Optional[str] = None
-    spec_accept_length: Optional[float] = None
+    finish_reason: str | None = None
+    spec_accept_length: float | None = None
     queue_s: float = 0.0                                      # asked to send → headers on the wire (connection-pool wait)
     level: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
@@ -97,13 +98,13 @@ class RequestRecord:
         return sum(self.chunk_tokens)
 
     @property
-    def input_tokens(self) -> Optional[int]:
+    def input_tokens(self) -> int | None:
         if self.usage and _is_int(self.usage.get("prompt_tokens")):
             return int(self.usage["prompt_tokens"])
         return self.prompt_tokens_client
 
     @property
-    def cached_tokens(self) -> Optional[int]:
+    def cached_tokens(self) -> int | None:
         """Prompt tokens the server served from its prefix cache, where its usage says so."""
         u = self.usage or {}
         d = u.get("prompt_tokens_details")
@@ -138,9 +139,9 @@ def register_transport(cls: type[Transport]) -> type[Transport]:
 class Client:
     """Streams requests to one endpoint. Inject `clock` for tests; share one session (`session`) per level."""
 
-    def __init__(self, base_url: str, model: Optional[str] = None, chat: bool = False, api_key: Optional[str] = None,
+    def __init__(self, base_url: str, model: str | None = None, chat: bool = False, api_key: str | None = None,
                  timeout_s: float = 600.0, tokenizer: Any = None, clock: Callable[[], float] = time.perf_counter,
-                 extra_body: Optional[dict[str, Any]] = None, transport: Optional[str] = None):
+                 extra_body: dict[str, Any] | None = None, transport: str | None = None):
         transport = transport or DEFAULT_TRANSPORT
         if transport not in TRANSPORT_TABLE:
             raise ValueError(f"transport {transport!r}: one of {', '.join(TRANSPORTS)}")
@@ -196,7 +197,7 @@ class Client:
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     async def send(self, session: aiohttp.ClientSession, req: RequestSpec, level: str = "",
-                   body: Optional[bytes] = None) -> RequestRecord:
+                   body: bytes | None = None) -> RequestRecord:
         rec = RequestRecord(id=req.id, prompt_tokens_client=req.prompt_tokens, max_tokens=req.max_tokens, level=level)
         payload = body if body is not None else self.encode(req)
         transport = Transport.of(session, self.base_url, self.clock)
@@ -232,7 +233,7 @@ class Client:
         rec.end_time = self.clock()
         return rec
 
-    def _finish(self, rec: RequestRecord, req: RequestSpec, cum: list[Optional[int]], done: bool) -> None:
+    def _finish(self, rec: RequestRecord, req: RequestSpec, cum: list[int | None], done: bool) -> None:
         """After the stream: its end, the token attribution and the request's own length checks."""
         rec.end_time = self.clock() if not done else rec.end_time
         if not done and rec.finish_reason is None:
@@ -247,7 +248,7 @@ class Client:
             raise Failure("no_output", "the stream carried no output tokens")
         self._check_length(rec, req)
 
-    def _event(self, data: bytes, event: bytes, now: float, rec: RequestRecord, cum: list[Optional[int]],
+    def _event(self, data: bytes, event: bytes, now: float, rec: RequestRecord, cum: list[int | None],
                text: list[str], reasoning: list[str]) -> bool:
         """One dispatched SSE event; True at [DONE]. Raises Failure for this request's own error."""
         if data == b"[DONE]":
@@ -323,7 +324,7 @@ class Client:
                 rec.finish_reason = str(fr)
         return got
 
-    def _attribute(self, rec: RequestRecord, req: RequestSpec, cum: list[Optional[int]]) -> None:
+    def _attribute(self, rec: RequestRecord, req: RequestSpec, cum: list[int | None]) -> None:
         """Tokens per chunk, and the client's own count; see the module docstring."""
         n = len(rec.chunk_times)
         if self.tokenizer is not None and n:
@@ -331,7 +332,7 @@ class Client:
         else:
             rec.client_tokens = n
         final_raw = (rec.usage or {}).get("completion_tokens")
-        final: Optional[int] = final_raw if isinstance(final_raw, int) and not isinstance(final_raw, bool) else None
+        final: int | None = final_raw if isinstance(final_raw, int) and not isinstance(final_raw, bool) else None
         if not n:
             rec.chunk_tokens = []
             return
@@ -367,7 +368,7 @@ class Client:
         if not req.ignore_eos or req.max_tokens <= 0:
             return
         got_raw = (rec.usage or {}).get("completion_tokens")
-        got: Optional[int] = got_raw if isinstance(got_raw, int) and not isinstance(got_raw, bool) else None
+        got: int | None = got_raw if isinstance(got_raw, int) and not isinstance(got_raw, bool) else None
         if got is not None and got < req.max_tokens:
             raise Failure("short_output", f"ignore_eos: {got} of max_tokens {req.max_tokens} tokens generated "
                                         f"(finish_reason {rec.finish_reason!r}); the server did not honour ignore_eos")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 import httptools
 from yarl import URL
@@ -32,7 +32,7 @@ class Sink(Protocol):
 
     def on_end(self) -> None: ...
 
-    def on_lost(self, exc: Optional[BaseException], got_response: bool, framed: bool) -> None: ...
+    def on_lost(self, exc: BaseException | None, got_response: bool, framed: bool) -> None: ...
 
     def on_error(self, exc: BaseException) -> None: ...
 
@@ -58,11 +58,11 @@ def head(method: str, url: URL, headers: dict[str, str]) -> bytes:
 class Conn(asyncio.Protocol):
     __slots__ = ("pool", "transport", "parser", "sink", "now", "lost", "got_response", "framed", "_headers", "_interim", "reused")
 
-    def __init__(self, pool: "Pool"):
+    def __init__(self, pool: Pool):
         self.pool = pool
-        self.transport: Optional[asyncio.Transport] = None
+        self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.sink: Optional[Sink] = None
+        self.sink: Sink | None = None
         self.now = 0.0                      # this read's arrival time, on the pool's clock
         self.lost = False
         self.got_response = False           # any byte of the current response seen
@@ -90,7 +90,7 @@ class Conn(asyncio.Protocol):
         except httptools.HttpParserError as e:
             self._fail(e)
 
-    def connection_lost(self, exc: Optional[BaseException]) -> None:
+    def connection_lost(self, exc: BaseException | None) -> None:
         self.lost = True
         self.pool.forget(self)
         sink, self.sink = self.sink, None
@@ -139,7 +139,7 @@ class Conn(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
-    def abandon(self, sink: Optional[Sink] = None) -> None:
+    def abandon(self, sink: Sink | None = None) -> None:
         """The request gave up (timeout, its own error) or the response never ended after [DONE]: the
         rest of it is never read, so the connection cannot be reused. `sink`: only if still serving it."""
         if sink is not None and self.sink is not sink:
@@ -171,8 +171,8 @@ class Pool:
         self._idle: deque[Conn] = deque()
         self._open: set[Conn] = set()
         self._busy: set[Conn] = set()
-        self._sem: Optional[asyncio.Semaphore] = None
-        self._ssl: Optional[ssl.SSLContext] = None
+        self._sem: asyncio.Semaphore | None = None
+        self._ssl: ssl.SSLContext | None = None
         self.closed = False
 
     async def acquire(self) -> Conn:

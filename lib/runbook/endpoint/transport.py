@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar, Optional
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import aiohttp
 
@@ -32,7 +33,7 @@ from runbook.endpoint.sse import SSEParser, SSETooLarge
 DONE_GRACE_S = 2.0               # after [DONE], how long a response may take to end before its connection is dropped
 
 # Client._event: (data, event name, arrival time, record, cumulative counts, text, reasoning) -> True at [DONE]
-EventHandler = Callable[[bytes, bytes, float, Any, "list[Optional[int]]", "list[str]", "list[str]"], bool]
+EventHandler = Callable[[bytes, bytes, float, Any, "list[int | None]", "list[str]", "list[str]"], bool]
 
 
 class Failure(Exception):
@@ -54,7 +55,7 @@ class Stream:
     def __init__(self, event: EventHandler, rec: Any):
         self.event, self.rec = event, rec
         self.parser = SSEParser()
-        self.cum: list[Optional[int]] = []     # completion_tokens seen on each output chunk, if any
+        self.cum: list[int | None] = []     # completion_tokens seen on each output chunk, if any
         self.text: list[str] = []              # joined once at the end: no copy per chunk
         self.reasoning: list[str] = []
 
@@ -112,7 +113,7 @@ class Transport(ABC):
         return session
 
     @staticmethod
-    def of(session: aiohttp.ClientSession, base_url: str, clock: Callable[[], float]) -> "Transport":
+    def of(session: aiohttp.ClientSession, base_url: str, clock: Callable[[], float]) -> Transport:
         """The transport `session` holds; a session of the caller's own (not from `open`) streams through
         aiohttp on it, its connector the pool (and without tracing, the send stamp is the ask)."""
         t = getattr(session.connector, "stream_transport", None)
@@ -132,7 +133,7 @@ class _Connector(aiohttp.TCPConnector):
 
     def __init__(self, **kw: Any):
         super().__init__(**kw)
-        self.stream_transport: Optional[Transport] = None
+        self.stream_transport: Transport | None = None
 
     async def close(self, *, abort_ssl: bool = False) -> None:
         if self.stream_transport is not None:
@@ -196,7 +197,7 @@ class H1Transport(Transport):
     def __init__(self, base_url: str, limit: int, clock: Callable[[], float], session: aiohttp.ClientSession):
         super().__init__(base_url, limit, clock, session)
         self.pool = h1.Pool(base_url, limit, clock)
-        self._head: Optional[bytes] = None
+        self._head: bytes | None = None
 
     def close(self) -> None:
         self.pool.close()
@@ -236,12 +237,12 @@ class _Sink:
     data_received; `fut` resolves once, at the end."""
     __slots__ = ("st", "conn", "fut", "errbody", "headers_seen")
 
-    def __init__(self, st: Stream, conn: h1.Conn, fut: "asyncio.Future[bool]"):
+    def __init__(self, st: Stream, conn: h1.Conn, fut: asyncio.Future[bool]):
         self.st, self.conn, self.fut = st, conn, fut
-        self.errbody: Optional[bytearray] = None
+        self.errbody: bytearray | None = None
         self.headers_seen = False
 
-    def _end(self, exc: Optional[BaseException] = None, done: bool = False) -> None:
+    def _end(self, exc: BaseException | None = None, done: bool = False) -> None:
         if self.fut.done():
             return
         if exc is None:
@@ -291,7 +292,7 @@ class _Sink:
             return
         self._end(done=done)
 
-    def on_lost(self, exc: Optional[BaseException], got_response: bool, framed: bool) -> None:
+    def on_lost(self, exc: BaseException | None, got_response: bool, framed: bool) -> None:
         if self.fut.done():
             return
         if not got_response:

@@ -3,16 +3,18 @@ deployment's newest archived benchmark."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
 from runbook.bench import workloads
-from runbook.bench.run import BenchOptions, BenchResult, measure, options_from
 from runbook.core import paths
 from runbook.core.options import NonNegFloat, NonNegInt, Options, PosFloat, PosInt, Url
 from runbook.core.registry import Stage, register
 from runbook.core.spec import SLO, Deployment, level_meets_slo
+
+if TYPE_CHECKING:
+    from runbook.bench.run import BenchOptions, BenchResult
 
 
 class BenchStageOptions(Options):
@@ -58,11 +60,15 @@ class BenchStageOptions(Options):
 def evaluate(spec: Deployment, options: BenchStageOptions) -> BenchResult:
     """The sweep with the spec's plan under the options, then the regression check against the newest
     archived run under `archive` (default: the outputs dir; '' skips it)."""
+    from runbook.bench.run import measure  # the HTTP client and numpy: only when the stage runs
+
     return measure(spec, merged(spec, options), archive_root=_archive(options.archive))
 
 
 def merged(spec: Deployment, o: BenchStageOptions) -> BenchOptions:
     """The one merge of the spec's benchmark plan with the options (CLI and notebook alike)."""
+    from runbook.bench.run import options_from
+
     return options_from(spec, o.url, model=o.model, concurrency=o.concurrency, rates=o.rates, requests=o.requests,
                         duration_s=o.duration, workload=o.workload, input_len=o.input_len, output_len=o.output_len,
                         chat=o.chat or None, tokenizer=o.tokenizer, warmup=o.warmup, out=Path(o.out) if o.out else None,

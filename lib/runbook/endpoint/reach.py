@@ -22,14 +22,15 @@ import threading
 import time
 import urllib.error
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import aiohttp
 
 from runbook.core.errors import RunbookError
 from runbook.core.findings import Finding, Status
 from runbook.core.secrets import redact_text
+
+if TYPE_CHECKING:
+    import aiohttp
 
 MAX_JSON_BYTES = 4 << 20     # /server_info is a few KiB, /v1/models less: 4 MiB is generous, not unbounded
 MAX_JSON_DEPTH = 64          # SGLang's answers are 2-3 levels deep

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from runbook.bench import sessions
 from runbook.bench.workloads.base import LevelLoad, Workload, WorkloadType
 from runbook.core.errors import InputError
 from runbook.corpus import VERSION as CORPUS_VERSION
@@ -13,6 +12,13 @@ if TYPE_CHECKING:
     from runbook.bench.run import BenchOptions
     from runbook.bench.sweep import Level, LevelResult
 
+
+
+def _engine() -> Any:
+    """bench/sessions.py, imported when sessions run (numpy and the HTTP client stay out of `runbook --help`)."""
+    from runbook.bench import sessions
+
+    return sessions
 
 class Agentic(WorkloadType):
     name = "agentic"
@@ -30,8 +36,8 @@ class Agentic(WorkloadType):
             raise InputError("--workload agentic runs sessions at fixed concurrency (N sessions at once); --rate is for single requests")
         if o.turns < 1 or o.tool_result_len < 0 or o.think_time_s < 0:
             raise InputError("--turns must be ≥ 1, --tool-result-len and --think-time ≥ 0")
-        if o.think_dist not in sessions.THINK_DISTS:
-            raise InputError(f"--think-dist must be one of {', '.join(sessions.THINK_DISTS)}")
+        if o.think_dist not in _engine().THINK_DISTS:
+            raise InputError(f"--think-dist must be one of {', '.join(_engine().THINK_DISTS)}")
 
     def start(self, o: BenchOptions, tokenizer: Any, vocab_size: int | None) -> Workload:
         from runbook.model.tokenizer import chat_counter
@@ -46,12 +52,12 @@ class Agentic(WorkloadType):
     def sessions(self, o: BenchOptions, run: Workload, lv: Level, tokenizer: Any) -> LevelLoad:
         assert lv.concurrency
         n_sess = max(lv.concurrency, -(-o.requests // max(1, o.turns))) if o.requests else lv.concurrency
-        plan = sessions.SessionPlan(n_sess, o.turns, o.input_len, o.output_len, o.tool_result_len, o.think_time_s,
+        plan = _engine().SessionPlan(n_sess, o.turns, o.input_len, o.output_len, o.tool_result_len, o.think_time_s,
                                     o.think_dist, o.seed, tokenizer, chat=run.context)
         return LevelLoad(plan.warmup_requests(), True, plan.driver(lv.concurrency))
 
     def level_summary(self, lr: LevelResult) -> dict[str, Any]:
-        return {"turns": sessions.per_turn(lr.records)}
+        return {"turns": _engine().per_turn(lr.records)}
 
     def summary(self, o: BenchOptions, run: Workload) -> dict[str, Any]:
         return {"turns": o.turns, "think_time_s": o.think_time_s, "think_dist": o.think_dist,

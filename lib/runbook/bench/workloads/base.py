@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
-from runbook.endpoint.client import RequestRecord, RequestSpec
+from runbook.endpoint.records import RequestRecord, RequestSpec
 
 if TYPE_CHECKING:
     from runbook.bench.run import BenchOptions

@@ -5,7 +5,7 @@ from runbook.bench.workloads.base import BuildParams, LazyRequests, Workload, Wo
 from runbook.bench.workloads.text import _count
 from runbook.corpus import VERSION as CORPUS_VERSION
 from runbook.corpus import code_prompts
-from runbook.endpoint.client import RequestSpec
+from runbook.endpoint.records import RequestSpec
 
 
 class Code(WorkloadType):

@@ -11,7 +11,7 @@ from runbook.bench.workloads.base import BuildParams, LazyRequests, Workload, Wo
 from runbook.bench.workloads.text import _count
 from runbook.core.errors import InputError
 from runbook.core.fsutil import FileRefused, read_regular
-from runbook.endpoint.client import RequestSpec
+from runbook.endpoint.records import RequestSpec
 
 MAX_WORKLOAD_BYTES = 1 << 30   # a JSON Lines prompt file; beyond 1 GiB it is not a workload
 

@@ -8,7 +8,7 @@ from runbook.bench.workloads.base import BuildParams, LazyRequests, Workload, Wo
 from runbook.bench.workloads.text import _count, _text_of_length
 from runbook.corpus import VERSION as CORPUS_VERSION
 from runbook.corpus import code_prompts, code_text
-from runbook.endpoint.client import RequestSpec
+from runbook.endpoint.records import RequestSpec
 
 
 class SharedPrefix(WorkloadType):

@@ -6,12 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
 from runbook.bench.workloads.base import BuildParams, LazyRequests, Workload, WorkloadType
 from runbook.bench.workloads.text import _count
 from runbook.core.findings import Finding
-from runbook.endpoint.client import RequestSpec
+from runbook.endpoint.records import RequestSpec
 
 
 class Random(WorkloadType):
@@ -21,6 +19,8 @@ class Random(WorkloadType):
     order = 10
 
     def build(self, ref: str, n: int, p: BuildParams) -> Workload:
+        import numpy as np  # only when random prompts are built
+
         rng = np.random.default_rng(p.seed)
         lo, hi = int(p.input_len * (1 - p.range_ratio)), int(p.input_len * (1 + p.range_ratio))
         lens = rng.integers(max(1, lo), max(1, hi) + 1, size=n)

@@ -19,7 +19,7 @@ from runbook.bench.workloads.text import _count, _exact_ids
 from runbook.core.errors import InputError
 from runbook.corpus import CHARS_PER_TOKEN, code_text
 from runbook.corpus import VERSION as CORPUS_VERSION
-from runbook.endpoint.client import RequestSpec
+from runbook.endpoint.records import RequestSpec
 
 if TYPE_CHECKING:
     from runbook.bench.run import BenchOptions

@@ -7,22 +7,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
-from pydantic import TypeAdapter, ValidationError, create_model
+from pydantic import Field, TypeAdapter, ValidationError, create_model
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict, SettingsError
 
 from runbook.core import registry
 from runbook.core.errors import InputError, LockHeld, RunbookError
 from runbook.core.findings import exit_code, format_text
 from runbook.core.fsutil import atomic_write_text
-from runbook.core.options import Url, validate
+from runbook.core.options import PosFloat, PosInt, Url, describe, validate
 from runbook.core.registry import Stage, document
 
 
@@ -38,50 +37,31 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _int(lo: int) -> Callable[[str], int]:
-    def parse(s: str) -> int:
+def _typed(tp: Any, name: str) -> Callable[[str], Any]:
+    """An argparse type from one of the stages' value types (core/options.py: one table of bounds), for
+    the verbs outside the registry; its error in the same words as the stages' flags."""
+    adapter: TypeAdapter[Any] = TypeAdapter(tp)
+
+    def parse(s: str) -> Any:
         try:
-            v = int(s.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer (got {s!r})") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"must be at least {lo} (got {v})")
-        return v
-    parse.__name__ = "int"
+            return adapter.validate_python(s.strip())
+        except ValidationError as e:
+            msg = describe(e.errors()[0])
+            raise argparse.ArgumentTypeError(msg if "(got " in msg else f"{msg} (got {s!r})") from None
+    parse.__name__ = name
     return parse
 
 
-def _float(lo: float = 0.0, hi: float = math.inf, lo_ok: bool = False, hi_ok: bool = True) -> Callable[[str], float]:
-    want = "positive" if lo == 0 and not lo_ok and hi == math.inf else f"in {'[' if lo_ok else '('}{lo:g}, {hi:g}{']' if hi_ok else ')'}"
-
-    def parse(s: str) -> float:
-        try:
-            v = float(s.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number (got {s!r})") from None
-        if not math.isfinite(v) or v < lo or v > hi or (v == lo and not lo_ok) or (v == hi and not hi_ok):
-            raise argparse.ArgumentTypeError(f"must be {want} and finite (got {s.strip()})")
-        return v
-    parse.__name__ = "float"
-    return parse
-
-
-def _url(s: str) -> str:
-    """An http(s) URL with a host (the stages' Url type, for the verbs outside the registry)."""
-    try:
-        return str(TypeAdapter(Url).validate_python(s))
-    except ValidationError as e:
-        raise argparse.ArgumentTypeError(str(e.errors()[0]["msg"]).removeprefix("Value error, ")) from None
+_POS_INT = _typed(PosInt, "int")
+_POS_FLOAT = _typed(PosFloat, "float")
+_URL = _typed(Url, "url")
+_LINK_LIFETIME = _typed(Annotated[float, Field(ge=1, le=7 * 86400, allow_inf_nan=False)], "float")
 
 
 def _names(s: str) -> str:
     if not _csv(s):
         raise argparse.ArgumentTypeError(f"must name at least one notebook (got {s!r})")
     return s
-
-
-_POS_INT = _int(1)
-_POS_FLOAT = _float()
 
 
 def _add_deployment(p: argparse.ArgumentParser) -> None:
@@ -384,11 +364,11 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--out", default="fleet", metavar="DIR", help="write index.html and fleet.json here (default: fleet/)")
     fl.add_argument("--links", choices=["relative", "presigned"], default="relative",
                     help="run links relative to PREFIX (the page served from the store; see --publish) or presigned URLs")
-    fl.add_argument("--link-base", type=_url, default=None, metavar="URL", help="relative links under this base, e.g. https://runbooks.example.com/fleet")
-    fl.add_argument("--expires", type=_float(1, 7 * 86400), default=7 * 86400, metavar="S",
+    fl.add_argument("--link-base", type=_URL, default=None, metavar="URL", help="relative links under this base, e.g. https://runbooks.example.com/fleet")
+    fl.add_argument("--expires", type=_LINK_LIFETIME, default=7 * 86400, metavar="S",
                     help="presigned links' lifetime (default and max 7 days)")
     fl.add_argument("--trend", type=_POS_INT, default=30, metavar="N", help="runs per host and deployment in the trends (default 30)")
-    fl.add_argument("--workers", type=_int(1), default=64, metavar="N", help="summaries read concurrently (default 64)")
+    fl.add_argument("--workers", type=_POS_INT, default=64, metavar="N", help="summaries read concurrently (default 64)")
     fl.add_argument("--publish", action="store_true", help="also write index.html and fleet.json to PREFIX/ in the store")
     fl.add_argument("--json", action="store_true", help="print the fleet JSON")
     fl.set_defaults(fn=_cmd_fleet)

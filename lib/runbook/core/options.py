@@ -82,7 +82,8 @@ _WORDS = {
 }
 
 
-def _words(err: Any) -> str:
+def describe(err: Any) -> str:
+    """One pydantic error in the CLI's words: 'must be at least 1'."""
     ctx = err.get("ctx") or {}
     if err["type"] == "greater_than" and ctx.get("gt") == 0:
         return "must be positive"
@@ -98,9 +99,9 @@ def _problem(model: type[BaseModel], e: ValidationError, cli: bool) -> str:
     name = loc[0] if loc else ""
     field = next((k for k, f in model.model_fields.items() if name in (k, f.alias)), None)
     if field is None:
-        return _words(err) if not name else f"{name}: not a setting of this stage"
+        return describe(err) if not name else f"{name}: not a setting of this stage"
     where = flag(model, field) if cli else field
-    msg = _words(err)
+    msg = describe(err)
     got = err.get("input")
     if not isinstance(got, (dict, BaseModel)) and got is not None and "got " not in msg:
         msg += f" (got {got!r})" if isinstance(got, str) and not got.strip().lstrip("-").replace(".", "", 1).isdigit() else f" (got {got})"

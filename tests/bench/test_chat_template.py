@@ -34,7 +34,8 @@ def model_dir(tmp_path: Path, template, name: str, as_file: bool = False) -> Pat
     tok.add_special_tokens(["<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>",
                             "<|eot_id|>"])
     tok.save(str(d / "tokenizer.json"))
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": False, "normalized": False, "rstrip": False, "single_word": False}, "eos_token": "</s>"}
+    bos = {"__type": "AddedToken", "content": "<s>", "lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": "</s>"}
     if as_file:
         (d / "chat_template.jinja").write_text(template)
     else:

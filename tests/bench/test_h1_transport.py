@@ -6,7 +6,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import ContextManager
+from contextlib import AbstractContextManager
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -40,7 +40,7 @@ def _read_request(conn: socket.socket, buf: bytes) -> bytes | None:
     return rest[n:]
 
 
-def tcp(handler: Handler) -> ContextManager[str]:
+def tcp(handler: Handler) -> AbstractContextManager[str]:
     """A loopback server writing exactly what `handler` writes, request after request on a connection."""
     def serve(conn: socket.socket) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -137,9 +137,7 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: int | None = N
     check_options(o)
     why = await probe(o.url)
     if why:
-        f = Finding("bench.server", "skip", f"no server reachable at {o.url}", evidence=why,
-                    remedy=f"Start the server ({registry.notebook('service')}), or give its URL; `make demo` runs a tiny CPU engine to try this notebook.")
-        return BenchResult({"url": o.url, "levels": [], "skipped": why}, [f])
+        return _unreachable(o.url, why)
     api_key = os.environ.get(o.api_key_env) if o.api_key_env else None
     model = o.model or await model_name(o.url, api_key)
     tok = load_tokenizer(o.tokenizer)
@@ -149,63 +147,18 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: int | None = N
     if out:
         out.mkdir(parents=True, exist_ok=True)
     records_path = out / "records.jsonl" if out else None
-    findings: list[Finding] = []
-    summaries: list[dict[str, Any]] = []
-    results: list[LevelResult] = []
-
-    procs: workers.Pool | None = None       # spawned below, before any level's clock starts
-
-    async def measure(lv: Level) -> dict[str, Any]:
-        nonlocal procs
-        tel = _telemetry(o)
-        n = o.requests or max(8, 4 * (lv.concurrency or int((lv.rate or 1) * 10)))
-        if lv.schedule is not None:
-            n = len(lv.schedule)
-        load = wt.level(o, wl, lv, n, tok, vocab_size)
-        client = Client(o.url, model, load.chat, api_key, o.timeout_s, tok, transport=o.transport)
-        if load.driver is not None:
-            lr = await run_level(client, load.requests, lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
-                                 telemetry=tel, driver=load.driver)
-        else:
-            bar = _bar(len(load.requests), lv.label) if o.progress and not o.duration_s and not procs else None
-            if procs is not None and lv.concurrency:
-                lr = await workers.run_level_workers(procs, client, o.tokenizer if tok is not None else None, load.requests,
-                                                     lv, o.workers, o.warmup, o.flush, records_path, telemetry=tel)
-                if lr.workers_lost:          # a dead worker broke the pool: the next level gets a fresh one
-                    procs.shutdown(cancel_futures=True)
-                    procs = workers.pool(o.workers)
-            else:
-                lr = await run_level(client, load.requests, lv, o.warmup, o.flush, records_path, o.seed, o.duration_s,
-                                     bar.update if bar else None, telemetry=tel)
-            if bar:
-                bar.close()
-        lr.summary = level_summary(lr, slo)
-        lr.summary.update(wt.level_summary(lr))
-        if lv.schedule is not None:
-            lr.summary["schedule_error_ms"] = metrics.stats((r.meta.get("schedule_error_ms") for r in lr.records), scale=1.0)
-        summaries.append(lr.summary)
-        results.append(lr)
-        if out and lr.telemetry and lr.telemetry.get("samples"):
-            with open(out / "telemetry.jsonl", "a", encoding="utf-8") as tf:
-                for smp in lr.telemetry["samples"]:
-                    tf.write(json.dumps(finite(smp), allow_nan=False) + "\n")
-        return lr.summary
-
-    procs = workers.pool(o.workers) if o.workers > 1 else None
+    runner = _LevelRunner(o, slo, vocab_size, model, api_key, tok, wt, wl, out, records_path)
+    runner.procs = workers.pool(o.workers) if o.workers > 1 else None     # before any level's clock starts
     try:
-        search = await _levels(o, slo, wt.levels(o, wl), measure)
+        search = await _levels(o, slo, wt.levels(o, wl), runner.measure)
     finally:
-        if procs is not None:
-            procs.shutdown(cancel_futures=True)
+        if runner.procs is not None:
+            runner.procs.shutdown(cancel_futures=True)
+    summaries = runner.summaries
     if search is not None:
         summaries.sort(key=lambda x: (x.get("concurrency") or 0, x.get("rate") or 0))
-    summary: dict[str, Any] = {"url": o.url, "model": model, "workload": o.workload, "workload_description": wl.description,
-               "corpus_version": wl.corpus_version, "cache_flush": o.flush,
-               "exact_lengths": wl.exact_lengths, "input_len": o.input_len, "output_len": o.output_len, "chat": o.chat,
-               "range_ratio": o.range_ratio, "seed": o.seed, "requests_per_level": o.requests, "duration_s": o.duration_s,
-               "levels": summaries}
-    summary["client"] = client_info(summaries, o.workers, o.transport)
-    summary.update(wt.summary(o, wl))
+    summary = _run_summary(o, model, wt, wl, summaries)
+    findings: list[Finding] = []
     if search is not None:
         summary["slo_search"] = search
         findings += slo_search_findings(search)
@@ -217,7 +170,86 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: int | None = N
     summary = finite(summary)
     if out:
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str, allow_nan=False))
-    return BenchResult(summary, findings, results, records_path)
+    return BenchResult(summary, findings, runner.results, records_path)
+
+
+def _unreachable(url: str, why: str) -> BenchResult:
+    """No server at the URL: the run is skipped, saying how to start one."""
+    f = Finding("bench.server", "skip", f"no server reachable at {url}", evidence=why,
+                remedy=f"Start the server ({registry.notebook('service')}), or give its URL; "
+                       "`make demo` runs a tiny CPU engine to try this notebook.")
+    return BenchResult({"url": url, "levels": [], "skipped": why}, [f])
+
+
+@dataclass
+class _LevelRunner:
+    """One run's levels, measured one at a time (the SLO search asks for them one by one)."""
+    o: BenchOptions
+    slo: Any
+    vocab_size: int | None
+    model: Any
+    api_key: str | None
+    tok: Any
+    wt: Any
+    wl: Any
+    out: Path | None
+    records_path: Path | None
+    procs: workers.Pool | None = None       # --workers: spawned by run_async; replaced after a worker died
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    results: list[LevelResult] = field(default_factory=list)
+
+    async def measure(self, lv: Level) -> dict[str, Any]:
+        """Send the level's load, summarise it, keep its telemetry samples; its summary."""
+        lr = await self._send(lv)
+        lr.summary = level_summary(lr, self.slo)
+        lr.summary.update(self.wt.level_summary(lr))
+        if lv.schedule is not None:
+            lr.summary["schedule_error_ms"] = metrics.stats((r.meta.get("schedule_error_ms") for r in lr.records), scale=1.0)
+        self.summaries.append(lr.summary)
+        self.results.append(lr)
+        if self.out and lr.telemetry and lr.telemetry.get("samples"):
+            with open(self.out / "telemetry.jsonl", "a", encoding="utf-8") as tf:
+                for smp in lr.telemetry["samples"]:
+                    tf.write(json.dumps(finite(smp), allow_nan=False) + "\n")
+        return lr.summary
+
+    async def _send(self, lv: Level) -> LevelResult:
+        """The level's load, measured: the workload's own driver, worker processes, or this process."""
+        o, tok = self.o, self.tok
+        tel = _telemetry(o)
+        n = o.requests or max(8, 4 * (lv.concurrency or int((lv.rate or 1) * 10)))
+        if lv.schedule is not None:
+            n = len(lv.schedule)
+        load = self.wt.level(o, self.wl, lv, n, tok, self.vocab_size)
+        client = Client(o.url, self.model, load.chat, self.api_key, o.timeout_s, tok, transport=o.transport)
+        if load.driver is not None:
+            return await run_level(client, load.requests, lv, o.warmup, o.flush, self.records_path, o.seed, o.duration_s,
+                                   telemetry=tel, driver=load.driver)
+        bar = _bar(len(load.requests), lv.label) if o.progress and not o.duration_s and not self.procs else None
+        if self.procs is not None and lv.concurrency:
+            lr = await workers.run_level_workers(self.procs, client, o.tokenizer if tok is not None else None, load.requests,
+                                                 lv, o.workers, o.warmup, o.flush, self.records_path, telemetry=tel)
+            if lr.workers_lost:          # a dead worker broke the pool: the next level gets a fresh one
+                self.procs.shutdown(cancel_futures=True)
+                self.procs = workers.pool(o.workers)
+        else:
+            lr = await run_level(client, load.requests, lv, o.warmup, o.flush, self.records_path, o.seed, o.duration_s,
+                                 bar.update if bar else None, telemetry=tel)
+        if bar:
+            bar.close()
+        return lr
+
+
+def _run_summary(o: BenchOptions, model: Any, wt: Any, wl: Any, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's summary: what was measured, its levels, the client, and the workload's own part."""
+    summary: dict[str, Any] = {"url": o.url, "model": model, "workload": o.workload, "workload_description": wl.description,
+                               "corpus_version": wl.corpus_version, "cache_flush": o.flush,
+                               "exact_lengths": wl.exact_lengths, "input_len": o.input_len, "output_len": o.output_len,
+                               "chat": o.chat, "range_ratio": o.range_ratio, "seed": o.seed, "requests_per_level": o.requests,
+                               "duration_s": o.duration_s, "levels": summaries}
+    summary["client"] = client_info(summaries, o.workers, o.transport)
+    summary.update(wt.summary(o, wl))
+    return summary
 
 
 def client_info(summaries: list[dict[str, Any]], workers: int = 1, transport: str | None = None) -> dict[str, Any]:
@@ -373,7 +405,8 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
                                f"{tag}: {s['workers_lost']} load-generator workers did not report: a worker process died",
                                detail="A dead worker breaks the whole process pool, so the shares still running are lost too; "
                                       "their requests are recorded as client_error and the level measured the client, not the server.",
-                               remedy="Read the kernel log for the OOM killer (dmesg); run with fewer --workers or give the client more memory."))
+                               remedy="Read the kernel log for the OOM killer (dmesg); run with fewer --workers or give the client "
+                                      "more memory."))
         elif s["client_bound"]:
             p99 = (s.get("lag_ms") or {}).get("p99")
             out.append(Finding(f"bench.client_bound.{tag}", "warn", f"{tag}: the client, not the server, limited this level",
@@ -383,8 +416,10 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
             gap = abs(s["output_token_discrepancy"]) / max(1, s["output_tokens"])
             if gap > 0.02:
                 out.append(Finding(f"bench.token_count.{tag}", "warn", f"{tag}: server and client token counts differ by {gap:.1%}",
-                                   detail=f"server usage {s['output_tokens']}, client {s['output_tokens_client']} ({'/'.join(s['count_sources'])}); reported figures use the server's",
-                                   remedy=("Re-tokenizing each chunk's text over-counts tokens split across chunks; every reported figure uses the server's usage."
+                                   detail=f"server usage {s['output_tokens']}, client {s['output_tokens_client']} "
+                                          f"({'/'.join(s['count_sources'])}); reported figures use the server's",
+                                   remedy=("Re-tokenizing each chunk's text over-counts tokens split across chunks; "
+                                           "every reported figure uses the server's usage."
                                            if "tokenizer" in s["count_sources"] else
                                            "Give --tokenizer the model's tokenizer, or enable continuous usage stats on the server.")))
         approx = [c for c in s.get("count_sources", []) if c not in EXACT_SOURCES]
@@ -406,9 +441,11 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
             parts = [f"KV token usage peak {kv:.0%}" if kv is not None else "",
                      f"GPU utilisation mean {t['gpu_util_pct']['mean']:.0f}%" if t["gpu_util_pct"]["mean"] is not None else "",
                      f"queued up to {q:.0f}" if q else "", "requests retracted" if rt else ""]
-            out.append(Finding(f"bench.telemetry.{s['label']}", "warn" if rt else "info", f"{s['label']}: " + ", ".join(p for p in parts if p),
+            out.append(Finding(f"bench.telemetry.{s['label']}", "warn" if rt else "info",
+                               f"{s['label']}: " + ", ".join(p for p in parts if p),
                                detail=f"{t['samples']} samples about once a second during the level",
-                               remedy="Retractions: the KV pool is too small for this load; lower concurrency or raise the pool." if rt else ""))
+                               remedy=("Retractions: the KV pool is too small for this load; lower concurrency or raise the pool."
+                                       if rt else "")))
     if tel and all(s["telemetry"].get("skipped", {}).keys() >= {"gpu", "server"} for s in tel):
         sk = tel[0]["telemetry"]["skipped"]
         out.append(Finding("bench.telemetry", "skip", "no telemetry during the levels: no NVML and no /metrics",
@@ -600,39 +637,53 @@ def compare_previous(current: dict[str, Any], previous: dict[str, Any] | None, t
             skipped.append(f"{s['label']}: {why}")
             continue
         compared += 1
-        tag = s["label"]
-        pe, ce = float(p.get("error_rate") or 0.0), float(s.get("error_rate") or 0.0)
-        if ce > pe + ERROR_RATE_SLACK:
-            out.append(Finding(f"bench.regression.errors.{tag}", "fail" if ce > 0.05 else "warn",
-                               f"{tag}: {ce:.0%} of requests failed, {pe:.0%} in the previous run",
-                               detail=", ".join(f"{k}: {v}" for k, v in (s.get("errors") or {}).items()),
-                               remedy="Read the failed records (error_kind, error) and the server log."))
-        if not s.get("completed"):
-            continue
-        if p.get("output_tok_s") and s.get("output_tok_s") is not None:
-            drop = (p["output_tok_s"] - s["output_tok_s"]) / p["output_tok_s"] * 100
-            if drop > threshold_pct:
-                out.append(Finding(f"bench.regression.{tag}", "warn", f"{tag}: output throughput down {drop:.0f}% since the previous run",
-                                   detail=f"{p['output_tok_s']:.1f} → {s['output_tok_s']:.1f} tok/s", remedy="Diff the service unit and environment between the runs."))
-        for key, pct, name in (("tpot_ms", "p50", "TPOT p50"), ("ttft_ms", "p50", "TTFT p50"), ("ttft_ms", "p99", "TTFT p99")):
-            pt, ct = (p.get(key) or {}).get(pct), (s.get(key) or {}).get(pct)
-            if pt and ct and (ct - pt) / pt * 100 > threshold_pct:
-                kind = key.split("_")[0] + ("" if pct == "p50" else "_" + pct)
-                out.append(Finding(f"bench.regression.{kind}.{tag}", "warn", f"{tag}: {name} up {(ct - pt) / pt * 100:.0f}%",
-                                   detail=f"{pt:.1f} → {ct:.1f} ms"))
-    ps, cs = previous.get("slo_search") or {}, current.get("slo_search") or {}
-    if ps.get("metric") and ps.get("metric") == cs.get("metric") and ps.get("slo") == cs.get("slo"):
-        pl, cl = ps.get("limit"), cs.get("limit")
-        if pl and (cl is None or (pl - cl) / pl * 100 > threshold_pct):
-            out.append(Finding("bench.regression.slo_limit", "warn",
-                               f"max load under SLO down: {pl:g} then, {cl if cl is not None else 'none'} now ({cs['metric']})",
-                               remedy="Diff the service unit and environment between the runs."))
+        out += _level_regressions(p, s, threshold_pct)
+    out += _slo_limit_regression(previous.get("slo_search") or {}, current.get("slo_search") or {}, threshold_pct)
     if skipped:
         out.append(Finding("bench.regression.unlike", "info", f"{len(skipped)} level(s) not compared: other work than the previous run",
                            detail="; ".join(skipped)))
     if not compared:
         return out or [Finding("bench.regression", "skip", "no level of the previous run matches this run's levels: not compared")]
     return out or [Finding("bench.regression", "pass", f"no regression beyond {threshold_pct:g}% against the previous run")]
+
+
+def _level_regressions(p: dict[str, Any], s: dict[str, Any], threshold_pct: float) -> list[Finding]:
+    """One level against the same level of the previous run: its error rate, then (when requests completed)
+    output throughput, TPOT p50 and TTFT p50/p99."""
+    out: list[Finding] = []
+    tag = s["label"]
+    pe, ce = float(p.get("error_rate") or 0.0), float(s.get("error_rate") or 0.0)
+    if ce > pe + ERROR_RATE_SLACK:
+        out.append(Finding(f"bench.regression.errors.{tag}", "fail" if ce > 0.05 else "warn",
+                           f"{tag}: {ce:.0%} of requests failed, {pe:.0%} in the previous run",
+                           detail=", ".join(f"{k}: {v}" for k, v in (s.get("errors") or {}).items()),
+                           remedy="Read the failed records (error_kind, error) and the server log."))
+    if not s.get("completed"):
+        return out
+    if p.get("output_tok_s") and s.get("output_tok_s") is not None:
+        drop = (p["output_tok_s"] - s["output_tok_s"]) / p["output_tok_s"] * 100
+        if drop > threshold_pct:
+            out.append(Finding(f"bench.regression.{tag}", "warn", f"{tag}: output throughput down {drop:.0f}% since the previous run",
+                               detail=f"{p['output_tok_s']:.1f} → {s['output_tok_s']:.1f} tok/s",
+                               remedy="Diff the service unit and environment between the runs."))
+    for key, pct, name in (("tpot_ms", "p50", "TPOT p50"), ("ttft_ms", "p50", "TTFT p50"), ("ttft_ms", "p99", "TTFT p99")):
+        pt, ct = (p.get(key) or {}).get(pct), (s.get(key) or {}).get(pct)
+        if pt and ct and (ct - pt) / pt * 100 > threshold_pct:
+            kind = key.split("_")[0] + ("" if pct == "p50" else "_" + pct)
+            out.append(Finding(f"bench.regression.{kind}.{tag}", "warn", f"{tag}: {name} up {(ct - pt) / pt * 100:.0f}%",
+                               detail=f"{pt:.1f} → {ct:.1f} ms"))
+    return out
+
+
+def _slo_limit_regression(ps: dict[str, Any], cs: dict[str, Any], threshold_pct: float) -> list[Finding]:
+    """The SLO search's limit against the previous run's, when both searched the same metric under the same SLO."""
+    if ps.get("metric") and ps.get("metric") == cs.get("metric") and ps.get("slo") == cs.get("slo"):
+        pl, cl = ps.get("limit"), cs.get("limit")
+        if pl and (cl is None or (pl - cl) / pl * 100 > threshold_pct):
+            return [Finding("bench.regression.slo_limit", "warn",
+                            f"max load under SLO down: {pl:g} then, {cl if cl is not None else 'none'} now ({cs['metric']})",
+                            remedy="Diff the service unit and environment between the runs.")]
+    return []
 
 
 _DEFAULTS: dict[str, Any] = {"range_ratio": 0.0}
@@ -684,7 +735,8 @@ def measure(spec: Deployment, options: BenchOptions | None = None, archive_root:
     o = options or options_from(spec)
     res = run(o, spec.slo)
     if res.summary.get("levels") and archive_root:
-        prev = previous_data(Path(archive_root), spec.name, registry.get("benchmark").notebook, exclude_run, usable=lambda d: bool(d.get("levels")))
+        prev = previous_data(Path(archive_root), spec.name, registry.get("benchmark").notebook, exclude_run,
+                             usable=lambda d: bool(d.get("levels")))
         reg = compare_previous(res.summary, prev, spec.benchmark.regression_threshold_pct)
         res.summary["previous_run"] = {k: prev.get(k) for k in ("corpus_version", "workload", "model")} if prev else None
         res.findings += reg

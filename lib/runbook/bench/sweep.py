@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,35 +178,13 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
     open_loop = (level.rate is not None and not level.concurrency) or level.schedule is not None
     conc = level.concurrency or 1
     async with client.session(limit=0 if open_loop else conc) as session:
-        flushed = await flush_cache(session, client.base_url) if flush else None
-        await _warmup(client, session, reqs, warmup, conc)
-        before = await scrape(session, client.base_url) if scrape_metrics else None
+        flushed, before = await _before_level(client, session, reqs, warmup, conc, flush, scrape_metrics)
         records: list[RequestRecord] = []
-        out = open(records_path, "a", encoding="utf-8") if records_path else None
-        if driver is not None:
-            ahead = 0
-        elif duration_s is None:
-            ahead = len(reqs)
-        else:   # what the level will likely send; the rest (a --duration level is planned long) as it goes
-            if level.schedule is not None:       # a trace knows exactly which requests start in time
-                likely = sum(1 for off in level.schedule[:len(reqs)] if off <= duration_s)
-            else:
-                likely = int((level.rate or 0) * duration_s * 1.5) + 16 if open_loop else conc * 64
-            ahead = min(len(reqs), PREPARE_AHEAD, likely)
+        # not a `with`: closed in the finally below, before telemetry stops, and written by every request between
+        out = open(records_path, "a", encoding="utf-8") if records_path else None  # noqa: SIM115
+        ahead = _ahead(len(reqs), level, duration_s, driver, open_loop, conc)
         bodies = [client.encode(reqs[i]) for i in range(ahead)]       # before the clock starts
-
-        async def send_one(r: RequestSpec, body: bytes | None = None, due: float | None = None) -> RequestRecord:
-            rec = await client.send(session, r, level.label, body)
-            rec.meta.update({k: v for k, v in r.meta.items() if k in ("session", "turn", "scheduled_s")})
-            if due is not None:
-                rec.meta["schedule_error_ms"] = (rec.send_time - due) * 1000
-            records.append(rec)
-            if out:  # appended as it finishes: a crash later loses nothing already measured
-                out.write(json.dumps(rec.to_dict()) + "\n")
-                out.flush()
-            if progress:
-                progress(1)
-            return rec
+        send_one = _recorder(client, session, level, records, out, progress)
 
         async def do(i: int, due: float | None = None) -> None:
             await send_one(reqs[i], bodies[i] if i < ahead else None, due)
@@ -222,42 +200,109 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
                 if driver is not None:
                     await driver(send_one, deadline)
                 elif level.schedule is not None:
-                    tasks = []
-                    for i, off in enumerate(level.schedule[:len(reqs)]):
-                        due = t0 + off
-                        if deadline is not None and due > deadline:
-                            break
-                        await sleep_until(due)
-                        tasks.append(asyncio.create_task(do(i, due)))
-                    await asyncio.gather(*tasks)
+                    await _send_schedule(level.schedule[:len(reqs)], t0, deadline, do)
                 elif open_loop:
                     assert level.rate is not None
-                    rng = np.random.default_rng(seed)
-                    tasks = []
-                    at = 0.0
-                    for i in range(len(reqs)):
-                        at += float(rng.exponential(1.0 / level.rate))
-                        if deadline is not None and t0 + at > deadline:
-                            break
-                        await sleep_until(t0 + at)
-                        tasks.append(asyncio.create_task(do(i)))
-                    await asyncio.gather(*tasks)
+                    await _send_poisson(level.rate, len(reqs), seed, t0, deadline, do)
                 else:
-                    nxt = iter(range(len(reqs)))
-
-                    async def worker() -> None:
-                        for i in nxt:
-                            if deadline is not None and time.perf_counter() >= deadline:
-                                return
-                            await do(i)
-
-                    await asyncio.gather(*(worker() for _ in range(conc)))
+                    await _send_closed(len(reqs), conc, deadline, do)
         finally:
             if out:
                 out.close()
             if telemetry is not None:
                 await telemetry.stop()
         after = await scrape(session, client.base_url) if scrape_metrics else None
+    return _result(level, records, lag, before, after, flushed, telemetry)
+
+
+async def _before_level(client: Client, session: aiohttp.ClientSession, reqs: Sequence[RequestSpec], warmup: int, conc: int,
+                        flush: bool, scrape_metrics: bool) -> tuple[bool | None, dict[str, float] | None]:
+    """Flush the prefix cache, warm up, then scrape /metrics: whether it flushed, and the counters before."""
+    flushed = await flush_cache(session, client.base_url) if flush else None
+    await _warmup(client, session, reqs, warmup, conc)
+    before = await scrape(session, client.base_url) if scrape_metrics else None
+    return flushed, before
+
+
+def _ahead(n: int, level: Level, duration_s: float | None, driver: Any, open_loop: bool, conc: int) -> int:
+    """How many request bodies to encode before the clock starts: every one, or for a --duration level what it
+    will likely send (a long one is planned long; the rest are encoded as they go); none for a driver's level."""
+    if driver is not None:
+        return 0
+    if duration_s is None:
+        return n
+    if level.schedule is not None:       # a trace knows exactly which requests start in time
+        likely = sum(1 for off in level.schedule[:n] if off <= duration_s)
+    else:
+        likely = int((level.rate or 0) * duration_s * 1.5) + 16 if open_loop else conc * 64
+    return min(n, PREPARE_AHEAD, likely)
+
+
+def _recorder(client: Client, session: aiohttp.ClientSession, level: Level, records: list[RequestRecord], out: Any,
+              progress: Callable[[int], None] | None) -> Callable[..., Awaitable[RequestRecord]]:
+    """`send_one(spec, body, due)`: sends one request and records it (in `records`, and in `out` as it finishes)."""
+
+    async def send_one(r: RequestSpec, body: bytes | None = None, due: float | None = None) -> RequestRecord:
+        rec = await client.send(session, r, level.label, body)
+        rec.meta.update({k: v for k, v in r.meta.items() if k in ("session", "turn", "scheduled_s")})
+        if due is not None:
+            rec.meta["schedule_error_ms"] = (rec.send_time - due) * 1000
+        records.append(rec)
+        if out:  # appended as it finishes: a crash later loses nothing already measured
+            out.write(json.dumps(rec.to_dict()) + "\n")
+            out.flush()
+        if progress:
+            progress(1)
+        return rec
+
+    return send_one
+
+
+async def _send_schedule(schedule: Sequence[float], t0: float, deadline: float | None,
+                         do: Callable[..., Coroutine[Any, Any, None]]) -> None:
+    """A trace: each request at its offset from `t0`, open loop, none due after the deadline."""
+    tasks: list[asyncio.Task[None]] = []
+    for i, off in enumerate(schedule):
+        due = t0 + off
+        if deadline is not None and due > deadline:
+            break
+        await sleep_until(due)
+        tasks.append(asyncio.create_task(do(i, due)))
+    await asyncio.gather(*tasks)
+
+
+async def _send_poisson(rate: float, n: int, seed: int, t0: float, deadline: float | None,
+                        do: Callable[..., Coroutine[Any, Any, None]]) -> None:
+    """Poisson arrivals at `rate` from `t0`, open loop, none after the deadline."""
+    rng = np.random.default_rng(seed)
+    tasks: list[asyncio.Task[None]] = []
+    at = 0.0
+    for i in range(n):
+        at += float(rng.exponential(1.0 / rate))
+        if deadline is not None and t0 + at > deadline:
+            break
+        await sleep_until(t0 + at)
+        tasks.append(asyncio.create_task(do(i)))
+    await asyncio.gather(*tasks)
+
+
+async def _send_closed(n: int, conc: int, deadline: float | None, do: Callable[..., Coroutine[Any, Any, None]]) -> None:
+    """Fixed concurrency: `conc` workers, each sending the next request when its last finished, none started
+    after the deadline."""
+    nxt = iter(range(n))
+
+    async def worker() -> None:
+        for i in nxt:
+            if deadline is not None and time.perf_counter() >= deadline:
+                return
+            await do(i)
+
+    await asyncio.gather(*(worker() for _ in range(conc)))
+
+
+def _result(level: Level, records: list[RequestRecord], lag: LagMonitor, before: dict[str, float] | None,
+            after: dict[str, float] | None, flushed: bool | None, telemetry: Any) -> LevelResult:
+    """The level's result: the client's health (loop lag, CPU share, client-bound), the server's deltas, telemetry."""
     lag_ms = metrics.stats(lag.samples)
     bound = (lag_ms["p99"] or 0) > LAG_BOUND_MS or lag.cpu_share > CPU_BOUND_SHARE
     lr = LevelResult(level, records, {}, lag_ms, lag.cpu_share, bound, server_deltas(before, after), flushed, cpu_s=lag.cpu_s,

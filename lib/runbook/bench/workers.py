@@ -2,12 +2,13 @@
 
 A real server writes every token on its own, so the client's cost is per read; one process on the h1
 transport keeps up with 20k separately-written chunks/s at a third of a core on this project's 2-core
-machine, and more streams or chunks want more cores. N worker processes (spawned once per run, kept across levels) each take every N-th request and an equal share of
-the concurrency, start together at one instant, and stamp with perf_counter — CLOCK_MONOTONIC, the same
-clock in every process — so their records merge into one level as if one client had sent them. The
-parent keeps what is per level: flush, warm-up, /metrics before and after, telemetry, the records file
-(written when the level ends). Fixed-concurrency levels of a set number of requests only: rates, traces,
-agentic sessions and --duration stay in one process (check_options refuses the combinations).
+machine, and more streams or chunks want more cores. N worker processes (spawned once per run, kept across
+levels) each take every N-th request and an equal share of the concurrency, start together at one instant,
+and stamp with perf_counter — CLOCK_MONOTONIC, the same clock in every process — so their records merge
+into one level as if one client had sent them. The parent keeps what is per level: flush, warm-up,
+/metrics before and after, telemetry, the records file (written when the level ends). Fixed-concurrency
+levels of a set number of requests only: rates, traces, agentic sessions and --duration stay in one
+process (check_options refuses the combinations).
 
 A worker that dies (killed for memory, a crash) breaks the whole process pool, so the shares still
 running do not report either: their requests are recorded as `client_error` with the reason, the

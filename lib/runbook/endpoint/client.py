@@ -42,6 +42,14 @@ DEFAULT_TRANSPORT = "h1"
 _loads = orjson.loads            # the hot path: several times faster than json on small chunks
 
 
+def _server_error(msg: dict[str, Any]) -> Failure:
+    """An error object sent mid-stream (`error`, or `object: error` with a `message`), as this request's Failure."""
+    err = msg.get("error") if msg.get("error") else msg.get("message")
+    if isinstance(err, dict):
+        err = err.get("message") or err
+    return Failure("server_error", f"server error mid-stream: {str(err)[:200]}")
+
+
 def spread(total: int, n: int) -> list[int]:
     """`total` tokens over `n` chunks as evenly as integers allow (extra tokens on the later chunks)."""
     if n <= 0:
@@ -185,10 +193,7 @@ class Client:
         if type(msg) is not dict:
             raise Failure("malformed", f"chunk is JSON {type(msg).__name__}, not an object: {data[:80]!r}")
         if msg.get("error") or msg.get("object") == "error":
-            err = msg.get("error") if msg.get("error") else msg.get("message")
-            if isinstance(err, dict):
-                err = err.get("message") or err
-            raise Failure("server_error", f"server error mid-stream: {str(err)[:200]}")
+            raise _server_error(msg)
         usage = msg.get("usage")
         if usage is not None:
             if type(usage) is not dict:

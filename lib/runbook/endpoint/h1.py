@@ -224,10 +224,8 @@ class Pool:
 
     def forget(self, c: Conn) -> None:
         self._open.discard(c)
-        try:
+        if c in self._idle:     # a membership test, not try/except: no exception raised for a busy connection
             self._idle.remove(c)
-        except ValueError:
-            pass
 
     def close(self) -> None:
         self.closed = True

@@ -295,3 +295,40 @@ def test_function_length_rule_can_fail(lines, caught, method):
     assert len(src.splitlines()) == lines + method
     assert bool(_long_functions(src, "planted.py")) == caught
 
+
+# ---- the registry rule: a notebook's file name is written in one place, Stage.notebook ----------
+
+_STEM = re.compile(r"\b\d\d_[a-z][a-z_]*\b")
+
+
+def _literal_violations(path: Path, text: str, own: str) -> list[str]:
+    """String constants naming a registered notebook, outside the package of the stage it belongs to."""
+    stems = {s.notebook: s.package for s in registry.stages()}
+    tree = ast.parse(text)
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            for m in _STEM.findall(node.value):
+                if m in stems and stems[m] != own:
+                    bad.append(f"{path}:{node.lineno}: {m!r}")
+    return bad
+
+
+def test_no_notebook_file_name_outside_its_own_stage():
+    bad = []
+    for p in LIB.rglob("*.py"):
+        rel = p.relative_to(LIB)
+        if "data" in rel.parts:
+            continue
+        bad += _literal_violations(rel, p.read_text(), rel.parts[0] if len(rel.parts) > 1 else "")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_literal_rule_can_fail():
+    assert _literal_violations(Path("runner/figures.py"), 'x = "40_benchmark"\n', "runner")
+    assert _literal_violations(Path("fleet/index.py"), 'f"{d}/20_kv_memory.results.json"\n', "fleet")
+    assert not _literal_violations(Path("bench/x.py"), 'x = "40_benchmark"\n', "bench")
+    assert not _literal_violations(Path("verify/x.py"), '"""Compares with what 20_kv_memory predicted."""\n', "verify")

@@ -1,7 +1,7 @@
 """The stage contract (issue 28): one registry, settings declared once, CLI = notebook.
 
-- the registry lists exactly the notebooks in notebooks/, and no notebook file name is written as a
-  string outside its own stage's package;
+- the registry lists exactly the notebooks in notebooks/ (that no notebook file name is written as a
+  string outside its own stage's package is a layout rule: tests/test_layout.py);
 - every notebook parameter maps onto its stage's options model and a CLI flag of its verb;
 - for the same inputs the CLI and the notebook hand `evaluate` identical options (the `--duration`
   case included: both bound a level by time, not by the spec's request count);
@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import DEFAULT_SPEC, REPO
@@ -47,42 +45,6 @@ def test_a_second_stage_with_a_taken_number_or_verb_is_refused():
     with pytest.raises(ValueError, match="already taken"):
         registry.register(registry.Stage(99, "other", kv.verb, "x", kv.options, kv.evaluate))
     assert "other" not in {s.name for s in registry.stages()}
-
-
-_STEM = re.compile(r"\b\d\d_[a-z][a-z_]*\b")
-
-
-def _literal_violations(path: Path, text: str, own: str) -> list[str]:
-    """String constants naming a registered notebook, outside the package of the stage it belongs to."""
-    stems = {s.notebook: s.package for s in STAGES}
-    tree = ast.parse(text)
-    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
-                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-    bad = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
-            for m in _STEM.findall(node.value):
-                if m in stems and stems[m] != own:
-                    bad.append(f"{path}:{node.lineno}: {m!r}")
-    return bad
-
-
-def test_no_notebook_file_name_outside_its_own_stage():
-    bad = []
-    for p in LIB.rglob("*.py"):
-        rel = p.relative_to(LIB)
-        if "data" in rel.parts:
-            continue
-        bad += _literal_violations(rel, p.read_text(), rel.parts[0] if len(rel.parts) > 1 else "")
-    assert not bad, "\n".join(bad)
-
-
-def test_the_literal_rule_can_fail():
-    assert _literal_violations(Path("runner/figures.py"), 'x = "40_benchmark"\n', "runner")
-    assert _literal_violations(Path("fleet/index.py"), 'f"{d}/20_kv_memory.results.json"\n', "fleet")
-    assert not _literal_violations(Path("bench/x.py"), 'x = "40_benchmark"\n', "bench")
-    assert not _literal_violations(Path("verify/x.py"), '"""Compares with what 20_kv_memory predicted."""\n', "verify")
 
 
 def _verb_parser(verb: str):

@@ -161,3 +161,42 @@ def test_wheel_caches_the_demo_outside_site_packages(wheel_venv, tmp_path):
     assert cp.returncode == 0 and cp.stdout.split() == [str(tmp_path / "xdg" / "runbook"), "False"], cp.stderr
     cp = subprocess.run([py, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=dict(env, RUNBOOK_CACHE=str(tmp_path / "c")))
     assert cp.returncode == 0 and cp.stdout.split()[0] == str(tmp_path / "c"), cp.stderr
+
+
+def _declared() -> tuple[set[str], set[str]]:
+    """Distribution names pyproject declares: runtime, and the demo extra (normalised)."""
+    import re
+
+    tomllib = pytest.importorskip("tomllib")           # Python 3.11+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    name = lambda r: re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower().replace("_", "-")   # noqa: E731
+    return {name(r) for r in project["dependencies"]}, {name(r) for r in project["optional-dependencies"]["demo"]}
+
+
+def test_every_third_party_import_of_the_library_is_a_declared_dependency():
+    """An import the wheel does not declare works in the checkout's venv (which holds the dev tools' dependencies
+    too) and fails for a user who installs the wheel: pydantic-settings was such a case."""
+    import ast
+    import importlib.metadata as md
+
+    runtime, demo = _declared()
+    runtime |= {"pydantic-core"}                       # pydantic's own core, pinned by pydantic itself
+    dists = md.packages_distributions()
+    serving_side = {"sglang_probe.py"}                 # run by the serving interpreter, which has sglang
+    stdlib = set(sys.stdlib_module_names)
+    missing = []
+    for p in (REPO / "lib" / "runbook").rglob("*.py"):
+        if "data" in p.relative_to(REPO / "lib" / "runbook").parts or p.name in serving_side:
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            for m in mods:
+                top = m.split(".")[0]
+                if top in stdlib or top == "runbook" or top == "__future__":
+                    continue
+                names = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
+                allowed = runtime | (demo if "demo" in p.parts else set())
+                if not names & allowed:
+                    missing.append(f"{p.relative_to(REPO)}: {m} ({', '.join(sorted(names))})")
+    assert not missing, "\n".join(sorted(set(missing)))

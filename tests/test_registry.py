@@ -146,6 +146,16 @@ def test_duration_bounds_the_level_from_the_cli_and_the_notebook(monkeypatch):
     assert c.duration_s is None and c.requests == dep.benchmark.requests_per_level
 
 
+@pytest.mark.parametrize("value", [True, 8.0, "8.0", 8.5])
+def test_a_whole_number_parameter_takes_only_whole_numbers(value):
+    """pydantic's lax mode reads True as 1 and 8.0 as 8; a tensor-parallel size of True is a mistake, named."""
+    from runbook.core.errors import InputError
+
+    with pytest.raises(InputError, match=r"^tp must be an integer"):
+        notebook.options("kv_memory", tp=value)
+    assert notebook.options("kv_memory", tp=8).tp == notebook.options("kv_memory", tp="8").tp == 8
+
+
 @pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
 def test_a_bad_notebook_parameter_is_one_line_naming_it(stage):
     from runbook.core.errors import InputError

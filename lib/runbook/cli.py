@@ -21,7 +21,7 @@ from runbook.core import registry
 from runbook.core.errors import InputError, LockHeld, RunbookError
 from runbook.core.findings import exit_code, format_text
 from runbook.core.fsutil import atomic_write_text
-from runbook.core.options import PosFloat, PosInt, Url, describe, validate
+from runbook.core.options import PosFloat, PosInt, Url, describe, flag, validate
 from runbook.core.registry import Stage, document
 
 
@@ -384,6 +384,12 @@ def _run_stage(verb: str, a: argparse.Namespace) -> int:
         o = _options(verb, a)
     except (InputError, SettingsError) as e:
         msg = " ".join(str(e).split())
+        # pydantic-settings' own parse errors name the field ("Parsing error encountered for contexts: …")
+        m = re.match(r"Parsing error encountered for (\w+): (.*)", msg)
+        model = _VERBS[verb][0].options
+        field = next((k for k, f in model.model_fields.items() if m and m.group(1) in (k, f.alias)), None)
+        if m and field:
+            msg = f"{flag(model, field)}: {m.group(2)}"
         print(f"runbook {verb}: error: {msg}", file=sys.stderr)
         return 2
     handler = _ACTIONS.get(verb)

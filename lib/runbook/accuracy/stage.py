@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
+from runbook.core.archive import number
 from runbook.core.findings import Finding
-from runbook.core.options import Fraction, Options, PosInt, Url
+from runbook.core.options import Fraction, Integer, Options, PosInt, Url
 from runbook.core.registry import Stage, register
 from runbook.core.spec import SLO, Deployment
 
@@ -70,7 +71,7 @@ class AccuracyOptions(Options):
     depths: list[Fraction] | None = Field(None, description="recall: needle depths as fractions (default: the spec's)")
     per_cell: PosInt = Field(1, description="recall: needles per length × depth cell")
     tokenizer: str | None = Field(None, description="dir with tokenizer.json: exact prompt lengths")
-    seed: int = Field(0, description="the prompts are deterministic from this seed")
+    seed: Integer = Field(0, description="the prompts are deterministic from this seed")
     prompts: PosInt = Field(8, description="identity: number of prompts")
     max_tokens: PosInt = Field(64, description="identity: greedy tokens per prompt")
     model: str | None = Field(None, description="toolcall: the served model name (default: the first /v1/models lists)")
@@ -86,9 +87,6 @@ def evaluate(spec: Deployment, options: AccuracyOptions) -> AccuracyReport:
     return assess(spec, o.url, o.compare_url, o.spec_off_url, o.lengths, o.depths, o.tokenizer, o.seed, o.per_cell, o.out,
                   o.prompts, o.max_tokens, o.toolcall_max_tokens, o.tool_choice)
 
-
-def _num(v: Any) -> float | None:
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
@@ -106,7 +104,7 @@ def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
     rows = [r for r in (kvq.get("rows") or []) if isinstance(r, dict)]
     active = kvq.get("active")
     if rows and isinstance(active, list) and len(active) == 2:
-        errs = [e for e in (_num(r.get("attn_out_rel_err")) for r in rows if [r.get("format"), r.get("scaling")] == active)
+        errs = [e for e in (number(r.get("attn_out_rel_err")) for r in rows if [r.get("format"), r.get("scaling")] == active)
                 if e is not None]
         if errs:
             out["kvquant_attn_rel_err_max"] = round(max(errs), 6)

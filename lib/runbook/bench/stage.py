@@ -9,7 +9,8 @@ from pydantic import Field, model_validator
 
 from runbook.bench import workloads
 from runbook.core import paths
-from runbook.core.options import NonNegFloat, NonNegInt, Options, PosFloat, PosInt, Url
+from runbook.core.archive import number
+from runbook.core.options import Integer, NonNegFloat, NonNegInt, Options, PosFloat, PosInt, Url
 from runbook.core.registry import Stage, register
 from runbook.core.spec import SLO, Deployment, level_meets_slo
 
@@ -43,7 +44,7 @@ class BenchStageOptions(Options):
     warmup: NonNegInt | None = Field(None, description="warm-up requests per level (default: the spec's)")
     out: str | None = Field(None, description="write records.jsonl and summary.json here")
     compare_url: Url | None = Field(None, description="A/B: the same workload against this second endpoint")
-    seed: int = Field(0, description="the workload is deterministic from this seed")
+    seed: Integer = Field(0, description="the workload is deterministic from this seed")
     timeout: PosFloat = Field(600.0, description="per-request timeout, seconds")
     flush_cache: bool = Field(False, description="POST /flush_cache before each level (default: the spec's benchmark.flush_cache, off)")
     archive: str | None = Field(None, description="compare with this deployment's newest benchmark archived here "
@@ -86,24 +87,21 @@ def _archive(archive: str | None) -> Path | None:
     return Path(archive)
 
 
-def _num(v: Any) -> float | None:
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
 
 def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
     """output_tok_s per level, and max_concurrency_within_slo: the SLO search's limit when it ran
     (max_rate_within_slo for a rate search), else the highest fixed level meeting the SLOs."""
     out: dict[str, Any] = {}
     levels = [lv for lv in (data.get("levels") or []) if isinstance(lv, dict) and lv.get("label")]
-    tps = {str(lv["label"]): round(float(lv["output_tok_s"]), 2) for lv in levels if _num(lv.get("output_tok_s")) is not None}
+    tps = {str(lv["label"]): round(float(lv["output_tok_s"]), 2) for lv in levels if number(lv.get("output_tok_s")) is not None}
     if tps:
         out["output_tok_s"] = tps
     search = data.get("slo_search")
     has_slo = slo is not None and any(getattr(slo, f"{m}_ms_p99", None) for m in ("ttft", "tpot", "e2e"))
-    conc = [lv for lv in levels if _num(lv.get("concurrency"))]
+    conc = [lv for lv in levels if number(lv.get("concurrency"))]
     if isinstance(search, dict) and search.get("metric") in ("concurrency", "rate"):
         # --find-max slo ran: its limit is the figure (its rule also bounds failed requests); 0 = no load met them
-        limit = _num(search.get("limit"))
+        limit = number(search.get("limit"))
         if search["metric"] == "concurrency":
             out["max_concurrency_within_slo"] = int(limit) if limit else 0
         else:

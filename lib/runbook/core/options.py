@@ -10,7 +10,7 @@ import re
 from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from runbook.core.errors import InputError
 
@@ -24,6 +24,14 @@ class Options(BaseModel):
 def _finite(v: float) -> float:
     if not math.isfinite(v):
         raise ValueError("must be finite")
+    return v
+
+
+def _whole(v: Any) -> Any:
+    """A whole number as written: an int, or text of digits. pydantic's lax mode would take "8.0", 8.0 and
+    True as 8 and 1; a flag or parameter that says --tp 8.0 is a typo, not a tensor-parallel size."""
+    if isinstance(v, (bool, float)) or (isinstance(v, str) and not re.fullmatch(r"\s*[+-]?\d+\s*", v)):
+        raise ValueError("must be an integer")
     return v
 
 
@@ -48,8 +56,9 @@ def _cc(v: str) -> str:
 
 
 # The value types the stages share (bounds in one place).
-PosInt = Annotated[int, Field(ge=1)]
-NonNegInt = Annotated[int, Field(ge=0)]
+Integer = Annotated[int, BeforeValidator(_whole)]
+PosInt = Annotated[Integer, Field(ge=1)]
+NonNegInt = Annotated[Integer, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0), AfterValidator(_finite)]
 NonNegFloat = Annotated[float, Field(ge=0), AfterValidator(_finite)]
 Fraction = Annotated[float, Field(ge=0, le=1), AfterValidator(_finite)]   # 0..1 inclusive

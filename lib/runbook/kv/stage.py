@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from runbook.core.archive import number
 from runbook.core.options import ComputeCapability, Options, PosFloat, PosInt
 from runbook.core.registry import Stage, register
 from runbook.core.spec import SLO, Deployment
@@ -51,8 +52,8 @@ def evaluate(spec: Deployment | None, options: KvOptions) -> Plan:
 
 
 def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
-    tokens = data.get("max_total_num_tokens")
-    return {"kv_tokens_planned": int(tokens)} if isinstance(tokens, (int, float)) and not isinstance(tokens, bool) else {}
+    tokens = number(data.get("max_total_num_tokens"))
+    return {"kv_tokens_planned": int(tokens)} if tokens is not None else {}
 
 
 STAGE = register(Stage(20, "kv_memory", "kv", "KV-cache and state memory per GPU, the way SGLang sizes its pools",

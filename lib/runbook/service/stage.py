@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from runbook.core.archive import number
 from runbook.core.findings import Finding
 from runbook.core.options import Options, PosFloat, Url
 from runbook.core.registry import Stage, register
@@ -78,8 +79,8 @@ def evaluate(spec: Deployment, options: ServiceOptions) -> ServiceReport:
 def figures(data: dict[str, Any], slo: Any = None) -> dict[str, Any]:
     """The token pool the running server reports (/server_info, read by the drift check)."""
     server = data.get("server") or {}
-    tokens = server.get("max_total_num_tokens") if isinstance(server, dict) else None
-    return {"kv_tokens_observed": int(tokens)} if isinstance(tokens, (int, float)) and not isinstance(tokens, bool) else {}
+    tokens = number(server.get("max_total_num_tokens") if isinstance(server, dict) else None)
+    return {"kv_tokens_observed": int(tokens)} if tokens is not None else {}
 
 
 STAGE = register(Stage(30, "service", "service", "render, check, diff, install or drift-check the systemd unit",

@@ -137,8 +137,9 @@ def test_candidate_killed_mid_run_is_not_alive_and_exit_does_not_hang(tmp_path):
     assert time.monotonic() - t0 < 15 and port_free("127.0.0.1", port)
 
 
-def test_candidate_dies_with_tune_on_sigkill(tmp_path):
-    """tune killed by SIGKILL: the kernel kills the candidate (PR_SET_PDEATHSIG), the port comes free."""
+@pytest.mark.parametrize("systemd", [False, True], ids=["child", "systemd"])
+def test_candidate_dies_with_tune_on_sigkill(tmp_path, fake_systemd, systemd):
+    """tune killed by SIGKILL: the kernel kills a child candidate (PR_SET_PDEATHSIG); the watchdog stops a unit."""
     port = free_port()
     script = tmp_path / "tune.py"
     script.write_text(textwrap.dedent(f"""
@@ -146,22 +147,23 @@ def test_candidate_dies_with_tune_on_sigkill(tmp_path):
         from pathlib import Path
         from runbook.tune.launch import Launch, launched
         argv = {tuple(http_server(tmp_path / "www", port))!r}
-        with launched(Launch(argv, Path({str(tmp_path / "c.log")!r}), {port}, ready_timeout_s=30)) as run:
+        with launched(Launch(argv, Path({str(tmp_path / "c.log")!r}), {port}, ready_timeout_s=30, systemd={systemd})) as run:
             print(run.pid, flush=True)
             time.sleep(300)
     """))
-    env = dict(os.environ, PYTHONPATH=str(REPO / "lib"))
+    env = dict(os.environ, PYTHONPATH=str(REPO / "lib"), TMPDIR=str(tmp_path))   # the watchdog log lands there
     tune = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         pid = int(tune.stdout.readline())
         tune.kill()
         tune.wait(10)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 15
         while not (pid_gone(pid) and port_free("127.0.0.1", port)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert pid_gone(pid) and port_free("127.0.0.1", port)
     finally:
         tune.kill()
+    assert (["systemctl", "stop", f"runbook-tune-{port}.service"] in fake_systemd.calls()) is systemd
 
 
 def test_env_reaches_server_and_secrets_are_scrubbed_from_the_tail(tmp_path):

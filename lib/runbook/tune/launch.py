@@ -38,6 +38,7 @@ from typing import Any
 from runbook.core.errors import RunbookError
 from runbook.core.secrets import redact_text, secret_values
 from runbook.endpoint import reach
+from runbook.tune.watchdog import Watchdog, WatchdogFailed
 
 GRACE_S = 15.0            # SIGTERM -> SIGKILL: SGLang frees GPU memory in a few seconds once told to stop
 PORT_FREE_S = 30.0        # after the server is gone, how long the port may take to be released
@@ -94,7 +95,7 @@ class Running:
         """The server process (systemd: the unit) is still running."""
         if self._alive is not None:
             return self._alive()
-        return self.pid is not None and _pid_running(self.pid)
+        return self.pid is not None and pid_running(self.pid)
 
 
 def port_free(host: str, port: int) -> bool:
@@ -112,7 +113,7 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def _pid_running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
     """pid exists and is not a zombie."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -172,8 +173,12 @@ def _executable(argv: tuple[str, ...], env: Mapping[str, str]) -> str:
 
 def _open_log(path: Path) -> int:
     """The log file, created (or truncated) with mode 0600, never through a symlink."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise LaunchFailed("spawn", f"cannot write the server log {path}: {e.strerror or e}; "
+                                    "give a writable log path (not a symlink)") from None
     os.fchmod(fd, 0o600)
     return fd
 
@@ -283,8 +288,13 @@ class _Unit:
                  "--property=SendSIGKILL=yes"] +
                 [f"--setenv={k}" for k in sorted(launch.env)] +   # the value comes from systemd-run's environment
                 ["--", exe, *(a.replace("$", "$$") for a in launch.argv[1:])])  # $ is systemd's variable syntax
+        try:    # tune SIGKILLed or SIGTERMed: no PR_SET_PDEATHSIG reaches a unit, the watchdog stops it
+            self.watchdog = Watchdog(self.ctl, stop_units=(self.unit,))
+        except WatchdogFailed as e:
+            raise LaunchFailed("spawn", f"{e}: unit {self.unit} not started; launch without systemd") from None
         cp = _ctl(argv, env)
         if cp is None or cp.returncode != 0:
+            self.stop(GRACE_S)      # a systemd-run that timed out may still have started it
             why = "timed out" if cp is None else _last_line(redact_text(cp.stderr or cp.stdout or "", secret_values(env)))
             raise LaunchFailed("spawn", f"systemd-run could not start unit {self.unit}: {why}; "
                                         f"see `systemctl status {self.unit}`, or launch without systemd",
@@ -320,6 +330,7 @@ class _Unit:
         deadline = time.monotonic() + 10.0
         while self.alive() and time.monotonic() < deadline:
             time.sleep(POLL_S)
+        self.watchdog.disarm()
 
 
 def _ctl(argv: list[str], env: Mapping[str, str], timeout: float = CTL_TIMEOUT_S) -> subprocess.CompletedProcess | None:

@@ -102,6 +102,39 @@ def test_keyboard_interrupt_in_block_tears_down(tmp_path):
     assert pid_gone(pid) and port_free("127.0.0.1", port)
 
 
+def test_ctrl_c_while_waiting_for_readiness_tears_down(tmp_path):
+    import _thread
+    import threading
+
+    pidfile = tmp_path / "pid"
+    argv = (sys.executable, "-c", f"import os,time; open({str(pidfile)!r},'w').write(str(os.getpid())); time.sleep(120)")
+    threading.Timer(1.0, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt), launched(Launch(argv, tmp_path / "c.log", free_port(), ready_timeout_s=30)):
+        pytest.fail("never ready: the block must not run")
+    assert pid_gone(int(pidfile.read_text()))
+
+
+def test_signals_are_held_off_while_tearing_down():
+    from runbook.tune.launch import HeldSignals
+
+    with pytest.raises(KeyboardInterrupt), HeldSignals() as held:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+        assert held.pending == [signal.SIGINT]     # noted, not raised: the teardown goes on
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("argv, env, what", [
+    ((sys.executable, "-c", "pass\0"), {}, "NUL byte"),
+    ((sys.executable,), {"BAD=NAME": "x"}, "'BAD=NAME'"),
+    ((sys.executable,), {"-x": "x"}, "'-x'"),
+])
+def test_what_no_exec_can_carry_is_spawn(tmp_path, argv, env, what):
+    with pytest.raises(LaunchFailed, match=what) as e, launched(Launch(argv, tmp_path / "c.log", free_port(), env=env)):
+        pass
+    assert e.value.kind == "spawn" and not (tmp_path / "c.log").exists()
+
+
 def test_term_ignoring_server_and_its_children_are_killed(tmp_path, monkeypatch):
     """SIGTERM ignored by the leader and a grandchild: SIGKILL to the whole group after the grace period."""
     from runbook.tune import launch as mod
@@ -219,7 +252,8 @@ def test_systemd_dollar_is_escaped_and_bad_names_refused(tmp_path, fake_systemd)
         pass
     start = next(c for c in fake_systemd.calls() if c[0] == "systemd-run")
     assert str(tmp_path / "a$$HOME") in start
-    for bad in ({"unit_name": "x; rm -rf /"}, {"log_path": Path("rel.log")}, {"log_path": tmp_path / "a b.log"}):
+    for bad in ({"unit_name": "x; rm -rf /"}, {"unit_name": "--force"}, {"log_path": Path("rel.log")},
+                {"log_path": tmp_path / "a b.log"}, {"log_path": tmp_path / "100%.log"}):
         kw = {"log_path": tmp_path / "u.log", **bad}
         with pytest.raises(LaunchFailed) as e, launched(Launch(sleeper(), port=free_port(), systemd=True, **kw)):
             pass

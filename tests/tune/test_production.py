@@ -129,15 +129,26 @@ def _tune(prod, tmp_path: Path, with_candidate: bool) -> subprocess.Popen:
     return tune
 
 
-def test_restored_after_sigterm_to_tune(prod, tmp_path):
-    tune = _tune(prod, tmp_path, with_candidate=False)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_restored_after_a_signal_to_tune(prod, tmp_path, sig):
+    tune = _tune(prod, tmp_path, with_candidate=True)
     try:
         assert unit_state(prod.systemctl, UNIT) == "inactive"
-        tune.send_signal(signal.SIGTERM)
-        assert tune.wait(60) == -signal.SIGTERM          # restored first, then ended by the signal as before
+        tune.send_signal(sig)
+        # restored first, then ended by the signal as it would have been (Ctrl-C: KeyboardInterrupt)
+        assert tune.wait(60) == -sig
         assert ready(prod.url) and unit_state(prod.systemctl, UNIT) == "active"
     finally:
         tune.kill()
+    assert not tune.watchdog_log.exists()       # tune restored it itself: the watchdog was disarmed
+
+
+def test_bad_unit_name_is_refused_before_any_systemctl_call(fake_systemd):
+    for bad in ("--force", "a b.service", "x;reboot"):
+        with pytest.raises(Refused, match="not a systemd unit name"), paused(bad, yes=True, ready_url=None,
+                                                                             systemctl=fake_systemd.systemctl):
+            pass
+    assert fake_systemd.calls() == []
 
 
 @pytest.mark.parametrize("with_candidate", [False, True], ids=["idle", "candidate-on-the-port"])

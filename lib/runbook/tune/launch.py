@@ -48,14 +48,16 @@ CTL_TIMEOUT_S = 60.0      # one systemd-run / systemctl call
 TAIL_LINES = 20
 _READY_BYTES = 64 << 10
 UNIT_PREFIX = "runbook-tune-"   # transient candidate units: the watchdog stops runbook-tune-*.service if tune dies
-_UNIT = re.compile(r"^[A-Za-z0-9:_.\\@-]{1,200}$")      # a unit name systemd accepts, nothing a shell or unit file reads
+UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\@][A-Za-z0-9:_.\\@-]{0,199}$")   # systemd's unit-name characters; no leading "-"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SYSTEMD_MIN = 236         # StandardOutput=file:
 
 # Runs between fork and the server's exec: the kernel kills the server when tune dies (PR_SET_PDEATHSIG = 1,
 # SIGKILL = 9), and a tune that died before that took effect is noticed. A separate interpreter rather than
 # preexec_fn, which is unsafe once tune has threads.
 _SHIM = ("import ctypes,os,sys\n"
-         "ctypes.CDLL(None).prctl(1,9,0,0,0)\n"
+         "try: ctypes.CDLL(None).prctl(1,9,0,0,0)\n"
+         "except (OSError,AttributeError): pass\n"
          "if os.getppid()!=int(sys.argv[1]): os._exit(137)\n"
          "try: os.execv(sys.argv[2],sys.argv[3:])\n"
          "except OSError as e: sys.stderr.write('cannot execute %s: %s\\n'%(sys.argv[2],e.strerror)); os._exit(127)\n")
@@ -159,10 +161,16 @@ def _last_line(tail: str) -> str:
     return lines[-1][:300] if lines else "(the log is empty)"
 
 
-def _executable(argv: tuple[str, ...], env: Mapping[str, str]) -> str:
-    """The absolute path of argv[0], or LaunchFailed kind "spawn"."""
+def _executable(argv: tuple[str, ...], env: Mapping[str, str], extra_env: Mapping[str, str]) -> str:
+    """The absolute path of argv[0], or LaunchFailed kind "spawn" (also for what no exec can carry)."""
     if not argv or not argv[0]:
         raise LaunchFailed("spawn", "empty command: give the server's executable and its arguments")
+    if any("\0" in a for a in argv):
+        raise LaunchFailed("spawn", f"an argument of {argv[0]} contains a NUL byte: remove it")
+    bad = [k for k in extra_env if not _ENV_NAME.match(k) or "\0" in extra_env[k]]
+    if bad:      # the name only: a value may be a secret
+        raise LaunchFailed("spawn", f"environment variable {bad[0]!r} cannot be passed to a server (name: letters, digits, _; "
+                                    "value: no NUL byte): fix it")
     found = shutil.which(argv[0], path=env.get("PATH", os.defpath))
     if found is None:
         p = Path(argv[0])
@@ -345,7 +353,7 @@ def _ctl(argv: list[str], env: Mapping[str, str], timeout: float = CTL_TIMEOUT_S
 def _unit_name(launch: Launch) -> str:
     name = launch.unit_name or f"{UNIT_PREFIX}{launch.port}"
     name = name if name.endswith(".service") else name + ".service"
-    if not _UNIT.match(name):
+    if not UNIT_NAME.match(name):
         raise LaunchFailed("spawn", f"unit name {name!r} is not a valid systemd unit name: use letters, digits and :_.-@ only")
     return name
 
@@ -415,7 +423,7 @@ def launched(launch: Launch) -> Iterator[Running]:
     _refuse_taken_port(launch)
     env = {**os.environ, **launch.env}
     secrets = secret_values(env) | {v for k, v in launch.env.items() if v and len(v) >= 6}
-    exe = _executable(launch.argv, env)
+    exe = _executable(launch.argv, env, launch.env)
     url = f"http://{launch.host if ':' not in launch.host else f'[{launch.host}]'}:{launch.port}"
     t0 = time.monotonic()
     server: _Child | _Unit = _Unit(launch, env, exe) if launch.systemd else _Child(launch, env, exe)

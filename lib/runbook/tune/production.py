@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from runbook.core.errors import RunbookError
 from runbook.core.findings import Finding
-from runbook.tune.launch import UNIT_PREFIX, HeldSignals, port_free
+from runbook.tune.launch import UNIT_NAME, UNIT_PREFIX, HeldSignals, port_free
 from runbook.tune.watchdog import Watchdog, WatchdogFailed
 
 CTL_TIMEOUT_S = 180.0      # a stop or start of an SGLang unit: its TimeoutStopSec (90 s default) and some
@@ -162,6 +162,9 @@ def paused(unit: str | None, *, yes: bool, ready_url: str | None, ready_timeout_
     if unit is None:
         yield pause
         return
+    if not UNIT_NAME.match(unit):
+        raise Refused(f"production unit name {unit!r} is not a systemd unit name (letters, digits, :_.-@, "
+                      "not starting with -): fix the spec's systemd unit")
     pause.was_active = unit_state(systemctl, unit) in ACTIVE
     if not pause.was_active:
         yield pause

@@ -49,10 +49,10 @@ class Watchdog:
         read, self.write = os.pipe()     # not inheritable (PEP 446): no server tune starts gets the write end
         lib = str(Path(__file__).resolve().parents[2])     # runbook importable however this process found it
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (lib, os.environ.get("PYTHONPATH", "")) if p))
-        argv = [sys.executable, "-m", "runbook.tune.watchdog", "--pid", str(os.getpid()), "--log", log,
-                *(a for u in stop_units for a in ("--stop", u)), *(["--unit", restore_unit] if restore_unit else []),
-                *(["--ready-url", ready_url] if ready_url else []), "--ready-timeout", f"{ready_timeout_s:g}",
-                "--", *systemctl]
+        argv = [sys.executable, "-m", "runbook.tune.watchdog", f"--pid={os.getpid()}", f"--log={log}",   # NAME=VALUE:
+                *(f"--stop={u}" for u in stop_units), *([f"--unit={restore_unit}"] if restore_unit else []),   # a value
+                *([f"--ready-url={ready_url}"] if ready_url else []), f"--ready-timeout={ready_timeout_s:g}",  # is never
+                "--", *systemctl]                                                                          # an option
         try:
             self.proc = subprocess.Popen(argv, stdin=read, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,  # noqa: S603
                                          cwd="/", start_new_session=True)

@@ -1,5 +1,6 @@
 """launched(): real servers (llama-server, a Python HTTP server) started, refused, failed and always torn down."""
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -272,3 +273,24 @@ def test_systemd_missing_or_old_is_spawn(tmp_path, fake_systemd, monkeypatch):
                                                                                               port, systemd=True)):
         pass
     assert e.value.kind == "spawn"
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
+def test_systemd_run_properties_are_valid_for_systemd(tmp_path):
+    """Differential: the properties and service type given to systemd-run, written as a unit file, pass systemd's
+    own `systemd-analyze verify` (which works without systemd running); a misspelt one is caught."""
+    from runbook.tune.launch import systemd_run_argv
+
+    argv = systemd_run_argv(Launch(("/bin/sleep", "5"), tmp_path / "u.log", 8000, env={"HF_TOKEN": "x" * 8}),
+                            "/bin/sleep", "runbook-tune-8000.service", user=False)
+    props = [a.split("=", 1)[1] for a in argv if a.startswith("--property=")]
+    service_type = next(a.split("=", 1)[1] for a in argv if a.startswith("--service-type="))
+
+    def verify(lines: list[str]) -> str:
+        unit = tmp_path / "runbook-tune-8000.service"
+        unit.write_text("\n".join(["[Service]", f"Type={service_type}", "ExecStart=/bin/sleep 5", *lines]) + "\n")
+        cp = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+        return "\n".join(x for x in (cp.stdout + cp.stderr).splitlines() if unit.name in x)
+
+    assert verify(props) == ""
+    assert "Failed to parse kill mode" in verify([*props, "KillMode=control-grup"])     # the check can fail

@@ -289,13 +289,7 @@ class _Unit:
         _check_systemd(self.ctl, env)
         _check_log_path(launch.log_path)
         os.close(_open_log(launch.log_path))    # created 0600 by us; systemd then writes into it (file: keeps the mode)
-        argv = (["systemd-run"] + (["--user"] if user else []) +
-                [f"--unit={self.unit}", "--collect", "--quiet", "--service-type=exec",
-                 f"--property=StandardOutput=file:{launch.log_path}", "--property=StandardError=inherit",
-                 "--property=KillMode=control-group", f"--property=TimeoutStopSec={int(GRACE_S)}s",
-                 "--property=SendSIGKILL=yes"] +
-                [f"--setenv={k}" for k in sorted(launch.env)] +   # the value comes from systemd-run's environment
-                ["--", exe, *(a.replace("$", "$$") for a in launch.argv[1:])])  # $ is systemd's variable syntax
+        argv = systemd_run_argv(launch, exe, self.unit, user)
         try:    # tune SIGKILLed or SIGTERMed: no PR_SET_PDEATHSIG reaches a unit, the watchdog stops it
             self.watchdog = Watchdog(self.ctl, stop_units=(self.unit,))
         except WatchdogFailed as e:
@@ -339,6 +333,17 @@ class _Unit:
         while self.alive() and time.monotonic() < deadline:
             time.sleep(POLL_S)
         self.watchdog.disarm()
+
+
+def systemd_run_argv(launch: Launch, exe: str, unit: str, user: bool) -> list[str]:
+    """The `systemd-run` command for a candidate (tests check its properties with `systemd-analyze verify`)."""
+    return (["systemd-run"] + (["--user"] if user else []) +
+            [f"--unit={unit}", "--collect", "--quiet", "--service-type=exec",
+             f"--property=StandardOutput=file:{launch.log_path}", "--property=StandardError=inherit",
+             "--property=KillMode=control-group", f"--property=TimeoutStopSec={int(GRACE_S)}s",
+             "--property=SendSIGKILL=yes"] +
+            [f"--setenv={k}" for k in sorted(launch.env)] +   # the value comes from systemd-run's environment
+            ["--", exe, *(a.replace("$", "$$") for a in launch.argv[1:])])  # $ is systemd's variable syntax
 
 
 def _ctl(argv: list[str], env: Mapping[str, str], timeout: float = CTL_TIMEOUT_S) -> subprocess.CompletedProcess | None:

@@ -82,7 +82,8 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
     only = [n for chunk in a.only for n in _csv(chunk)]
     opts = RunOptions(deployment=a.deployment, only=only, params=a.param, out=Path(a.out), timeout=a.timeout,
-                      run_timeout=a.run_timeout, keep=a.keep, strict=a.strict, kernel=a.kernel, archive_url=a.archive_url)
+                      run_timeout=a.run_timeout, keep=a.keep, strict=a.strict, kernel=a.kernel, archive_url=a.archive_url,
+                      textfile_dir=a.textfile_dir)
     if a.notebooks:
         opts.notebooks_dir = Path(a.notebooks)
     code, _ = run(opts)
@@ -345,6 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--archive-url", type=_archive_url, default=None, metavar="URL",
                    help="also upload the run to s3://BUCKET/PREFIX/<host>/<run id>/ (default: $RUNBOOK_ARCHIVE_URL, "
                         "else the spec's archive.url)")
+    r.add_argument("--textfile-dir", default=None, metavar="DIR",
+                   help="write the run's Prometheus metrics to DIR/runbook_<deployment>.prom for node_exporter's textfile "
+                        "collector (default: $RUNBOOK_TEXTFILE_DIR, else the spec's alerts.textfile_dir)")
     r.set_defaults(fn=_cmd_run)
 
     for stage in registry.stages():

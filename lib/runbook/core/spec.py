@@ -315,6 +315,42 @@ class Archive(_Strict):
         return v
 
 
+def http_url_problem(url: str) -> str | None:
+    """Why a link base (http(s)://HOST/PATH, shown in alerts) is refused, or None: no credentials, query or fragment."""
+    if not isinstance(url, str) or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        return "must be a URL such as https://runbooks.example.com/fleet, without spaces or control characters"
+    m = re.fullmatch(r"https?://([^/?#@]+)(/[^?#@]*)?", url)
+    if not m:
+        return f"must be an http(s) URL without user@, ?query or #fragment, e.g. https://runbooks.example.com/fleet (got {url!r})"
+    return None
+
+
+class Alerts(_Strict):
+    """Prometheus metrics of every run, for node_exporter's textfile collector (docs/alerts.md)."""
+    textfile_dir: str | None = Field(None, description="write runbook_<deployment>.prom here after each run (node_exporter's "
+                                                       "--collector.textfile.directory); $RUNBOOK_TEXTFILE_DIR and "
+                                                       "--textfile-dir win over it")
+    interval_s: int = Field(86400, gt=0, le=MAX_SECONDS, description="how often cron or the timer runs the runbook: "
+                                                                     "the 'not run' alert fires after twice this")
+    link_base: str | None = Field(None, description="where the archive is served (the fleet's --link-base): alerts link "
+                                                    "<link_base>/<host>/<run id>/summary.html")
+
+    @field_validator("textfile_dir")
+    @classmethod
+    def _dir_ok(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in v)):
+            raise ValueError(f"must be an absolute directory such as /var/lib/prometheus/node-exporter (got {v!r})")
+        return v
+
+    @field_validator("link_base")
+    @classmethod
+    def _link_ok(cls, v: str | None) -> str | None:
+        problem = None if v is None else http_url_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v.rstrip("/") if v else v
+
+
 class Deployment(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     description: str = ""
@@ -327,6 +363,7 @@ class Deployment(_Strict):
     accuracy: Accuracy = Accuracy()
     slo: SLO = SLO()
     archive: Archive = Archive(url=None)
+    alerts: Alerts = Alerts()
     # Filled by load(): where the spec came from, for resolving relative paths and for messages.
     source: str | None = Field(None, exclude=True)
 

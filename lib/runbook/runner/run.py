@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from runbook import alerts
 from runbook.core import paths, registry, secrets
 from runbook.core import spec as spec_mod
 from runbook.core.errors import LockHeld, SpecError
@@ -56,6 +57,7 @@ class RunOptions:
     notebooks_dir: Path = NOTEBOOKS
     kernel: str | None = None
     archive_url: str | None = None   # else $RUNBOOK_ARCHIVE_URL, else the spec's archive.url
+    textfile_dir: str | None = None  # else $RUNBOOK_TEXTFILE_DIR, else the spec's alerts.textfile_dir
 
 
 @dataclass
@@ -487,6 +489,9 @@ def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
     only = validate_options(opts)
     spec = spec_mod.load(opts.deployment)
     archive_url = upload.resolve_url(opts.archive_url, spec.archive.url)
+    textfile_dir, where = alerts.textfile.resolve_dir(opts.textfile_dir, spec.alerts.textfile_dir)
+    if textfile_dir:
+        alerts.textfile.check_dir(textfile_dir, where)
     nbs = discover(Path(opts.notebooks_dir), only)
     per_nb = params_mod.resolve(opts.params, nbs)
     scrub = _run_secrets(spec)
@@ -548,6 +553,8 @@ def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
                 up: dict[str, Any] = summary["archive"]
                 _record_upload(final, summary, up["finding"], up["url"], scrub)
             archive.write_index(out_dir)
+        if textfile_dir:
+            alerts.publish(textfile_dir, summary, final, spec, scrub, log)
         log(f"run {run_id}: exit {code} ({verdict})")
     print(secrets.redact_text(one_screen(summary, final), scrub))
     return code, final

@@ -54,8 +54,8 @@ GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("runbook_kv_tokens_observed", "KV pool tokens the running server reports (log, else /server_info).", ()),
     ("runbook_service_drift_flags", "Flags whose running value differs from the unit's (server reached).", ()),
     ("runbook_bench_output_tokens_per_second", "Output throughput of a benchmark level.", ("level",)),
-    ("runbook_bench_ttft_seconds", "Time to first token of a benchmark level, per quantile.", ("level", "quantile")),
-    ("runbook_bench_tpot_seconds", "Time per output token of a benchmark level, per quantile.", ("level", "quantile")),
+    ("runbook_bench_ttft_seconds", "Time to first token of a benchmark level, per percentile (p50, p99).", ("level", "percentile")),
+    ("runbook_bench_tpot_seconds", "Time per output token of a benchmark level, per percentile (p50, p99).", ("level", "percentile")),
     ("runbook_bench_max_concurrency_within_slo", "Highest concurrency meeting the SLOs (0: none did).", ()),
     ("runbook_bench_max_rate_within_slo_requests_per_second", "Highest request rate meeting the SLOs (0: none did).", ()),
     ("runbook_bench_change_ratio", "A benchmark figure against the previous run: now / then - 1.", ("figure", "level")),
@@ -168,10 +168,10 @@ def _levels(m: Metrics, bench: dict[str, Any]) -> None:
         m.set("runbook_bench_output_tokens_per_second", lv.get("output_tok_s"), level=label)
         for key, gauge in (("ttft_ms", "runbook_bench_ttft_seconds"), ("tpot_ms", "runbook_bench_tpot_seconds")):
             q = lv.get(key) if isinstance(lv.get(key), dict) else {}
-            for p, quantile in (("p50", "0.5"), ("p99", "0.99")):
+            for p in ("p50", "p99"):     # `quantile` is reserved for summaries (promtool check metrics)
                 ms = number(q.get(p))
                 if ms is not None:
-                    m.set(gauge, ms / 1000, level=label, quantile=quantile)
+                    m.set(gauge, ms / 1000, level=label, percentile=p)
 
 
 def _figures(m: Metrics, figs: dict[str, Any], previous: dict[str, Any] | None, verify: dict[str, Any]) -> None:

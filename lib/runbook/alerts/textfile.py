@@ -53,5 +53,8 @@ def render(reg: CollectorRegistry, scrub: Iterable[str] = ()) -> str:
 
 
 def write(directory: Path, deployment: str, reg: CollectorRegistry, scrub: Iterable[str] = ()) -> Path:
-    """Replace runbook_<deployment>.prom in `directory` atomically (mode 0644: node_exporter's user reads it)."""
+    """Replace runbook_<deployment>.prom in `directory` atomically (mode 0644: node_exporter's user reads it).
+    The directory is node_exporter's: one that has gone is not created anew where nothing reads it."""
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such directory")
     return atomic_write_text(path_for(directory, deployment), render(reg, scrub), mode=0o644)

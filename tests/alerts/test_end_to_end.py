@@ -71,14 +71,15 @@ class Stack:
         conf = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(tmp / "rules.yml")],
                 "scrape_configs": [{"job_name": "node", "static_configs": [{"targets": [f"127.0.0.1:{self.node_port}"]}]}]}
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(conf))
+        self.logs = [open(tmp / "node.log", "w"), open(tmp / "prometheus.log", "w")]   # noqa: SIM115 (closed by stop())
         self.procs = [
             subprocess.Popen([_exe("prometheus-node-exporter", "node_exporter"), f"--web.listen-address=127.0.0.1:{self.node_port}",
                               "--collector.disable-defaults", "--collector.textfile",
                               f"--collector.textfile.directory={self.textfiles}"],
-                             stdout=subprocess.DEVNULL, stderr=open(tmp / "node.log", "w")),
+                             stdout=subprocess.DEVNULL, stderr=self.logs[0]),
             subprocess.Popen([_exe("prometheus"), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
                               f"--web.listen-address=127.0.0.1:{self.prom_port}"],
-                             stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "w")),
+                             stdout=subprocess.DEVNULL, stderr=self.logs[1]),
         ]
         self.api = f"http://127.0.0.1:{self.prom_port}/api/v1"
         _until("Prometheus ready", lambda: urllib.request.urlopen(f"http://127.0.0.1:{self.prom_port}/-/ready", timeout=2).status == 200)
@@ -94,6 +95,9 @@ class Stack:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait(timeout=10)
+        for f in self.logs:
+            f.close()
 
 
 @pytest.fixture

@@ -94,6 +94,10 @@ class Metrics:
             self.g[name].labels(deployment=self.deployment, **labels).set(v)
 
 
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
 def _stage_names() -> dict[str, str]:
     """notebook stem -> stage name (the `stage` label; a notebook outside the registry keeps its stem less its number)."""
     return {s.notebook: s.name for s in registry.stages()}
@@ -162,12 +166,12 @@ def _checks(m: Metrics, findings: list[Finding]) -> None:
 
 def _levels(m: Metrics, bench: dict[str, Any]) -> None:
     for lv in bench.get("levels") or []:
-        label = lv.get("label") if isinstance(lv, dict) else None
-        if not m.label_ok(label):
+        label = _dict(lv).get("label")
+        if not isinstance(label, str) or not m.label_ok(label):
             continue
         m.set("runbook_bench_output_tokens_per_second", lv.get("output_tok_s"), level=label)
         for key, gauge in (("ttft_ms", "runbook_bench_ttft_seconds"), ("tpot_ms", "runbook_bench_tpot_seconds")):
-            q = lv.get(key) if isinstance(lv.get(key), dict) else {}
+            q = _dict(lv.get(key))
             for p in ("p50", "p99"):     # `quantile` is reserved for summaries (promtool check metrics)
                 ms = number(q.get(p))
                 if ms is not None:
@@ -178,7 +182,7 @@ def _figures(m: Metrics, figs: dict[str, Any], previous: dict[str, Any] | None, 
     for key, gauge in _FIGURES.items():
         m.set(gauge, figs.get(key))
     # verify's own reading wins for the pool: the plan it compared with, and the log's (else /server_info's) figure
-    pred, obs, srv = (verify.get(k) if isinstance(verify.get(k), dict) else {} for k in ("predicted", "observed", "server"))
+    pred, obs, srv = (_dict(verify.get(k)) for k in ("predicted", "observed", "server"))
     if number(pred.get("max_total_num_tokens")) is not None:
         m.set("runbook_kv_tokens_planned", pred["max_total_num_tokens"])
     seen = number(obs.get("max_total_num_tokens"))
@@ -213,12 +217,11 @@ def collect(summary: dict[str, Any], run_dir: Path, previous: dict[str, Any] | N
         doc = _results(run_dir, nb)
         found = _findings(doc)
         every += found
-        data[stage] = doc.get("data") if isinstance(doc.get("data"), dict) else {}
+        data[stage] = _dict(doc.get("data"))
         _stage(m, stage, nb, found, budget)
     _checks(m, every)
     _levels(m, data.get("benchmark") or {})
-    figs = summary.get("metrics") if isinstance(summary.get("metrics"), dict) else {}
-    _figures(m, figs, previous, data.get("verify") or {})
+    _figures(m, _dict(summary.get("metrics")), previous, data.get("verify") or {})
     drift = data.get("service") or {}
     if drift.get("server") and isinstance(drift.get("drift"), list):
         m.set("runbook_service_drift_flags", len(drift["drift"]))

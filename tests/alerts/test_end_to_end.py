@@ -149,11 +149,22 @@ def test_a_run_reaches_prometheus_and_its_failed_check_fires(tmp_path, stack):
     assert alert["annotations"]["runbook_url"] == f"{LINK}/{summary['host']}/{summary['run_id']}/summary.html"
     print(json.dumps(alert, indent=1))           # the closing note's fired alert (pytest -s)
 
+    # a stage verb's report next to the run's file: its own series (source="verb"), node_exporter still reads both
+    env = dict(os.environ, RUNBOOK_E2E_API_KEY=SECRET, RUNBOOK_TEXTFILE_DIR=str(stack.textfiles))
+    verb = subprocess.run([sys.executable, "-m", "runbook", "env", "--deployment", str(tmp_path / "spec.yaml"), "--json"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert verb.returncode == 1 and json.loads(verb.stdout)["findings"], verb.stderr
+    got = _until("the verb's series", lambda: stack.query('runbook_findings{source="verb",stage="environment",status="fail"}'))
+    assert got[0]["value"][1] == "1"
+    assert stack.query("node_textfile_scrape_error")[0]["value"][1] == "0"
+    assert {a["labels"]["source"] for a in _until("both alerts", lambda: len(fired()) == 2 and fired())} == {"run", "verb"}
+
     # the planted secret: in no metric, label, rule or alert Prometheus holds
     match = urllib.parse.quote('{__name__=~"runbook_.*"}')
     series = _get(f"{stack.api}/series?match[]={match}")
     rules = _get(f"{stack.api}/rules")
-    for doc in (text, json.dumps(series), json.dumps(rules), json.dumps(_get(f"{stack.api}/alerts"))):
+    verb_text = (stack.textfiles / "runbook_qwen3.5-397b-a17b-nvfp4.environment.prom").read_text()
+    for doc in (text, verb_text, json.dumps(series), json.dumps(rules), json.dumps(_get(f"{stack.api}/alerts"))):
         assert SECRET not in doc and urllib.parse.quote(SECRET) not in doc
 
 
@@ -168,7 +179,7 @@ def test_a_run_killed_mid_way_leaves_the_previous_textfile(tmp_path, stack):
     second.communicate(timeout=30)
     assert second.returncode == -signal.SIGKILL
     assert prom.read_bytes() == before
-    assert sorted(p.name for p in stack.textfiles.iterdir()) == [prom.name]
+    assert sorted(p.name for p in stack.textfiles.iterdir()) == [prom.name]     # no temp file, nothing half-written
     # and Prometheus still serves the first run's series
     got = _until("series after the kill", lambda: stack.query("runbook_last_run_info"))
     assert got[0]["metric"]["run_id"] in before.decode()

@@ -5,6 +5,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from runbook.alerts import metrics, textfile
+from runbook.core.findings import Finding
 
 from .conftest import RESULTS, SECRET, finding, promtool, write_run
 
@@ -14,8 +15,8 @@ def samples(text: str) -> dict[tuple, float]:
     return {(s.name, frozenset(s.labels.items())): s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-def one(got: dict, name: str, **labels) -> float:
-    return got[(name, frozenset({"deployment": "d1", **labels}.items()))]
+def one(got: dict, name: str, source: str = "run", **labels) -> float:
+    return got[(name, frozenset({"deployment": "d1", "source": source, **labels}.items()))]
 
 
 def collect(run_dir, **kw):
@@ -41,6 +42,7 @@ def test_a_run_becomes_its_gauges(tmp_path):
     assert one(got, "runbook_bench_ttft_seconds", level="c8", percentile="p99") == 0.8
     assert one(got, "runbook_bench_tpot_seconds", level="c1", percentile="p50") == 0.02
     assert one(got, "runbook_bench_max_concurrency_within_slo") == 8 and one(got, "runbook_accuracy_recall_ratio") == 0.9
+    assert one(got, "runbook_stage_timestamp_seconds", stage="verify") == 1767578400 + 60
 
 
 def test_checks_are_the_stages_own_verdicts(tmp_path):
@@ -113,6 +115,22 @@ def test_unreadable_results_leave_the_run_metrics(tmp_path):
 def test_a_deployment_name_that_is_no_label_is_refused(tmp_path):
     with pytest.raises(ValueError, match="cannot be a label"):
         metrics.collect({"deployment": "a b"}, tmp_path)
+    with pytest.raises(ValueError, match="cannot be a label"):
+        metrics.collect_stage(f"d-{SECRET}", "verify", [], {}, 0.0, scrub=[SECRET])
+
+
+def test_a_stage_verbs_report_is_its_own_source(tmp_path):
+    """`runbook bench --textfile-dir`: findings, checks and the stage's figures (the registry's), source="verb",
+    and none of the run's gauges (the "not run" alert is the runs' own)."""
+    found, data = RESULTS["40_benchmark"]
+    m = metrics.collect_stage("d1", "benchmark", [Finding.from_dict(f) for f in found], data, 1767578400.0, threshold_pct=20)
+    got = samples(textfile.render(m.registry))
+    assert one(got, "runbook_findings", "verb", stage="benchmark", status="warn") == 1
+    assert one(got, "runbook_check_failed", "verb", check="bench_regression") == 1
+    assert one(got, "runbook_bench_output_tokens_per_second", "verb", level="c8") == 300
+    assert one(got, "runbook_bench_regression_threshold_ratio", "verb") == 0.2
+    assert one(got, "runbook_stage_timestamp_seconds", "verb", stage="benchmark") == 1767578400
+    assert not [k for k in got if k[0].startswith("runbook_last_run") or ("source", "run") in k[1]]
 
 
 def test_promtool_accepts_the_textfile(tmp_path):

@@ -85,4 +85,7 @@ def test_the_dashboard_is_json_over_the_exporters_metrics_with_a_row_per_stage()
     assert rows[0].startswith("Fleet") and rows[1:] == [s.notebook for s in registry.stages()]
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
+    cells = [(p["gridPos"]["x"] + dx, p["gridPos"]["y"] + dy) for p in dash["panels"]
+             for dx in range(p["gridPos"]["w"]) for dy in range(p["gridPos"]["h"])]
+    assert len(cells) == len(set(cells)) and max(x for x, _ in cells) < 24     # no two panels overlap, 24 columns
     assert all("$instance" in e for e in _exprs(dash) if "label_values(runbook_last_run_timestamp_seconds," not in e)

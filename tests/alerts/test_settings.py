@@ -67,3 +67,41 @@ def test_a_missing_textfile_dir_stops_the_run_before_anything_is_written(tmp_pat
 def test_the_cli_takes_the_flag():
     a = cli.build_parser().parse_args(["run", "--textfile-dir", "/var/lib/prometheus/node-exporter"])
     assert a.textfile_dir == "/var/lib/prometheus/node-exporter"
+
+
+def test_a_stage_verb_writes_its_report(tmp_path, capsys, monkeypatch):
+    """`runbook kv --textfile-dir DIR`: the plan's figures and findings in runbook_<deployment>.kv_memory.prom;
+    --json's stdout stays the JSON document (the textfile's line goes to stderr)."""
+    import json
+
+    monkeypatch.delenv("RUNBOOK_TEXTFILE_DIR", raising=False)
+    assert cli.main(["kv", "--json", "--textfile-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["findings"] and "metrics written to" in out.err
+    text = (tmp_path / "runbook_qwen3.5-397b-a17b-nvfp4.kv_memory.prom").read_text()
+    assert 'runbook_kv_tokens_planned{deployment="qwen3.5-397b-a17b-nvfp4",source="verb"}' in text
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["kv", "--textfile-dir", "MISSING"], 2, "--textfile-dir .*: not a directory"),
+    (["kv", "models/qwen3.5-397b-a17b-nvfp4", "--textfile-dir", "TMP"], 2, "metrics are per deployment; give --deployment"),
+])
+def test_a_stage_verb_refuses_before_it_runs(tmp_path, capsys, monkeypatch, args, code, words):
+    import re
+
+    from conftest import REPO
+    monkeypatch.chdir(REPO)
+    args = [str(tmp_path / "missing") if x == "MISSING" else str(tmp_path) if x == "TMP" else x for x in args]
+    assert cli.main(args) == code
+    err = capsys.readouterr().err.strip()
+    assert re.search(words, err) and err.count("\n") == 0
+    assert not list(tmp_path.iterdir())
+
+
+def test_without_a_deployment_the_environments_directory_is_left_alone(tmp_path, capsys, monkeypatch):
+    """RUNBOOK_TEXTFILE_DIR set for the host's runs; `runbook kv MODEL_DIR` has no deployment: nothing written, no error."""
+    from conftest import REPO
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("RUNBOOK_TEXTFILE_DIR", str(tmp_path))
+    assert cli.main(["kv", "models/qwen3.5-397b-a17b-nvfp4"]) == 0
+    assert not list(tmp_path.iterdir())

@@ -84,3 +84,12 @@ def test_publish_logs_a_failure_and_keeps_going(tmp_path):
     assert "textfile not written" in lines[0]
     ok = publish(tmp_path, {"deployment": spec.name, "notebooks": [], "run_id": "r", "host": "h"}, run, spec, [], lines.append)
     assert ok and ok.name == f"runbook_{spec.name}.prom" and "metrics written" in lines[1]
+
+
+def test_a_run_supersedes_the_stage_verbs_files_of_the_stages_it_ran(tmp_path):
+    spec = spec_mod.load(None)
+    ran = {"deployment": spec.name, "run_id": "r", "host": "h", "notebooks": [{"name": "35_verify", "status": "ok"}]}
+    for stage in ("verify", "benchmark"):
+        textfile.write(tmp_path, spec.name, _registry(1), stage=stage)
+    publish(tmp_path, ran, write_run(tmp_path / "out"), spec, [], [].append)
+    assert sorted(p.name for p in tmp_path.glob("*.prom")) == [f"runbook_{spec.name}.benchmark.prom", f"runbook_{spec.name}.prom"]

@@ -45,6 +45,7 @@ GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("runbook_last_run_completed", "1 when every notebook of the last run ran to its end, else 0.", ()),
     ("runbook_last_run_info", "The last run's id, host and archive link (value 1).", ("host", "run_id", "url")),
     ("runbook_run_interval_seconds", "How often the runbook is meant to run (the spec's alerts.interval_s).", ()),
+    ("runbook_stage_timestamp_seconds", "When the stage's findings below were made (Unix time).", ("stage",)),
     ("runbook_notebook_completed", "1 when the stage's notebook ran to its end in the last run, else 0.", ("stage",)),
     ("runbook_notebook_duration_seconds", "Wall time of the stage's notebook in the last run.", ("stage",)),
     ("runbook_findings", "Findings of the stage per status in the last run.", ("stage", "status")),
@@ -74,13 +75,17 @@ _CHANGES = ("max_concurrency_within_slo", "max_rate_within_slo")   # besides out
 
 
 class Metrics:
-    """The gauges of one deployment's textfile; `label_ok` decides which values may become labels."""
+    """The gauges of one textfile; `label_ok` decides which values may become labels. `source` is "run" for
+    `runbook run`'s file, "verb" for a stage verb's (`runbook verify --textfile-dir`): the same series from
+    both never collide in node_exporter, and an alert says which one found it."""
 
-    def __init__(self, deployment: str, scrub: Iterable[str] = ()):
+    def __init__(self, deployment: str, source: str = "run", scrub: Iterable[str] = ()):
         self.registry = CollectorRegistry(auto_describe=True)
         self.forms = secrets.expand(scrub)
-        self.deployment = deployment
-        self.g = {name: Gauge(name, doc, ("deployment", *labels), registry=self.registry) for name, doc, labels in GAUGES}
+        self.deployment, self.source = deployment, source
+        if not self.label_ok(deployment):
+            raise ValueError(f"deployment name {deployment!r} cannot be a label value")
+        self.g = {name: Gauge(name, doc, ("deployment", "source", *labels), registry=self.registry) for name, doc, labels in GAUGES}
 
     def label_ok(self, value: Any, url: bool = False) -> bool:
         """An id (or, for `url`, the archive link this module builds from the spec's validated link_base)."""
@@ -91,7 +96,7 @@ class Metrics:
     def set(self, name: str, value: Any, **labels: str) -> None:
         v = number(value)
         if v is not None and all(self.label_ok(x, url=k == "url") for k, x in labels.items()):
-            self.g[name].labels(deployment=self.deployment, **labels).set(v)
+            self.g[name].labels(deployment=self.deployment, source=self.source, **labels).set(v)
 
 
 def _dict(v: Any) -> dict[str, Any]:
@@ -124,14 +129,15 @@ def _findings(doc: dict[str, Any]) -> list[Finding]:
     return out
 
 
-def _run(m: Metrics, summary: dict[str, Any], interval_s: float, link_base: str | None, threshold_pct: float) -> None:
+def _run(m: Metrics, summary: dict[str, Any], interval_s: float, link_base: str | None) -> float | None:
+    """The run's own gauges; returns when it finished."""
     try:
-        started = dt.datetime.fromisoformat(str(summary.get("started"))).timestamp()
+        started: float | None = dt.datetime.fromisoformat(str(summary.get("started"))).timestamp()
     except ValueError:
         started = None
     duration = number(summary.get("duration_s")) or 0.0
-    if started is not None:
-        m.set("runbook_last_run_timestamp_seconds", round(started + duration, 3))
+    finished = round(started + duration, 3) if started is not None else None
+    m.set("runbook_last_run_timestamp_seconds", finished)
     m.set("runbook_last_run_duration_seconds", duration)
     m.set("runbook_last_run_exit_code", summary.get("exit_code"))
     m.set("runbook_last_run_completed", int(all(n.get("status") == "ok" for n in summary.get("notebooks") or [])))
@@ -139,12 +145,11 @@ def _run(m: Metrics, summary: dict[str, Any], interval_s: float, link_base: str 
     url = f"{link_base}/{host}/{run_id}/summary.html" if link_base and m.label_ok(host) and m.label_ok(run_id) else ""
     m.set("runbook_last_run_info", 1, host=host, run_id=run_id, url=url)
     m.set("runbook_run_interval_seconds", interval_s)
-    m.set("runbook_bench_regression_threshold_ratio", threshold_pct / 100)
+    return finished
 
 
-def _stage(m: Metrics, stage: str, nb: dict[str, Any], findings: list[Finding], budget: list[int]) -> None:
-    m.set("runbook_notebook_completed", int(nb.get("status") == "ok"), stage=stage)
-    m.set("runbook_notebook_duration_seconds", nb.get("duration_s"), stage=stage)
+def _stage(m: Metrics, stage: str, findings: list[Finding], when: float | None, budget: list[int]) -> None:
+    m.set("runbook_stage_timestamp_seconds", when, stage=stage)
     tally = {s: 0 for s in STATUSES}
     for f in findings:
         tally[f.status] += 1
@@ -199,30 +204,48 @@ def _figures(m: Metrics, figs: dict[str, Any], previous: dict[str, Any] | None, 
             m.set("runbook_bench_change_ratio", round(now / then - 1, 6), figure=key, level="all")
 
 
+def _measured(m: Metrics, stages: dict[str, tuple[list[Finding], dict[str, Any]]], figs: dict[str, Any],
+              previous: dict[str, Any] | None, threshold_pct: float) -> None:
+    """What the stages decided and measured: checks, benchmark levels, figures, drift."""
+    _checks(m, [f for found, _ in stages.values() for f in found])
+    data = {stage: d for stage, (_, d) in stages.items()}
+    _levels(m, data.get("benchmark") or {})
+    _figures(m, figs, previous, data.get("verify") or {})
+    drift = data.get("service") or {}
+    if drift.get("server") and isinstance(drift.get("drift"), list):
+        m.set("runbook_service_drift_flags", len(drift["drift"]))
+    if "benchmark" in stages:
+        m.set("runbook_bench_regression_threshold_ratio", threshold_pct / 100)
+
+
 def collect(summary: dict[str, Any], run_dir: Path, previous: dict[str, Any] | None = None, interval_s: float = 86400,
             link_base: str | None = None, threshold_pct: float = 10.0, scrub: Iterable[str] = ()) -> Metrics:
     """The gauges of one finished run. `previous`: the deployment's run before it (its summary), for the
     benchmark's change ratios; `scrub`: secret values no label may contain."""
-    m = Metrics(str(summary.get("deployment")), scrub)
-    if not m.label_ok(m.deployment):
-        raise ValueError(f"deployment name {m.deployment!r} cannot be a label value")
-    _run(m, summary, interval_s, link_base, threshold_pct)
+    m = Metrics(str(summary.get("deployment")), "run", scrub)
+    finished = _run(m, summary, interval_s, link_base)
     names = _stage_names()
-    data: dict[str, dict[str, Any]] = {}
-    every: list[Finding] = []
+    stages: dict[str, tuple[list[Finding], dict[str, Any]]] = {}
     budget = [MAX_FINDING_SERIES]
     for nb in summary.get("notebooks") or []:
         stem = str(nb.get("name") or "")
         stage = names.get(stem, re.sub(r"^\d+[_-]", "", stem))
         doc = _results(run_dir, nb)
-        found = _findings(doc)
-        every += found
-        data[stage] = _dict(doc.get("data"))
-        _stage(m, stage, nb, found, budget)
-    _checks(m, every)
-    _levels(m, data.get("benchmark") or {})
-    _figures(m, _dict(summary.get("metrics")), previous, data.get("verify") or {})
-    drift = data.get("service") or {}
-    if drift.get("server") and isinstance(drift.get("drift"), list):
-        m.set("runbook_service_drift_flags", len(drift["drift"]))
+        stages[stage] = (_findings(doc), _dict(doc.get("data")))
+        m.set("runbook_notebook_completed", int(nb.get("status") == "ok"), stage=stage)
+        m.set("runbook_notebook_duration_seconds", nb.get("duration_s"), stage=stage)
+        _stage(m, stage, stages[stage][0], finished, budget)
+    _measured(m, stages, _dict(summary.get("metrics")), previous, threshold_pct)
+    return m
+
+
+def collect_stage(deployment: str, stage: str, findings: list[Finding], data: dict[str, Any], when: float,
+                  slo: Any = None, threshold_pct: float = 10.0, scrub: Iterable[str] = ()) -> Metrics:
+    """The gauges of one stage verb's report (`runbook verify --textfile-dir DIR`): its findings, checks and
+    figures, with source="verb"; no run gauges (the "not run" alert stays the runs' own)."""
+    m = Metrics(deployment, "verb", scrub)
+    _stage(m, stage, findings, when, [MAX_FINDING_SERIES])
+    st = registry.get(stage)
+    figs = st.figures(data, slo) if st.figures is not None else {}
+    _measured(m, {stage: (findings, data)}, figs, None, threshold_pct)
     return m

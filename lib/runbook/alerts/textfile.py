@@ -43,8 +43,9 @@ def check_dir(path: Path, where: str) -> None:
                         "(deploy/ansible/runbook.yml sets the directory's group) or choose another directory")
 
 
-def path_for(directory: Path, deployment: str) -> Path:
-    return directory / f"runbook_{deployment}.prom"
+def path_for(directory: Path, deployment: str, stage: str | None = None) -> Path:
+    """runbook_<deployment>.prom for a run; runbook_<deployment>.<stage>.prom for a stage verb's report."""
+    return directory / (f"runbook_{deployment}.{stage}.prom" if stage else f"runbook_{deployment}.prom")
 
 
 def render(reg: CollectorRegistry, scrub: Iterable[str] = ()) -> str:
@@ -52,9 +53,9 @@ def render(reg: CollectorRegistry, scrub: Iterable[str] = ()) -> str:
     return secrets.redact_text(generate_latest(reg).decode("utf-8"), scrub)
 
 
-def write(directory: Path, deployment: str, reg: CollectorRegistry, scrub: Iterable[str] = ()) -> Path:
+def write(directory: Path, deployment: str, reg: CollectorRegistry, scrub: Iterable[str] = (), stage: str | None = None) -> Path:
     """Replace runbook_<deployment>.prom in `directory` atomically (mode 0644: node_exporter's user reads it).
     The directory is node_exporter's: one that has gone is not created anew where nothing reads it."""
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: no such directory")
-    return atomic_write_text(path_for(directory, deployment), render(reg, scrub), mode=0o644)
+    return atomic_write_text(path_for(directory, deployment, stage), render(reg, scrub), mode=0o644)

@@ -93,3 +93,25 @@ def test_a_run_supersedes_the_stage_verbs_files_of_the_stages_it_ran(tmp_path):
         textfile.write(tmp_path, spec.name, _registry(1), stage=stage)
     publish(tmp_path, ran, write_run(tmp_path / "out"), spec, [], [].append)
     assert sorted(p.name for p in tmp_path.glob("*.prom")) == [f"runbook_{spec.name}.benchmark.prom", f"runbook_{spec.name}.prom"]
+
+
+def test_a_stage_verbs_file_holds_no_secret_of_the_spec(tmp_path, monkeypatch):
+    """The spec's env_file values and its API key variable's value (core/secrets.of_spec) are scrubbed from the verb's
+    labels: a finding id holding one is counted, never a label."""
+    from types import SimpleNamespace
+
+    from conftest import spec_data
+
+    from runbook.alerts import publish_stage
+    from runbook.core.findings import Finding
+
+    (tmp_path / "secrets.env").write_text(f"HF_HUB_X={SECRET}\n")
+    monkeypatch.setenv("RUNBOOK_TEST_KEY", SECRET + "-key")
+    spec = spec_mod.from_dict(spec_data(**{"serving.env_file": "secrets.env", "serving.api_key_env": "RUNBOOK_TEST_KEY"}),
+                              str(tmp_path / "spec.yaml"))
+    report = SimpleNamespace(findings=[Finding(f"verify.{SECRET}", "fail", "t"), Finding(f"verify.{SECRET}-key", "fail", "t"),
+                                       Finding("verify.kv_dtype", "fail", "t")], data=lambda: {})
+    path = publish_stage(tmp_path, spec, "verify", report, [].append)
+    text = path.read_text()
+    assert path.name == f"runbook_{spec.name}.verify.prom" and SECRET not in text
+    assert 'id="verify.kv_dtype"' in text and f'source="verb",stage="verify",status="fail"}} 3.0' in text

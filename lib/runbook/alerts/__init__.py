@@ -6,7 +6,6 @@ An upper layer like runner and fleet: it reads a run's summary and results files
 """
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -16,7 +15,7 @@ from runbook.alerts import metrics, textfile
 from runbook.core import registry, secrets
 from runbook.core.archive import list_runs
 
-__all__ = ["metrics", "textfile", "publish", "publish_stage", "spec_secrets"]
+__all__ = ["metrics", "textfile", "publish", "publish_stage"]
 
 
 def _previous(out_dir: Path, deployment: str, run_id: str) -> dict[str, Any] | None:
@@ -45,19 +44,10 @@ def publish(directory: Path, summary: dict[str, Any], run_dir: Path, spec: Any, 
     return path
 
 
-def spec_secrets(spec: Any) -> set[str]:
-    """Secret values no label may hold: secret-looking environment variables, the spec's API key variable's
-    value and its env_file's values."""
-    extra = [os.environ.get(spec.serving.api_key_env) or ""] if spec.serving.api_key_env else []
-    if spec.serving.env_file:
-        extra += secrets.read_env_file(spec.resolve_path(spec.serving.env_file)).values()
-    return secrets.secret_values(extra=extra)
-
-
 def publish_stage(directory: Path, spec: Any, stage: str, report: Any, log: Callable[[str], None]) -> Path | None:
     """A stage verb's report as runbook_<deployment>.<stage>.prom (source="verb"), until a run of that stage replaces it."""
     try:
-        scrub = spec_secrets(spec)
+        scrub = secrets.of_spec(spec)
         m = metrics.collect_stage(spec.name, stage, list(report.findings), report.data(), time.time(), spec.slo,
                                   spec.benchmark.regression_threshold_pct, scrub)
         path = textfile.write(directory, spec.name, m.registry, scrub, stage=stage)

@@ -394,14 +394,8 @@ def validate_options(opts: RunOptions) -> list[str]:
 
 
 def _run_secrets(spec: spec_mod.Deployment) -> set[str]:
-    """Secret values to scrub: secret-looking environment variables, the API key variable the spec
-    names, and the values in serving.env_file (relative to the spec file, not the working directory)."""
-    extra: list[str] = []
-    if spec.serving.api_key_env and os.environ.get(spec.serving.api_key_env):
-        extra.append(os.environ[spec.serving.api_key_env])
-    if spec.serving.env_file:
-        extra += secrets.read_env_file(spec.resolve_path(spec.serving.env_file)).values()
-    return secrets.secret_values(extra=extra)
+    """Secret values to scrub (core/secrets.of_spec: the environment's, the API key's, serving.env_file's)."""
+    return secrets.of_spec(spec)
 
 
 def _make_private_dir(path: Path) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from runbook import alerts
 from runbook.core import paths, registry, secrets
 from runbook.core import spec as spec_mod
 from runbook.core.errors import LockHeld, SpecError
@@ -56,6 +57,7 @@ class RunOptions:
     notebooks_dir: Path = NOTEBOOKS
     kernel: str | None = None
     archive_url: str | None = None   # else $RUNBOOK_ARCHIVE_URL, else the spec's archive.url
+    textfile_dir: str | None = None  # else $RUNBOOK_TEXTFILE_DIR, else the spec's alerts.textfile_dir
 
 
 @dataclass
@@ -392,14 +394,8 @@ def validate_options(opts: RunOptions) -> list[str]:
 
 
 def _run_secrets(spec: spec_mod.Deployment) -> set[str]:
-    """Secret values to scrub: secret-looking environment variables, the API key variable the spec
-    names, and the values in serving.env_file (relative to the spec file, not the working directory)."""
-    extra: list[str] = []
-    if spec.serving.api_key_env and os.environ.get(spec.serving.api_key_env):
-        extra.append(os.environ[spec.serving.api_key_env])
-    if spec.serving.env_file:
-        extra += secrets.read_env_file(spec.resolve_path(spec.serving.env_file)).values()
-    return secrets.secret_values(extra=extra)
+    """Secret values to scrub (core/secrets.of_spec: the environment's, the API key's, serving.env_file's)."""
+    return secrets.of_spec(spec)
 
 
 def _make_private_dir(path: Path) -> None:
@@ -487,6 +483,9 @@ def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
     only = validate_options(opts)
     spec = spec_mod.load(opts.deployment)
     archive_url = upload.resolve_url(opts.archive_url, spec.archive.url)
+    textfile_dir, where = alerts.textfile.resolve_dir(opts.textfile_dir, spec.alerts.textfile_dir)
+    if textfile_dir:
+        alerts.textfile.check_dir(textfile_dir, where)
     nbs = discover(Path(opts.notebooks_dir), only)
     per_nb = params_mod.resolve(opts.params, nbs)
     scrub = _run_secrets(spec)
@@ -548,6 +547,8 @@ def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
                 up: dict[str, Any] = summary["archive"]
                 _record_upload(final, summary, up["finding"], up["url"], scrub)
             archive.write_index(out_dir)
+        if textfile_dir:
+            alerts.publish(textfile_dir, summary, final, spec, scrub, log)
         log(f"run {run_id}: exit {code} ({verdict})")
     print(secrets.redact_text(one_screen(summary, final), scrub))
     return code, final

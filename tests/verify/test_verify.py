@@ -124,7 +124,7 @@ def test_default_deployment_passes(tmp_path):
     assert not [x for x in rep.findings if x.status == "fail"]
     j = document(rep)
     assert set(j["observed"]) == set(j["predicted"]) == {"kv_dtype", "max_total_num_tokens", "max_running_requests", "context_len",
-                                                          "weights_gib_per_gpu", "avail_mem_gib_after_start"}
+                                                          "weights_gib_per_gpu", "avail_mem_gib_after_start", "max_state_slots"}
     assert j["observed"]["max_total_num_tokens"] == j["predicted"]["max_total_num_tokens"] == PLAN_TOKENS
     assert j["log"]["source"].startswith("file:") and j["log"]["start_time"] == "2026-01-05 10:00:00"
     assert all(set(w) == {"id", "line"} for w in j["warnings"])
@@ -256,7 +256,8 @@ def test_server_info_with_a_different_pool(tmp_path, monkeypatch):
     f = ids(rep.findings)
     assert f["verify.server.tokens"].status == "fail" and f["verify.server.kv_dtype"].status == "pass"
     assert f["verify.server.restarted"].status == "warn" and f["verify.tokens"].status == "pass"
-    assert document(rep)["rows"][2]["server"] == int(PLAN_TOKENS * 0.85)
+    rows = {r["quantity"]: r for r in document(rep)["rows"]}
+    assert rows["max_total_num_tokens"]["server"] == int(PLAN_TOKENS * 0.85)
     assert SECRET not in json.dumps(document(rep))
 
 

@@ -23,10 +23,7 @@ from typing import Any
 
 from runbook.verify import logparse
 
-try:
-    from .sglang_formats import fill, line
-except ImportError:   # run as `python -m verify.log_forms`
-    from verify.sglang_formats import fill, line   # type: ignore[no-redef]
+from .sglang_formats import fill, line
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "sglang-wheels"

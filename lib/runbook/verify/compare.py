@@ -58,7 +58,8 @@ def bytes_per_token(facts: Facts, draft: bool = False) -> int | None:
 def _causes(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags: dict[str, Any], gpu_mem_gib: float | None,
             plan_frac: float | None, replanned: dict[str, Any] | None = None) -> list[str]:
     out = []
-    _, words = replan.verdict(replanned, pred.get("weights_gib_per_gpu"), obs.get("max_total_num_tokens"))
+    _, words = replan.verdict(replanned, pred.get("weights_gib_per_gpu"), obs.get("max_total_num_tokens"),
+                              pred.get("max_total_num_tokens"))
     if words:
         out.append(words)
     ow, pw = obs.get("weights_gib_per_gpu"), pred.get("weights_gib_per_gpu")
@@ -75,7 +76,7 @@ def _causes(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags:
         out.append(f"the unit's --mem-fraction-static {frac} is not the plan's {plan_frac}")
     elif frac is None:
         out.append("--mem-fraction-static is unset: SGLang's heuristic picked the fraction")
-    if any(g["mem_gib"] is not None for g in facts.graphs):
+    if not words and any(g["mem_gib"] is not None for g in facts.graphs):   # a re-plan that explains the pool says it all
         mem = max(g["mem_gib"] or 0.0 for g in facts.graphs)
         out.append(f"CUDA graphs took {mem:.2f} GiB (largest capture); post-capture sizing or a larger --cuda-graph-max-bs-decode "
                    "shrinks the pool")
@@ -110,8 +111,7 @@ def compare(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags:
     if p and o is not None:
         short = (p - o) / p
         status: Status = "fail" if short > FAIL_SHORT else "warn" if short > WARN_SHORT else "pass"
-        title = (f"KV pool {o:,} tokens ({where}), plan {p:,}: " +
-                 (f"{short:.1%} below the plan" if short > 0 else f"{-short:.1%} above the plan"))
+        title = f"KV pool {o:,} tokens ({where}), plan {p:,}: " + _off(short)
         detail = ""
         remedy = ""
         if status != "pass":
@@ -204,6 +204,10 @@ def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> lis
     return out
 
 
+def _off(short: float) -> str:
+    return f"{short:.1%} below the plan" if short > 0 else f"{-short:.1%} above the plan" if short < 0 else "as planned"
+
+
 def _dtype_unread(facts: Facts, want: str) -> Finding:
     """The pool's dtype could not be read: say so (the dtype check is not done), never a silent gap."""
     if facts.kv_unparsed:
@@ -227,8 +231,7 @@ def _state_slots(pred: dict[str, Any], obs: dict[str, Any], where: str, id_prefi
     short = (p - o) / p
     status: Status = "fail" if short > FAIL_SHORT else "warn" if short > WARN_SHORT else "pass"
     return [Finding(f"{id_prefix}.state_slots", status,
-                    f"state pool {o:,} slots ({where}), plan {p:,}: "
-                    + (f"{short:.1%} below the plan" if short > 0 else f"{-short:.1%} above the plan"),
+                    f"state pool {o:,} slots ({where}), plan {p:,}: " + _off(short),
                     detail="the linear-attention state pool (SGLang's max_mamba_cache_size) caps the requests that run at once",
                     remedy="" if status == "pass" else
                     "See the token pool finding: the state pool shares the same budget (--mamba-full-memory-ratio splits it); "

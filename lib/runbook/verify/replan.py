@@ -13,6 +13,7 @@ from runbook.core.units import GIB
 from runbook.verify.logparse import Facts
 
 ARITHMETIC_TOLERANCE = 0.01   # re-derived vs logged token pool: the log's GiB have two decimals; SGLang's own rounding
+AS_PLANNED = 0.02             # logged pool within this of the plan: nothing to explain (compare.WARN_SHORT)
 
 
 def observed_inputs(facts: Facts) -> dict[str, float] | None:
@@ -46,8 +47,11 @@ def replan(plan: Any, facts: Facts, gpu_mem_gib: float | None) -> dict[str, Any]
             "max_state_slots": r.max_state_slots, "verdict": None}
 
 
-def verdict(rp: dict[str, Any] | None, planned_weights_gib: float | None, logged_tokens: int | None) -> tuple[str, str]:
-    """(verdict, words): 'arithmetic_off', 'memory_not_free', 'weights_larger' or 'agrees'; ('', '') without a re-plan."""
+def verdict(rp: dict[str, Any] | None, planned_weights_gib: float | None, logged_tokens: int | None,
+            planned_tokens: int | None = None) -> tuple[str, str]:
+    """(verdict, words): 'arithmetic_off' (the re-plan from the log's inputs misses what SGLang sized), else why the
+    pool is short of the plan: 'memory_not_free' or 'weights_larger'; 'agrees' when nothing needs explaining.
+    ('', '') without a re-plan."""
     if not rp or not rp.get("max_total_num_tokens") or not logged_tokens:
         return "", ""
     r, o = rp["max_total_num_tokens"], logged_tokens
@@ -56,11 +60,13 @@ def verdict(rp: dict[str, Any] | None, planned_weights_gib: float | None, logged
               f"--mem-fraction-static {rp['mem_fraction_static']:g}")
     if abs(off) > ARITHMETIC_TOLERANCE:
         return "arithmetic_off", (f"the arithmetic is off: from the log's own inputs ({inputs}) the plan gives {r:,} tokens, "
-                                  f"SGLang sized {o:,} ({-off:+.1%}): a bug in this project's model of SGLang, not the host "
+                                  f"SGLang sized {o:,} ({(o - r) / r:+.1%}): a bug in this project's model of SGLang, not the host "
                                   "(report it with this log)")
     not_free = rp.get("not_free_at_start_gib") or 0.0
     extra_weights = rp["weights_gib"] - planned_weights_gib if planned_weights_gib else 0.0
     agrees = f"from the log's own inputs ({inputs}) the plan gives {r:,} tokens, as SGLang did: the arithmetic is right"
+    if planned_tokens and (planned_tokens - o) / planned_tokens <= AS_PLANNED:
+        return "agrees", agrees
     if not_free > max(extra_weights, 0.0) and not_free > 0:
         return "memory_not_free", (f"memory was not free at start: {not_free:.2f} of {rp['gpu_memory_gib']:g} GiB per GPU were "
                                    "already taken when the weights began to load (another process, a CUDA context, an "

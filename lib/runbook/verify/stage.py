@@ -124,7 +124,8 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
     rep.replanned = replan.replan(p, facts, spec.hardware.gpu_memory_gib) if p is not None else None
     if rep.replanned:
         rep.replanned["verdict"] = replan.verdict(rep.replanned, pred.get("weights_gib_per_gpu"),
-                                                  rep.observed.get("max_total_num_tokens"))[0] or None
+                                                  rep.observed.get("max_total_num_tokens"),
+                                                  pred.get("max_total_num_tokens"))[0] or None
     if not src.findings:
         if src.errors and not facts.lines:
             findings.append(Finding("verify.log", "skip", f"the journal of {unit_name} could not be read", evidence=src.errors[0],

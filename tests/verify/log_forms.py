@@ -23,7 +23,7 @@ from typing import Any
 
 from runbook.verify import logparse
 
-from .sglang_formats import fill, line
+from .sglang_formats import fill, line, literal_text
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "sglang-wheels"
@@ -81,14 +81,6 @@ VALUES["graph_begin"] = VALUES["graph_end"] = _GRAPH
 ARGS = {"kv_post": ("torch.bfloat16", TOKENS, KV_GIB, GRAPH_AVAIL)}
 
 
-def _text(node: ast.AST) -> str:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.JoinedStr):
-        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
-    return ""
-
-
 def _literals(tree: ast.AST):
     """Whole string literals: f-strings, and plain strings that are not a piece of one."""
     inner = {id(c) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for c in n.values}
@@ -108,7 +100,7 @@ def forms(srt: Path, version: str) -> list[dict[str, str]]:
         if not any(w in text for w in ("Load weight", "KV Cache", "KV cache", "max_total_num_tokens=", "Mamba Cache", "Capture ")):
             continue
         for node in _literals(ast.parse(text)):
-            t = _text(node)
+            t = literal_text(node)
             kind = next((k for k, pred in KINDS.items() if pred(t)), None)
             if kind is None:
                 continue

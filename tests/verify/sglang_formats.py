@@ -25,7 +25,7 @@ def _tree(rel: str) -> ast.AST:
     return ast.parse((SRT / rel).read_text())
 
 
-def _text(node: ast.AST) -> str:
+def literal_text(node: ast.AST) -> str:
     """The literal parts of a string node (placeholders as {})."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
@@ -36,11 +36,11 @@ def _text(node: ast.AST) -> str:
 
 def find(rel: str, needle: str) -> ast.AST:
     """The smallest string literal in sglang/srt/REL whose literal text contains `needle`."""
-    hits = [n for n in ast.walk(_tree(rel)) if isinstance(n, (ast.Constant, ast.JoinedStr)) and needle in _text(n)]
+    hits = [n for n in ast.walk(_tree(rel)) if isinstance(n, (ast.Constant, ast.JoinedStr)) and needle in literal_text(n)]
     # an f-string's own Constant parts also match; prefer the whole literal (JoinedStr) over its pieces
     whole = [n for n in hits if isinstance(n, ast.JoinedStr)] or hits
     assert whole, f"sglang/srt/{rel}: no log format string containing {needle!r} (SGLang's format changed?)"
-    return min(whole, key=lambda n: len(_text(n)))
+    return min(whole, key=lambda n: len(literal_text(n)))
 
 
 def _key(expr: ast.AST) -> list[str]:
@@ -73,7 +73,7 @@ def fill(node: ast.AST, values: dict[str, Any] | None = None, args: tuple = (), 
         keys = _key(v.value)
         hit = next((k for k in keys if k in values), None)
         if hit is None:
-            raise KeyError(f"{where}: no value for placeholder {keys[0]!r} in {_text(node)!r}")
+            raise KeyError(f"{where}: no value for placeholder {keys[0]!r} in {literal_text(node)!r}")
         spec = ast.unparse(v.format_spec)[2:-1] if v.format_spec is not None else ""
         val = values[hit]
         out.append(format(repr(val) if v.conversion == ord("r") else val, spec))

@@ -33,12 +33,12 @@ def replan(plan: Any, facts: Facts, gpu_mem_gib: float | None) -> dict[str, Any]
     frac = getattr(getattr(plan, "result", None), "mem_fraction_static", None)
     if obs is None or frac is None or plan.inputs.kv_budget_gib is not None or obs["free_before_weights_gib"] <= 0:
         return None
-    from runbook.kv import memory as kvmem
+    from runbook import kv
 
     inp = replace(plan.inputs, gpu_mem_gib=obs["free_before_weights_gib"], weights_bytes_per_gpu=int(obs["weights_gib"] * GIB),
                   mem_fraction_static=frac)
     try:
-        r = kvmem.compute(plan.arch, inp)
+        r = kv.compute_pools(plan.arch, inp)   # kv/memory.py's own arithmetic, not a copy
     except InputError:
         return None
     not_free = round(gpu_mem_gib - obs["free_before_weights_gib"], 2) if gpu_mem_gib else None

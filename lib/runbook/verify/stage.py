@@ -93,21 +93,8 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
         flags = dict(service.build(spec).unit.flags)
     except (InputError, SpecError) as e:
         findings.append(Finding("verify.unit", "skip", "the unit could not be built; the spec's flags are used", detail=str(e)))
-    pred: dict[str, Any] = {}
-    bpt_pred: dict[str, int | None] = {"predicted": None, "predicted_draft": None}
-    plan_frac = None
-    p = None
-    try:
-        p = kv.plan_pools(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": flags})}))
-        pred = compare.predicted(p.result)
-        draft = p.result.draft_kv_bytes_per_token_per_gpu
-        # the plan's bytes per token hold the draft's share: the target pool is compared with the rest
-        bpt_pred = {"predicted": p.result.kv_bytes_per_token_per_gpu - draft, "predicted_draft": draft if p.result.speculative else None}
-        plan_frac = p.result.mem_fraction_static
-    except (InputError, SpecError) as e:
-        findings.append(Finding("verify.plan", "skip", f"no plan to compare with: {registry.notebook('kv_memory')} could not run",
-                                detail=str(e),
-                                remedy=f"Fix what {registry.notebook('kv_memory')} reports."))
+    p, pred, bpt_pred = _plan(spec, flags, findings)
+    plan_frac = p.result.mem_fraction_static if p is not None else None
     unit_name = unit or spec.systemd.unit_name
     src = logsource.from_file(log, since_dt) if log else logsource.from_journal(unit_name, since, journalctl, systemctl)
     parser = logparse.Parser(None if log else unit_name)
@@ -161,6 +148,21 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
     if url:
         findings += _server(spec, url, rep, flags, plan_frac, drift or service.drift)
     return _scrub(rep, spec)
+
+
+def _plan(spec: Deployment, flags: dict[str, Any], findings: list[Finding]) -> tuple[Any, dict[str, Any], dict[str, int | None]]:
+    """The plan for the unit (kv.plan_pools), its predicted figures and bytes per token (target, draft)."""
+    try:
+        p = kv.plan_pools(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": flags})}))
+    except (InputError, SpecError) as e:
+        findings.append(Finding("verify.plan", "skip", f"no plan to compare with: {registry.notebook('kv_memory')} could not run",
+                                detail=str(e),
+                                remedy=f"Fix what {registry.notebook('kv_memory')} reports."))
+        return None, {}, {"predicted": None, "predicted_draft": None}
+    draft = p.result.draft_kv_bytes_per_token_per_gpu
+    # the plan's bytes per token hold the draft's share: the target pool is compared with the rest
+    return p, compare.predicted(p.result), {"predicted": p.result.kv_bytes_per_token_per_gpu - draft,
+                                            "predicted_draft": draft if p.result.speculative else None}
 
 
 def _server(spec: Deployment, url: str, rep: VerifyReport, flags: dict[str, Any], plan_frac: float | None,

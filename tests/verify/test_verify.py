@@ -397,3 +397,18 @@ def test_arithmetic_off_is_told_from_the_host(tmp_path):
 def test_a_clean_start_replans_to_the_log(tmp_path):
     rep = run_log(tmp_path, startup())
     assert document(rep)["replanned"]["verdict"] == "agrees" and ids(rep.findings)["verify.tokens"].status == "pass"
+
+
+def test_a_sliding_window_model_s_labelled_pools_carry_the_dtype(tmp_path):
+    """0.5.18+ logs a sliding-window model's pools as `Full KV Cache …` and `SWA KV Cache …` only: their dtype is
+    checked (it was skipped without a word)."""
+    def pool(label):
+        return render("mem_cache/memory_pool.py", "#tokens: {}, K size",
+                      {"cache_name": f"{label} KV Cache", "'VA upper bound' if self.post_capture_active else 'is allocated'":
+                       "is allocated", "self.dtype": "torch.float8_e4m3fn", "num_tokens": 1000, "k_size_GB": 1.0, "v_size_GB": 1.0})
+    lines = [ln for ln in startup() if "KV Cache is allocated" not in ln]
+    lines[3:3] = [line(pool("Full")), line(pool("SWA"))]
+    rep = run_log(tmp_path, lines)
+    f = ids(rep.findings)["verify.kv_dtype"]
+    assert f.status == "fail" and "fp8_e4m3" in f.title
+    assert set(document(rep)["startup"]["kv_cache_labelled"]["0"]) == {"Full", "SWA"}

@@ -38,7 +38,7 @@ def observed(facts: Facts) -> dict[str, Any]:
     w = facts.rank0(facts.weights)
     s = facts.scheduler or {}
     mamba = facts.rank0(facts.mamba) or {}
-    return {"kv_dtype": (kv["dtype"] if kv else None) or facts.kv_dtype_logged,
+    return {"kv_dtype": facts.kv_dtype(),
             "max_total_num_tokens": s.get("max_total_num_tokens", kv["tokens"] if kv else None),
             "max_running_requests": s.get("max_running_requests"), "context_len": s.get("context_len"),
             "weights_gib_per_gpu": w["usage_gib"] if w else None,
@@ -90,7 +90,7 @@ def compare(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags:
     out: list[Finding] = []
     want_dtype = _dtype(unit_flags.get("kv-cache-dtype")) or _dtype(pred.get("kv_dtype"))
     have_dtype = _dtype(obs.get("kv_dtype"))
-    if have_dtype is None and want_dtype is not None and where == "log" and (facts.kv or facts.kv_unparsed):
+    if have_dtype is None and want_dtype is not None and where == "log" and (facts.kv or facts.kv_labelled or facts.kv_unparsed):
         out.append(_dtype_unread(facts, want_dtype))
     if have_dtype is not None and want_dtype is not None:
         # the log prints the pool's torch dtype only: mxfp8 is float8_e4m3fn there, fp4_mx_block16 float4_e2m1fn_x2

@@ -131,6 +131,7 @@ class Facts:
     weights_draft: dict[int, dict[str, Any]] = field(default_factory=dict)   # begin_avail_gib (free before the weights)
     kv: dict[int, dict[str, Any]] = field(default_factory=dict)        # TP rank -> pool, dtype, tokens, size_gib, k_gib, v_gib
     kv_draft: dict[int, dict[str, Any]] = field(default_factory=dict)
+    kv_labelled: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)   # rank -> label (Full, SWA, …) -> pool
     kv_dtype_logged: str | None = None      # "Using KV cache dtype: …" (0.5.3–0.5.12, where the pool line has no dtype)
     kv_unparsed: list[str] = field(default_factory=list)   # pool lines present but not understood (first few)
     scheduler: dict[str, Any] | None = None
@@ -140,14 +141,22 @@ class Facts:
     capturing: bool = False                 # a CUDA-graph capture began and has not ended
     _begin: dict[int, float] = field(default_factory=dict, repr=False)   # rank -> last "Load weight begin" avail mem
 
-    def rank0(self, table: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    def rank0(self, table: dict[int, Any]) -> Any:
         return table.get(0) or (table[min(table)] if table else None)
+
+    def kv_dtype(self) -> str | None:
+        """The KV pool's dtype: the token pool's line, else 0.5.3–0.5.12's `Using KV cache dtype:`, else a labelled
+        pool's (a sliding-window model logs only its Full and SWA pools)."""
+        kv = self.rank0(self.kv) or {}
+        labelled = self.rank0(self.kv_labelled) or {}
+        return kv.get("dtype") or self.kv_dtype_logged or next((p["dtype"] for p in labelled.values() if p.get("dtype")), None)
 
     def to_json(self) -> dict[str, Any]:
         by_rank = lambda t: {str(k): v for k, v in sorted(t.items())}   # noqa: E731
         return {"start_time": self.start_time, "ready": self.ready, "ready_time": self.ready_time, "lines": self.lines,
                 "starts_seen": self.starts_seen, "weights": by_rank(self.weights), "weights_draft": by_rank(self.weights_draft),
-                "kv_cache": by_rank(self.kv), "kv_cache_draft": by_rank(self.kv_draft), "kv_dtype_logged": self.kv_dtype_logged,
+                "kv_cache": by_rank(self.kv), "kv_cache_draft": by_rank(self.kv_draft), "kv_cache_labelled": by_rank(self.kv_labelled),
+                "kv_dtype_logged": self.kv_dtype_logged,
                 "kv_unparsed": self.kv_unparsed, "scheduler": self.scheduler, "mamba": by_rank(self.mamba),
                 "cuda_graphs": self.graphs, "warning_counts": {k: w.count for k, w in self.warnings.items()}}
 
@@ -266,14 +275,15 @@ class Parser:
             f.sglang_lines += 1
             f.kv_dtype_logged = f.kv_dtype_logged or kv_dtype_name(d.group(1))
         elif m:
-            if m.group(1) is not None:
-                return   # an auxiliary pool (SWA, index): understood, not the token pool
             f.sglang_lines += 1
             k, v, kvs = m.group(5), m.group(6), m.group(7)
             entry = {"dtype": kv_dtype_name(m.group(3)) if m.group(3) else None, "tokens": _num(m.group(4)),
                      "size_gib": float(k) + float(v) if k is not None and v is not None else float(kvs),
                      "k_gib": float(k) if k else None, "v_gib": float(v) if v else None,
                      "upper_bound": m.group(2) != "is allocated"}
+            if m.group(1) is not None:   # a labelled pool (Full, SWA, an index pool): kept apart from the token pool
+                f.kv_labelled.setdefault(rank, {}).setdefault(m.group(1), entry)
+                return
             table = f.kv_draft if rank in f.kv else f.kv
             table.setdefault(rank, {"pool": "draft" if table is f.kv_draft else "target", **entry})
         elif p:

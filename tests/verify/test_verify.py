@@ -412,3 +412,12 @@ def test_a_sliding_window_model_s_labelled_pools_carry_the_dtype(tmp_path):
     f = ids(rep.findings)["verify.kv_dtype"]
     assert f.status == "fail" and "fp8_e4m3" in f.title
     assert set(document(rep)["startup"]["kv_cache_labelled"]["0"]) == {"Full", "SWA"}
+
+
+def test_lines_behind_a_container_runtime_s_prefix_are_read(tmp_path):
+    """`docker compose logs` puts `sglang-1  | ` before SGLang's own prefix: the pool was taken for a labelled
+    (auxiliary) pool and dropped without a word."""
+    rep = run_log(tmp_path, ["sglang-1  | " + ln for ln in startup()])
+    f = ids(rep.findings)
+    assert f["verify.tokens"].status == "pass" and f["verify.kv_dtype"].status == "pass"
+    assert rep.facts.kv[7]["tokens"] == PLAN_TOKENS

@@ -187,9 +187,9 @@ def test_sigkilled_run_leaves_only_owner_readable_files(tmp_path):
     [stale] = out.glob(".inprogress-*")
     entries = [stale, *stale.rglob("*")]
     assert any(p.suffix == ".ipynb" for p in entries) and any(p.name == "out.txt" for p in entries)
+    assert any(b"sk-raw-secret-123456" in p.read_bytes() for p in entries if p.is_file())   # unscrubbed, as the issue says
     loose = {str(p.relative_to(out)): oct(p.stat().st_mode & 0o777) for p in entries if p.stat().st_mode & 0o077}
     assert not loose, loose
-    time.sleep(2)   # the guard ends the kernel; nothing further is written
 
 
 def test_finished_run_files_get_the_ordinary_mode(tmp_path):
@@ -240,7 +240,7 @@ def test_bench_against_a_404_server_is_no_server(cli):
 
 # ---- push takes the deployment lock ------------------------------------------------------------
 
-def test_push_waits_for_no_one_but_refuses_while_a_run_holds_the_lock(tmp_path):
+def test_push_refuses_while_a_run_of_the_deployment_holds_the_lock(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     d = spec.load(DEFAULT_SPEC)
@@ -281,21 +281,41 @@ def _with_tries(d: spec.Deployment, url: str, timeout_start_sec: int) -> list[st
 
 
 def test_readiness_probe_waits_for_the_server_and_gives_up():
-    calls = {"n": 0}
+    """Connection refused, then 503 (what curl needed --retry-connrefused and --retry-all-errors for), then 200:
+    ready on the third try, 5 s apart; a 404 with no tries left is not ready."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    def ready():
-        calls["n"] += 1
-        return {"ok": calls["n"] >= 2}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    seen: list[int] = []
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            seen.append(503 if not seen else 200)
+            self.send_response(seen[-1])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
 
     d = spec.load(DEFAULT_SPEC)
-    with serve({"/ready": (200, ready)}) as (url, seen):
-        argv = _with_tries(d, url, 60)
-        cp = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-        assert cp.returncode == 0, cp.stderr
-        assert [p for p, _ in seen] == ["/ready"]
-    with serve({}) as (url, seen):        # /ready is 404: not ready; one try (TimeoutStartSec 5 s)
+    probe = subprocess.Popen(_with_tries(d, f"http://127.0.0.1:{port}", 20), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(2)                       # the first try found nothing listening
+    srv = ThreadingHTTPServer(("127.0.0.1", port), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert probe.wait(timeout=60) == 0, probe.communicate()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert seen == [503, 200]
+    with serve({}) as (url, got):        # /ready is 404: not ready; one try (TimeoutStartSec 5 s)
         cp = subprocess.run(_with_tries(d, url, 5), capture_output=True, text=True, timeout=60)
-        assert cp.returncode != 0 and [p for p, _ in seen] == ["/ready"]
+        assert cp.returncode != 0 and [p for p, _ in got] == ["/ready"]
 
 
 # ---- service check: only the renderer's own ${VAR} is redacted ----------------------------------

@@ -82,6 +82,7 @@ def test_service_render_out_into_a_read_only_directory(shared_dir):
     assert list(shared_dir.iterdir()) == []
 
 
+@pytest.mark.notebook   # `runbook run` (refused before any notebook starts)
 def test_run_out_at_a_regular_file(cli, tmp_path):
     f = tmp_path / "archive"
     f.write_text("not a folder")

@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDic
 from runbook.core import registry
 from runbook.core.errors import InputError, LockHeld, RunbookError
 from runbook.core.findings import exit_code, format_text
-from runbook.core.fsutil import atomic_write_text
+from runbook.core.fsutil import write_output
 from runbook.core.options import PosFloat, PosInt, Url, describe, flag, validate
 from runbook.core.registry import Stage, document
 
@@ -225,7 +225,7 @@ def _cmd_service(a: argparse.Namespace, o: Any) -> int:
             out = Path(o.out)
             for u in units:
                 target = out if len(units) == 1 else out / f"{u.unit_name}.service"
-                atomic_write_text(target, u.text)
+                write_output(target, u.text)   # one line naming --out when it is a directory or not writable
                 print(f"wrote {target}", file=sys.stderr)
         if a.json:
             print(json.dumps({"units": [{"unit": u.unit_name, "node": u.node, "argv": u.argv, "text": u.text} for u in units]}, indent=2))

@@ -114,4 +114,4 @@ def test_a_stage_verbs_file_holds_no_secret_of_the_spec(tmp_path, monkeypatch):
     path = publish_stage(tmp_path, spec, "verify", report, [].append)
     text = path.read_text()
     assert path.name == f"runbook_{spec.name}.verify.prom" and SECRET not in text
-    assert 'id="verify.kv_dtype"' in text and f'source="verb",stage="verify",status="fail"}} 3.0' in text
+    assert 'id="verify.kv_dtype"' in text and 'source="verb",stage="verify",status="fail"} 3.0' in text

@@ -356,8 +356,11 @@ class Alerts(_Strict):
         return v.rstrip("/") if v else v
 
 
+DEPLOYMENT_NAME = r"^[a-z0-9][a-z0-9._-]*$"   # also a lock and textfile name: no path separator, no leading dot
+
+
 class Deployment(_Strict):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    name: str = Field(pattern=DEPLOYMENT_NAME)
     description: str = ""
     model: Model
     hardware: Hardware

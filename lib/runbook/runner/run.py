@@ -39,7 +39,7 @@ from runbook.runner import params as params_mod
 NOTEBOOKS = paths.notebooks_dir()
 OUTPUTS = paths.outputs_dir()
 EXIT_LOCKED = 75
-DEPLOYMENT_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")   # core/spec.py Deployment.name: a safe lock file name
+DEPLOYMENT_NAME = re.compile(spec_mod.DEPLOYMENT_NAME)   # a name a spec accepts is a safe lock file name
 _DEAD_KERNEL = 138
 _GUARD = Path(__file__).with_name("guard.py")
 # Sessions (guard pids) of the notebooks running now, killed by the runner's SIGTERM/SIGINT handler.

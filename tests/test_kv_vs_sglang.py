@@ -100,7 +100,8 @@ def runbook_figures(case: dict) -> dict:
             "state_bytes_per_request": r.state_bytes_per_request_per_gpu or None,
             "mamba_slots_per_request": r.state_slots_per_request or None, "max_mamba_cache_size": r.max_state_slots,
             "max_total_num_tokens": r.max_total_num_tokens, "swa_max_total_num_tokens": r.swa_tokens,
-            "max_running_requests": r.max_running_requests}
+            "max_running_requests": r.max_running_requests, "rest_bytes": r.kv_budget_bytes_per_gpu,
+            "kv_budget_bytes": r.kv_pool_bytes_per_gpu}
 
 
 def differences(case: dict, want: dict, got: dict) -> list[str]:
@@ -118,7 +119,8 @@ def differences(case: dict, want: dict, got: dict) -> list[str]:
         # per GPU, one slot is this stage's share of the layers (the pool holds max_mamba_cache_size + 1)
         want["state_bytes_per_request"] = want["state_pool_bytes"] // (want["max_mamba_cache_size"] + 1)
     for key in ("context_len", "page_size", "kv_cache_dtype", "state_bytes_per_request", "mamba_slots_per_request",
-                "max_mamba_cache_size", "max_total_num_tokens", "swa_max_total_num_tokens", "max_running_requests"):
+                "max_mamba_cache_size", "max_total_num_tokens", "swa_max_total_num_tokens", "max_running_requests",
+                "rest_bytes", "kv_budget_bytes"):   # the KV+state budget and the KV pool's share of it, to the byte
         if key in want and want[key] != got[key]:
             out.append(f"{key}: SGLang {want[key]!r}, runbook {got[key]!r}")
     cell = want.get("total_cell_size", want.get("cell_size"))   # target + draft: what the pool divides by

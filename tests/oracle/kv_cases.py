@@ -27,6 +27,9 @@ GPUS = {
     "B200": {"name": "NVIDIA B200", "total_mib": 183359, "sm": "10.0"},
     "RTX6000": {"name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "total_mib": 97887, "sm": "12.0"},
 }
+# GPUs used only by the cases that name them (not in the per-GPU loops). An 80 GiB A100 reports
+# exactly 81,920 MiB: there SGLang's GiB-float budget truncates a byte below total × fraction − weights.
+EXTRA_GPUS = {"A100": {"name": "NVIDIA A100-SXM4-80GB", "total_mib": 81920, "sm": "8.0"}}
 GIB = 1 << 30
 MIB = 1 << 20
 SPEC = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
@@ -155,12 +158,12 @@ def discover() -> list[tuple[str, str]]:
 # Table
 # --------------------------------------------------------------------------------------
 def _case(cid, model_dir, argv, gpu, weights):
-    return {"id": cid, "model_dir": model_dir, "argv": list(argv), "gpu": dict(GPUS[gpu]),
+    return {"id": cid, "model_dir": model_dir, "argv": list(argv), "gpu": dict({**GPUS, **EXTRA_GPUS}[gpu]),
             "weights_bytes_per_gpu": int(weights)}
 
 
 def _fits(info, gpu, tp, pp=1, frac=0.72):
-    return weights_per_gpu(info, tp, pp) <= frac * GPUS[gpu]["total_mib"] * MIB
+    return weights_per_gpu(info, tp, pp) <= frac * {**GPUS, **EXTRA_GPUS}[gpu]["total_mib"] * MIB
 
 
 def _min_tp(info, gpu):
@@ -181,7 +184,7 @@ def cases() -> list[dict]:  # noqa: C901  (one flat table, read top to bottom)
         if weights is None:
             # Models too big for 8 GPUs at their checkpoint precision (e.g. BF16 GLM-5, Kimi-K2 on
             # H200) are taken as deployed in a smaller precision: weights capped at 72 % of the GPU.
-            weights = min(weights_per_gpu(info, tp, pp), int(0.72 * GPUS[gpu]["total_mib"] * MIB))
+            weights = min(weights_per_gpu(info, tp, pp), int(0.72 * {**GPUS, **EXTRA_GPUS}[gpu]["total_mib"] * MIB))
         full = ["--tp-size", str(tp)] + (["--pp-size", str(pp)] if pp > 1 else []) + _quant_flag(info) + list(argv)
         cid = f"{name}|{gpu}|tp{tp}" + (f"pp{pp}" if pp > 1 else "") + (f"|{tag}" if tag else "")
         if cid in seen:
@@ -275,7 +278,13 @@ def cases() -> list[dict]:  # noqa: C901  (one flat table, read top to bottom)
                     add(name, d, info, gpu, t, SPEC + ["--mamba-ssm-dtype", "bfloat16"], "mtp-ssm-bf16")
             else:
                 add(name, d, info, gpu, t, ["--disable-radix-cache"], "no-radix")
-        # 8. Attention backends where they matter.
+        # 8. An explicit --mem-fraction-static on an 80 GiB A100: the budget to the byte.
+        for tp in (1, 2, 4, 8):
+            if _fits(info, "A100", tp, frac=0.6) and _bytes_per_param(info) >= 2:   # FP8/FP4 need SM89+
+                for mfs in ("0.85", "0.7"):
+                    add(name, d, info, "A100", tp, ["--mem-fraction-static", mfs], f"mfs{mfs}")
+                break
+        # 9. Attention backends where they matter.
         if tp_b:
             if mla:
                 for be in ("flashinfer", "triton", "trtllm_mla"):

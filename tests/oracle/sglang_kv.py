@@ -559,7 +559,7 @@ def _mamba_figures(out, kvc):
                 sum(1 for i in all_layers if s <= i < e)
                 for s, e in (get_pp_indices(kvc.model_config.num_hidden_layers, r, pp) for r in range(pp))
             )
-            stage_per_req = int(per_req * stage / len(all_layers))
+            stage_per_req = int(per_req * (stage / len(all_layers)))   # SGLang's pp_layer_scale, same float order
         else:
             stage_per_req = per_req
         state_bytes = (size + 1) * stage_per_req

@@ -323,7 +323,7 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     ctx = inp.context_len or arch.max_context or 2048
     overlap = inp.pp == 1 and not inp.disable_overlap_schedule
     slots = slots_per_request(arch, inp.disable_radix_cache, overlap)
-    per_slot = max(st.state_bytes_per_request for st in stages)  # every rank is charged the largest stage share
+    per_slot = _stage_state_bytes(arch, a_tp, stages, ssm_dtype)
     page, page_why = defaults.page_size(arch, backend, inp.page_size, kv_dtype, inp.compute_capability)
     res = Result(kv_dtype=kv_dtype, kv_bytes_per_token_per_gpu=0, kv_layers=0, kv_heads_per_gpu=heads,
                  kv_head_replication=replication(arch, a_tp), state_bytes_per_request_per_gpu=per_slot,
@@ -355,11 +355,22 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     return res
 
 
+def _stage_state_bytes(arch: Arch, a_tp: int, stages: list[Stage], ssm_dtype: str | None) -> int:
+    """kv_cache_configurator.py _handle_max_mamba_cache: every rank is charged the largest stage share, as
+    int(all layers' bytes × (largest stage's layers / all layers)) — SGLang's float, truncated."""
+    n_all = len(arch.linear_layer_ids)
+    if len(stages) == 1 or not n_all:
+        return stages[0].state_bytes_per_request if stages else 0
+    scale = max(st.linear_layers for st in stages) / n_all
+    return int(state_bytes_per_request(arch, a_tp, n_all, ssm_dtype) * scale)
+
+
 def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_arg: int | None,
-            backend: str | None) -> int | None:
+            backend: str | None) -> float | None:
+    """The KV+state budget per GPU in GiB (a float, as SGLang carries it), or None."""
     if inp.kv_budget_gib is not None:
         res.mem_fraction_source = "KV+state budget given directly"
-        return int(inp.kv_budget_gib * GIB)
+        return float(inp.kv_budget_gib)
     if inp.gpu_mem_gib is None or inp.weights_bytes_per_gpu is None:
         missing = " and ".join(n for n, v in (("GPU memory", inp.gpu_mem_gib), ("weights per GPU", inp.weights_bytes_per_gpu)) if v is None)
         findings.append(Finding("kv.budget", "skip", f"capacity not computed: {missing} unknown",
@@ -377,20 +388,25 @@ def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_a
     res.mem_fraction_static, res.mem_fraction_source = frac, how
     total = inp.gpu_mem_gib * GIB
     res.reserved_bytes_per_gpu = int(total * (1 - frac))
-    # kv_cache_configurator.py _profile_available_bytes: rest = free_after_weights - pre_load_free * (1 - fraction)
-    rest = int(total * frac) - inp.weights_bytes_per_gpu
-    if arch.multimodal:
-        rest -= defaults.multimodal_reservation_mib(arch, inp.compute_capability) * MIB
-    if rest <= 0:
+    rest_gib = budget_gib(inp.gpu_mem_gib, inp.weights_bytes_per_gpu, frac,
+                          defaults.multimodal_reservation_mib(arch, inp.compute_capability) if arch.multimodal else 0)
+    if rest_gib <= 0:
         findings.append(Finding("kv.budget", "fail", "no memory left for the KV cache",
                                 detail=f"{inp.gpu_mem_gib:g} GiB × {frac} = {total * frac / GIB:.1f} GiB static, but weights take "
                                        f"{inp.weights_bytes_per_gpu / GIB:.1f} GiB per GPU",
                                 remedy="Raise TP/PP, use a smaller quantization, or raise --mem-fraction-static."))
         return None
-    return rest
+    return rest_gib
 
 
-def _state_pool(inp: Inputs, rest: int, slots: int, per_slot: int, spec: defaults.Speculative | None,
+def budget_gib(gpu_mem_gib: float, weights_bytes: int, fraction: float, reserved_mib: float = 0) -> float:
+    """kv_cache_configurator.py _profile_available_bytes, in SGLang's own GiB floats: free memory after the
+    weights minus pre_load_free × (1 − fraction) minus the multimodal reservation. The caller truncates
+    `× 2**30` to bytes as SGLang does (rounding first would land a byte above SGLang's budget)."""
+    return (gpu_mem_gib * GIB - weights_bytes) / GIB - gpu_mem_gib * (1 - fraction) - reserved_mib / 1024
+
+
+def _state_pool(inp: Inputs, rest_gib: float, slots: int, per_slot: int, spec: defaults.Speculative | None,
                 mrr_arg: int | None) -> tuple[int, int]:
     """kv_cache_configurator.py KVCacheConfigurator._handle_max_mamba_cache: (max_mamba_cache_size, bytes
     of intermediate SSM state for draft tokens). Speculative decoding solves state and draft state jointly."""
@@ -405,7 +421,7 @@ def _state_pool(inp: Inputs, rest: int, slots: int, per_slot: int, spec: default
         inter = per_slot * (k + 1) * d if d else 0
     else:
         r = inp.mamba_full_memory_ratio
-        budget = rest * r / (1 + r)
+        budget = rest_gib * r / (1 + r) * GIB
         if d:
             k = int((budget - per_slot * (1 + d)) // (per_slot * (1 + d / slots)))
             inter = per_slot * (min(reqs, k // slots) + 1) * d
@@ -415,13 +431,12 @@ def _state_pool(inp: Inputs, rest: int, slots: int, per_slot: int, spec: default
     return k, inter
 
 
-def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest: int, ctx: int, slots: int, per_slot: int,
+def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest_gib: float, ctx: int, slots: int, per_slot: int,
            findings: list[Finding], spec: defaults.Speculative | None, mrr_arg: int | None) -> None:
-    res.kv_budget_bytes_per_gpu = rest
-    kv_avail = rest
+    res.kv_budget_bytes_per_gpu = kv_avail = int(rest_gib * GIB)
     max_mamba: int | None = None
     if per_slot:
-        max_mamba, inter = _state_pool(inp, rest, slots, per_slot, spec, mrr_arg)
+        max_mamba, inter = _state_pool(inp, rest_gib, slots, per_slot, spec, mrr_arg)
         if max_mamba < 1:
             findings.append(Finding("kv.state_pool", "fail", "SGLang refuses to start: the budget cannot hold one request's "
                                                             "linear-attention state",
@@ -432,7 +447,8 @@ def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest: int,
             return
         res.spec_state_bytes_per_gpu = int(inter)
         res.state_pool_bytes_per_gpu = (max_mamba + 1) * per_slot
-        kv_avail = int(rest - inter - res.state_pool_bytes_per_gpu)
+        # _handle_max_mamba_cache subtracts both in GiB; the budget is truncated to bytes after
+        kv_avail = int((rest_gib - inter / GIB - res.state_pool_bytes_per_gpu / GIB) * GIB)
         res.max_state_slots = max_mamba
     res.kv_pool_bytes_per_gpu = kv_avail
     page = res.page_size

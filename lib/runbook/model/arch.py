@@ -174,7 +174,12 @@ def _heads(cfg: dict[str, Any], source: str, assumptions: list[str]) -> tuple[in
         assumptions.append(f"no KV head count in {source}: assumed MHA with {n_heads} KV heads")
     head_dim = cfg.get("head_dim")
     if not isinstance(head_dim, int) or head_dim <= 0:
-        head_dim = _int(cfg, "hidden_size", source) // n_heads
+        hidden = _int(cfg, "hidden_size", source)
+        head_dim = hidden // n_heads
+        if head_dim == 0:
+            # SGLang's ModelConfig derives the same 0 and builds zero-width attention
+            raise InputError(f"{source}: 'hidden_size' {hidden} is smaller than 'num_attention_heads' {n_heads}, so the "
+                             "derived head_dim is 0; set 'head_dim' or fix those fields")
     return n_heads, kv_heads, head_dim
 
 

@@ -231,3 +231,45 @@ def test_kv_dtype_table_is_sglangs():
         assert d.bits * (2 if d.torch.endswith("_x2") else 1) == itemsize_bits, key
     for torch_dtype, sglang_name in got["to_str"].items():
         assert names.kv_dtype_name(torch_dtype) == names.kv_dtype_name(sglang_name), torch_dtype
+
+
+_QKV = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1]); import sglang_env; sglang_env.install()
+import sglang.srt.layers.linear as L
+L._resolve_linear_group = lambda g: g
+out = {}
+for h, kv, tp in json.loads(sys.argv[2]):
+    L.get_group_rank_size = lambda g, tp=tp: (0, tp)     # the attention-TP group's size; nothing else is read
+    try:
+        L.QKVParallelLinear(hidden_size=64, head_size=8, total_num_heads=h, total_num_kv_heads=kv, bias=False, quant_config=None)
+        out[f"{h},{kv},{tp}"] = None
+    except AssertionError as e:
+        out[f"{h},{kv},{tp}"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_attention_tp_that_does_not_fit_the_heads_is_refused_like_sglangs_qkv_layer():
+    """SGLang's own QKVParallelLinear decides which attention TP sizes load (TP 3 on 32 or 64 heads does not):
+    the runbook fails exactly there, naming the head counts, SGLang's message and the valid sizes."""
+    from runbook.kv import memory as kvmem
+    from runbook.model import arch
+
+    grid = [(h, kv, tp) for h, kv in ((32, 8), (64, 8), (32, 32), (64, 64), (40, 8), (28, 4), (96, 8), (64, 4))
+            for tp in range(1, 17)]
+    proc = subprocess.run([SERVING_PY, "-c", _QKV, str(ORACLE), json.dumps(grid)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sglang = json.loads(proc.stdout)
+    assert sglang["32,8,3"] == "32 is not divisible by 3" and sglang["64,8,8"] is None
+    for h, kv, tp in grid:
+        cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": h,
+               "num_key_value_heads": kv, "hidden_size": 64 * h, "max_position_embeddings": 4096}
+        r = kvmem.compute(arch.from_config(cfg), kvmem.Inputs(tp=tp))
+        fails = [f for f in r.findings if f.id == "kv.refused" and "attention TP" in f.title]
+        why = sglang[f"{h},{kv},{tp}"]
+        assert bool(fails) == (why is not None), (h, kv, tp, why)
+        if fails:
+            assert f'"{why}"' in fails[0].title and f"{h} attention heads and {kv} KV heads" in fails[0].title, fails[0].title
+            valid = [t for t in range(1, 17) if sglang[f"{h},{kv},{t}"] is None]
+            assert all(str(t) in fails[0].remedy.split("of ")[1].rstrip(".").split(", ") for t in valid), fails[0].remedy

@@ -284,7 +284,10 @@ def cases() -> list[dict]:  # noqa: C901  (one flat table, read top to bottom)
                 for mfs in ("0.85", "0.7"):
                     add(name, d, info, "A100", tp, ["--mem-fraction-static", mfs], f"mfs{mfs}")
                 break
-        # 9. Attention backends where they matter.
+        # 9. TP 3: divides neither 32/64 attention heads nor 8 KV heads (SGLang's QKV layer refuses).
+        if name in _TP3_MODELS:
+            add(name, d, info, "H200", 3, [], "tp3")
+        # 10. Attention backends where they matter.
         if tp_b:
             if mla:
                 for be in ("flashinfer", "triton", "trtllm_mla"):
@@ -299,6 +302,7 @@ def cases() -> list[dict]:  # noqa: C901  (one flat table, read top to bottom)
     return out
 
 
+_TP3_MODELS = {"llama-3.1-70b", "qwen3-32b-nvfp4", "glm-4.7-flash", "deepseek-v3"}
 _PP_MODELS = {"llama-3.1-70b", "llama-3.3-70b-instruct", "qwen3.5-397b-a17b", "qwen3.5-397b-a17b-nvfp4",
               "deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "qwen3-next-80b-a3b-thinking", "qwen3.5-27b",
               "glm-4.7", "llama-4-scout-17b-16e-instruct", "gemma-3-27b-it"}

@@ -259,6 +259,29 @@ def refusals(arch: Arch, kv_dtype: str, backend: str | None, cc: str | None) -> 
     return out
 
 
+def tp_refusal(arch: Arch, a_tp: int) -> tuple[str, str, str] | None:
+    """layers/linear.py QKVParallelLinear (and the models' own asserts, e.g. llama.py, deepseek_v2.py): attention
+    TP must divide the attention heads, and divide the KV heads or be a multiple of them; else SGLang's
+    `divide` asserts "<n> is not divisible by <tp>" while loading the model."""
+    kv = None if arch.mla else arch.num_kv_heads
+
+    def ok(t: int) -> bool:
+        return arch.num_attention_heads % t == 0 and (kv is None or (kv % t == 0 if t < kv else t % kv == 0))
+
+    if ok(a_tp):
+        return None
+    valid = [t for t in range(1, min(arch.num_attention_heads, 256) + 1) if ok(t)]
+    heads = f"{arch.num_attention_heads} attention heads" + (f" and {kv} KV heads" if kv is not None else "")
+    if arch.num_attention_heads % a_tp or kv is None:
+        said = f"{arch.num_attention_heads} is not divisible by {a_tp}"
+    else:   # more GPUs than KV heads: each head is replicated tp / kv times
+        said = f"{a_tp} is not divisible by {kv}" if a_tp >= kv else f"{kv} is not divisible by {a_tp}"
+    sizes = ", ".join(map(str, valid))
+    return (f"attention TP {a_tp} does not fit {heads} (\"{said}\"); valid: {sizes}",
+            "layers/linear.py QKVParallelLinear asserts while loading the model",
+            f"Use an attention TP (--tp / --attn-dp) of {sizes}.")
+
+
 def dsa_raw_layout(arch: Arch, cc: str | None) -> bool:
     """arg_groups/overrides.py _dsa_split_backend_resolution: FP8 DSA runs the trtllm kernels (raw MLA rows)
     from SM100, flashmla_kv (scaled rows) on Hopper, and flashinfer_sparse_mla (scaled) for GLM on SM120."""

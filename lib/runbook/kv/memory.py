@@ -297,7 +297,8 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     spec = defaults.speculative(arch, inp.spec_algorithm, inp.spec_num_steps, inp.spec_eagle_topk, inp.spec_num_draft_tokens)
     ssm_dtype = _SSM_DTYPES.get(inp.mamba_ssm_dtype or "") or None
     backend = defaults.attention_backend(arch, inp.compute_capability, inp.attention_backend, spec)
-    for why in defaults.refusals(arch, kv_dtype, backend, inp.compute_capability):
+    heads_why = defaults.tp_refusal(arch, a_tp)
+    for why in defaults.refusals(arch, kv_dtype, backend, inp.compute_capability) + ([heads_why] if heads_why else []):
         findings.append(Finding("kv.refused", "fail", "SGLang refuses to start: " + why[0], detail=why[1], remedy=why[2]))
     stages: list[Stage] = []
     draft_bytes = 0

@@ -256,20 +256,20 @@ def test_attention_tp_that_does_not_fit_the_heads_is_refused_like_sglangs_qkv_la
     from runbook.kv import memory as kvmem
     from runbook.model import arch
 
-    grid = [(h, kv, tp) for h, kv in ((32, 8), (64, 8), (32, 32), (64, 64), (40, 8), (28, 4), (96, 8), (64, 4))
+    grid = [(h, nkv, tp) for h, nkv in ((32, 8), (64, 8), (32, 32), (64, 64), (40, 8), (28, 4), (96, 8), (64, 4))
             for tp in range(1, 17)]
     proc = subprocess.run([SERVING_PY, "-c", _QKV, str(ORACLE), json.dumps(grid)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     sglang = json.loads(proc.stdout)
     assert sglang["32,8,3"] == "32 is not divisible by 3" and sglang["64,8,8"] is None
-    for h, kv, tp in grid:
+    for h, nkv, tp in grid:
         cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": h,
-               "num_key_value_heads": kv, "hidden_size": 64 * h, "max_position_embeddings": 4096}
+               "num_key_value_heads": nkv, "hidden_size": 64 * h, "max_position_embeddings": 4096}
         r = kvmem.compute(arch.from_config(cfg), kvmem.Inputs(tp=tp))
         fails = [f for f in r.findings if f.id == "kv.refused" and "attention TP" in f.title]
-        why = sglang[f"{h},{kv},{tp}"]
-        assert bool(fails) == (why is not None), (h, kv, tp, why)
+        why = sglang[f"{h},{nkv},{tp}"]
+        assert bool(fails) == (why is not None), (h, nkv, tp, why)
         if fails:
-            assert f'"{why}"' in fails[0].title and f"{h} attention heads and {kv} KV heads" in fails[0].title, fails[0].title
-            valid = [t for t in range(1, 17) if sglang[f"{h},{kv},{t}"] is None]
+            assert f'"{why}"' in fails[0].title and f"{h} attention heads and {nkv} KV heads" in fails[0].title, fails[0].title
+            valid = [t for t in range(1, 17) if sglang[f"{h},{nkv},{t}"] is None]
             assert all(str(t) in fails[0].remedy.split("of ")[1].rstrip(".").split(", ") for t in valid), fails[0].remedy

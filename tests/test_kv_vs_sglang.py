@@ -273,3 +273,18 @@ def test_attention_tp_that_does_not_fit_the_heads_is_refused_like_sglangs_qkv_la
             assert f'"{why}"' in fails[0].title and f"{h} attention heads and {nkv} KV heads" in fails[0].title, fails[0].title
             valid = [t for t in range(1, 17) if sglang[f"{h},{nkv},{t}"] is None]
             assert all(str(t) in fails[0].remedy.split("of ")[1].rstrip(".").split(", ") for t in valid), fails[0].remedy
+
+
+def test_the_default_spec_plans_what_sglang_sizes_on_its_gpus():
+    """deployments/'s default spec, as `runbook kv` reads it (no flags added), against the oracle's default case
+    (SGLang on the GPU's NVML memory.total): the same budget to the byte, tokens, state slots and running requests."""
+    want = oracle()["default|as-is"]
+    case = next(c for c in CASES if c["id"] == "default|as-is")
+    dep = spec_mod.load()
+    assert dep.hardware.gpu_memory_gib * 1024 == case["gpu"]["total_mib"]   # the figure NVML reports
+    assert int(dep.model.size_gib * 2**30) // dep.hardware.gpu_count == case["weights_bytes_per_gpu"]
+    r = kv.plan_pools(dep).result
+    got = (r.kv_budget_bytes_per_gpu, r.max_total_num_tokens, r.max_state_slots, r.max_running_requests)
+    assert got == (want["rest_bytes"], want["max_total_num_tokens"], want["max_mamba_cache_size"],
+                   want["max_running_requests"]), got
+    assert want["max_running_requests"] == 232

@@ -228,15 +228,22 @@ def cases() -> list[dict]:  # noqa: C901  (one flat table, read top to bottom)
 
         # 3. KV dtypes (mxfp8/nvfp4 refused on Hopper by SGLang; valid expected results).
         if tp_b:
-            for kv in ("bf16", "fp8_e4m3", "mxfp8", "nvfp4"):
+            for kv in ("bf16", "fp8_e4m3", "mxfp8", "nvfp4", "fp4_mx_block16"):
                 add(name, d, info, "B200", tp_b, ["--kv-cache-dtype", kv], kv)
+            # FP4 KV per attention backend: the recipe's scale layouts and dequant workspace follow the
+            # (prefill, decode) pair SGLang resolves; NVFP4 on MLA starts with FlashInfer prefill
+            for kv, be in (("nvfp4", "flashinfer"), ("nvfp4", "trtllm_mha"), ("fp4_mx_block16", "flashinfer"),
+                           ("fp4_mx_block16", "triton")):
+                add(name, d, info, "B200", tp_b, ["--kv-cache-dtype", kv, "--attention-backend", be], f"{kv}-{be}")
         if tp_h:
             for kv in ("fp8_e4m3", "nvfp4"):
                 add(name, d, info, "H200", tp_h, ["--kv-cache-dtype", kv], kv)
         if tp_r:
             add(name, d, info, "RTX6000", tp_r, ["--kv-cache-dtype", "fp8_e4m3"], "fp8_e4m3")
-            if not mla:
-                add(name, d, info, "RTX6000", tp_r, ["--kv-cache-dtype", "nvfp4"], "nvfp4")
+            add(name, d, info, "RTX6000", tp_r, ["--kv-cache-dtype", "nvfp4"], "nvfp4")
+            add(name, d, info, "RTX6000", tp_r, ["--kv-cache-dtype", "fp4_mx_block16"], "fp4_mx_block16")
+            add(name, d, info, "RTX6000", tp_r, ["--kv-cache-dtype", "nvfp4", "--attention-backend", "trtllm_mha"],
+                "nvfp4-trtllm_mha")
 
         # 4. Speculative decoding with the model's own MTP layers.
         if mtp:

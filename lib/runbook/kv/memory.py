@@ -54,7 +54,6 @@ class Inputs:
     max_mamba_cache_size: int | None = None
     disable_radix_cache: bool = False
     swa_full_tokens_ratio: float = 0.8
-    nvfp4_scale_layouts: int = 1
     # speculative decoding (--speculative-*): changes the running-request default, adds draft KV
     # and, on hybrid models, an intermediate SSM state per draft token
     spec_algorithm: str | None = None
@@ -298,7 +297,8 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     ssm_dtype = _SSM_DTYPES.get(inp.mamba_ssm_dtype or "") or None
     backend = defaults.attention_backend(arch, inp.compute_capability, inp.attention_backend, spec)
     heads_why = defaults.tp_refusal(arch, a_tp)
-    for why in defaults.refusals(arch, kv_dtype, backend, inp.compute_capability) + ([heads_why] if heads_why else []):
+    explicit = inp.attention_backend or defaults.override_backend(arch, inp.compute_capability, spec)
+    for why in defaults.refusals(arch, kv_dtype, backend, inp.compute_capability, explicit) + ([heads_why] if heads_why else []):
         findings.append(Finding("kv.refused", "fail", "SGLang refuses to start: " + why[0], detail=why[1], remedy=why[2]))
     stages: list[Stage] = []
     draft_bytes = 0
@@ -307,8 +307,8 @@ def compute(arch: Arch, inp: Inputs) -> Result:
         nf = sum(1 for x in range(s, e) if x in full)
         ns = sum(1 for x in range(s, e) if x in swa)
         nl = sum(1 for x in range(s, e) if x in lin)
-        cell = cell_bytes(arch, kv_dtype, a_tp, nf, ns, inp.swa_full_tokens_ratio, inp.nvfp4_scale_layouts,
-                          defaults.fp4_workspace_esz(backend, inp.compute_capability),
+        cell = cell_bytes(arch, kv_dtype, a_tp, nf, ns, inp.swa_full_tokens_ratio,
+                          *defaults.fp4_recipe(kv_dtype, explicit, inp.compute_capability),
                           raw_dsa_layout=defaults.dsa_raw_layout(arch, inp.compute_capability))
         if spec is not None and spec.draft_kv_layers and nf + ns and not arch.hybrid_swa:
             # pool_configurator.py DefaultPoolConfigurator: the EAGLE/MTP draft shares the target's per-layer KV size

@@ -184,6 +184,8 @@ def override_backend(arch: Arch, cc: str | None, spec: Speculative | None = None
     for prefix, by_sm in _PER_MODEL.items():           # model_overrides/gemma4.py, gpt_oss.py, llama4.py
         if arch.architecture.startswith(prefix):
             return by_sm.get(major, "triton")
+    if arch.architecture in names.MIMO_V2_ARCHS and major == 10:
+        return "fa4"                                   # model_overrides/mimo_v2.py
     if arch.architecture in _QWEN_HYBRID and major == 10:
         # model_overrides/qwen3_5.py: triton, unless speculative decoding lets trtllm_mha run (page 64)
         return "trtllm_mha" if spec is not None and spec.eagle_topk <= 1 else "triton"
@@ -206,7 +208,7 @@ def attention_backend(arch: Arch, cc: str | None, given: str | None = None,
         return "fa3"
     if major == 10 and topk_one:
         return "fa4" if arch.head_dim != arch.v_head_dim else "trtllm_mha"
-    return "triton" if arch.architecture in names.SWA_SINK_ARCHS else "flashinfer"
+    return "triton" if arch.attention_sinks else "flashinfer"      # FlashInfer has no attention sinks
 
 
 def page_size(arch: Arch, backend: str | None, given: int | None, kv_dtype: str, cc: str | None) -> tuple[int, str]:
@@ -325,7 +327,10 @@ def fp4_refusals(arch: Arch, kv_dtype: str, backend: str | None, cc: str | None,
                      "trtllm_mla", where, "Use --attention-backend flashinfer (FP8 prefill workspace, trtllm_mha decode).")]
         return []
     allowed = _KV4_MLA if arch.mla else _KV4_MHA
-    if backend is not None and backend != "fa4" and backend not in allowed:
+    if backend == "fa4":   # FA4 prefills; it cannot also decode FP4 KV
+        return [("FP4 KV with FA4 prefill needs another decode backend, and fa4 decodes here too", where,
+                 f"Use --attention-backend {allowed[0]}.")]
+    if backend is not None and backend not in allowed:
         return [(f"FP4 KV on {'MLA' if arch.mla else 'MHA'} needs the attention backend to be one of "
                  f"{', '.join(allowed)}, not {backend}", where, f"Use --attention-backend {allowed[0]}.")]
     return []

@@ -22,7 +22,7 @@ HF_CONTEXT_DEFAULTS = {"gemma3_text": 131072, "gemma2": 8192, "llama": 2048, "mi
                        "qwen2": 32768, "qwen3": 32768, "qwen3_moe": 32768, "deepseek_v3": 4096, "gpt_oss": 131072}
 # Architectures whose SWA split SGLang does not size the way arch.py can (compressed SWA pools,
 # per-layer head dims): figures for them carry a warn finding.
-_SWA_NOT_MODELLED = ("MiMoV2", "Step3p", "Inkling", "DeepseekV4", "EmbeddingGemma2", "DiffusionGemma", "MuseGlimmer")
+_SWA_NOT_MODELLED = ("Step3p", "Inkling", "DeepseekV4", "EmbeddingGemma2", "DiffusionGemma", "MuseGlimmer")
 _KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups")
 _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16",
            "float32": "float32", "fp32": "float32", "float": "float32"}
@@ -71,6 +71,7 @@ class Arch:
     has_vision_config: bool = False   # SGLang scales mem_fraction_static only when there is one
     vit_layers: int | None = None
     vit_hidden: int | None = None
+    attention_sinks: bool = False     # learned attention sinks (model_config._detect_attention_sinks): no FlashInfer default
     dsa: bool = False                 # DeepSeek sparse attention: an FP8 indexer cache per layer too
     index_head_dim: int = 0
     context_source: str = ""
@@ -130,7 +131,10 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
     assumptions: list[str] = []
     n = _int(cfg, "num_hidden_layers", source)
     n_heads, kv_heads, head_dim = _heads(cfg, source, assumptions)
-    v_head_dim = head_dim
+    # model_config.py _derive_model_shapes: the config's v_head_dim when set (MiMo-V2: 192 / 128), else head_dim
+    v = cfg.get("v_head_dim")
+    v_head_dim = v if isinstance(v, int) and not isinstance(v, bool) and v > 0 and not arch_name.startswith("DeepseekV4") \
+        else head_dim
     mla, kv_lora, rope = _mla(cfg, arch_name, bool(archs), source, assumptions)
     nextn = _nonneg(cfg.get("num_nextn_predict_layers") or 0, "num_nextn_predict_layers", source)
     mtp = nextn or _nonneg(cfg.get("mtp_num_hidden_layers") or 0, "mtp_num_hidden_layers", source)
@@ -162,7 +166,17 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
         has_vision_config=isinstance(vision, dict),
         vit_layers=_opt_int(vision, ("num_hidden_layers", "vt_num_hidden_layers")) if isinstance(vision, dict) else None,
         vit_hidden=_opt_int(vision, ("hidden_size", "vt_hidden_size")) if isinstance(vision, dict) else None,
-        dsa=dsa, index_head_dim=index_head_dim, assumptions=assumptions)
+        attention_sinks=_attention_sinks(cfg, arch_name), dsa=dsa, index_head_dim=index_head_dim, assumptions=assumptions)
+
+
+def _attention_sinks(cfg: dict[str, Any], arch_name: str) -> bool:
+    """configs/model_config.py _detect_attention_sinks: SWA_SINK_ARCHS always; MiMo-V2 when its config adds the
+    sink biases; else the config's learnable_sink."""
+    if arch_name in names.SWA_SINK_ARCHS:
+        return True
+    if arch_name in names.MIMO_V2_ARCHS:
+        return bool(cfg.get("add_swa_attention_sink_bias") or cfg.get("add_full_attention_sink_bias"))
+    return bool(cfg.get("learnable_sink"))
 
 
 def _heads(cfg: dict[str, Any], source: str, assumptions: list[str]) -> tuple[int, int, int]:

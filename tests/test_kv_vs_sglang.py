@@ -161,6 +161,12 @@ import sglang.srt.configs.model_config as m
 src = inspect.getsource(m.ModelConfig)
 i = src.index("temporary special judge for MLA"); j = src.index('"DeepseekV4ForCausalLM" in self.hf_config.architectures', i)
 hs = inspect.getsource(m.is_hybrid_swa_model); hs = hs[hs.index("hybrid_swa_archs = {"):]; hs = hs[:hs.index("}")]
+import sglang.srt.configs.hybrid_arch as H
+import sglang.srt.configs.linear_attn_model_registry as R
+import sglang.srt.configs.gigachat35  # noqa: F401  (registers itself with R)
+state = {v.model_type for k, v in vars(H).items() if k.endswith("Config") and isinstance(v, type)}
+state |= {s.config_class.model_type for s in R._LINEAR_ATTN_MODEL_REGISTRY}
+state |= set(re.findall(r'"model_type", None\) == "(\w+)"', inspect.getsource(H)))
 import transformers
 ctx = {}
 for mt in json.loads(sys.argv[2]):
@@ -172,7 +178,7 @@ print(json.dumps({
     "HYBRID_SWA_ARCHS": re.findall(r'"(\w+)"', hs) + list(m.SWA_SINK_ARCHS) + list(m.MIMO_V2_MODEL_ARCHS),
     "SWA_SINK_ARCHS": list(m.SWA_SINK_ARCHS), "MIMO_V2_ARCHS": list(m.MIMO_V2_MODEL_ARCHS),
     "DSA_ARCHS": [a for a in re.findall(r'"(\w+)"', inspect.getsource(m.is_deepseek_dsa)) if a != "index_topk"],
-    "context_defaults": ctx}))
+    "STATE_POOL_MODEL_TYPES": sorted(state), "context_defaults": ctx}))
 """
 
 
@@ -185,7 +191,7 @@ def test_architecture_names_and_context_defaults_are_sglangs():
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout)
     for name in ("MULTIMODAL_ARCHS", "MULTIMODAL_BREAKABLE_GRAPH_ARCHS", "MLA_ARCHS", "HYBRID_SWA_ARCHS", "SWA_SINK_ARCHS",
-                 "MIMO_V2_ARCHS", "DSA_ARCHS"):
+                 "MIMO_V2_ARCHS", "DSA_ARCHS", "STATE_POOL_MODEL_TYPES"):
         assert set(got[name]) == set(getattr(sglang_names, name)), name
     assert got["context_defaults"] == arch.HF_CONTEXT_DEFAULTS
 

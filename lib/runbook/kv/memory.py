@@ -237,7 +237,7 @@ def state_bytes_per_request(arch: Arch, a_tp: int, linear_layers: int, ssm_dtype
         return 0
     t = a_tp
     hk = la.num_key_heads if la.num_key_heads % t == 0 else la.num_key_heads + (t - la.num_key_heads)
-    conv_dim = la.num_value_heads * la.value_head_dim + 2 * hk * la.key_head_dim
+    conv_dim = (la.intermediate_size or la.num_value_heads * la.value_head_dim) + 2 * hk * la.key_head_dim
     conv = conv_dim // t * (la.conv_kernel - 1) * _ESZ[la.conv_dtype]
     ssm = la.num_value_heads // t * la.value_head_dim * la.key_head_dim * _ESZ[ssm_dtype or la.ssm_dtype]
     return (conv + ssm) * linear_layers

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runbook.core.errors import InputError
+from runbook.model import mamba2
 from runbook.model import sglang_names as names
 
 # Gemma-2/3 force disable_hybrid_swa_memory: every layer keeps full-length KV.
@@ -30,7 +31,9 @@ _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp
 
 @dataclass(frozen=True)
 class LinearAttention:
-    """Gated-DeltaNet style linear attention (Qwen3-Next / Qwen3.5): Mamba2-shaped state per request."""
+    """A Mamba2-shaped recurrent state per request (configs/mamba_utils.py Mamba2StateShape.create): Gated-DeltaNet
+    linear attention (Qwen3-Next / Qwen3.5: key heads = groups, key head dim = state size) and Mamba-2 mixers
+    (Nemotron-H, Falcon-H1, Granite-4.0-H; LFM2's short convolutions with no SSM state)."""
 
     num_key_heads: int
     num_value_heads: int
@@ -39,6 +42,7 @@ class LinearAttention:
     conv_kernel: int
     ssm_dtype: str = "float32"
     conv_dtype: str = "bfloat16"
+    intermediate_size: int | None = None   # the conv's value width; None: num_value_heads × value_head_dim
 
 
 @dataclass
@@ -128,6 +132,8 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
     archs = top.get("architectures") or cfg.get("architectures") or []
     arch_name = archs[0] if archs else "?"
     model_type = str(cfg.get("model_type") or top.get("model_type") or "")
+    nested = cfg is not top
+    cfg = {**mamba2.CLASS_DEFAULTS.get(model_type, {}), **cfg}
     assumptions: list[str] = []
     n = _int(cfg, "num_hidden_layers", source)
     n_heads, kv_heads, head_dim = _heads(cfg, source, assumptions)
@@ -141,7 +147,7 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
     dsa = arch_name in names.DSA_ARCHS and cfg.get("index_topk") is not None and mla
     index_head_dim = _int(cfg, "index_head_dim", source) if dsa else 0
 
-    full, swa, linear_ids, linear = _layer_kinds(cfg, n, source, assumptions)
+    full, swa, linear_ids, linear = _layer_kinds(cfg, n, source, assumptions, model_type)
     full, swa = _layers_by_architecture(cfg, arch_name, n, full, swa)
     window = cfg.get("sliding_window") if isinstance(cfg.get("sliding_window"), int) else None
     full, swa, hybrid_swa = _hybrid_swa(cfg, arch_name, full, swa, assumptions)
@@ -152,7 +158,7 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
                                                                             v_head_dim, source)
     vision = top.get("vision_config")
     # ModelConfig: a multimodal architecture (or a nested text_config), unless SGLang keeps it text-only by default
-    multimodal = (arch_name in names.MULTIMODAL_ARCHS or cfg is not top) and arch_name not in names.MULTIMODAL_OFF_BY_DEFAULT_ARCHS
+    multimodal = (arch_name in names.MULTIMODAL_ARCHS or nested) and arch_name not in names.MULTIMODAL_OFF_BY_DEFAULT_ARCHS
 
     return Arch(
         architecture=arch_name, model_type=model_type, num_layers=n, full_layer_ids=full, swa_layer_ids=swa,
@@ -210,9 +216,15 @@ def _mla(cfg: dict[str, Any], arch_name: str, named: bool, source: str, assumpti
     return True, cfg["kv_lora_rank"], _int(cfg, "qk_rope_head_dim", source)
 
 
-def _layer_kinds(cfg: dict[str, Any], n: int, source: str,
-                 assumptions: list[str]) -> tuple[list[int], list[int], list[int], LinearAttention | None]:
+def _layer_kinds(cfg: dict[str, Any], n: int, source: str, assumptions: list[str],
+                 model_type: str = "") -> tuple[list[int], list[int], list[int], LinearAttention | None]:
     """Full, sliding-window and linear-attention layer ids from the config's layout fields (all full when it has none)."""
+    mamba = mamba2.layers(cfg, model_type, n, source)
+    if mamba is not None:
+        return mamba[0], [], mamba[1], LinearAttention(**mamba[2])
+    if model_type in names.STATE_POOL_MODEL_TYPES and "linear_num_value_heads" not in cfg:
+        assumptions.append(f"SGLang keeps a per-request recurrent-state pool for {model_type} models that is not sized "
+                           "here: tokens and running requests are too high")
     full, swa, linear_ids = list(range(n)), [], []
     linear: LinearAttention | None = None
     layer_types = cfg.get("layer_types")
@@ -239,11 +251,6 @@ def _layer_kinds(cfg: dict[str, Any], n: int, source: str,
             assumptions.append(f"layer types {unknown} not recognised: counted as full attention")
         if linear_ids:
             assumptions.append("linear-attention layers found without Qwen3-Next fields: their recurrent state is not sized")
-    elif isinstance(cfg.get("hybrid_override_pattern"), str):
-        pat = cfg["hybrid_override_pattern"][:n]
-        full = [i for i, c in enumerate(pat) if c == "*"]
-        linear_ids = [i for i, c in enumerate(pat) if c == "M"]
-        assumptions.append("Nemotron-H style pattern: only '*' layers hold KV; the Mamba state is not sized")
     return full, swa, linear_ids, linear
 
 

@@ -247,6 +247,15 @@ SWA_SINK_ARCHS = frozenset({
     "IQuestQ1MTP",
 })
 
+# configs/hybrid_arch.py mambaish_config (and the linear-attention registry): model types whose config
+# class gives SGLang a per-request recurrent-state pool (model/mamba2.py and arch.py size some of them)
+STATE_POOL_MODEL_TYPES = frozenset({
+    "bailing_hybrid", "falcon_h1", "falcon_mamba", "gigachat3_5", "glm5_next", "granitemoehybrid", "inkling_mm_model",
+    "inkling_model", "intern_s2_preview", "jet_nemotron", "jet_vlm", "kimi_linear", "lfm2", "lfm2_moe", "lfm2_vl",
+    "mamba", "mamba2", "minicpm_sala", "NemotronH_Nano_VL_V2", "nemotron_h", "qwen3_5", "qwen3_5_moe", "qwen3_next",
+    "zaya",
+})
+
 # MIMO_V2_MODEL_ARCHS: layer split read from hybrid_layer_pattern (1 = sliding)
 MIMO_V2_ARCHS = frozenset({
     "MiMoV2FlashForCausalLM",

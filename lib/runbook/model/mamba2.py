@@ -74,8 +74,7 @@ def layers(cfg: dict[str, Any], model_type: str, n: int,
                 return None                               # hybrid_arch.mamba2_config: no Mamba layer, no state pool
             inter = _int(cfg, "mamba_expand", 2, source) * hidden
             heads, groups, d_state, dtype = _int(cfg, "mamba_n_heads", 64, source), 1, 128, "float32"
-        hd = cfg.get("mamba_d_head")
-        hd = inter // heads if hd in (None, "auto") else _int(cfg, "mamba_d_head", None, source)
+        hd = inter // heads if cfg.get("mamba_d_head") in (None, "auto") else _int(cfg, "mamba_d_head", None, source)
         shape = dict(num_key_heads=_int(cfg, "mamba_n_groups", groups, source), num_value_heads=heads, value_head_dim=hd,
                      key_head_dim=_int(cfg, "mamba_d_state", d_state, source),
                      conv_kernel=_int(cfg, "mamba_d_conv", 4, source), intermediate_size=int(inter), ssm_dtype=dtype)

@@ -178,7 +178,8 @@ print(json.dumps({
     "HYBRID_SWA_ARCHS": re.findall(r'"(\w+)"', hs) + list(m.SWA_SINK_ARCHS) + list(m.MIMO_V2_MODEL_ARCHS),
     "SWA_SINK_ARCHS": list(m.SWA_SINK_ARCHS), "MIMO_V2_ARCHS": list(m.MIMO_V2_MODEL_ARCHS),
     "DSA_ARCHS": [a for a in re.findall(r'"(\w+)"', inspect.getsource(m.is_deepseek_dsa)) if a != "index_topk"],
-    "STATE_POOL_MODEL_TYPES": sorted(state), "context_defaults": ctx}))
+    "STATE_POOL_MODEL_TYPES": sorted(state), "context_defaults": ctx,
+    "MAMBA_EXTRA_BUFFER_ARCHS": sorted(__import__("sglang.srt.arg_groups.overrides", fromlist=["x"])._MAMBA_EXTRA_BUFFER_ARCHS)}))
 """
 
 
@@ -191,7 +192,7 @@ def test_architecture_names_and_context_defaults_are_sglangs():
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout)
     for name in ("MULTIMODAL_ARCHS", "MULTIMODAL_BREAKABLE_GRAPH_ARCHS", "MLA_ARCHS", "HYBRID_SWA_ARCHS", "SWA_SINK_ARCHS",
-                 "MIMO_V2_ARCHS", "DSA_ARCHS", "STATE_POOL_MODEL_TYPES"):
+                 "MIMO_V2_ARCHS", "DSA_ARCHS", "STATE_POOL_MODEL_TYPES", "MAMBA_EXTRA_BUFFER_ARCHS"):
         assert set(got[name]) == set(getattr(sglang_names, name)), name
     assert got["context_defaults"] == arch.HF_CONTEXT_DEFAULTS
 

@@ -167,6 +167,11 @@ _TRTLLM_MLA_ON_SM100 = ("DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneratio
 _PER_MODEL = {"Gemma4": {10: "trtllm_mha"}, "GptOss": {10: "trtllm_mha", 9: "fa3"}, "Llama4": {10: "trtllm_mha", 9: "fa3"}}
 
 
+_SM100_HYBRID = {"FalconH1ForCausalLM": "triton", "JetNemotronForCausalLM": "triton", "JetVLMForConditionalGeneration": "triton",
+                 "Lfm2ForCausalLM": "flashinfer", "Lfm2MoeForCausalLM": "flashinfer", "GraniteMoeHybridForCausalLM": "flashinfer"}
+_NO_TRITON = ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM")   # model_hook.py: the first layer may not be attention
+
+
 def sm_major(cc: str | None) -> int | None:
     return int(str(cc).split(".")[0]) if cc else None
 
@@ -186,6 +191,8 @@ def override_backend(arch: Arch, cc: str | None, spec: Speculative | None = None
             return by_sm.get(major, "triton")
     if arch.architecture in names.MIMO_V2_ARCHS and major == 10:
         return "fa4"                                   # model_overrides/mimo_v2.py
+    if major == 10 and arch.architecture in _SM100_HYBRID:
+        return _SM100_HYBRID[arch.architecture]        # model_overrides/falcon_h1.py, lfm2.py, granitemoehybrid.py
     if arch.architecture in _QWEN_HYBRID and major == 10:
         # model_overrides/qwen3_5.py: triton, unless speculative decoding lets trtllm_mha run (page 64)
         return "trtllm_mha" if spec is not None and spec.eagle_topk <= 1 else "triton"
@@ -269,6 +276,9 @@ def refusals(arch: Arch, kv_dtype: str, backend: str | None, cc: str | None,
     if kv_dtype in ("mxfp8", "nvfp4", "fp4_mx_block16") and backend == "trtllm_mla" and not arch.dsa:
         out.append((f"the TensorRT-LLM MLA backend supports only fp8_e4m3, bf16 or auto KV, not {kv_dtype}",
                     "layers/attention/trtllm_mla_backend.py", "Use --kv-cache-dtype fp8_e4m3."))
+    if arch.architecture in _NO_TRITON and backend == "triton":
+        out.append((f"{arch.architecture} does not run on the triton attention backend (its first layer may not be "
+                    "attention)", "arg_groups/model_hook.py", "Use --attention-backend flashinfer."))
     for prefix, allowed in _BACKENDS_ALLOWED.items():
         if arch.architecture.startswith(prefix) and backend is not None and backend not in allowed:
             out.append((f"{arch.architecture} does not run on the {backend} attention backend (allowed: {', '.join(allowed)})",

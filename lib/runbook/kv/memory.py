@@ -275,10 +275,13 @@ def pp_stages(num_layers: int, pp: int) -> list[tuple[int, int]]:
 def slots_per_request(arch: Arch, disable_radix_cache: bool, overlap: bool = True) -> int:
     """kv_cache_configurator.py KVCacheConfigurator._calculate_mamba_ratio: 1 without radix cache; else 3
     + the extra_buffer tracking slots (mem_cache/allocation_sizing.py get_mamba_tracking_slots): 2 with
-    the overlap scheduler, 1 without it (PP > 1 or --disable-overlap-schedule)."""
+    the overlap scheduler, 1 without it (PP > 1 or --disable-overlap-schedule), for the architectures
+    arg_groups/overrides.py lets use the extra buffer (_MAMBA_EXTRA_BUFFER_ARCHS; LFM2 is not one)."""
     if arch.linear is None:
         return 0
-    return 1 if disable_radix_cache else 3 + (2 if overlap else 1)
+    if disable_radix_cache:
+        return 1
+    return 3 + ((2 if overlap else 1) if arch.architecture in sglang_names.MAMBA_EXTRA_BUFFER_ARCHS else 0)
 
 
 def estimate_max_running(tokens: int, context_len: int) -> int:
@@ -335,6 +338,15 @@ def compute(arch: Arch, inp: Inputs) -> Result:
                  draft_kv_bytes_per_token_per_gpu=draft_bytes, page_size=page, attention_backend=backend)
     if page_why:
         findings.append(Finding("kv.page_size", "info", f"page size {page}", detail=page_why))
+    if slots == 3 and (inp.page_size not in (None, 1) or explicit == "trtllm_mha"):
+        # arg_groups/mamba_hook.py validate_mamba_no_buffer: a radix cache without the extra buffer (it runs before
+        # the KV-dtype hooks force a page size, so only a given page size or backend counts)
+        findings.append(Finding("kv.refused", "fail", "SGLang refuses to start: " + (
+            f"{arch.architecture}'s state cache (no extra buffer) needs page size 1, not {inp.page_size}"
+            if inp.page_size not in (None, 1) else
+            f"{arch.architecture}'s state cache (no extra buffer) does not run on trtllm_mha"),
+            detail="arg_groups/mamba_hook.py validate_mamba_no_buffer",
+            remedy="Leave --page-size unset and use another attention backend, or --disable-radix-cache."))
     binding = max(stages, key=lambda s: s.cell_bytes)
     res.kv_bytes_per_token_per_gpu = math.ceil(binding.cell_bytes)
     res.kv_layers = binding.kv_layers

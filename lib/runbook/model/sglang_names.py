@@ -256,6 +256,16 @@ STATE_POOL_MODEL_TYPES = frozenset({
     "zaya",
 })
 
+# arg_groups/overrides.py _MAMBA_EXTRA_BUFFER_ARCHS: hybrid models whose radix cache keeps extra tracking slots
+MAMBA_EXTRA_BUFFER_ARCHS = frozenset({
+    "KimiLinearForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+    "Qwen3_5ForCausalLM", "Qwen3NextForCausalLM", "Qwen4ExpForConditionalGeneration", "InternS2PreviewForConditionalGeneration",
+    "MiniCPMV4_6ForConditionalGeneration", "MiniCPMV4_7ForConditionalGeneration", "BailingMoeV2_5ForCausalLM",
+    "BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration", "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM",
+    "Glm5NextForConditionalGeneration", "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "NemotronH_Omni_Reasoning_V3",
+    "KimiK3ForConditionalGeneration", "InklingForConditionalGeneration", "InklingForConditionalGenerationMTP",
+})
+
 # MIMO_V2_MODEL_ARCHS: layer split read from hybrid_layer_pattern (1 = sliding)
 MIMO_V2_ARCHS = frozenset({
     "MiMoV2FlashForCausalLM",

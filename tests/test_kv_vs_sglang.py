@@ -159,7 +159,11 @@ import inspect, json, re, sys
 sys.path.insert(0, sys.argv[1]); import sglang_env; sglang_env.install()
 import sglang.srt.configs.model_config as m
 src = inspect.getsource(m.ModelConfig)
-i = src.index("temporary special judge for MLA"); j = src.index('"DeepseekV4ForCausalLM" in self.hf_config.architectures', i)
+shapes = inspect.getsource(m.ModelConfig._derive_model_shapes)   # every branch that sets AttentionArch.MLA
+mla = set()
+for block in re.split(r"\n        (?=if |elif |else:)", shapes):
+    if "attention_arch = AttentionArch.MLA" in block:
+        mla |= set(re.findall(r'"(\w+)" in self.hf_config.architectures', block.split("self.attention_arch")[0]))
 hs = inspect.getsource(m.is_hybrid_swa_model); hs = hs[hs.index("hybrid_swa_archs = {"):]; hs = hs[:hs.index("}")]
 import sglang.srt.configs.hybrid_arch as H
 import sglang.srt.configs.linear_attn_model_registry as R
@@ -174,11 +178,12 @@ for mt in json.loads(sys.argv[2]):
 print(json.dumps({
     "MULTIMODAL_ARCHS": list(m.multimodal_model_archs),
     "MULTIMODAL_BREAKABLE_GRAPH_ARCHS": list(m.multimodal_breakable_cuda_graph_supported_model_archs),
-    "MLA_ARCHS": re.findall(r'"(\w+)" in self.hf_config.architectures', src[i:j]),
+    "MLA_ARCHS": sorted(mla),
     "HYBRID_SWA_ARCHS": re.findall(r'"(\w+)"', hs) + list(m.SWA_SINK_ARCHS) + list(m.MIMO_V2_MODEL_ARCHS),
     "SWA_SINK_ARCHS": list(m.SWA_SINK_ARCHS), "MIMO_V2_ARCHS": list(m.MIMO_V2_MODEL_ARCHS),
     "DSA_ARCHS": [a for a in re.findall(r'"(\w+)"', inspect.getsource(m.is_deepseek_dsa)) if a != "index_topk"],
     "STATE_POOL_MODEL_TYPES": sorted(state), "context_defaults": ctx,
+    "sglang_context_defaults": {"kimi_linear": __import__("sglang.srt.configs", fromlist=["x"]).KimiLinearConfig().max_position_embeddings},
     "MAMBA_EXTRA_BUFFER_ARCHS": sorted(__import__("sglang.srt.arg_groups.overrides", fromlist=["x"])._MAMBA_EXTRA_BUFFER_ARCHS)}))
 """
 
@@ -195,6 +200,7 @@ def test_architecture_names_and_context_defaults_are_sglangs():
                  "MIMO_V2_ARCHS", "DSA_ARCHS", "STATE_POOL_MODEL_TYPES", "MAMBA_EXTRA_BUFFER_ARCHS"):
         assert set(got[name]) == set(getattr(sglang_names, name)), name
     assert got["context_defaults"] == arch.HF_CONTEXT_DEFAULTS
+    assert got["sglang_context_defaults"] == arch.SGLANG_CONTEXT_DEFAULTS
 
 
 _KV_DTYPES = r"""

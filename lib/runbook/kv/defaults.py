@@ -108,6 +108,8 @@ def prefill_graph_enabled(arch: Arch, pp: int, attention_backend: str | None, di
     (DeepSeek-V3 on trtllm_mla turns it off only after the memory fraction is set)."""
     if disable_cuda_graph or disable_prefill_graph or pp > 1:
         return False
+    if arch.kda and arch.architecture != "Glm5NextForConditionalGeneration":
+        return False    # cuda_graph_hook.py disable_breakable_cudagraph_if_incompatible: KDA hybrids stay off
     return not (arch.multimodal and not arch.multimodal_prefill_graph)
 
 

@@ -21,6 +21,8 @@ _CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_
 # loaded class, not the file). model_type -> max_position_embeddings default of transformers 5.19.
 HF_CONTEXT_DEFAULTS = {"gemma3_text": 131072, "gemma2": 8192, "llama": 2048, "mistral": 131072,
                        "qwen2": 32768, "qwen3": 32768, "qwen3_moe": 32768, "deepseek_v3": 4096, "gpt_oss": 131072}
+# model_types SGLang reads with its own config class (utils/hf_transformers _CONFIG_REGISTRY), whose default wins
+SGLANG_CONTEXT_DEFAULTS = {"kimi_linear": 4096}        # configs/kimi_linear.py KimiLinearConfig
 # Architectures whose SWA split SGLang does not size the way arch.py can (compressed SWA pools,
 # per-layer head dims): figures for them carry a warn finding.
 _SWA_NOT_MODELLED = ("Step3p", "Inkling", "DeepseekV4", "EmbeddingGemma2", "DiffusionGemma", "MuseGlimmer")
@@ -75,6 +77,7 @@ class Arch:
     has_vision_config: bool = False   # SGLang scales mem_fraction_static only when there is one
     vit_layers: int | None = None
     vit_hidden: int | None = None
+    kda: bool = False                 # Kimi Delta Attention layers (model_config.uses_kda_attention)
     attention_sinks: bool = False     # learned attention sinks (model_config._detect_attention_sinks): no FlashInfer default
     dsa: bool = False                 # DeepSeek sparse attention: an FP8 indexer cache per layer too
     index_head_dim: int = 0
@@ -172,6 +175,7 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
         has_vision_config=isinstance(vision, dict),
         vit_layers=_opt_int(vision, ("num_hidden_layers", "vt_num_hidden_layers")) if isinstance(vision, dict) else None,
         vit_hidden=_opt_int(vision, ("hidden_size", "vt_hidden_size")) if isinstance(vision, dict) else None,
+        kda=isinstance(cfg.get("linear_attn_config"), dict) and bool(cfg["linear_attn_config"].get("kda_layers")),
         attention_sinks=_attention_sinks(cfg, arch_name), dsa=dsa, index_head_dim=index_head_dim, assumptions=assumptions)
 
 
@@ -329,6 +333,8 @@ def _context_len(cfg: dict[str, Any], model_type: str, source: str, assumptions:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
                 raise InputError(f"{source}: '{key}' must be a positive integer (got {v!r})")
             return int(factor * v), f"{key} in config.json" + (f" × rope factor {factor:g}" if factor != 1 else "")
+    if model_type in SGLANG_CONTEXT_DEFAULTS:
+        return SGLANG_CONTEXT_DEFAULTS[model_type], f"SGLang's {model_type} config class default (config.json has no length)"
     if model_type in HF_CONTEXT_DEFAULTS:
         return HF_CONTEXT_DEFAULTS[model_type], f"transformers' {model_type} config default (config.json has no length)"
     assumptions.append(f"no context length in {source} and no known default for model_type {model_type!r}: SGLang's 2048 assumed")

@@ -2,7 +2,8 @@
 
 configs/hybrid_arch.py mambaish_config names them; each config class's mamba2_cache_params maps its own
 fields onto configs/mamba_utils.py Mamba2StateShape.create. This module reads the same fields, with the
-same class defaults, for Nemotron-H, Falcon-H1, Granite-4.0-H (granitemoehybrid) and LFM2 / LFM2-MoE.
+same class defaults, for Nemotron-H, Falcon-H1, Granite-4.0-H (granitemoehybrid), LFM2 / LFM2-MoE and
+Kimi-Linear's KDA layers.
 Qwen3-Next / Qwen3.5's Gated DeltaNet is read in arch.py. Other state-pool families are named in
 sglang_names.STATE_POOL_MODEL_TYPES (a warn: not sized here).
 """
@@ -78,6 +79,21 @@ def layers(cfg: dict[str, Any], model_type: str, n: int,
         shape = dict(num_key_heads=_int(cfg, "mamba_n_groups", groups, source), num_value_heads=heads, value_head_dim=hd,
                      key_head_dim=_int(cfg, "mamba_d_state", d_state, source),
                      conv_kernel=_int(cfg, "mamba_d_conv", 4, source), intermediate_size=int(inter), ssm_dtype=dtype)
+        return full, state, shape
+    if model_type == "kimi_linear":                       # configs/kimi_linear.py, mamba_utils.KimiLinearStateShape
+        lac = cfg.get("linear_attn_config")
+        if not isinstance(lac, dict):
+            raise InputError(f"{source}: 'linear_attn_config' must be an object with kda_layers, num_heads and head_dim")
+        kda = lac.get("kda_layers")
+        if not isinstance(kda, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in kda):
+            raise InputError(f"{source}: 'linear_attn_config.kda_layers' must be a list of 1-based layer numbers")
+        state = [i for i in range(n) if i + 1 in kda]
+        full = [i for i in range(n) if i + 1 not in kda]
+        heads, hd = _int(lac, "num_heads", None, source), _int(lac, "head_dim", None, source)
+        # q, k and v convolved (3 × heads × head_dim); a head_dim² state per head; its dtype ignores the config
+        shape = dict(num_key_heads=heads, num_value_heads=heads, value_head_dim=hd, key_head_dim=hd,
+                     conv_kernel=_int(lac, "short_conv_kernel_size", 4, source), intermediate_size=heads * hd,
+                     ssm_dtype="float32")
         return full, state, shape
     if model_type in ("lfm2", "lfm2_moe"):                # configs/lfm2.py: short-conv state only, no SSM state
         kinds = cfg.get("layer_types")

@@ -204,6 +204,10 @@ MLA_ARCHS = frozenset({
     "MistralLarge3ForCausalLM",
     "MistralLarge3ForCausalLMEagle",
     "PixtralForConditionalGeneration",
+    # the later MLA branches of ModelConfig._derive_model_shapes (Kimi-Linear / K3 / VL, Bailing V2.5 / V3, ...)
+    "BailingMoeForCausalLMNextN", "BailingMoeV2_5ForCausalLM", "BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration",
+    "DeepseekVL2ForCausalLM", "KimiK3ForConditionalGeneration", "KimiK3LinearForCausalLM", "KimiLinearForCausalLM",
+    "KimiVLForConditionalGeneration", "MiniCPM3ForCausalLM", "SarvamMLAForCausalLM",
 })
 
 # is_hybrid_swa_model: sliding layers get their own, smaller pool

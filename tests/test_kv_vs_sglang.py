@@ -100,7 +100,8 @@ def runbook_figures(case: dict) -> dict:
             "state_bytes_per_request": r.state_bytes_per_request_per_gpu or None,
             "mamba_slots_per_request": r.state_slots_per_request or None, "max_mamba_cache_size": r.max_state_slots,
             "max_total_num_tokens": r.max_total_num_tokens, "swa_max_total_num_tokens": r.swa_tokens,
-            "max_running_requests": r.max_running_requests}
+            "max_running_requests": r.max_running_requests, "rest_bytes": r.kv_budget_bytes_per_gpu,
+            "kv_budget_bytes": r.kv_pool_bytes_per_gpu}
 
 
 def differences(case: dict, want: dict, got: dict) -> list[str]:
@@ -118,7 +119,8 @@ def differences(case: dict, want: dict, got: dict) -> list[str]:
         # per GPU, one slot is this stage's share of the layers (the pool holds max_mamba_cache_size + 1)
         want["state_bytes_per_request"] = want["state_pool_bytes"] // (want["max_mamba_cache_size"] + 1)
     for key in ("context_len", "page_size", "kv_cache_dtype", "state_bytes_per_request", "mamba_slots_per_request",
-                "max_mamba_cache_size", "max_total_num_tokens", "swa_max_total_num_tokens", "max_running_requests"):
+                "max_mamba_cache_size", "max_total_num_tokens", "swa_max_total_num_tokens", "max_running_requests",
+                "rest_bytes", "kv_budget_bytes"):   # the KV+state budget and the KV pool's share of it, to the byte
         if key in want and want[key] != got[key]:
             out.append(f"{key}: SGLang {want[key]!r}, runbook {got[key]!r}")
     cell = want.get("total_cell_size", want.get("cell_size"))   # target + draft: what the pool divides by
@@ -157,8 +159,18 @@ import inspect, json, re, sys
 sys.path.insert(0, sys.argv[1]); import sglang_env; sglang_env.install()
 import sglang.srt.configs.model_config as m
 src = inspect.getsource(m.ModelConfig)
-i = src.index("temporary special judge for MLA"); j = src.index('"DeepseekV4ForCausalLM" in self.hf_config.architectures', i)
+shapes = inspect.getsource(m.ModelConfig._derive_model_shapes)   # every branch that sets AttentionArch.MLA
+mla = set()
+for block in re.split(r"\n        (?=if |elif |else:)", shapes):
+    if "attention_arch = AttentionArch.MLA" in block:
+        mla |= set(re.findall(r'"(\w+)" in self.hf_config.architectures', block.split("self.attention_arch")[0]))
 hs = inspect.getsource(m.is_hybrid_swa_model); hs = hs[hs.index("hybrid_swa_archs = {"):]; hs = hs[:hs.index("}")]
+import sglang.srt.configs.hybrid_arch as H
+import sglang.srt.configs.linear_attn_model_registry as R
+import sglang.srt.configs.gigachat35  # noqa: F401  (registers itself with R)
+state = {v.model_type for k, v in vars(H).items() if k.endswith("Config") and isinstance(v, type)}
+state |= {s.config_class.model_type for s in R._LINEAR_ATTN_MODEL_REGISTRY}
+state |= set(re.findall(r'"model_type", None\) == "(\w+)"', inspect.getsource(H)))
 import transformers
 ctx = {}
 for mt in json.loads(sys.argv[2]):
@@ -166,11 +178,13 @@ for mt in json.loads(sys.argv[2]):
 print(json.dumps({
     "MULTIMODAL_ARCHS": list(m.multimodal_model_archs),
     "MULTIMODAL_BREAKABLE_GRAPH_ARCHS": list(m.multimodal_breakable_cuda_graph_supported_model_archs),
-    "MLA_ARCHS": re.findall(r'"(\w+)" in self.hf_config.architectures', src[i:j]),
+    "MLA_ARCHS": sorted(mla),
     "HYBRID_SWA_ARCHS": re.findall(r'"(\w+)"', hs) + list(m.SWA_SINK_ARCHS) + list(m.MIMO_V2_MODEL_ARCHS),
     "SWA_SINK_ARCHS": list(m.SWA_SINK_ARCHS), "MIMO_V2_ARCHS": list(m.MIMO_V2_MODEL_ARCHS),
     "DSA_ARCHS": [a for a in re.findall(r'"(\w+)"', inspect.getsource(m.is_deepseek_dsa)) if a != "index_topk"],
-    "context_defaults": ctx}))
+    "STATE_POOL_MODEL_TYPES": sorted(state), "context_defaults": ctx,
+    "sglang_context_defaults": {"kimi_linear": __import__("sglang.srt.configs", fromlist=["x"]).KimiLinearConfig().max_position_embeddings},
+    "MAMBA_EXTRA_BUFFER_ARCHS": sorted(__import__("sglang.srt.arg_groups.overrides", fromlist=["x"])._MAMBA_EXTRA_BUFFER_ARCHS)}))
 """
 
 
@@ -183,9 +197,10 @@ def test_architecture_names_and_context_defaults_are_sglangs():
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout)
     for name in ("MULTIMODAL_ARCHS", "MULTIMODAL_BREAKABLE_GRAPH_ARCHS", "MLA_ARCHS", "HYBRID_SWA_ARCHS", "SWA_SINK_ARCHS",
-                 "MIMO_V2_ARCHS", "DSA_ARCHS"):
+                 "MIMO_V2_ARCHS", "DSA_ARCHS", "STATE_POOL_MODEL_TYPES", "MAMBA_EXTRA_BUFFER_ARCHS"):
         assert set(got[name]) == set(getattr(sglang_names, name)), name
     assert got["context_defaults"] == arch.HF_CONTEXT_DEFAULTS
+    assert got["sglang_context_defaults"] == arch.SGLANG_CONTEXT_DEFAULTS
 
 
 _KV_DTYPES = r"""
@@ -229,3 +244,60 @@ def test_kv_dtype_table_is_sglangs():
         assert d.bits * (2 if d.torch.endswith("_x2") else 1) == itemsize_bits, key
     for torch_dtype, sglang_name in got["to_str"].items():
         assert names.kv_dtype_name(torch_dtype) == names.kv_dtype_name(sglang_name), torch_dtype
+
+
+_QKV = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1]); import sglang_env; sglang_env.install()
+import sglang.srt.layers.linear as L
+L._resolve_linear_group = lambda g: g
+out = {}
+for h, kv, tp in json.loads(sys.argv[2]):
+    L.get_group_rank_size = lambda g, tp=tp: (0, tp)     # the attention-TP group's size; nothing else is read
+    try:
+        L.QKVParallelLinear(hidden_size=64, head_size=8, total_num_heads=h, total_num_kv_heads=kv, bias=False, quant_config=None)
+        out[f"{h},{kv},{tp}"] = None
+    except AssertionError as e:
+        out[f"{h},{kv},{tp}"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_attention_tp_that_does_not_fit_the_heads_is_refused_like_sglangs_qkv_layer():
+    """SGLang's own QKVParallelLinear decides which attention TP sizes load (TP 3 on 32 or 64 heads does not):
+    the runbook fails exactly there, naming the head counts, SGLang's message and the valid sizes."""
+    from runbook.kv import memory as kvmem
+    from runbook.model import arch
+
+    grid = [(h, nkv, tp) for h, nkv in ((32, 8), (64, 8), (32, 32), (64, 64), (40, 8), (28, 4), (96, 8), (64, 4))
+            for tp in range(1, 17)]
+    proc = subprocess.run([SERVING_PY, "-c", _QKV, str(ORACLE), json.dumps(grid)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sglang = json.loads(proc.stdout)
+    assert sglang["32,8,3"] == "32 is not divisible by 3" and sglang["64,8,8"] is None
+    for h, nkv, tp in grid:
+        cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": h,
+               "num_key_value_heads": nkv, "hidden_size": 64 * h, "max_position_embeddings": 4096}
+        r = kvmem.compute(arch.from_config(cfg), kvmem.Inputs(tp=tp))
+        fails = [f for f in r.findings if f.id == "kv.refused" and "attention TP" in f.title]
+        why = sglang[f"{h},{nkv},{tp}"]
+        assert bool(fails) == (why is not None), (h, nkv, tp, why)
+        if fails:
+            assert f'"{why}"' in fails[0].title and f"{h} attention heads and {nkv} KV heads" in fails[0].title, fails[0].title
+            valid = [t for t in range(1, 17) if sglang[f"{h},{nkv},{t}"] is None]
+            assert all(str(t) in fails[0].remedy.split("of ")[1].rstrip(".").split(", ") for t in valid), fails[0].remedy
+
+
+def test_the_default_spec_plans_what_sglang_sizes_on_its_gpus():
+    """deployments/'s default spec, as `runbook kv` reads it (no flags added), against the oracle's default case
+    (SGLang on the GPU's NVML memory.total): the same budget to the byte, tokens, state slots and running requests."""
+    want = oracle()["default|as-is"]
+    case = next(c for c in CASES if c["id"] == "default|as-is")
+    dep = spec_mod.load()
+    assert dep.hardware.gpu_memory_gib * 1024 == case["gpu"]["total_mib"]   # the figure NVML reports
+    assert int(dep.model.size_gib * 2**30) // dep.hardware.gpu_count == case["weights_bytes_per_gpu"]
+    r = kv.plan_pools(dep).result
+    got = (r.kv_budget_bytes_per_gpu, r.max_total_num_tokens, r.max_state_slots, r.max_running_requests)
+    assert got == (want["rest_bytes"], want["max_total_num_tokens"], want["max_mamba_cache_size"],
+                   want["max_running_requests"]), got
+    assert want["max_running_requests"] == 232

@@ -274,3 +274,17 @@ def test_new_kv_flags_from_the_spec_are_validated(flag, value):
     with pytest.raises((SpecError, InputError)) as e:
         kvplan.plan(spec.from_dict(spec_data(**{"serving.flags": flags}), str(REPO / "deployments" / "x.yaml")))
     assert flag in str(e.value) and "\n" not in str(e.value)
+
+
+def test_head_dim_derived_as_zero_is_an_input_error_not_a_plan(cli, tmp_path):
+    """hidden_size below the head count derives head_dim 0 (0 B of KV per token); a config error, one line."""
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "hidden_size": 16, "torch_dtype": "bfloat16", "max_position_embeddings": 4096}
+    with pytest.raises(InputError, match=r"m/config.json: 'hidden_size' 16 is smaller than 'num_attention_heads' 32"):
+        arch.from_config(cfg, "m/config.json")
+    assert arch.from_config({**cfg, "head_dim": 64}).head_dim == 64   # an explicit head_dim is not derived
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    cp = cli("kv", tmp_path)
+    assert cp.returncode == 2 and cp.stdout == "", (cp.returncode, cp.stdout)
+    err = cp.stderr.strip()
+    assert "\n" not in err and str(tmp_path / "config.json") in err and "'hidden_size'" in err and "'head_dim'" in err, err

@@ -258,8 +258,8 @@ def decided(tmp_path_factory):
         for tag, q in runs.items():
             if tag == "main" or (tag == "auto" and fl.get("quantization")) or (tag in ("rec", "side") and q):
                 requests.append({"id": f"{cid}::{tag}", "model_dir": str(d), "argv": _argv(fl, q)})
-    # SM100 (Blackwell): no method is refused for the GPU generation; the quant stage does not model
-    # get_min_capability() (mxfp8 needs SM100, w4afp8 SM90, modelopt_fp8 SM89).
+    # SM100 (Blackwell): no method is refused for the GPU generation; the refusals below it (get_min_capability:
+    # mxfp8 SM100, w4afp8 SM90, modelopt_fp8 SM89) are checked per GPU in test_min_capability_refusals_at_each_gpu.
     env = dict(os.environ, PYTHONPATH="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", RUNBOOK_ORACLE_SM="100")
     cp = subprocess.run([str(SERVING_PY), str(ORACLE)], input=json.dumps(requests), capture_output=True, text=True,
                         timeout=600, env=env)
@@ -327,3 +327,83 @@ def test_matches_sglang(decided, cid):
         assert (f.status == "fail") == bool(s["side"]["refusal"]), why
         if not s["side"]["refusal"]:
             assert rec == s["side"]["quantization"] and f.status == "warn", why
+
+
+# ---- minimum compute capability, by GPU ----------------------------------------------------------------------
+_CAP_CASES = ("real/modelopt nvfp4 llama-3.3 hf_quant_config", "fp8 with kv_cache_quant_algo FP8", "ct kv static per-tensor FP8",
+              "gptq 8-bit", "modelopt flat FP8, kv_cache_scheme 'FP8' string", "modelopt flat MXFP8, kv dict",
+              "modelopt hq MIXED_PRECISION without NVFP4 layers", "real/awq zephyr block on llama fp16",
+              "real/nvfp4 hq + --quantization modelopt_fp8", "real/llama4 ct + --quantization w8a8_fp8")
+_SMS = ("8.0", "8.6", "8.9", "9.0", "10.0", "12.0")
+
+
+def test_min_capability_table_is_sglangs():
+    """analysis.MIN_CAPABILITY: each registered config class's own get_min_capability() on a CUDA host."""
+    code = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1]); import sglang_env; sglang_env.install()
+from sglang.srt.layers import quantization as q
+from sglang.srt.layers.quantization.mxfp4 import Mxfp4Config
+q.QUANTIZATION_METHODS.setdefault("mxfp4", Mxfp4Config)
+out = {}
+for name, cls in q.QUANTIZATION_METHODS.items():
+    try:
+        out[name] = cls.get_min_capability()
+    except TypeError:   # an instance method: Fp8Config (fp8 / mxfp8 weights) and MiniMax-M3's
+        if name in ("fp8", "mxfp8"):
+            out[name] = cls.from_config({"quant_method": name, "activation_scheme": "dynamic"}).get_min_capability()
+print(json.dumps(out))
+"""
+    cp = subprocess.run([str(SERVING_PY), "-c", code, str(REPO / "tests" / "oracle")], capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    sglang = json.loads(cp.stdout)
+    from runbook.quant import analysis
+    assert set(sglang) <= set(analysis.MIN_CAPABILITY)
+    assert {k: analysis.MIN_CAPABILITY[k] for k in sglang} == sglang
+
+
+def test_min_capability_refusals_at_each_gpu(tmp_path):
+    """SGLang's loader refuses a quantization method below its minimum capability (modelopt_fp8 / w8a8_fp8 below 8.9,
+    w4afp8 below 9.0, mxfp8 below 10.0, ...): the project fails exactly where SGLang refuses, at each GPU generation."""
+    dirs, reqs = {}, []
+    for i, cid in enumerate(_CAP_CASES):
+        cfg, hq, files, flags = CASES[cid]
+        dirs[cid] = make(tmp_path / f"c{i:02d}", cfg, hf_quant_config=hq, files=files)
+        reqs.append({"id": cid, "model_dir": str(dirs[cid]), "argv": _argv(flags, flags.get("quantization"))})
+    seen_refusal = set()
+    for sm in _SMS:
+        env = dict(os.environ, PYTHONPATH="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   RUNBOOK_ORACLE_SM=str(int(float(sm) * 10)))
+        cp = subprocess.run([str(SERVING_PY), str(ORACLE)], input=json.dumps(reqs), capture_output=True, text=True,
+                            timeout=600, env=env)
+        assert cp.returncode == 0, cp.stderr[-4000:]
+        for r in json.loads(cp.stdout):
+            cid = r["id"]
+            rep = quant.inspect(checkpoint.load(dirs[cid]), {k: v for k, v in CASES[cid][3].items() if k != "side"},
+                                compute_capability=sm)
+            refused = _refused(rep)
+            assert bool(refused) == bool(r["refusal"]), (sm, cid, r["refusal"], refused)
+            if r["refusal"] and "Minimum capability" in r["refusal"]["message"]:
+                seen_refusal.add((cid, sm))
+                said = [f"{f.title} {f.detail}" for f in rep.findings if f.status == "fail" and f.id in REFUSAL_IDS]
+                assert any("Minimum capability" in x for x in said), (sm, cid, said)
+    # the table is exercised: FP8 below 8.9, MXFP8 below 10.0, W4AFP8 below 9.0
+    assert ("modelopt flat FP8, kv_cache_scheme 'FP8' string", "8.6") in seen_refusal
+    assert ("modelopt flat MXFP8, kv dict", "9.0") in seen_refusal
+    assert ("modelopt hq MIXED_PRECISION without NVFP4 layers", "8.9") in seen_refusal
+
+
+def test_contradicting_quant_files_and_a_null_hf_quant_config_are_named(tmp_path):
+    """config.json's quantization_config wins over hf_quant_config.json (ModelConfig._parse_quant_hf_config): a
+    contradiction is a warn saying which one SGLang serves; "quantization": null makes SGLang ignore the file."""
+    cfg, hq, files, _ = CASES["config.json fp8 block vs hq NVFP4"]
+    rep = quant.inspect(checkpoint.load(make(tmp_path / "a", cfg, hf_quant_config=hq, files=files)), {})
+    f = {x.id: x for x in rep.findings}["quant.conflict"]
+    assert f.status == "warn" and "SGLang uses config.json" in f.title and "NVFP4" in f.title and "serves fp8" in f.detail
+    same = quant.inspect(checkpoint.load(make(tmp_path / "b", llama(), hf_quant_config=ex(LLAMA33_FP4))), {})
+    assert "quant.conflict" not in {x.id for x in same.findings}
+    null = quant.inspect(checkpoint.load(make(tmp_path / "c", llama(), hf_quant_config={"producer": {"name": "modelopt"},
+                                                                                         "quantization": None})), {})
+    g = {x.id: x for x in null.findings}["quant.hf_quant_config"]
+    assert g.status == "warn" and "ignores the file" in g.title and "no quantization" in g.detail
+    assert null.weights.sglang_quantization is None

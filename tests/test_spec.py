@@ -19,7 +19,8 @@ def _write(tmp_path, data, name="d.yaml"):
 def test_default_spec_is_the_story_deployment():
     d = spec.load()
     assert d.name == "qwen3.5-397b-a17b-nvfp4"
-    assert (d.hardware.gpu_count, d.hardware.gpu_memory_gib, d.parallelism.tp) == (8, 96, 8)
+    # NVML memory.total of an RTX PRO 6000 Blackwell, 97,887 MiB (not the marketing 96 GB)
+    assert (d.hardware.gpu_count, d.hardware.gpu_memory_gib * 1024, d.parallelism.tp) == (8, 97887, 8)
     assert d.serving.flags["kv-cache-dtype"] == "bf16"
     assert d.serving.flags["quantization"] == "modelopt_fp4"
     assert d.resolve_path(d.model.card).joinpath("hf_quant_config.json").is_file()

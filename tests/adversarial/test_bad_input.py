@@ -102,7 +102,7 @@ CLI_CASES = [
 # ---- spec file ---------------------------------------------------------------------------------
 # (id, edit of the spec text or a writer of the spec path, what stderr must name)
 SPEC_CASES: list[tuple[str, Callable, str]] = [
-    ("inf-float-field", _sub("gpu_memory_gib: 96", "gpu_memory_gib: .inf"), "hardware.gpu_memory_gib"),
+    ("inf-float-field", _sub("gpu_memory_gib: 95.5927734375", "gpu_memory_gib: .inf"), "hardware.gpu_memory_gib"),
     ("inf-size", _sub("size_gib: 233", "size_gib: .inf"), "model.size_gib"),
     ("inf-slo", _sub("ttft_ms_p99: 3000", "ttft_ms_p99: .inf"), "slo.ttft_ms_p99"),
     ("nan-flag", _sub("mem-fraction-static: 0.88", "mem-fraction-static: .nan"), "serving.flags.mem-fraction-static"),

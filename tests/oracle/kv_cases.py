@@ -27,6 +27,9 @@ GPUS = {
     "B200": {"name": "NVIDIA B200", "total_mib": 183359, "sm": "10.0"},
     "RTX6000": {"name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "total_mib": 97887, "sm": "12.0"},
 }
+# GPUs used only by the cases that name them (not in the per-GPU loops). An 80 GiB A100 reports
+# exactly 81,920 MiB: there SGLang's GiB-float budget truncates a byte below total × fraction − weights.
+EXTRA_GPUS = {"A100": {"name": "NVIDIA A100-SXM4-80GB", "total_mib": 81920, "sm": "8.0"}}
 GIB = 1 << 30
 MIB = 1 << 20
 SPEC = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
@@ -155,12 +158,12 @@ def discover() -> list[tuple[str, str]]:
 # Table
 # --------------------------------------------------------------------------------------
 def _case(cid, model_dir, argv, gpu, weights):
-    return {"id": cid, "model_dir": model_dir, "argv": list(argv), "gpu": dict(GPUS[gpu]),
+    return {"id": cid, "model_dir": model_dir, "argv": list(argv), "gpu": dict({**GPUS, **EXTRA_GPUS}[gpu]),
             "weights_bytes_per_gpu": int(weights)}
 
 
 def _fits(info, gpu, tp, pp=1, frac=0.72):
-    return weights_per_gpu(info, tp, pp) <= frac * GPUS[gpu]["total_mib"] * MIB
+    return weights_per_gpu(info, tp, pp) <= frac * {**GPUS, **EXTRA_GPUS}[gpu]["total_mib"] * MIB
 
 
 def _min_tp(info, gpu):
@@ -181,7 +184,7 @@ def cases() -> list[dict]:  # noqa: C901  (one flat table, read top to bottom)
         if weights is None:
             # Models too big for 8 GPUs at their checkpoint precision (e.g. BF16 GLM-5, Kimi-K2 on
             # H200) are taken as deployed in a smaller precision: weights capped at 72 % of the GPU.
-            weights = min(weights_per_gpu(info, tp, pp), int(0.72 * GPUS[gpu]["total_mib"] * MIB))
+            weights = min(weights_per_gpu(info, tp, pp), int(0.72 * {**GPUS, **EXTRA_GPUS}[gpu]["total_mib"] * MIB))
         full = ["--tp-size", str(tp)] + (["--pp-size", str(pp)] if pp > 1 else []) + _quant_flag(info) + list(argv)
         cid = f"{name}|{gpu}|tp{tp}" + (f"pp{pp}" if pp > 1 else "") + (f"|{tag}" if tag else "")
         if cid in seen:
@@ -225,15 +228,22 @@ def cases() -> list[dict]:  # noqa: C901  (one flat table, read top to bottom)
 
         # 3. KV dtypes (mxfp8/nvfp4 refused on Hopper by SGLang; valid expected results).
         if tp_b:
-            for kv in ("bf16", "fp8_e4m3", "mxfp8", "nvfp4"):
+            for kv in ("bf16", "fp8_e4m3", "mxfp8", "nvfp4", "fp4_mx_block16"):
                 add(name, d, info, "B200", tp_b, ["--kv-cache-dtype", kv], kv)
+            # FP4 KV per attention backend: the recipe's scale layouts and dequant workspace follow the
+            # (prefill, decode) pair SGLang resolves; NVFP4 on MLA starts with FlashInfer prefill
+            for kv, be in (("nvfp4", "flashinfer"), ("nvfp4", "trtllm_mha"), ("fp4_mx_block16", "flashinfer"),
+                           ("fp4_mx_block16", "triton")):
+                add(name, d, info, "B200", tp_b, ["--kv-cache-dtype", kv, "--attention-backend", be], f"{kv}-{be}")
         if tp_h:
             for kv in ("fp8_e4m3", "nvfp4"):
                 add(name, d, info, "H200", tp_h, ["--kv-cache-dtype", kv], kv)
         if tp_r:
             add(name, d, info, "RTX6000", tp_r, ["--kv-cache-dtype", "fp8_e4m3"], "fp8_e4m3")
-            if not mla:
-                add(name, d, info, "RTX6000", tp_r, ["--kv-cache-dtype", "nvfp4"], "nvfp4")
+            add(name, d, info, "RTX6000", tp_r, ["--kv-cache-dtype", "nvfp4"], "nvfp4")
+            add(name, d, info, "RTX6000", tp_r, ["--kv-cache-dtype", "fp4_mx_block16"], "fp4_mx_block16")
+            add(name, d, info, "RTX6000", tp_r, ["--kv-cache-dtype", "nvfp4", "--attention-backend", "trtllm_mha"],
+                "nvfp4-trtllm_mha")
 
         # 4. Speculative decoding with the model's own MTP layers.
         if mtp:
@@ -275,7 +285,16 @@ def cases() -> list[dict]:  # noqa: C901  (one flat table, read top to bottom)
                     add(name, d, info, gpu, t, SPEC + ["--mamba-ssm-dtype", "bfloat16"], "mtp-ssm-bf16")
             else:
                 add(name, d, info, gpu, t, ["--disable-radix-cache"], "no-radix")
-        # 8. Attention backends where they matter.
+        # 8. An explicit --mem-fraction-static on an 80 GiB A100: the budget to the byte.
+        for tp in (1, 2, 4, 8):
+            if _fits(info, "A100", tp, frac=0.6) and _bytes_per_param(info) >= 2:   # FP8/FP4 need SM89+
+                for mfs in ("0.85", "0.7"):
+                    add(name, d, info, "A100", tp, ["--mem-fraction-static", mfs], f"mfs{mfs}")
+                break
+        # 9. TP 3: divides neither 32/64 attention heads nor 8 KV heads (SGLang's QKV layer refuses).
+        if name in _TP3_MODELS:
+            add(name, d, info, "H200", 3, [], "tp3")
+        # 10. Attention backends where they matter.
         if tp_b:
             if mla:
                 for be in ("flashinfer", "triton", "trtllm_mla"):
@@ -290,6 +309,7 @@ def cases() -> list[dict]:  # noqa: C901  (one flat table, read top to bottom)
     return out
 
 
+_TP3_MODELS = {"llama-3.1-70b", "qwen3-32b-nvfp4", "glm-4.7-flash", "deepseek-v3"}
 _PP_MODELS = {"llama-3.1-70b", "llama-3.3-70b-instruct", "qwen3.5-397b-a17b", "qwen3.5-397b-a17b-nvfp4",
               "deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "qwen3-next-80b-a3b-thinking", "qwen3.5-27b",
               "glm-4.7", "llama-4-scout-17b-16e-instruct", "gemma-3-27b-it"}

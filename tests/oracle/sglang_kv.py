@@ -53,6 +53,9 @@ Stand-ins (objects SGLang's functions need but that only a loaded model provides
 * ``gc.freeze()`` after imports, so SGLang's ``gc.collect()`` in ``_profile_available_bytes``
   stays cheap; ``os.environ`` is restored before each case (resolution exports env vars such
   as ``SGLANG_MAMBA_SSM_DTYPE``, which would otherwise leak into later cases).
+* The model is not loaded, so the attention layers' load-time split is checked with SGLang's own
+  ``QKVParallelLinear`` on a tiny hidden size (``get_group_rank_size`` -> the attention-TP size; a
+  refusal there is ``stage: "model_load"``).
 * Exceptions: ValueError / AssertionError / RuntimeError / NotImplementedError / SystemExit from
   SGLang are refusals (``refused``, ``refused_stage``); anything else is ``oracle_error``.
   ``ORACLE_TRACE=1`` adds the traceback to refusals.
@@ -559,7 +562,7 @@ def _mamba_figures(out, kvc):
                 sum(1 for i in all_layers if s <= i < e)
                 for s, e in (get_pp_indices(kvc.model_config.num_hidden_layers, r, pp) for r in range(pp))
             )
-            stage_per_req = int(per_req * stage / len(all_layers))
+            stage_per_req = int(per_req * (stage / len(all_layers)))   # SGLang's pp_layer_scale, same float order
         else:
             stage_per_req = per_req
         state_bytes = (size + 1) * stage_per_req
@@ -633,6 +636,10 @@ def run_case(case: dict) -> dict:
             model_config = ModelConfig.from_server_args(server_args)
         except _REFUSAL_TYPES as e:
             raise Refused("model_config", e) from e
+        try:
+            _attention_shards(model_config)
+        except _REFUSAL_TYPES as e:
+            raise Refused("model_load", e) from e
         common = _common_figures(server_args, model_config)
         try:
             quant_config, quant_path = _quant_config(model_config, server_args)
@@ -660,6 +667,24 @@ def run_case(case: dict) -> dict:
     if pp_size > 1:
         res["pp_ranks"] = ranks
     return res
+
+
+def _attention_shards(model_config):
+    """The attention-TP split the model's layers assert while loading (the oracle loads no model): SGLang's own
+    QKVParallelLinear with the attention-TP group's size. MLA models divide their query heads the same way
+    (deepseek_v2.py asserts num_heads % attn_tp_size == 0), so they are checked with heads for KV heads."""
+    from sglang.srt.layers import linear as _LIN
+
+    attn_tp = _RC.get_parallel().attn_tp_size
+    heads = model_config.num_attention_heads
+    kv = heads if model_config.attention_arch == AttentionArch.MLA else model_config.get_total_num_kv_heads()
+    saved = _LIN.get_group_rank_size, _LIN._resolve_linear_group
+    _LIN.get_group_rank_size, _LIN._resolve_linear_group = (lambda g: (0, attn_tp)), (lambda g: g)
+    try:
+        _LIN.QKVParallelLinear(hidden_size=8, head_size=1, total_num_heads=heads, total_num_kv_heads=kv, bias=False,
+                               quant_config=None)
+    finally:
+        _LIN.get_group_rank_size, _LIN._resolve_linear_group = saved
 
 
 def _quiet_logging():

@@ -108,6 +108,8 @@ def prefill_graph_enabled(arch: Arch, pp: int, attention_backend: str | None, di
     (DeepSeek-V3 on trtllm_mla turns it off only after the memory fraction is set)."""
     if disable_cuda_graph or disable_prefill_graph or pp > 1:
         return False
+    if arch.kda and arch.architecture != "Glm5NextForConditionalGeneration":
+        return False    # cuda_graph_hook.py disable_breakable_cudagraph_if_incompatible: KDA hybrids stay off
     return not (arch.multimodal and not arch.multimodal_prefill_graph)
 
 
@@ -167,8 +169,36 @@ _TRTLLM_MLA_ON_SM100 = ("DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneratio
 _PER_MODEL = {"Gemma4": {10: "trtllm_mha"}, "GptOss": {10: "trtllm_mha", 9: "fa3"}, "Llama4": {10: "trtllm_mha", 9: "fa3"}}
 
 
+_SM100_HYBRID = {"FalconH1ForCausalLM": "triton", "JetNemotronForCausalLM": "triton", "JetVLMForConditionalGeneration": "triton",
+                 "Lfm2ForCausalLM": "flashinfer", "Lfm2MoeForCausalLM": "flashinfer", "GraniteMoeHybridForCausalLM": "flashinfer"}
+_NO_TRITON = ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM")   # model_hook.py: the first layer may not be attention
+
+
 def sm_major(cc: str | None) -> int | None:
     return int(str(cc).split(".")[0]) if cc else None
+
+
+def override_backend(arch: Arch, cc: str | None, spec: Speculative | None = None) -> str | None:
+    """The backend a model override sets before the KV hooks run (arg_groups/model_overrides/*); None: the
+    generic default is chosen later, so the KV hooks see no backend."""
+    major = sm_major(cc)
+    if major is None:
+        return None
+    if arch.dsa:
+        return "dsa"                                   # model_overrides/deepseek_v2.py
+    if arch.mla:
+        return "trtllm_mla" if major == 10 and arch.architecture in _TRTLLM_MLA_ON_SM100 else None
+    for prefix, by_sm in _PER_MODEL.items():           # model_overrides/gemma4.py, gpt_oss.py, llama4.py
+        if arch.architecture.startswith(prefix):
+            return by_sm.get(major, "triton")
+    if arch.architecture in names.MIMO_V2_ARCHS and major == 10:
+        return "fa4"                                   # model_overrides/mimo_v2.py
+    if major == 10 and arch.architecture in _SM100_HYBRID:
+        return _SM100_HYBRID[arch.architecture]        # model_overrides/falcon_h1.py, lfm2.py, granitemoehybrid.py
+    if arch.architecture in _QWEN_HYBRID and major == 10:
+        # model_overrides/qwen3_5.py: triton, unless speculative decoding lets trtllm_mha run (page 64)
+        return "trtllm_mha" if spec is not None and spec.eagle_topk <= 1 else "triton"
+    return None
 
 
 def attention_backend(arch: Arch, cc: str | None, given: str | None = None,
@@ -177,28 +207,17 @@ def attention_backend(arch: Arch, cc: str | None, given: str | None = None,
     if given:
         return given
     major = sm_major(cc)
-    if major is None:
-        return None
-    if arch.dsa:
-        return "dsa"                                   # model_overrides/deepseek_v2.py
+    chosen = override_backend(arch, cc, spec)
+    if major is None or chosen:
+        return chosen
     if arch.mla:
-        if major == 9:
-            return "fa3"
-        if major == 10:
-            return "trtllm_mla" if arch.architecture in _TRTLLM_MLA_ON_SM100 else "flashinfer"
-        return "triton"
-    for prefix, by_sm in _PER_MODEL.items():           # model_overrides/gemma4.py, gpt_oss.py, llama4.py
-        if arch.architecture.startswith(prefix):
-            return by_sm.get(major, "triton")
+        return {9: "fa3", 10: "flashinfer"}.get(major, "triton")
     topk_one = spec is None or spec.eagle_topk <= 1
-    if arch.architecture in _QWEN_HYBRID and major == 10:
-        # model_overrides/qwen3_5.py: triton, unless speculative decoding lets trtllm_mha run (page 64)
-        return "trtllm_mha" if spec is not None and topk_one else "triton"
     if major == 9 and topk_one:
         return "fa3"
     if major == 10 and topk_one:
         return "fa4" if arch.head_dim != arch.v_head_dim else "trtllm_mha"
-    return "triton" if arch.architecture in names.SWA_SINK_ARCHS else "flashinfer"
+    return "triton" if arch.attention_sinks else "flashinfer"      # FlashInfer has no attention sinks
 
 
 def page_size(arch: Arch, backend: str | None, given: int | None, kv_dtype: str, cc: str | None) -> tuple[int, str]:
@@ -208,8 +227,8 @@ def page_size(arch: Arch, backend: str | None, given: int | None, kv_dtype: str,
         return 64, "DeepSeek DSA runs with page size 64 (model_overrides/deepseek_v2.py)"
     page = given or 1
     decode = backend
-    if kv_dtype == "nvfp4" and not arch.mla and major in (10, 12):
-        decode = "trtllm_mha"   # mem_cache/kv_cache_hook.py: NVFP4 KV decodes on trtllm_mha
+    if kv_dtype == "nvfp4" and major in (10, 12):
+        decode = "trtllm_mha"   # arg_groups/kv_cache_hook.py: NVFP4 KV decodes on trtllm_mha, MLA too
     if backend == "flashmla":
         return 64, "FlashMLA only supports page size 64"
     if backend in ("trtllm_mla", "cutedsl_mla") and page not in (32, 64):
@@ -221,10 +240,24 @@ def page_size(arch: Arch, backend: str | None, given: int | None, kv_dtype: str,
     return page, ""
 
 
-def fp4_workspace_esz(backend: str | None, cc: str | None) -> int:
-    """fp4_kv_cache_quant_method.py: trtllm_mha reads FP4 natively (no dequant workspace); FlashInfer prefill
-    dequantises into an FP8 workspace (1 byte per element)."""
-    return 0 if backend == "trtllm_mha" and sm_major(cc) == 10 else 1
+def nvfp4_prefill(explicit: str | None, cc: str | None) -> str:
+    """arg_groups/kv_cache_hook.py handle_nvfp4_prefill_kv_dequant_dtype: the NVFP4 prefill backend (decode is
+    always trtllm_mha): FlashInfer over an FP8 workspace when flashinfer is given or, none given, below SM100;
+    else trtllm_mha reading NVFP4 natively."""
+    return "flashinfer" if explicit == "flashinfer" or (explicit is None and sm_major(cc) != 10) else "trtllm_mha"
+
+
+def fp4_recipe(kv_dtype: str, explicit: str | None, cc: str | None) -> tuple[int, int]:
+    """(scale layouts, dequant-workspace bytes per element) of an FP4 KV recipe, as compute_cell_size sizes it
+    for the accesses the resolved (prefill, decode) backends select (fp4_kv_cache_quant_method.py).
+    fp4_mx_block16: plain reads on every backend, one scale layout, no workspace. nvfp4: token-linear scales
+    serve FlashInfer's FP8 workspace and SM120's native reads, SM100's native reads keep their own layout
+    (both when FlashInfer prefills on SM100). `explicit`: the backend given or set by a model override."""
+    if kv_dtype != "nvfp4":
+        return 1, 0
+    sm100 = sm_major(cc) == 10
+    workspace = nvfp4_prefill(explicit, cc) == "flashinfer"
+    return int(workspace or not sm100) + int(sm100), 1 if workspace else 0
 
 
 _BACKENDS_ALLOWED = {"Gemma4": ("trtllm_mha", "triton", "fa4", "ascend", "intel_xpu", "intel_amx", "aiter"),
@@ -233,30 +266,86 @@ _BACKENDS_ALLOWED = {"Gemma4": ("trtllm_mha", "triton", "fa4", "ascend", "intel_
 _NVFP4_PREFILL = ("flashinfer", "trtllm_mha")
 
 
-def refusals(arch: Arch, kv_dtype: str, backend: str | None, cc: str | None) -> list[tuple[str, str, str]]:
-    """Start-up refusals SGLang raises for this model, KV dtype, backend and GPU: (condition, where, fix)."""
+def refusals(arch: Arch, kv_dtype: str, backend: str | None, cc: str | None,
+             explicit: str | None = None) -> list[tuple[str, str, str]]:
+    """Start-up refusals SGLang raises for this model, KV dtype, backend and GPU: (condition, where, fix).
+    `backend`: the one it runs; `explicit`: the one given or set by a model override (what the KV hooks see)."""
     out = []
-    major = sm_major(cc)
     if arch.dsa and kv_dtype not in ("bfloat16", "fp8_e4m3"):
         out.append((f"DeepSeek DSA supports only bf16 or fp8_e4m3 KV, not {kv_dtype}",
                     "arg_groups/model_overrides/deepseek_v2.py", "Use --kv-cache-dtype fp8_e4m3 or bf16."))
-    if kv_dtype == "nvfp4" and major is not None and major not in (10, 12):
-        out.append((f"--kv-cache-dtype nvfp4 needs Blackwell SM100 or SM120 (this GPU is SM {cc})",
-                    "arg_groups/kv_cache_hook.py", "Use fp8_e4m3 (or fp4_mx_block16 for the block-16 FP4 recipe)."))
-    elif kv_dtype == "nvfp4" and arch.mla and not arch.dsa:
-        out.append(("an NVFP4 KV cache on MLA needs flashinfer/trtllm_mla, and trtllm_mla has no NVFP4 prefill",
-                    "arg_groups/kv_cache_hook.py", "Use --kv-cache-dtype fp8_e4m3."))
-    elif kv_dtype == "nvfp4" and backend is not None and backend not in _NVFP4_PREFILL:
-        out.append((f"NVFP4 prefill needs an FP8 workspace or native NVFP4, and the {backend} backend provides neither",
-                    "arg_groups/kv_cache_hook.py", "Use --attention-backend flashinfer or trtllm_mha, or another KV dtype."))
+    out += fp4_refusals(arch, kv_dtype, backend, cc, explicit)
     if kv_dtype in ("mxfp8", "nvfp4", "fp4_mx_block16") and backend == "trtllm_mla" and not arch.dsa:
         out.append((f"the TensorRT-LLM MLA backend supports only fp8_e4m3, bf16 or auto KV, not {kv_dtype}",
                     "layers/attention/trtllm_mla_backend.py", "Use --kv-cache-dtype fp8_e4m3."))
+    if arch.architecture in _NO_TRITON and backend == "triton":
+        out.append((f"{arch.architecture} does not run on the triton attention backend (its first layer may not be "
+                    "attention)", "arg_groups/model_hook.py", "Use --attention-backend flashinfer."))
     for prefix, allowed in _BACKENDS_ALLOWED.items():
         if arch.architecture.startswith(prefix) and backend is not None and backend not in allowed:
             out.append((f"{arch.architecture} does not run on the {backend} attention backend (allowed: {', '.join(allowed)})",
                         f"arg_groups/model_overrides/{prefix.lower()}", f"Use --attention-backend {allowed[0]}."))
     return out
+
+
+def tp_refusal(arch: Arch, a_tp: int) -> tuple[str, str, str] | None:
+    """layers/linear.py QKVParallelLinear (and the models' own asserts, e.g. llama.py, deepseek_v2.py): attention
+    TP must divide the attention heads, and divide the KV heads or be a multiple of them; else SGLang's
+    `divide` asserts "<n> is not divisible by <tp>" while loading the model."""
+    kv = None if arch.mla else arch.num_kv_heads
+
+    def ok(t: int) -> bool:
+        return arch.num_attention_heads % t == 0 and (kv is None or (kv % t == 0 if t < kv else t % kv == 0))
+
+    if ok(a_tp):
+        return None
+    valid = [t for t in range(1, min(arch.num_attention_heads, 256) + 1) if ok(t)]
+    heads = f"{arch.num_attention_heads} attention heads" + (f" and {kv} KV heads" if kv is not None else "")
+    if arch.num_attention_heads % a_tp or kv is None:
+        said = f"{arch.num_attention_heads} is not divisible by {a_tp}"
+    else:   # more GPUs than KV heads: each head is replicated tp / kv times
+        said = f"{a_tp} is not divisible by {kv}" if a_tp >= kv else f"{kv} is not divisible by {a_tp}"
+    sizes = ", ".join(map(str, valid))
+    return (f"attention TP {a_tp} does not fit {heads} (\"{said}\"); valid: {sizes}",
+            "layers/linear.py QKVParallelLinear asserts while loading the model",
+            f"Use an attention TP (--tp / --attn-dp) of {sizes}.")
+
+
+_KV4_MLA = ("flashinfer", "trtllm_mla")
+_KV4_MHA = ("triton", "torch_native", "flex_attention", "trtllm_mha")
+
+
+def fp4_refusals(arch: Arch, kv_dtype: str, backend: str | None, cc: str | None,
+                 explicit: str | None) -> list[tuple[str, str, str]]:
+    """arg_groups/kv_cache_hook.py: handle_nvfp4_prefill_kv_dequant_dtype, then handle_kv4_compatibility (one
+    backend for prefill and decode must be one FP4 KV reads on; NVFP4's FlashInfer-prefill/trtllm_mha-decode
+    pair is the supported mixed recipe, MLA included)."""
+    major = sm_major(cc)
+    if kv_dtype not in ("nvfp4", "fp4_mx_block16") or major is None or arch.dsa:
+        return []
+    where = "arg_groups/kv_cache_hook.py"
+    if kv_dtype == "nvfp4":
+        if major not in (10, 12):
+            return [(f"--kv-cache-dtype nvfp4 needs Blackwell SM100 or SM120 (this GPU is SM {cc})", where,
+                     "Use fp8_e4m3 (or fp4_mx_block16 for the block-16 FP4 recipe).")]
+        if explicit is not None and explicit not in _NVFP4_PREFILL:
+            return [(f"NVFP4 prefill needs an FP8 workspace or native NVFP4, and the {explicit} backend provides neither",
+                     where, "Use --attention-backend flashinfer or trtllm_mha, or another KV dtype.")]
+        if explicit == "trtllm_mha" and major != 10:
+            return [(f"native NVFP4 prefill (--attention-backend trtllm_mha) needs SM100 (this GPU is SM {cc})", where,
+                     "Use --attention-backend flashinfer (FP8 prefill workspace), or leave the backend unset.")]
+        if arch.mla and nvfp4_prefill(explicit, cc) == "trtllm_mha":
+            return [("NVFP4 on MLA prefills and decodes on trtllm_mha here, and FP4 KV on MLA needs flashinfer or "
+                     "trtllm_mla", where, "Use --attention-backend flashinfer (FP8 prefill workspace, trtllm_mha decode).")]
+        return []
+    allowed = _KV4_MLA if arch.mla else _KV4_MHA
+    if backend == "fa4":   # FA4 prefills; it cannot also decode FP4 KV
+        return [("FP4 KV with FA4 prefill needs another decode backend, and fa4 decodes here too", where,
+                 f"Use --attention-backend {allowed[0]}.")]
+    if backend is not None and backend not in allowed:
+        return [(f"FP4 KV on {'MLA' if arch.mla else 'MHA'} needs the attention backend to be one of "
+                 f"{', '.join(allowed)}, not {backend}", where, f"Use --attention-backend {allowed[0]}.")]
+    return []
 
 
 def dsa_raw_layout(arch: Arch, cc: str | None) -> bool:

@@ -54,7 +54,6 @@ class Inputs:
     max_mamba_cache_size: int | None = None
     disable_radix_cache: bool = False
     swa_full_tokens_ratio: float = 0.8
-    nvfp4_scale_layouts: int = 1
     # speculative decoding (--speculative-*): changes the running-request default, adds draft KV
     # and, on hybrid models, an intermediate SSM state per draft token
     spec_algorithm: str | None = None
@@ -238,7 +237,7 @@ def state_bytes_per_request(arch: Arch, a_tp: int, linear_layers: int, ssm_dtype
         return 0
     t = a_tp
     hk = la.num_key_heads if la.num_key_heads % t == 0 else la.num_key_heads + (t - la.num_key_heads)
-    conv_dim = la.num_value_heads * la.value_head_dim + 2 * hk * la.key_head_dim
+    conv_dim = (la.intermediate_size or la.num_value_heads * la.value_head_dim) + 2 * hk * la.key_head_dim
     conv = conv_dim // t * (la.conv_kernel - 1) * _ESZ[la.conv_dtype]
     ssm = la.num_value_heads // t * la.value_head_dim * la.key_head_dim * _ESZ[ssm_dtype or la.ssm_dtype]
     return (conv + ssm) * linear_layers
@@ -276,10 +275,13 @@ def pp_stages(num_layers: int, pp: int) -> list[tuple[int, int]]:
 def slots_per_request(arch: Arch, disable_radix_cache: bool, overlap: bool = True) -> int:
     """kv_cache_configurator.py KVCacheConfigurator._calculate_mamba_ratio: 1 without radix cache; else 3
     + the extra_buffer tracking slots (mem_cache/allocation_sizing.py get_mamba_tracking_slots): 2 with
-    the overlap scheduler, 1 without it (PP > 1 or --disable-overlap-schedule)."""
+    the overlap scheduler, 1 without it (PP > 1 or --disable-overlap-schedule), for the architectures
+    arg_groups/overrides.py lets use the extra buffer (_MAMBA_EXTRA_BUFFER_ARCHS; LFM2 is not one)."""
     if arch.linear is None:
         return 0
-    return 1 if disable_radix_cache else 3 + (2 if overlap else 1)
+    if disable_radix_cache:
+        return 1
+    return 3 + ((2 if overlap else 1) if arch.architecture in sglang_names.MAMBA_EXTRA_BUFFER_ARCHS else 0)
 
 
 def estimate_max_running(tokens: int, context_len: int) -> int:
@@ -297,7 +299,9 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     spec = defaults.speculative(arch, inp.spec_algorithm, inp.spec_num_steps, inp.spec_eagle_topk, inp.spec_num_draft_tokens)
     ssm_dtype = _SSM_DTYPES.get(inp.mamba_ssm_dtype or "") or None
     backend = defaults.attention_backend(arch, inp.compute_capability, inp.attention_backend, spec)
-    for why in defaults.refusals(arch, kv_dtype, backend, inp.compute_capability):
+    heads_why = defaults.tp_refusal(arch, a_tp)
+    explicit = inp.attention_backend or defaults.override_backend(arch, inp.compute_capability, spec)
+    for why in defaults.refusals(arch, kv_dtype, backend, inp.compute_capability, explicit) + ([heads_why] if heads_why else []):
         findings.append(Finding("kv.refused", "fail", "SGLang refuses to start: " + why[0], detail=why[1], remedy=why[2]))
     stages: list[Stage] = []
     draft_bytes = 0
@@ -306,8 +310,8 @@ def compute(arch: Arch, inp: Inputs) -> Result:
         nf = sum(1 for x in range(s, e) if x in full)
         ns = sum(1 for x in range(s, e) if x in swa)
         nl = sum(1 for x in range(s, e) if x in lin)
-        cell = cell_bytes(arch, kv_dtype, a_tp, nf, ns, inp.swa_full_tokens_ratio, inp.nvfp4_scale_layouts,
-                          defaults.fp4_workspace_esz(backend, inp.compute_capability),
+        cell = cell_bytes(arch, kv_dtype, a_tp, nf, ns, inp.swa_full_tokens_ratio,
+                          *defaults.fp4_recipe(kv_dtype, explicit, inp.compute_capability),
                           raw_dsa_layout=defaults.dsa_raw_layout(arch, inp.compute_capability))
         if spec is not None and spec.draft_kv_layers and nf + ns and not arch.hybrid_swa:
             # pool_configurator.py DefaultPoolConfigurator: the EAGLE/MTP draft shares the target's per-layer KV size
@@ -323,7 +327,7 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     ctx = inp.context_len or arch.max_context or 2048
     overlap = inp.pp == 1 and not inp.disable_overlap_schedule
     slots = slots_per_request(arch, inp.disable_radix_cache, overlap)
-    per_slot = max(st.state_bytes_per_request for st in stages)  # every rank is charged the largest stage share
+    per_slot = _stage_state_bytes(arch, a_tp, stages, ssm_dtype)
     page, page_why = defaults.page_size(arch, backend, inp.page_size, kv_dtype, inp.compute_capability)
     res = Result(kv_dtype=kv_dtype, kv_bytes_per_token_per_gpu=0, kv_layers=0, kv_heads_per_gpu=heads,
                  kv_head_replication=replication(arch, a_tp), state_bytes_per_request_per_gpu=per_slot,
@@ -334,6 +338,15 @@ def compute(arch: Arch, inp: Inputs) -> Result:
                  draft_kv_bytes_per_token_per_gpu=draft_bytes, page_size=page, attention_backend=backend)
     if page_why:
         findings.append(Finding("kv.page_size", "info", f"page size {page}", detail=page_why))
+    if slots == 3 and (inp.page_size not in (None, 1) or explicit == "trtllm_mha"):
+        # arg_groups/mamba_hook.py validate_mamba_no_buffer: a radix cache without the extra buffer (it runs before
+        # the KV-dtype hooks force a page size, so only a given page size or backend counts)
+        findings.append(Finding("kv.refused", "fail", "SGLang refuses to start: " + (
+            f"{arch.architecture}'s state cache (no extra buffer) needs page size 1, not {inp.page_size}"
+            if inp.page_size not in (None, 1) else
+            f"{arch.architecture}'s state cache (no extra buffer) does not run on trtllm_mha"),
+            detail="arg_groups/mamba_hook.py validate_mamba_no_buffer",
+            remedy="Leave --page-size unset and use another attention backend, or --disable-radix-cache."))
     binding = max(stages, key=lambda s: s.cell_bytes)
     res.kv_bytes_per_token_per_gpu = math.ceil(binding.cell_bytes)
     res.kv_layers = binding.kv_layers
@@ -355,11 +368,22 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     return res
 
 
+def _stage_state_bytes(arch: Arch, a_tp: int, stages: list[Stage], ssm_dtype: str | None) -> int:
+    """kv_cache_configurator.py _handle_max_mamba_cache: every rank is charged the largest stage share, as
+    int(all layers' bytes × (largest stage's layers / all layers)) — SGLang's float, truncated."""
+    n_all = len(arch.linear_layer_ids)
+    if len(stages) == 1 or not n_all:
+        return stages[0].state_bytes_per_request if stages else 0
+    scale = max(st.linear_layers for st in stages) / n_all
+    return int(state_bytes_per_request(arch, a_tp, n_all, ssm_dtype) * scale)
+
+
 def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_arg: int | None,
-            backend: str | None) -> int | None:
+            backend: str | None) -> float | None:
+    """The KV+state budget per GPU in GiB (a float, as SGLang carries it), or None."""
     if inp.kv_budget_gib is not None:
         res.mem_fraction_source = "KV+state budget given directly"
-        return int(inp.kv_budget_gib * GIB)
+        return float(inp.kv_budget_gib)
     if inp.gpu_mem_gib is None or inp.weights_bytes_per_gpu is None:
         missing = " and ".join(n for n, v in (("GPU memory", inp.gpu_mem_gib), ("weights per GPU", inp.weights_bytes_per_gpu)) if v is None)
         findings.append(Finding("kv.budget", "skip", f"capacity not computed: {missing} unknown",
@@ -377,20 +401,25 @@ def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_a
     res.mem_fraction_static, res.mem_fraction_source = frac, how
     total = inp.gpu_mem_gib * GIB
     res.reserved_bytes_per_gpu = int(total * (1 - frac))
-    # kv_cache_configurator.py _profile_available_bytes: rest = free_after_weights - pre_load_free * (1 - fraction)
-    rest = int(total * frac) - inp.weights_bytes_per_gpu
-    if arch.multimodal:
-        rest -= defaults.multimodal_reservation_mib(arch, inp.compute_capability) * MIB
-    if rest <= 0:
+    rest_gib = budget_gib(inp.gpu_mem_gib, inp.weights_bytes_per_gpu, frac,
+                          defaults.multimodal_reservation_mib(arch, inp.compute_capability) if arch.multimodal else 0)
+    if rest_gib <= 0:
         findings.append(Finding("kv.budget", "fail", "no memory left for the KV cache",
                                 detail=f"{inp.gpu_mem_gib:g} GiB × {frac} = {total * frac / GIB:.1f} GiB static, but weights take "
                                        f"{inp.weights_bytes_per_gpu / GIB:.1f} GiB per GPU",
                                 remedy="Raise TP/PP, use a smaller quantization, or raise --mem-fraction-static."))
         return None
-    return rest
+    return rest_gib
 
 
-def _state_pool(inp: Inputs, rest: int, slots: int, per_slot: int, spec: defaults.Speculative | None,
+def budget_gib(gpu_mem_gib: float, weights_bytes: int, fraction: float, reserved_mib: float = 0) -> float:
+    """kv_cache_configurator.py _profile_available_bytes, in SGLang's own GiB floats: free memory after the
+    weights minus pre_load_free × (1 − fraction) minus the multimodal reservation. The caller truncates
+    `× 2**30` to bytes as SGLang does (rounding first would land a byte above SGLang's budget)."""
+    return (gpu_mem_gib * GIB - weights_bytes) / GIB - gpu_mem_gib * (1 - fraction) - reserved_mib / 1024
+
+
+def _state_pool(inp: Inputs, rest_gib: float, slots: int, per_slot: int, spec: defaults.Speculative | None,
                 mrr_arg: int | None) -> tuple[int, int]:
     """kv_cache_configurator.py KVCacheConfigurator._handle_max_mamba_cache: (max_mamba_cache_size, bytes
     of intermediate SSM state for draft tokens). Speculative decoding solves state and draft state jointly."""
@@ -405,7 +434,7 @@ def _state_pool(inp: Inputs, rest: int, slots: int, per_slot: int, spec: default
         inter = per_slot * (k + 1) * d if d else 0
     else:
         r = inp.mamba_full_memory_ratio
-        budget = rest * r / (1 + r)
+        budget = rest_gib * r / (1 + r) * GIB
         if d:
             k = int((budget - per_slot * (1 + d)) // (per_slot * (1 + d / slots)))
             inter = per_slot * (min(reqs, k // slots) + 1) * d
@@ -415,13 +444,12 @@ def _state_pool(inp: Inputs, rest: int, slots: int, per_slot: int, spec: default
     return k, inter
 
 
-def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest: int, ctx: int, slots: int, per_slot: int,
+def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest_gib: float, ctx: int, slots: int, per_slot: int,
            findings: list[Finding], spec: defaults.Speculative | None, mrr_arg: int | None) -> None:
-    res.kv_budget_bytes_per_gpu = rest
-    kv_avail = rest
+    res.kv_budget_bytes_per_gpu = kv_avail = int(rest_gib * GIB)
     max_mamba: int | None = None
     if per_slot:
-        max_mamba, inter = _state_pool(inp, rest, slots, per_slot, spec, mrr_arg)
+        max_mamba, inter = _state_pool(inp, rest_gib, slots, per_slot, spec, mrr_arg)
         if max_mamba < 1:
             findings.append(Finding("kv.state_pool", "fail", "SGLang refuses to start: the budget cannot hold one request's "
                                                             "linear-attention state",
@@ -432,7 +460,8 @@ def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest: int,
             return
         res.spec_state_bytes_per_gpu = int(inter)
         res.state_pool_bytes_per_gpu = (max_mamba + 1) * per_slot
-        kv_avail = int(rest - inter - res.state_pool_bytes_per_gpu)
+        # _handle_max_mamba_cache subtracts both in GiB; the budget is truncated to bytes after
+        kv_avail = int((rest_gib - inter / GIB - res.state_pool_bytes_per_gpu / GIB) * GIB)
         res.max_state_slots = max_mamba
     res.kv_pool_bytes_per_gpu = kv_avail
     page = res.page_size

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runbook.core.errors import InputError
+from runbook.model import mamba2
 from runbook.model import sglang_names as names
 
 # Gemma-2/3 force disable_hybrid_swa_memory: every layer keeps full-length KV.
@@ -20,9 +21,11 @@ _CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_
 # loaded class, not the file). model_type -> max_position_embeddings default of transformers 5.19.
 HF_CONTEXT_DEFAULTS = {"gemma3_text": 131072, "gemma2": 8192, "llama": 2048, "mistral": 131072,
                        "qwen2": 32768, "qwen3": 32768, "qwen3_moe": 32768, "deepseek_v3": 4096, "gpt_oss": 131072}
+# model_types SGLang reads with its own config class (utils/hf_transformers _CONFIG_REGISTRY), whose default wins
+SGLANG_CONTEXT_DEFAULTS = {"kimi_linear": 4096}        # configs/kimi_linear.py KimiLinearConfig
 # Architectures whose SWA split SGLang does not size the way arch.py can (compressed SWA pools,
 # per-layer head dims): figures for them carry a warn finding.
-_SWA_NOT_MODELLED = ("MiMoV2", "Step3p", "Inkling", "DeepseekV4", "EmbeddingGemma2", "DiffusionGemma", "MuseGlimmer")
+_SWA_NOT_MODELLED = ("Step3p", "Inkling", "DeepseekV4", "EmbeddingGemma2", "DiffusionGemma", "MuseGlimmer")
 _KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups")
 _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16",
            "float32": "float32", "fp32": "float32", "float": "float32"}
@@ -30,7 +33,9 @@ _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp
 
 @dataclass(frozen=True)
 class LinearAttention:
-    """Gated-DeltaNet style linear attention (Qwen3-Next / Qwen3.5): Mamba2-shaped state per request."""
+    """A Mamba2-shaped recurrent state per request (configs/mamba_utils.py Mamba2StateShape.create): Gated-DeltaNet
+    linear attention (Qwen3-Next / Qwen3.5: key heads = groups, key head dim = state size) and Mamba-2 mixers
+    (Nemotron-H, Falcon-H1, Granite-4.0-H; LFM2's short convolutions with no SSM state)."""
 
     num_key_heads: int
     num_value_heads: int
@@ -39,6 +44,7 @@ class LinearAttention:
     conv_kernel: int
     ssm_dtype: str = "float32"
     conv_dtype: str = "bfloat16"
+    intermediate_size: int | None = None   # the conv's value width; None: num_value_heads × value_head_dim
 
 
 @dataclass
@@ -71,6 +77,8 @@ class Arch:
     has_vision_config: bool = False   # SGLang scales mem_fraction_static only when there is one
     vit_layers: int | None = None
     vit_hidden: int | None = None
+    kda: bool = False                 # Kimi Delta Attention layers (model_config.uses_kda_attention)
+    attention_sinks: bool = False     # learned attention sinks (model_config._detect_attention_sinks): no FlashInfer default
     dsa: bool = False                 # DeepSeek sparse attention: an FP8 indexer cache per layer too
     index_head_dim: int = 0
     context_source: str = ""
@@ -127,17 +135,22 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
     archs = top.get("architectures") or cfg.get("architectures") or []
     arch_name = archs[0] if archs else "?"
     model_type = str(cfg.get("model_type") or top.get("model_type") or "")
+    nested = cfg is not top
+    cfg = {**mamba2.CLASS_DEFAULTS.get(model_type, {}), **cfg}
     assumptions: list[str] = []
     n = _int(cfg, "num_hidden_layers", source)
     n_heads, kv_heads, head_dim = _heads(cfg, source, assumptions)
-    v_head_dim = head_dim
+    # model_config.py _derive_model_shapes: the config's v_head_dim when set (MiMo-V2: 192 / 128), else head_dim
+    v = cfg.get("v_head_dim")
+    v_head_dim = v if isinstance(v, int) and not isinstance(v, bool) and v > 0 and not arch_name.startswith("DeepseekV4") \
+        else head_dim
     mla, kv_lora, rope = _mla(cfg, arch_name, bool(archs), source, assumptions)
     nextn = _nonneg(cfg.get("num_nextn_predict_layers") or 0, "num_nextn_predict_layers", source)
     mtp = nextn or _nonneg(cfg.get("mtp_num_hidden_layers") or 0, "mtp_num_hidden_layers", source)
     dsa = arch_name in names.DSA_ARCHS and cfg.get("index_topk") is not None and mla
     index_head_dim = _int(cfg, "index_head_dim", source) if dsa else 0
 
-    full, swa, linear_ids, linear = _layer_kinds(cfg, n, source, assumptions)
+    full, swa, linear_ids, linear = _layer_kinds(cfg, n, source, assumptions, model_type)
     full, swa = _layers_by_architecture(cfg, arch_name, n, full, swa)
     window = cfg.get("sliding_window") if isinstance(cfg.get("sliding_window"), int) else None
     full, swa, hybrid_swa = _hybrid_swa(cfg, arch_name, full, swa, assumptions)
@@ -148,7 +161,7 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
                                                                             v_head_dim, source)
     vision = top.get("vision_config")
     # ModelConfig: a multimodal architecture (or a nested text_config), unless SGLang keeps it text-only by default
-    multimodal = (arch_name in names.MULTIMODAL_ARCHS or cfg is not top) and arch_name not in names.MULTIMODAL_OFF_BY_DEFAULT_ARCHS
+    multimodal = (arch_name in names.MULTIMODAL_ARCHS or nested) and arch_name not in names.MULTIMODAL_OFF_BY_DEFAULT_ARCHS
 
     return Arch(
         architecture=arch_name, model_type=model_type, num_layers=n, full_layer_ids=full, swa_layer_ids=swa,
@@ -162,7 +175,18 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
         has_vision_config=isinstance(vision, dict),
         vit_layers=_opt_int(vision, ("num_hidden_layers", "vt_num_hidden_layers")) if isinstance(vision, dict) else None,
         vit_hidden=_opt_int(vision, ("hidden_size", "vt_hidden_size")) if isinstance(vision, dict) else None,
-        dsa=dsa, index_head_dim=index_head_dim, assumptions=assumptions)
+        kda=isinstance(cfg.get("linear_attn_config"), dict) and bool(cfg["linear_attn_config"].get("kda_layers")),
+        attention_sinks=_attention_sinks(cfg, arch_name), dsa=dsa, index_head_dim=index_head_dim, assumptions=assumptions)
+
+
+def _attention_sinks(cfg: dict[str, Any], arch_name: str) -> bool:
+    """configs/model_config.py _detect_attention_sinks: SWA_SINK_ARCHS always; MiMo-V2 when its config adds the
+    sink biases; else the config's learnable_sink."""
+    if arch_name in names.SWA_SINK_ARCHS:
+        return True
+    if arch_name in names.MIMO_V2_ARCHS:
+        return bool(cfg.get("add_swa_attention_sink_bias") or cfg.get("add_full_attention_sink_bias"))
+    return bool(cfg.get("learnable_sink"))
 
 
 def _heads(cfg: dict[str, Any], source: str, assumptions: list[str]) -> tuple[int, int, int]:
@@ -174,7 +198,12 @@ def _heads(cfg: dict[str, Any], source: str, assumptions: list[str]) -> tuple[in
         assumptions.append(f"no KV head count in {source}: assumed MHA with {n_heads} KV heads")
     head_dim = cfg.get("head_dim")
     if not isinstance(head_dim, int) or head_dim <= 0:
-        head_dim = _int(cfg, "hidden_size", source) // n_heads
+        hidden = _int(cfg, "hidden_size", source)
+        head_dim = hidden // n_heads
+        if head_dim == 0:
+            # SGLang's ModelConfig derives the same 0 and builds zero-width attention
+            raise InputError(f"{source}: 'hidden_size' {hidden} is smaller than 'num_attention_heads' {n_heads}, so the "
+                             "derived head_dim is 0; set 'head_dim' or fix those fields")
     return n_heads, kv_heads, head_dim
 
 
@@ -191,9 +220,15 @@ def _mla(cfg: dict[str, Any], arch_name: str, named: bool, source: str, assumpti
     return True, cfg["kv_lora_rank"], _int(cfg, "qk_rope_head_dim", source)
 
 
-def _layer_kinds(cfg: dict[str, Any], n: int, source: str,
-                 assumptions: list[str]) -> tuple[list[int], list[int], list[int], LinearAttention | None]:
+def _layer_kinds(cfg: dict[str, Any], n: int, source: str, assumptions: list[str],
+                 model_type: str = "") -> tuple[list[int], list[int], list[int], LinearAttention | None]:
     """Full, sliding-window and linear-attention layer ids from the config's layout fields (all full when it has none)."""
+    mamba = mamba2.layers(cfg, model_type, n, source)
+    if mamba is not None:
+        return mamba[0], [], mamba[1], LinearAttention(**mamba[2])
+    if model_type in names.STATE_POOL_MODEL_TYPES and "linear_num_value_heads" not in cfg:
+        assumptions.append(f"SGLang keeps a per-request recurrent-state pool for {model_type} models that is not sized "
+                           "here: tokens and running requests are too high")
     full, swa, linear_ids = list(range(n)), [], []
     linear: LinearAttention | None = None
     layer_types = cfg.get("layer_types")
@@ -220,11 +255,6 @@ def _layer_kinds(cfg: dict[str, Any], n: int, source: str,
             assumptions.append(f"layer types {unknown} not recognised: counted as full attention")
         if linear_ids:
             assumptions.append("linear-attention layers found without Qwen3-Next fields: their recurrent state is not sized")
-    elif isinstance(cfg.get("hybrid_override_pattern"), str):
-        pat = cfg["hybrid_override_pattern"][:n]
-        full = [i for i, c in enumerate(pat) if c == "*"]
-        linear_ids = [i for i, c in enumerate(pat) if c == "M"]
-        assumptions.append("Nemotron-H style pattern: only '*' layers hold KV; the Mamba state is not sized")
     return full, swa, linear_ids, linear
 
 
@@ -303,6 +333,8 @@ def _context_len(cfg: dict[str, Any], model_type: str, source: str, assumptions:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
                 raise InputError(f"{source}: '{key}' must be a positive integer (got {v!r})")
             return int(factor * v), f"{key} in config.json" + (f" × rope factor {factor:g}" if factor != 1 else "")
+    if model_type in SGLANG_CONTEXT_DEFAULTS:
+        return SGLANG_CONTEXT_DEFAULTS[model_type], f"SGLang's {model_type} config class default (config.json has no length)"
     if model_type in HF_CONTEXT_DEFAULTS:
         return HF_CONTEXT_DEFAULTS[model_type], f"transformers' {model_type} config default (config.json has no length)"
     assumptions.append(f"no context length in {source} and no known default for model_type {model_type!r}: SGLang's 2048 assumed")

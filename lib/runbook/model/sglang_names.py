@@ -204,6 +204,10 @@ MLA_ARCHS = frozenset({
     "MistralLarge3ForCausalLM",
     "MistralLarge3ForCausalLMEagle",
     "PixtralForConditionalGeneration",
+    # the later MLA branches of ModelConfig._derive_model_shapes (Kimi-Linear / K3 / VL, Bailing V2.5 / V3, ...)
+    "BailingMoeForCausalLMNextN", "BailingMoeV2_5ForCausalLM", "BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration",
+    "DeepseekVL2ForCausalLM", "KimiK3ForConditionalGeneration", "KimiK3LinearForCausalLM", "KimiLinearForCausalLM",
+    "KimiVLForConditionalGeneration", "MiniCPM3ForCausalLM", "SarvamMLAForCausalLM",
 })
 
 # is_hybrid_swa_model: sliding layers get their own, smaller pool
@@ -245,6 +249,25 @@ SWA_SINK_ARCHS = frozenset({
     "GraniteSWAForCausalLM",
     "IQuestQ1ForCausalLM",
     "IQuestQ1MTP",
+})
+
+# configs/hybrid_arch.py mambaish_config (and the linear-attention registry): model types whose config
+# class gives SGLang a per-request recurrent-state pool (model/mamba2.py and arch.py size some of them)
+STATE_POOL_MODEL_TYPES = frozenset({
+    "bailing_hybrid", "falcon_h1", "falcon_mamba", "gigachat3_5", "glm5_next", "granitemoehybrid", "inkling_mm_model",
+    "inkling_model", "intern_s2_preview", "jet_nemotron", "jet_vlm", "kimi_linear", "lfm2", "lfm2_moe", "lfm2_vl",
+    "mamba", "mamba2", "minicpm_sala", "NemotronH_Nano_VL_V2", "nemotron_h", "qwen3_5", "qwen3_5_moe", "qwen3_next",
+    "zaya",
+})
+
+# arg_groups/overrides.py _MAMBA_EXTRA_BUFFER_ARCHS: hybrid models whose radix cache keeps extra tracking slots
+MAMBA_EXTRA_BUFFER_ARCHS = frozenset({
+    "KimiLinearForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+    "Qwen3_5ForCausalLM", "Qwen3NextForCausalLM", "Qwen4ExpForConditionalGeneration", "InternS2PreviewForConditionalGeneration",
+    "MiniCPMV4_6ForConditionalGeneration", "MiniCPMV4_7ForConditionalGeneration", "BailingMoeV2_5ForCausalLM",
+    "BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration", "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM",
+    "Glm5NextForConditionalGeneration", "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "NemotronH_Omni_Reasoning_V3",
+    "KimiK3ForConditionalGeneration", "InklingForConditionalGeneration", "InklingForConditionalGenerationMTP",
 })
 
 # MIMO_V2_MODEL_ARCHS: layer split read from hybrid_layer_pattern (1 = sliding)

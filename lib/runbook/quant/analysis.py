@@ -291,6 +291,32 @@ _UNKNOWN_FIX = {
 }
 
 
+# layers/quantization/*: each config class's get_min_capability() on CUDA, for the method name ModelConfig resolves
+# (model_loader/loader.py _get_quantization_config refuses a GPU below it). fp8 / mxfp8 share Fp8Config:
+# 80, or 100 for MXFP8 weights; mxfp8 is SGLang's name for a ModelOpt MXFP8 checkpoint.
+MIN_CAPABILITY = {"auto-round": 60, "auto-round-int8": 75, "awq": 75, "awq_marlin": 80, "bitsandbytes": 70,
+                  "blockwise_int8": 80, "compressed-tensors": 70, "fp8": 80, "gguf": 60, "gptq_marlin": 80, "humming": 75,
+                  "minimax_m3_nvfp4": 90, "modelopt": 89, "modelopt_fp4": 80, "modelopt_fp8": 89, "modelopt_mixed": 80,
+                  "modelslim": 0, "moe_wna16": 70, "mxfp4": 80, "mxfp8": 100, "mxfp_w4a8": 0, "nvfp4_online": 100,
+                  "petit_nvfp4": 90, "quark": 70, "quark_int4fp8_moe": 70, "quark_mxfp4": 70, "w4afp8": 90, "w8a8_fp8": 89,
+                  "w8a8_int8": 75}
+
+
+def capability_check(v: SGLangView, compute_capability: str | None) -> SGLangView:
+    """model_loader/loader.py _get_quantization_config: the GPU's capability (major × 10 + minor) must reach the
+    quantization config class's get_min_capability(); SGLang raises ValueError before loading any weight."""
+    if v.refusal is not None or not v.quantization or not compute_capability:
+        return v
+    major, _, minor = str(compute_capability).partition(".")
+    cap, need = int(major) * 10 + int(minor or 0), MIN_CAPABILITY.get(v.quantization)
+    if need is not None and cap < need:
+        v.refusal = SGLangRefusal("quant_config", f"The quantization method {v.quantization} is not supported for the current "
+                                  f"GPU. Minimum capability: {need}. Current capability: {cap}.",
+                                  f"Serve it on a GPU of compute capability {need // 10}.{need % 10} or newer, or use a "
+                                  "checkpoint quantized for this GPU (e.g. BF16 or a Marlin-backed GPTQ/AWQ one).")
+    return v
+
+
 class SGLangRefusal(Exception):
     """SGLang would stop at start-up; `stage` says where, `fix` what to change."""
 
@@ -747,9 +773,11 @@ def inspect(ck: Checkpoint, flags: dict[str, Any] | None = None, tp: int = 1, pp
     w.bytes_per_gpu = w.total_bytes // (tp * pp) if w.total_bytes else None
 
     user_q = str(flags["quantization"]) if flags.get("quantization") else None
-    auto_view = sglang_view(ck, None, a.dtype)
-    view = sglang_view(ck, user_q, a.dtype) if user_q else auto_view
+    cc = compute_capability
+    auto_view = capability_check(sglang_view(ck, None, a.dtype), cc)
+    view = capability_check(sglang_view(ck, user_q, a.dtype), cc) if user_q else auto_view
     side = _side_file_view(ck, auto_view, a.dtype)
+    side = capability_check(side, cc) if side is not None else None
     eff = view if view.refusal is None else auto_view if auto_view.refusal is None else view
     w.sglang_quantization, w.sglang_config_class = view.quantization, view.config_class
     w.sglang_refusal = str(view.refusal) if view.refusal else None
@@ -778,6 +806,7 @@ def inspect(ck: Checkpoint, flags: dict[str, Any] | None = None, tp: int = 1, pp
     findings += _kv_findings(kv, a, qpp, ck)
     rec = _recommend(w, kv, auto_view, side)
     findings += _refusal_findings(ck, w, auto_view, view, side, user_q)
+    findings += _source_findings(ck, auto_view)
     findings += _flag_findings(flags, rec, w, view, auto_view)
     ckinfo = {"dir": str(ck.dir), "complete": ck.complete, "has_weights": ck.has_weights, "shards": len(ck.shards),
               "tensors": len(ck.weight_map), "bytes_read": ck.bytes_read, "architecture": a.architecture, "note": location_note}
@@ -933,6 +962,43 @@ def _refusal_findings(ck: Checkpoint, w: Weights, auto_view: SGLangView, view: S
                               f" (checkpoint quant_method {auto_view.quant_method or view.quant_method!r}).",
                        evidence=f"read from {w.source}" if w.source else "",
                        remedy=r.fix or "Use a checkpoint whose quant_method SGLang registers."))
+    return out
+
+
+def _hq_algo(ck: Checkpoint) -> str | None:
+    sect = _modelopt_section(ck.hf_quant_config) if isinstance(ck.hf_quant_config, dict) else {}
+    algo = sect.get("quant_algo")
+    return str(algo) if algo else None
+
+
+def _source_findings(ck: Checkpoint, auto_view: SGLangView) -> list[Finding]:
+    """configs/model_config.py _parse_quant_hf_config reads config.json's quantization_config (or
+    compression_config) first and hf_quant_config.json only without one: say so when the two disagree, and when
+    hf_quant_config.json's "quantization" is null (_parse_modelopt_quant_config returns None: the file is ignored)."""
+    hq, out = ck.hf_quant_config, list[Finding]()
+    if not isinstance(hq, dict):
+        return out
+    uses = auto_view.quantization or "no quantization (BF16/FP16 weights)"
+    in_config = ck.config.get("quantization_config") is not None or ck.config.get("compression_config") is not None
+    if "quantization" in hq and hq["quantization"] is None:
+        out.append(Finding("quant.hf_quant_config", "warn", 'hf_quant_config.json has "quantization": null: SGLang ignores the file',
+                           detail=f"ModelConfig._parse_modelopt_quant_config returns None for it; SGLang serves {uses}"
+                                  + (" from config.json's quantization_config" if in_config else ""),
+                           remedy="Re-export hf_quant_config.json with its quantization section, or delete the file."))
+        return out
+    algo = _hq_algo(ck)
+    if not in_config or algo is None:
+        return out
+    theirs = _sg_parse_modelopt(hq) if algo != "MIXED_PRECISION" else None
+    their_method = (theirs or {}).get("quant_method") or algo
+    if auto_view.quantization != their_method:
+        qc = ck.config.get("quantization_config") or ck.config.get("compression_config") or {}
+        mine = qc.get("quant_method") if isinstance(qc, dict) else None
+        out.append(Finding("quant.conflict", "warn", f"config.json ({mine or 'quantization_config'}) and hf_quant_config.json "
+                                                   f"({algo}) disagree: SGLang uses config.json",
+                           detail=f"ModelConfig._parse_quant_hf_config reads config.json's quantization_config first and never "
+                                  f"opens hf_quant_config.json then; SGLang serves {uses}.",
+                           remedy="Check which file matches the weights (the safetensors dtypes) and remove or fix the other."))
     return out
 
 

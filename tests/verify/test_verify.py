@@ -23,6 +23,8 @@ from .sglang_formats import SRT, line, render
 pytestmark = pytest.mark.skipif(SRT is None, reason="no .venv-serving with SGLang's sources (make serving-env)")
 
 PLAN_TOKENS, PLAN_MRR, CTX = 2_019_948, 232, 262_144   # the default spec on 97,887 MiB (NVML), as SGLang sizes it
+PLAN_SLOTS = 1_162                                       # its state slots (mamba pool)
+GPU_GIB = 97_887 / 1024                                  # the default spec's gpu_memory_gib
 SECRET = "sk-verify-SECRET-987654"
 
 
@@ -62,7 +64,7 @@ def _weights_lines(free, weights, model="Qwen3_5MoeForConditionalGeneration"):
 
 
 def startup(tokens=PLAN_TOKENS, dtype="torch.bfloat16", ctx=CTX, mrr=PLAN_MRR, weights=29.3, tp=8, fp8_no_scales=False,
-            moe_default=False, oom_at_capture=False, journal=False, ts="2026-01-05 10:00:00", secret=SECRET, free=96.0,
+            moe_default=False, oom_at_capture=False, journal=False, ts="2026-01-05 10:00:00", secret=SECRET, free=GPU_GIB,
             slots=1169, draft_bpt=None, kv_line=None) -> list[str]:
     """One start of the story's deployment, each line from SGLang 0.5.23's own format strings. `free`: GiB free when
     the weights began to load; `draft_bpt`: with speculative decoding, the draft pool's bytes per token (each rank
@@ -357,36 +359,37 @@ def test_a_kv_pool_without_dtype_is_said_not_skipped_silently(tmp_path):
     assert f.status == "fail" and "fp8_e4m3" in f.title
 
 
-@pytest.mark.parametrize(("slots", "status"), [(1169, "pass"), (1130, "warn"), (800, "fail")])
+@pytest.mark.parametrize(("slots", "status"), [(PLAN_SLOTS, "pass"), (1_125, "warn"), (800, "fail")])
 def test_state_pool_is_compared_with_the_plan(tmp_path, slots, status):
     rep = run_log(tmp_path, startup(slots=slots))
     f = ids(rep.findings)["verify.state_slots"]
-    assert f.status == status and f"{slots:,} slots" in f.title and "plan 1,169" in f.title
+    assert f.status == status and f"{slots:,} slots" in f.title and f"plan {PLAN_SLOTS:,}" in f.title
     assert {r["quantity"]: r for r in document(rep)["rows"]}["max_state_slots"]["observed"] == slots
 
 
 def _replanned_tokens(free, weights):
     """What SGLang would size from these inputs, to the first order: the pool scales with the budget
-    free × fraction − weights (the plan's own figure is PLAN_TOKENS at 96 GiB and its planned weights)."""
+    free × fraction − weights (the plan's own figure is PLAN_TOKENS at GPU_GIB and its planned weights)."""
     planned_w = 31272730624 / 2**30
-    return int(PLAN_TOKENS * (free * 0.88 - weights) / (96 * 0.88 - planned_w))
+    return int(PLAN_TOKENS * (free * 0.88 - weights) / (GPU_GIB * 0.88 - planned_w))
 
 
 def test_memory_not_free_at_start_is_told_from_the_arithmetic(tmp_path):
     """6 GiB held by another process when the weights began to load: the pool is ~10 % short, and the finding says
     it is the host, not the arithmetic (the re-plan from the log's own inputs matches what SGLang sized)."""
-    rep = run_log(tmp_path, startup(free=90.0, tokens=_replanned_tokens(90.0, 29.3)))
+    rep = run_log(tmp_path, startup(free=GPU_GIB - 6, tokens=_replanned_tokens(GPU_GIB - 6, 29.3)))
     f = ids(rep.findings)["verify.tokens"]
-    assert f.status in ("warn", "fail") and "memory was not free at start" in f.detail and "6.00 of 96 GiB" in f.detail
+    assert f.status in ("warn", "fail") and "memory was not free at start" in f.detail and "6.00 of 95.59 GiB" in f.detail
     assert "the arithmetic is right" in f.detail and "arithmetic is off" not in f.detail
     rp = document(rep)["replanned"]
-    assert rp["verdict"] == "memory_not_free" and rp["free_before_weights_gib"] == 90.0 and rp["not_free_at_start_gib"] == 6.0
+    assert rp["verdict"] == "memory_not_free" and rp["free_before_weights_gib"] == pytest.approx(GPU_GIB - 6, abs=0.01)
+    assert rp["not_free_at_start_gib"] == pytest.approx(6.0, abs=0.01)
     assert abs(rp["max_total_num_tokens"] - rep.observed["max_total_num_tokens"]) / rep.observed["max_total_num_tokens"] < 0.01
 
 
 def test_arithmetic_off_is_told_from_the_host(tmp_path):
     """All memory free, weights as planned, yet SGLang sized 7 % fewer tokens: the project's arithmetic is off."""
-    rep = run_log(tmp_path, startup(free=96.0, tokens=int(PLAN_TOKENS * 0.93)))
+    rep = run_log(tmp_path, startup(free=GPU_GIB, tokens=int(PLAN_TOKENS * 0.93)))
     f = ids(rep.findings)["verify.tokens"]
     assert f.status == "warn" and "the arithmetic is off" in f.detail and "memory was not free" not in f.detail
     assert document(rep)["replanned"]["verdict"] == "arithmetic_off"

@@ -68,7 +68,7 @@ def verdict(rp: dict[str, Any] | None, planned_weights_gib: float | None, logged
     if planned_tokens and (planned_tokens - o) / planned_tokens <= AS_PLANNED:
         return "agrees", agrees
     if not_free > max(extra_weights, 0.0) and not_free > 0:
-        return "memory_not_free", (f"memory was not free at start: {not_free:.2f} of {rp['gpu_memory_gib']:g} GiB per GPU were "
+        return "memory_not_free", (f"memory was not free at start: {not_free:.2f} of {rp['gpu_memory_gib']:.2f} GiB per GPU were "
                                    "already taken when the weights began to load (another process, a CUDA context, an "
                                    f"offload engine; nvidia-smi lists them); {agrees}")
     if extra_weights > 0:

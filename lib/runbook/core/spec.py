@@ -315,6 +315,9 @@ class Archive(_Strict):
         return v
 
 
+from runbook.core.tunespec import Tune  # noqa: E402  (it builds on _Strict and SLO above)
+
+
 class Deployment(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     description: str = ""
@@ -327,6 +330,7 @@ class Deployment(_Strict):
     accuracy: Accuracy = Accuracy()
     slo: SLO = SLO()
     archive: Archive = Archive(url=None)
+    tune: Tune = Field(default_factory=Tune, description="stage 60's candidates, workload and budgets")
     # Filled by load(): where the spec came from, for resolving relative paths and for messages.
     source: str | None = Field(None, exclude=True)
 

@@ -208,6 +208,12 @@ class Client:
             for src in (ext, details):
                 if isinstance(src, dict) and isinstance(src.get("spec_accept_length"), (int, float)):
                     rec.spec_accept_length = float(src["spec_accept_length"])
+        timings = msg.get("timings")   # llama-server's per-request counters (its final chunk)
+        if isinstance(timings, dict) and type(timings.get("draft_n")) is int and type(timings.get("predicted_n")) is int:
+            accepted, made = timings.get("draft_n_accepted"), timings["predicted_n"]
+            if type(accepted) is int and 0 <= accepted < made:
+                # tokens per target forward pass: each accepted draft token saved one
+                rec.spec_accept_length = made / (made - accepted)
         choices = msg.get("choices")
         if choices is None:
             return False

@@ -18,6 +18,7 @@ SHARED = ("core", "model", "endpoint", "corpus")
 # The layers above the stages, and the other layers each may use besides the shared ones. None of them
 # imports a stage: they reach stages only through the registry.
 UPPER = {"runner": (), "fleet": ("runner",), "demo": ("cli",)}     # demo runs the whole runbook through the CLI
+PENDING = tuple({"tune"} - set(STAGES))   # tune's launch/production guards land before its stage registers (issue 30)
 
 
 def _sources(pkg: str) -> list[Path]:
@@ -70,13 +71,14 @@ def _violations(path: Path, layer: str, text: str) -> list[str]:
 
 
 def test_no_stage_imports_another_stages_internals():
-    bad = [v for layer in STAGES + SHARED + tuple(UPPER) for p in _sources(layer) for v in _violations(p, layer, p.read_text())]
+    bad = [v for layer in STAGES + SHARED + tuple(UPPER) + PENDING for p in _sources(layer) for v in _violations(p, layer, p.read_text())]
     assert not bad, "\n".join(bad)
 
 
 def test_every_package_is_a_stage_a_shared_layer_or_an_upper_layer():
     pkgs = {p.parent.name for p in LIB.glob("*/__init__.py")} - {"_data"}
-    assert pkgs == set(STAGES) | set(SHARED) | set(UPPER), pkgs ^ (set(STAGES) | set(SHARED) | set(UPPER))
+    known = set(STAGES) | set(SHARED) | set(UPPER) | set(PENDING)
+    assert pkgs == known, pkgs ^ known
 
 
 def test_fleet_and_demo_are_layers_nothing_below_imports():

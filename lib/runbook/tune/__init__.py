@@ -1,0 +1,1 @@
+"""Stage 60: tune, which finds the configuration to serve by launching candidate servers one at a time."""

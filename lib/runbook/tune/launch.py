@@ -1,0 +1,421 @@
+"""Launch one candidate server, wait until it is ready, and always take it down again.
+
+`launched(Launch(...))` is a context manager. Before anything starts it refuses a port that is already
+taken (kind "port") and an executable that is missing (kind "spawn"). It then starts the server
+
+- as a child process in a session (process group) of its own, whose stdout and stderr go to `log_path`
+  (created 0600), and which the kernel kills (PR_SET_PDEATHSIG) if tune itself dies, even by SIGKILL; or
+- with `systemd=True`, as a transient service unit through `systemd-run` (`--user` when not root,
+  `--collect`, output to `log_path` with StandardOutput=file:, systemd >= 236), stopped with `systemctl stop`;
+
+and polls GET ready_path with the bounded probe of endpoint/reach.py until it answers 200, failing fast when
+the process exits (kind "exited", with its exit code and log tail) or the deadline passes (kind "timeout").
+On leaving the block — normally, by an exception or Ctrl-C — the whole process group gets SIGTERM, then
+SIGKILL after a grace period (systemd: `systemctl stop`, then `systemctl kill --signal=SIGKILL`), and the
+block waits until the port is free. Ctrl-C, SIGTERM and SIGHUP are held off while tearing down, so a second
+Ctrl-C cannot leave the server half stopped. Values of `env` are never written to any message or log of ours;
+the log tail shown in an error has secret values scrubbed.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runbook.core.errors import RunbookError
+from runbook.core.secrets import redact_text, secret_values
+from runbook.endpoint import reach
+
+GRACE_S = 15.0            # SIGTERM -> SIGKILL: SGLang frees GPU memory in a few seconds once told to stop
+PORT_FREE_S = 30.0        # after the server is gone, how long the port may take to be released
+POLL_S = 0.2              # readiness / exit polling interval
+PROBE_S = 2.0             # one readiness GET
+CTL_TIMEOUT_S = 60.0      # one systemd-run / systemctl call
+TAIL_LINES = 20
+_READY_BYTES = 64 << 10
+_UNIT = re.compile(r"^[A-Za-z0-9:_.\\@-]{1,200}$")      # a unit name systemd accepts, nothing a shell or unit file reads
+SYSTEMD_MIN = 236         # StandardOutput=file:
+
+# Runs between fork and the server's exec: the kernel kills the server when tune dies (PR_SET_PDEATHSIG = 1,
+# SIGKILL = 9), and a tune that died before that took effect is noticed. A separate interpreter rather than
+# preexec_fn, which is unsafe once tune has threads.
+_SHIM = ("import ctypes,os,sys\n"
+         "ctypes.CDLL(None).prctl(1,9,0,0,0)\n"
+         "if os.getppid()!=int(sys.argv[1]): os._exit(137)\n"
+         "try: os.execv(sys.argv[2],sys.argv[3:])\n"
+         "except OSError as e: sys.stderr.write('cannot execute %s: %s\\n'%(sys.argv[2],e.strerror)); os._exit(127)\n")
+
+
+class LaunchFailed(RunbookError):
+    """str(e) is a one-line reason naming the cause and the fix."""
+
+    def __init__(self, kind: str, reason: str, log_tail: str = "") -> None:
+        super().__init__(reason)
+        self.kind = kind            # "port" | "exited" | "timeout" | "spawn"
+        self.log_tail = log_tail    # last lines of the server's log (secrets scrubbed)
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: tuple[str, ...]
+    log_path: Path
+    port: int
+    host: str = "127.0.0.1"
+    env: Mapping[str, str] = field(default_factory=dict)
+    ready_path: str = "/health"
+    ready_timeout_s: float = 600.0
+    systemd: bool = False
+    unit_name: str | None = None
+
+
+@dataclass
+class Running:
+    url: str
+    ready_s: float
+    log_path: Path
+    pid: int | None
+    _alive: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
+
+    def alive(self) -> bool:
+        """The server process (systemd: the unit) is still running."""
+        if self._alive is not None:
+            return self._alive()
+        return self.pid is not None and _pid_running(self.pid)
+
+
+def port_free(host: str, port: int) -> bool:
+    """Nothing listens on host:port (a bind with SO_REUSEADDR succeeds, as the server's own bind would).
+    OSError for a host that does not resolve or is not an address of this machine."""
+    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
+
+
+def _pid_running(pid: int) -> bool:
+    """pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _wait_port_free(host: str, port: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if port_free(host, port):
+                return True
+        except OSError:
+            return True    # cannot bind there at all: nothing of ours holds it
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+
+
+def log_tail(path: Path, secrets: set[str], lines: int = TAIL_LINES) -> str:
+    """The last lines of a log (at most 64 KiB read), secret values scrubbed."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - (64 << 10)))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return redact_text("\n".join(text.splitlines()[-lines:]), secrets)
+
+
+def _last_line(tail: str) -> str:
+    lines = [x.strip() for x in tail.splitlines() if x.strip()]
+    return lines[-1][:300] if lines else "(the log is empty)"
+
+
+def _executable(argv: tuple[str, ...], env: Mapping[str, str]) -> str:
+    """The absolute path of argv[0], or LaunchFailed kind "spawn"."""
+    if not argv or not argv[0]:
+        raise LaunchFailed("spawn", "empty command: give the server's executable and its arguments")
+    found = shutil.which(argv[0], path=env.get("PATH", os.defpath))
+    if found is None:
+        p = Path(argv[0])
+        why = ("is not executable" if p.exists() and not p.is_dir() else "is a directory" if p.is_dir() else "not found")
+        raise LaunchFailed("spawn", f"cannot execute {argv[0]}: {why}; install it, or fix the path (and its mode)")
+    return os.path.abspath(found)
+
+
+def _open_log(path: Path) -> int:
+    """The log file, created (or truncated) with mode 0600, never through a symlink."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+class _HeldSignals:
+    """Hold Ctrl-C, SIGTERM and SIGHUP off while tearing down (main thread only); re-deliver afterwards."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.saved: dict[int, Any] = {}
+        self.pending: list[int] = []
+
+    def __enter__(self) -> _HeldSignals:
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                with contextlib.suppress(OSError, ValueError):
+                    self.saved[s] = signal.signal(s, lambda n, _f: self.pending.append(n))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, h in self.saved.items():
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                signal.signal(s, h)
+        for s in dict.fromkeys(self.pending):
+            if exc[0] is None or s != signal.SIGINT:   # a Ctrl-C would only replace the exception already on its way
+                signal.raise_signal(s)   # the previous handler sees it now (Ctrl-C -> KeyboardInterrupt)
+
+
+class _Child:
+    """A server started as a child process in its own session; killed by the kernel if tune dies."""
+
+    def __init__(self, launch: Launch, env: dict[str, str], exe: str) -> None:
+        fd = _open_log(launch.log_path)
+        try:
+            self.proc = subprocess.Popen(  # noqa: S603 - argv, no shell
+                [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()), exe, *launch.argv],
+                stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        except OSError as e:
+            raise LaunchFailed("spawn", f"cannot start {launch.argv[0]}: {e.strerror or e}") from None
+        finally:
+            os.close(fd)
+        self.pid = self.proc.pid
+
+    def _status(self) -> tuple[int, int] | None:
+        """(si_code, si_status) once the leader has exited, without reaping it (its pid stays the group's id)."""
+        try:
+            r = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            rc = self.proc.returncode
+            return (os.CLD_EXITED, rc) if rc is not None and rc >= 0 else (os.CLD_KILLED, -(rc or 9))
+        return None if r is None else (r.si_code, r.si_status)
+
+    def exited(self) -> str | None:
+        st = self._status()
+        if st is None:
+            return None
+        code, status = st
+        if code == os.CLD_EXITED:
+            return f"exited with code {status}"
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(status).name}"
+        return f"was killed by signal {status}"
+
+    def alive(self) -> bool:
+        return self._status() is None
+
+    def _wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._status() is None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _killpg(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM to the group, SIGKILL after `grace`, SIGKILL to any straggler of the group, then reap."""
+        if self.proc.returncode is None:
+            self._killpg(signal.SIGTERM)
+            if not self._wait(grace):
+                self._killpg(signal.SIGKILL)
+                self._wait(10.0)
+            self._killpg(signal.SIGKILL)    # the leader is not reaped yet: its pid is still this group's id
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5.0)
+
+
+class _Unit:
+    """A server started as a transient systemd service unit."""
+
+    def __init__(self, launch: Launch, env: dict[str, str], exe: str) -> None:
+        user = os.geteuid() != 0
+        self.env = env
+        self.ctl = ["systemctl"] + (["--user"] if user else [])
+        self.unit = _unit_name(launch)
+        _check_systemd(self.ctl, env)
+        _check_log_path(launch.log_path)
+        os.close(_open_log(launch.log_path))    # created 0600 by us; systemd then writes into it (file: keeps the mode)
+        argv = (["systemd-run"] + (["--user"] if user else []) +
+                [f"--unit={self.unit}", "--collect", "--quiet", "--service-type=exec",
+                 f"--property=StandardOutput=file:{launch.log_path}", "--property=StandardError=inherit",
+                 "--property=KillMode=control-group", f"--property=TimeoutStopSec={int(GRACE_S)}s",
+                 "--property=SendSIGKILL=yes"] +
+                [f"--setenv={k}" for k in sorted(launch.env)] +   # the value comes from systemd-run's environment
+                ["--", exe, *(a.replace("$", "$$") for a in launch.argv[1:])])  # $ is systemd's variable syntax
+        cp = _ctl(argv, env)
+        if cp is None or cp.returncode != 0:
+            why = "timed out" if cp is None else _last_line(redact_text(cp.stderr or cp.stdout or "", secret_values(env)))
+            raise LaunchFailed("spawn", f"systemd-run could not start unit {self.unit}: {why}; "
+                                        f"see `systemctl status {self.unit}`, or launch without systemd",
+                               log_tail(launch.log_path, secret_values(env)))
+        main = self._show().get("MainPID", "")
+        self.pid: int | None = int(main) if main.isdigit() and int(main) > 0 else None
+
+    def _show(self) -> dict[str, str]:
+        cp = _ctl(self.ctl + ["show", self.unit, "--property=LoadState,ActiveState,SubState,MainPID,ExecMainStatus"],
+                  self.env)
+        if cp is None or cp.returncode != 0:
+            return {}
+        return dict(line.split("=", 1) for line in cp.stdout.splitlines() if "=" in line)
+
+    def exited(self) -> str | None:
+        st = self._show()
+        if not st:
+            return None     # systemctl itself failed this once: ask again
+        if st.get("ActiveState") in ("active", "activating", "reloading", "deactivating") and st.get("SubState") != "exited":
+            return None
+        code = st.get("ExecMainStatus")
+        known = st.get("LoadState") == "loaded" and code not in (None, "")
+        return f"exited with code {code}" if known else "exited (the unit is gone; its exit code was not kept)"
+
+    def alive(self) -> bool:
+        return self.exited() is None
+
+    def stop(self, grace: float) -> None:
+        """`systemctl stop` (systemd sends SIGTERM, then SIGKILL after TimeoutStopSec); SIGKILL if that fails."""
+        cp = _ctl(self.ctl + ["stop", self.unit], self.env, timeout=grace + CTL_TIMEOUT_S)
+        if cp is None or cp.returncode != 0 or self.alive():
+            _ctl(self.ctl + ["kill", "--signal=SIGKILL", self.unit], self.env)
+        deadline = time.monotonic() + 10.0
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+
+
+def _ctl(argv: list[str], env: Mapping[str, str], timeout: float = CTL_TIMEOUT_S) -> subprocess.CompletedProcess | None:
+    """One systemd-run / systemctl call, bounded; None when it timed out or could not run."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,  # noqa: S603
+                              env=dict(env))
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+
+
+def _unit_name(launch: Launch) -> str:
+    name = launch.unit_name or f"runbook-tune-{launch.port}"
+    name = name if name.endswith(".service") else name + ".service"
+    if not _UNIT.match(name):
+        raise LaunchFailed("spawn", f"unit name {name!r} is not a valid systemd unit name: use letters, digits and :_.-@ only")
+    return name
+
+
+def _check_log_path(path: Path) -> None:
+    """The path goes into a unit property: absolute, and nothing systemd would split or read as syntax."""
+    if not path.is_absolute() or any(c.isspace() or ord(c) < 32 for c in str(path)) or "%" in str(path):
+        raise LaunchFailed("spawn", f"log path {str(path)!r} cannot be given to systemd: use an absolute path "
+                                    "without spaces, control characters or %")
+
+
+def _check_systemd(ctl: list[str], env: Mapping[str, str]) -> None:
+    """systemd is there and new enough for StandardOutput=file: (236)."""
+    cp = _ctl([ctl[0], "--version"], env)
+    m = re.match(r"systemd (\d+)", cp.stdout if cp is not None and cp.returncode == 0 else "")
+    if m is None:
+        raise LaunchFailed("spawn", "systemctl --version did not answer: systemd is not available here; launch without systemd")
+    if int(m.group(1)) < SYSTEMD_MIN:
+        raise LaunchFailed("spawn", f"systemd {m.group(1)} is older than {SYSTEMD_MIN} (StandardOutput=file:); "
+                                    "launch without systemd")
+
+
+def _wait_ready(launch: Launch, server: _Child | _Unit, url: str, t0: float, secrets: set[str]) -> float:
+    """Seconds from t0 until GET url answers 200; LaunchFailed when the server exits first or the deadline passes."""
+    deadline = t0 + launch.ready_timeout_s
+    last = "no answer yet"
+    name = Path(launch.argv[0]).name
+    while True:
+        why = server.exited()
+        if why is not None:
+            tail = log_tail(launch.log_path, secrets)
+            raise LaunchFailed("exited", f"{name} {why} before it was ready: {_last_line(tail)} (log {launch.log_path})", tail)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise LaunchFailed("timeout", f"{name} was not ready within {launch.ready_timeout_s:g} s (GET {url}: {last}); "
+                                          f"see {launch.log_path}, or raise the readiness timeout",
+                               log_tail(launch.log_path, secrets))
+        try:
+            status, _ = reach.get(url, timeout=min(PROBE_S, max(0.1, left)), max_bytes=_READY_BYTES)
+            if status == 200:
+                return time.monotonic() - t0
+            last = f"HTTP {status}"
+        except urllib.error.HTTPError as e:
+            last = f"HTTP {e.code}"
+        except reach.BadResponse as e:
+            last = e.reason
+        except OSError as e:
+            last = " ".join(str(getattr(e, "reason", e) or type(e).__name__).split())[:200]
+        time.sleep(max(0.0, min(POLL_S, deadline - time.monotonic())))
+
+
+def _refuse_taken_port(launch: Launch) -> None:
+    try:
+        free = port_free(launch.host, launch.port)
+    except OSError as e:
+        raise LaunchFailed("port", f"cannot listen on {launch.host}:{launch.port}: {e.strerror or e}; "
+                                   "give an address of this machine") from None
+    if not free:
+        raise LaunchFailed("port", f"port {launch.port} on {launch.host} is already in use: stop what listens there "
+                                   "(or the production server), or use another port")
+
+
+@contextlib.contextmanager
+def launched(launch: Launch) -> Iterator[Running]:
+    """Refuse a taken port; start; wait ready (failing fast on exit or deadline); yield; always stop it and wait
+    until the port is free. Never leaves a child behind, never hangs."""
+    _refuse_taken_port(launch)
+    env = {**os.environ, **launch.env}
+    secrets = secret_values(env) | {v for k, v in launch.env.items() if v and len(v) >= 6}
+    exe = _executable(launch.argv, env)
+    url = f"http://{launch.host if ':' not in launch.host else f'[{launch.host}]'}:{launch.port}"
+    t0 = time.monotonic()
+    server: _Child | _Unit = _Unit(launch, env, exe) if launch.systemd else _Child(launch, env, exe)
+    ok = False
+    try:
+        ready_s = _wait_ready(launch, server, url + launch.ready_path, t0, secrets)
+        yield Running(url, ready_s, launch.log_path, server.pid, server.alive)
+        ok = True
+    finally:
+        with _HeldSignals():
+            server.stop(GRACE_S)
+            freed = _wait_port_free(launch.host, launch.port, PORT_FREE_S)
+        if ok and not freed:
+            raise LaunchFailed("port", f"port {launch.port} on {launch.host} is still in use {PORT_FREE_S:g} s after the "
+                                       "server was stopped: see what listens there (ss -ltnp)")

@@ -1,0 +1,25 @@
+"""Small real processes for the tune tests: a free port, an HTTP server with /health, is a pid gone."""
+import socket
+import sys
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_server(directory: Path, port: int) -> list[str]:
+    """A real HTTP server answering GET /health with 200 (a file named `health` in `directory`)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "health").write_text("ok\n")
+    return [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(directory), str(port)]
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in (b"Z", b"X")

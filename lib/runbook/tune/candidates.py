@@ -37,7 +37,7 @@ def expand(spec: Deployment) -> list[Candidate]:
         if name != t.reference:
             out[name] = Candidate(name, dict(c.flags), c.python, c.description)
     keys = list(t.grid)
-    for values in itertools.product(*(t.grid[k] for k in keys)):
+    for values in itertools.product(*(t.grid[k] for k in keys)) if keys else ():
         combo = dict(zip(keys, values, strict=True))
         name = _grid_name(combo)
         if name not in out:

@@ -1,0 +1,52 @@
+"""The run's findings: one per candidate (its pre-check or launch outcome and the guard), and the
+recommendation. Ids start with `tune.`; the checks' own findings stay in each candidate's row."""
+from __future__ import annotations
+
+from typing import Any
+
+from runbook.core.findings import Finding
+from runbook.core.spec import Deployment
+
+
+def _candidate(r: dict[str, Any], plan_only: bool) -> Finding:
+    name, st = r["name"], r.get("status")
+    pred = r.get("predicted") or {}
+    if st == "skipped":
+        return Finding("tune.skipped", "warn", f"{name}: skipped before launch: {r.get('reason')}",
+                       remedy="Fix or drop the candidate in the spec's tune section.")
+    if st == "failed":
+        return Finding("tune.failed", "fail", f"{name}: {r.get('reason')}", evidence=(r.get("log_tail") or "")[-400:],
+                       remedy=f"Read the server log {r.get('log')}; fix the candidate's flags or drop it.")
+    if st == "not_run":
+        return Finding("tune.not_run", "skip", f"{name}: not run: {r.get('reason')}", remedy="--resume RUN continues the run.")
+    if plan_only or st == "planned":
+        caps = f"{pred.get('max_total_num_tokens') or '?'} tokens, {pred.get('max_running_requests') or '?'} running requests"
+        return Finding("tune.precheck", "pass", f"{name}: passes the pre-check ({caps})")
+    g = r.get("guard") or {}
+    if g.get("status") == "fail":
+        bad = "; ".join(c["title"] for c in g.get("checks", []) if c["status"] == "fail")
+        return Finding("tune.guard", "fail", f"{name}: accuracy guard failed: {bad}",
+                       remedy="Do not serve this candidate: it changes the model's answers.")
+    return Finding("tune.ran", "pass" if r.get("verdict") != "failed" else "fail",
+                   f"{name}: ran; {r.get('verdict')}", detail="; ".join(c["title"] for c in g.get("checks", [])))
+
+
+def findings(spec: Deployment, res: dict[str, Any]) -> list[Finding]:
+    out = list(res["findings"]) + [_candidate(r, res["plan_only"]) for r in res["rows"]]
+    for r in res["rows"]:
+        mem = r.get("gpu_memory_freed") or {}
+        if mem and not mem.get("ok"):
+            out.append(Finding("tune.gpu_memory", "fail", f"after {r['name']}: {mem.get('detail')}",
+                               remedy="Find what holds the GPU (nvidia-smi) before tuning on."))
+    rec = res.get("recommendation")
+    if res["plan_only"]:
+        return out
+    if rec is None:
+        out.append(Finding("tune.recommendation", "fail", "no candidate ran and passed the accuracy guard",
+                           remedy="Read the candidates' findings above."))
+    elif rec["is_reference"]:
+        out.append(Finding("tune.recommendation", "pass", f"keep the deployment as it is ({rec['name']} is the best candidate)"))
+    else:
+        out.append(Finding("tune.recommendation", "info", f"serve {rec['name']}", detail=rec.get("note") or "",
+                           remedy=rec.get("command") or ""))
+    return out

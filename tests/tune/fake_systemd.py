@@ -13,6 +13,7 @@ TimeoutStopSec). Like a service under systemd it gets a clean environment: PATH 
 test declares a "production" unit. Every call is appended to STATE/calls.jsonl; FAKE_SYSTEMD_FAIL lists
 "verb:unit" pairs that fail (exit 1), FAKE_SYSTEMD_VERSION the version --version reports.
 """
+import fnmatch
 import json
 import os
 import signal
@@ -57,7 +58,8 @@ def supervise(unit, log, env_json, argv):
     tmp.write_text(str(proc.pid))
     os.replace(tmp, pid_file)
     rc = proc.wait()
-    status_file.write_text(json.dumps({"code": rc if rc >= 0 else 128 - rc}))
+    # SIGTERM is a clean end for a service (systemd's default SuccessExitStatus): inactive, not failed
+    status_file.write_text(json.dumps({"code": 0 if rc == -signal.SIGTERM else rc if rc >= 0 else 128 - rc}))
     pid_file.unlink(missing_ok=True)
     return 0
 
@@ -121,8 +123,9 @@ def _stop(unit, sig=signal.SIGTERM, timeout=15):
         time.sleep(0.05)
     if _running_pid(unit) is not None:
         os.killpg(pid, signal.SIGKILL)
-        while _running_pid(unit) is not None:
-            time.sleep(0.05)
+    pid_file = _files(unit)[0]
+    while pid_file.exists():       # the supervisor has recorded the exit (as systemd has once stop returns)
+        time.sleep(0.02)
 
 
 def _show(unit):
@@ -155,9 +158,11 @@ def systemctl(args):
         state = _show(unit)["ActiveState"]
         print(state)
         return 0 if state == "active" else 3
-    if verb == "stop":
-        _stop(unit)
-        _files(unit)[1].unlink(missing_ok=True)     # --collect: the unit is gone
+    if verb == "stop":   # a pattern stops every loaded unit it matches, as systemctl does
+        units = [p.name[:-4] for p in STATE.glob("*.pid") if fnmatch.fnmatch(p.name[:-4], unit)] if "*" in unit else [unit]
+        for u in units:
+            _stop(u)
+            _files(u)[1].unlink(missing_ok=True)     # --collect: the unit is gone
         return 0
     if verb == "kill":
         sig = next((a.split("=", 1)[1] for a in rest if a.startswith("--signal=")), "SIGTERM")

@@ -46,6 +46,7 @@ PROBE_S = 2.0             # one readiness GET
 CTL_TIMEOUT_S = 60.0      # one systemd-run / systemctl call
 TAIL_LINES = 20
 _READY_BYTES = 64 << 10
+UNIT_PREFIX = "runbook-tune-"   # transient candidate units: the watchdog stops runbook-tune-*.service if tune dies
 _UNIT = re.compile(r"^[A-Za-z0-9:_.\\@-]{1,200}$")      # a unit name systemd accepts, nothing a shell or unit file reads
 SYSTEMD_MIN = 236         # StandardOutput=file:
 
@@ -177,7 +178,7 @@ def _open_log(path: Path) -> int:
     return fd
 
 
-class _HeldSignals:
+class HeldSignals:
     """Hold Ctrl-C, SIGTERM and SIGHUP off while tearing down (main thread only); re-deliver afterwards."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -186,7 +187,7 @@ class _HeldSignals:
         self.saved: dict[int, Any] = {}
         self.pending: list[int] = []
 
-    def __enter__(self) -> _HeldSignals:
+    def __enter__(self) -> HeldSignals:
         if threading.current_thread() is threading.main_thread():
             for s in self.SIGNALS:
                 with contextlib.suppress(OSError, ValueError):
@@ -331,7 +332,7 @@ def _ctl(argv: list[str], env: Mapping[str, str], timeout: float = CTL_TIMEOUT_S
 
 
 def _unit_name(launch: Launch) -> str:
-    name = launch.unit_name or f"runbook-tune-{launch.port}"
+    name = launch.unit_name or f"{UNIT_PREFIX}{launch.port}"
     name = name if name.endswith(".service") else name + ".service"
     if not _UNIT.match(name):
         raise LaunchFailed("spawn", f"unit name {name!r} is not a valid systemd unit name: use letters, digits and :_.-@ only")
@@ -413,7 +414,7 @@ def launched(launch: Launch) -> Iterator[Running]:
         yield Running(url, ready_s, launch.log_path, server.pid, server.alive)
         ok = True
     finally:
-        with _HeldSignals():
+        with HeldSignals():
             server.stop(GRACE_S)
             freed = _wait_port_free(launch.host, launch.port, PORT_FREE_S)
         if ok and not freed:

@@ -330,7 +330,7 @@ class Deployment(_Strict):
     accuracy: Accuracy = Accuracy()
     slo: SLO = SLO()
     archive: Archive = Archive(url=None)
-    tune: Tune = Field(default_factory=Tune, description="stage 60's candidates, workload and budgets")
+    tune: Tune = Field(Tune(), description="stage 60's candidates, workload and budgets")
     # Filled by load(): where the spec came from, for resolving relative paths and for messages.
     source: str | None = Field(None, exclude=True)
 

@@ -10,16 +10,18 @@ from typing import Any
 from runbook.core.units import GIB
 
 
-def _nvml(nvml: Any = None) -> tuple[Any, list[Any], str | None]:
+def _nvml(injected: Any = None) -> tuple[Any, list[Any], str | None]:
     """(module, device handles, why not): the NVML binding stage 00 uses, or the one injected (tests)."""
     try:
-        if nvml is None:
-            import pynvml as nvml  # nvidia-ml-py
-        nvml.nvmlInit()
-        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        if injected is None:
+            import pynvml  # nvidia-ml-py
+
+            injected = pynvml
+        injected.nvmlInit()
+        handles = [injected.nvmlDeviceGetHandleByIndex(i) for i in range(injected.nvmlDeviceGetCount())]
     except Exception as e:  # no driver, no library, no device: the same "no GPU here"
         return None, [], f"no NVML: {type(e).__name__}: {e}"[:200]
-    return (nvml, handles, None) if handles else (None, [], "NVML reports no GPU")
+    return (injected, handles, None) if handles else (None, [], "NVML reports no GPU")
 
 
 class EnergyMeter:

@@ -37,7 +37,7 @@ def record(spec: Deployment, url: str, context: int | None) -> dict[str, Any]:
         tc = accuracy.probe_toolcalls(url, max_tokens=g.identity_max_tokens * 4)
         cases = tc.data().get("cases", [])
         out["toolcall"] = {"cases": len(cases), "failed": sum(1 for f in tc.findings if f.status == "fail"),
-                           "skipped": any(f.status == "skip" for f in tc.findings)}
+                           "skipped": any(f.id == "accuracy.toolcall.endpoint" for f in tc.findings) or not cases}
     return out
 
 

@@ -9,8 +9,6 @@ from runbook import bench
 from runbook.core.spec import Deployment
 from runbook.tune.energy import EnergyMeter
 
-SEARCH_LEVELS = 6      # the SLO search's levels per candidate: a bound on its time
-
 
 def tokenizer_dir(spec: Deployment) -> str | None:
     """A directory with tokenizer.json next to the model (a GGUF file's folder, a checkpoint, the model card)."""
@@ -90,7 +88,7 @@ def run(spec: Deployment, url: str, out: Path | None = None, nvml: Any = None) -
     doc["accept_length"] = round(sum(acc) / len(acc), 3) if acc else None
     if t.slo_search and has_slo(slo):
         o = _options(cspec, url, find_max="slo")
-        o.find_max_levels = SEARCH_LEVELS
+        o.find_max_levels = t.search_levels
         search = bench.measure(cspec, o).summary.get("slo_search") or {}
         doc["slo_limit"] = search.get("limit") or 0
         doc["slo_search"] = {k: search.get(k) for k in ("metric", "limit", "first_miss", "resolved", "levels_tried")}

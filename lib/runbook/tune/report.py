@@ -95,8 +95,11 @@ def _latency(r: dict[str, Any]) -> float | None:
 
 def pareto(data: dict[str, Any]) -> list[str]:
     """Names on the Pareto front: no other candidate has more throughput and less latency."""
-    pts = [(r["name"], (r.get("bench") or {}).get("output_tok_s"), _latency(r)) for r in data.get("candidates", [])]
-    pts = [(n, t, lat) for n, t, lat in pts if t is not None and lat is not None]
+    pts: list[tuple[str, float, float]] = []
+    for r in data.get("candidates", []):
+        t, lat = (r.get("bench") or {}).get("output_tok_s"), _latency(r)
+        if t is not None and lat is not None:
+            pts.append((r["name"], float(t), float(lat)))
     return [n for n, t, lat in pts if not any(t2 >= t and l2 <= lat and (t2, l2) != (t, lat) for _, t2, l2 in pts)]
 
 
@@ -115,7 +118,7 @@ def plot_pareto(data: dict[str, Any]):
                    ("#1e8449" if r.get("verdict") == "recommended" else "#2e86c1"), zorder=3)
         ax.annotate(r["name"] + (" (accuracy guard failed)" if bad else ""), (lat, tps), textcoords="offset points",
                     xytext=(6, 4), fontsize=8)
-    fr = sorted((p for p in pts if p[2] in front))
+    fr = sorted(p for p in pts if p[2] in front)
     if len(fr) > 1:
         ax.plot([p[0] for p in fr], [p[1] for p in fr], color="#7f8c8d", lw=1, ls="--", zorder=2, label="Pareto front")
         ax.legend(loc="lower right", fontsize=8)

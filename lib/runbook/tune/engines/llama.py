@@ -67,7 +67,7 @@ def _flag_args(flags: dict[str, Any]) -> list[str]:
     for k, v in flags.items():
         if v is True:
             args.append(f"--{k}")
-        elif v not in (None, False):
+        elif v is not None and v is not False:     # 0 is a value (--cache-ram 0), not "off"
             args += [f"--{k}", str(v)]
     return args
 

@@ -181,7 +181,7 @@ def _launch_all(ctx: Ctx, todo: list[tuple[Candidate, PreCheck, dict[str, Any]]]
     from runbook.tune import production
 
     spec = ctx.spec
-    unit = spec.systemd.unit_name if spec.tune.engine == "sglang" else None
+    unit = spec.systemd.unit_name      # the production server on this port (not active: nothing is stopped)
     ready = spec.serving.local_url + spec.systemd.ready_path
     ctx.baseline_gpu = energy.gpu_memory_used(ctx.settings.nvml)
     with production.paused(unit, yes=ctx.settings.yes, ready_url=ready, ready_timeout_s=float(spec.systemd.timeout_start_sec),

@@ -94,9 +94,11 @@ def _latency(r: dict[str, Any]) -> float | None:
 
 
 def pareto(data: dict[str, Any]) -> list[str]:
-    """Names on the Pareto front: no other candidate has more throughput and less latency."""
+    """Names on the Pareto front of the candidates that passed the guard: no other has more throughput and less latency."""
     pts: list[tuple[str, float, float]] = []
     for r in data.get("candidates", []):
+        if (r.get("guard") or {}).get("status") == "fail":
+            continue
         t, lat = (r.get("bench") or {}).get("output_tok_s"), _latency(r)
         if t is not None and lat is not None:
             pts.append((r["name"], float(t), float(lat)))

@@ -62,4 +62,4 @@ def metadata(path: str | Path) -> dict[str, Any]:
     except OSError as e:
         raise InputError(f"{p}: cannot read the model: {e.strerror or e}") from None
     except (ValueError, EOFError, struct.error) as e:
-        raise InputError(f"{p}: not a GGUF model ({e or 'cut short'}); model.path must name a .gguf file") from None
+        raise InputError(f"{p}: not a GGUF model ({str(e) or 'cut short'}); model.path must name a .gguf file") from None

@@ -110,8 +110,11 @@ def precheck_all(ctx: Ctx, cands: list[Candidate]) -> list[tuple[Candidate, PreC
     longest = t.longest_context or max(t.buckets)
     out = []
     for c in cands:
+        t0 = time.monotonic()
         pre = ctx.engine.precheck(cands_mod.apply(ctx.spec, c), longest, list(t.buckets))
-        out.append((c, pre, _row(c, pre)))
+        row = _row(c, pre)
+        row["precheck_s"] = round(time.monotonic() - t0, 3)
+        out.append((c, pre, row))
     return out
 
 
@@ -157,9 +160,9 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
         st = ctx.engine.startup(cspec, log_path, pre)
         row.update(status="failed", failure_kind=e.kind, observed=st.observed, startup=st.details,
                    reason=st.failure or str(e), log_tail=e.log_tail)
-    row["total_s"] = round(time.monotonic() - t_start, 2)
     ok, how = energy.wait_memory_free(ctx.baseline_gpu, nvml=ctx.settings.nvml)
     row["gpu_memory_freed"] = {"ok": ok, "detail": how}
+    row["total_s"] = round(time.monotonic() - t_start, 2)      # launch to result, teardown and memory check included
     return row
 
 

@@ -96,3 +96,34 @@ def test_the_cli_prints_the_table(plan, capsys):
     out = capsys.readouterr().out
     assert code == 0 and "tokens predicted" in out and "fp8-kv" in out and "mtp" not in out
     assert "plan only: nothing was launched" in out
+
+
+def test_oom_at_cuda_graph_capture_fails_the_candidate_with_the_remedy(tmp_path, monkeypatch):
+    """The start-up log read by stage 35 says why a launch died: OOM at graph capture → failed, with its remedy."""
+    import contextlib
+
+    from verify.sglang_formats import SRT
+    from verify.test_verify import startup
+
+    from runbook.tune import launch
+
+    if SRT is None:
+        pytest.skip("no .venv-serving with SGLang's sources (make serving-env)")
+
+    @contextlib.contextmanager
+    def dies(spec):               # the server wrote SGLang's own OOM lines, then exited
+        spec.log_path.write_text("\n".join(startup(oom_at_capture=True)) + "\n")
+        raise launch.LaunchFailed("exited", "the server exited with code 1 before it was ready", "…")
+        yield
+
+    monkeypatch.setattr(launch, "launched", dies)
+    dep = spec_mod.load(DEFAULT)
+    rep = tune_stage.evaluate(dep, tune_stage.TuneOptions(candidates=["fp8-kv"], archive=str(tmp_path)))
+    rows = {r["name"]: r for r in rep.rows}
+    for name in ("reference", "fp8-kv"):
+        r = rows[name]
+        assert r["status"] == "failed" and r["failure_kind"] == "exited"
+        assert "out of memory while capturing CUDA graphs" in r["reason"] and "--mem-fraction-static" in r["reason"]
+        assert "\n" not in r["reason"] and (tmp_path / "tune" / rep.run_id / "candidates" / f"{name}.json").is_file()
+    assert [f.id for f in rep.findings if f.status == "fail"].count("tune.failed") == 2
+    assert rep.recommendation is None

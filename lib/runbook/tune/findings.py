@@ -41,6 +41,11 @@ def findings(spec: Deployment, res: dict[str, Any]) -> list[Finding]:
     rec = res.get("recommendation")
     if res["plan_only"]:
         return out
+    no_energy = next(((r.get("bench") or {}).get("energy_skipped") for r in res["rows"]
+                      if (r.get("bench") or {}).get("energy_skipped")), None)
+    if no_energy:
+        out.append(Finding("tune.energy", "skip", "energy per output token not measured: no GPU energy counter here",
+                           detail=no_energy, remedy="Run tune on the GPU host (NVML, Volta or newer)."))
     if rec is None:
         out.append(Finding("tune.recommendation", "fail", "no candidate ran and passed the accuracy guard",
                            remedy="Read the candidates' findings above."))

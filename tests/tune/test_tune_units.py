@@ -186,3 +186,19 @@ def test_summary_figures_carry_the_recommendation():
     assert st.figures({"recommendation": {"name": "mtp", "slo_limit": 16, "output_tok_s": 123.456}}) == \
         {"tune_recommended": "mtp", "tune_max_concurrency_within_slo": 16, "tune_output_tok_s": 123.46}
     assert st.figures({"recommendation": None}) == {} and st.figures({}) == {}
+
+
+def test_sglang_launch_fills_the_api_key_from_the_env_file_or_leaves_it_out(tmp_path, monkeypatch):
+    from runbook.tune.engines import sglang
+
+    monkeypatch.delenv("SGLANG_API_KEY", raising=False)
+    data = yaml.safe_load(DEFAULT.read_text())
+    env = tmp_path / "qwen.env"
+    env.write_text("SGLANG_API_KEY=sk-tune-123456789\n")
+    data["serving"]["env_file"] = str(env)
+    argv, extra = sglang.ENGINE.launch_env(spec_mod.from_dict(data, str(DEFAULT)))
+    assert argv[argv.index("--api-key") + 1] == "sk-tune-123456789" and extra["SGLANG_API_KEY"] == "sk-tune-123456789"
+    assert argv[1:3] == ["-m", "sglang.launch_server"] and "--kv-cache-dtype" in argv
+    data["serving"]["env_file"] = str(tmp_path / "missing.env")
+    argv, _ = sglang.ENGINE.launch_env(spec_mod.from_dict(data, str(DEFAULT)))
+    assert "--api-key" not in argv and not any("${" in w for w in argv)

@@ -83,10 +83,15 @@ class SGLang:
         env = dict(spec.serving.env)
         if spec.serving.env_file and Path(spec.resolve_path(spec.serving.env_file)).is_file():
             env.update(secrets.read_env_file(spec.resolve_path(spec.serving.env_file)))
-        argv = []
+        argv: list[str] = []
         for w in service.build(spec).unit.argv:
             m = re.fullmatch(r"\$\{(\w+)\}", w)
-            argv.append(env.get(m.group(1), os.environ.get(m.group(1), "")) if m else w)
+            if not m:
+                argv.append(w)
+            elif env.get(m.group(1)) or os.environ.get(m.group(1)):
+                argv.append(env.get(m.group(1)) or os.environ[m.group(1)])
+            else:
+                argv.pop()           # no key anywhere: no --api-key (an empty one would be a key)
         return argv, env
 
     def ready_path(self, spec: Deployment) -> str:

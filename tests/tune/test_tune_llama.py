@@ -174,3 +174,15 @@ def test_an_active_production_unit_is_refused_without_yes(tmp_path, fake_systemd
         assert state == "active"
     finally:
         subprocess.run([*fake_systemd.systemctl, "stop", unit])
+
+
+def test_budgets_bound_the_run_and_each_candidate(tmp_path):
+    cands = {"q8-kv": {"flags": {"cache-type-k": "q8_0", "cache-type-v": "q8_0"}}}
+    path = write_spec(tmp_path, cands, slo_search=True, budget_per_candidate_s=1)
+    rep = run(path, tmp_path, budget_s=2)
+    rows = {r["name"]: r for r in rep.rows}
+    ref = rows["reference"]
+    assert ref["status"] == "done" and ref["bench"]["slo_limit"] is None
+    assert ref["bench"]["slo_search_skipped"] == "the candidate's time budget was spent"
+    assert rows["q8-kv"]["status"] == "not_run" and "budget of 2 s was spent" in rows["q8-kv"]["reason"]
+    assert any(f.id == "tune.not_run" for f in rep.findings)

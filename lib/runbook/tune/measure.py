@@ -2,6 +2,7 @@
 search's limit, through stage 40's own benchmark (bench.measure), with the energy drawn meanwhile."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,9 @@ def has_slo(slo: Any) -> bool:
     return slo is not None and any(getattr(slo, f"{m}_ms_p99", None) for m in ("ttft", "tpot", "e2e"))
 
 
-def run(spec: Deployment, url: str, out: Path | None = None, nvml: Any = None) -> dict[str, Any]:
-    """The candidate's benchmark figures: levels, buckets, throughput, the SLO limit, J per output token."""
+def run(spec: Deployment, url: str, out: Path | None = None, nvml: Any = None, deadline: float | None = None) -> dict[str, Any]:
+    """The candidate's benchmark figures: levels, buckets, throughput, the SLO limit, J per output token. The SLO
+    search is left out once the candidate's time budget (`deadline`, monotonic) is spent."""
     t = spec.tune
     slo = t.slo or spec.slo
     cspec = spec.model_copy(update={"slo": slo})
@@ -86,7 +88,7 @@ def run(spec: Deployment, url: str, out: Path | None = None, nvml: Any = None) -
                            "energy_skipped": meter.skipped, "findings": [f.to_dict() for f in fixed.findings]}
     acc = [r.spec_accept_length for r in recs if r.ok and r.spec_accept_length]
     doc["accept_length"] = round(sum(acc) / len(acc), 3) if acc else None
-    if t.slo_search and has_slo(slo):
+    if t.slo_search and has_slo(slo) and (deadline is None or time.monotonic() < deadline):
         o = _options(cspec, url, find_max="slo")
         o.find_max_levels = t.search_levels
         search = bench.measure(cspec, o).summary.get("slo_search") or {}
@@ -94,4 +96,6 @@ def run(spec: Deployment, url: str, out: Path | None = None, nvml: Any = None) -
         doc["slo_search"] = {k: search.get(k) for k in ("metric", "limit", "first_miss", "resolved", "levels_tried")}
     else:
         doc["slo_limit"] = None
+        doc["slo_search_skipped"] = ("no SLO to search against" if not has_slo(slo) else
+                                     "the candidate's time budget was spent" if t.slo_search else "tune.slo_search is off")
     return doc

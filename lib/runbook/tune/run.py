@@ -128,7 +128,7 @@ def _launch(ctx: Ctx, cspec: Deployment, row: dict[str, Any], log_path: Path) ->
 
     t = ctx.spec.tune
     argv, env = ctx.engine.launch_env(cspec)
-    timeout = min(t.ready_timeout_s or float(ctx.spec.systemd.timeout_start_sec), max(1.0, _left(ctx)))
+    timeout = min(t.ready_timeout_s or float(ctx.spec.systemd.timeout_start_sec), t.budget_per_candidate_s, max(1.0, _left(ctx)))
     host = "127.0.0.1" if cspec.serving.host in ("0.0.0.0", "::", "") else cspec.serving.host
     return Launch(tuple(argv), log_path, cspec.serving.port, host, env, ctx.engine.ready_path(cspec), timeout,
                   systemd=t.systemd_run)
@@ -150,10 +150,14 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
             st = ctx.engine.startup(cspec, log_path, pre)
             row.update(observed=st.observed, startup=st.details)
             t_bench = time.monotonic()
-            row["bench"] = measure.run(cspec, srv.url, nvml=ctx.settings.nvml)
+            deadline = t_start + min(ctx.spec.tune.budget_per_candidate_s, max(0.0, _left(ctx)))
+            row["bench"] = measure.run(cspec, srv.url, nvml=ctx.settings.nvml, deadline=deadline)
             row["bench_s"] = round(time.monotonic() - t_bench, 2)
             t_guard = time.monotonic()
-            _guard(ctx, cspec, c, row, srv.url)
+            if time.monotonic() < deadline or c.name == ctx.spec.tune.reference:   # the others need the reference's
+                _guard(ctx, cspec, c, row, srv.url)
+            else:
+                row["guard"] = {"status": "skip", "checks": [], "title": "the candidate's time budget was spent"}
             row["guard_s"] = round(time.monotonic() - t_guard, 2)
         row["status"] = "done"
     except LaunchFailed as e:

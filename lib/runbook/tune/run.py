@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook.core import paths
-from runbook.core.errors import InputError
+from runbook.core.errors import InputError, RunbookError
 from runbook.core.findings import Finding
 from runbook.core.fsutil import atomic_write_json
 from runbook.core.spec import Deployment
@@ -123,7 +123,7 @@ def _left(ctx: Ctx) -> float:
     return budget - (time.monotonic() - ctx.t0)
 
 
-def _launch(ctx: Ctx, cspec: Deployment, row: dict[str, Any], log_path: Path) -> Any:
+def _launch(ctx: Ctx, cspec: Deployment, log_path: Path) -> Any:
     from runbook.tune.launch import Launch
 
     t = ctx.spec.tune
@@ -145,7 +145,7 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
     log_path = log_dir / (_file_name(c.name)[:-5] + ".log")
     row["log"] = str(log_path)
     try:
-        with launched(_launch(ctx, cspec, row, log_path)) as srv:
+        with launched(_launch(ctx, cspec, log_path)) as srv:
             row["ready_s"] = round(srv.ready_s, 2)
             st = ctx.engine.startup(cspec, log_path, pre)
             row.update(observed=st.observed, startup=st.details)
@@ -159,11 +159,15 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
             else:
                 row["guard"] = {"status": "skip", "checks": [], "title": "the candidate's time budget was spent"}
             row["guard_s"] = round(time.monotonic() - t_guard, 2)
+            if not srv.alive():
+                raise LaunchFailed("exited", "the server died while it was measured; see its log")
         row["status"] = "done"
     except LaunchFailed as e:
         st = ctx.engine.startup(cspec, log_path, pre)
         row.update(status="failed", failure_kind=e.kind, observed=st.observed, startup=st.details,
                    reason=st.failure or str(e), log_tail=e.log_tail)
+    except RunbookError as e:       # the benchmark or a probe refused its inputs: this candidate, not the run
+        row.update(status="failed", failure_kind="measure", reason=" ".join(str(e).split()))
     ok, how = energy.wait_memory_free(ctx.baseline_gpu, nvml=ctx.settings.nvml)
     row["gpu_memory_freed"] = {"ok": ok, "detail": how}
     row["total_s"] = round(time.monotonic() - t_start, 2)      # launch to result, teardown and memory check included
@@ -222,6 +226,8 @@ def tune(spec: Deployment, s: Settings) -> dict[str, Any]:
     if s.resume:
         ctx.run_dir, done = _resumed(root, s.resume, spec)
     checked = precheck_all(ctx, [c for c in cands if c.name not in done])
+    _log(ctx, f"pre-check: {sum(p.status == 'ok' for _, p, _ in checked)} of {len(checked)} candidates pass"
+         + (f" ({len(done)} finished in {s.resume})" if done else ""))
     rows: dict[str, dict[str, Any]] = dict(done)
     findings: list[Finding] = []
     if s.plan_only:

@@ -51,11 +51,20 @@ class TuneReport:
                 "resumed": self.resumed, "candidates": rows, "recommendation": self.recommendation}
 
 
+def _progress(msg: str) -> None:
+    """One line per candidate on stderr: a tune run takes minutes to hours."""
+    import datetime as dt
+    import sys
+
+    print(f"{dt.datetime.now(dt.timezone.utc):%H:%M:%SZ} tune: {msg}", file=sys.stderr, flush=True)
+
+
 def evaluate(spec: Deployment, options: TuneOptions, **hooks: Any) -> TuneReport:
     """The tune run under the options (`hooks`: systemctl, nvml, log — tests and the notebook's progress)."""
     from runbook.tune.findings import findings
     from runbook.tune.run import Settings, tune
 
+    hooks.setdefault("log", _progress)
     s = Settings(options.candidates, options.plan_only, options.yes, options.resume, options.budget_s,
                  Path(options.archive) if options.archive else None, **hooks)
     res = tune(spec, s)

@@ -118,6 +118,10 @@ def test_recommendation_is_the_highest_load_within_slo_then_throughput_among_gua
     assert rec["command"].startswith("python -m runbook service install --deployment ")
     assert "--arg kv-cache-dtype=fp8_e4m3 --yes" in rec["command"]
     assert recommend.recommend(dep, [_row("x", status="failed")]) is None
+    # a few per cent more throughput at the same load is noise: keep the deployment as it is
+    close = [_row("reference", guard="reference", limit=8, tps=100), _row("fp8", limit=8, tps=104)]
+    assert recommend.recommend(dep, close)["is_reference"] and close[1]["verdict"] == "ran, not the best"
+    assert recommend.recommend(dep, [close[0], _row("fp8", limit=8, tps=106)])["name"] == "fp8"
 
 
 def test_pareto_front_and_plot_mark_guard_failures():

@@ -76,6 +76,8 @@ class Tune(_Strict):
                                    description="context-length buckets' upper bounds (≤8k, 8–32k, 32–128k)")
     longest_context: _Tokens | None = Field(default=None, description="the workload's longest request (default: the largest "
                                             "bucket): a candidate that cannot hold one is skipped")
+    min_gain: float = Field(default=0.05, ge=0, le=10, description="a candidate replaces the reference only when it carries "
+                            "more load within the SLOs, or as much and this much more throughput (0.05: 5 %, above noise)")
     guard: Guard = Guard()
     budget_per_candidate_s: float = Field(default=3600, gt=0, le=MAX_SECONDS)
     budget_s: float = Field(default=8 * 3600, gt=0, le=MAX_SECONDS)

@@ -1,6 +1,6 @@
 """Each finished candidate's verdict, and the one to serve: among the candidates that ran and passed the
 accuracy guard, the highest load within the SLOs (the SLO search's limit), then the highest output
-throughput. For it, the unit diff against the installed unit (30_service's diff) and the exact command
+throughput — and the reference itself unless that candidate beats it by more than `tune.min_gain`. For it, the unit diff against the installed unit (30_service's diff) and the exact command
 that installs it."""
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ from runbook.tune import candidates as cands_mod
 def _score(row: dict[str, Any]) -> tuple[float, float]:
     b = row.get("bench") or {}
     return float(b.get("slo_limit") or 0), float(b.get("output_tok_s") or 0)
+
+
+def _beats(a: dict[str, Any], ref: dict[str, Any], min_gain: float) -> bool:
+    (la, ta), (lr, tr) = _score(a), _score(ref)
+    return la > lr or (la == lr and ta > tr * (1 + min_gain))
 
 
 def eligible(row: dict[str, Any]) -> bool:
@@ -56,6 +61,9 @@ def recommend(spec: Deployment, rows: list[dict[str, Any]]) -> dict[str, Any] | 
     """The recommendation (None when no candidate ran and passed the guard); every row gets its verdict."""
     ok = [r for r in rows if eligible(r)]
     best = max(ok, key=_score) if ok else None
+    ref = next((r for r in ok if r["name"] == spec.tune.reference), None)
+    if best is not None and ref is not None and not _beats(best, ref, spec.tune.min_gain):
+        best = ref                  # within noise of the deployment as it is: nothing to change
     for r in rows:
         r["verdict"] = verdict(r, best["name"] if best else None)
     if best is None:

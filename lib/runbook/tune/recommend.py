@@ -1,7 +1,7 @@
 """Each finished candidate's verdict, and the one to serve: among the candidates that ran and passed the
 accuracy guard, the highest load within the SLOs (the SLO search's limit), then the highest output
-throughput — and the reference itself unless that candidate beats it by more than `tune.min_gain`. For it, the unit diff against the installed unit (30_service's diff) and the exact command
-that installs it."""
+throughput — and the reference itself unless that candidate beats it by more than `tune.min_gain`. For it,
+the unit diff against the installed unit (30_service's diff) and the exact command that installs it."""
 from __future__ import annotations
 
 import shlex

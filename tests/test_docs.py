@@ -55,6 +55,7 @@ EXTERNAL = {
     "--retry": "curl", "--retry-all-errors": "curl",
     "--no-pager": "journalctl", "--now": "systemctl", "--test": "systemd",
     "--limit": "ansible-playbook", "--tags": "ansible-playbook",
+    "--collector": "prometheus-node-exporter (--collector.textfile.directory)",
 }
 
 

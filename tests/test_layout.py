@@ -17,7 +17,7 @@ STAGES = tuple(s.package for s in registry.stages())      # the registry says wh
 SHARED = ("core", "model", "endpoint", "corpus")
 # The layers above the stages, and the other layers each may use besides the shared ones. None of them
 # imports a stage: they reach stages only through the registry.
-UPPER = {"runner": (), "fleet": ("runner",), "demo": ("cli",)}     # demo runs the whole runbook through the CLI
+UPPER = {"alerts": (), "runner": ("alerts",), "fleet": ("runner",), "demo": ("cli",)}  # demo runs the whole runbook through the CLI
 PENDING = tuple({"tune"} - set(STAGES))   # tune's launch/production guards land before its stage registers (issue 30)
 
 

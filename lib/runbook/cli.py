@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDic
 from runbook.core import registry
 from runbook.core.errors import InputError, LockHeld, RunbookError
 from runbook.core.findings import exit_code, format_text
-from runbook.core.fsutil import atomic_write_text
+from runbook.core.fsutil import write_output
 from runbook.core.options import PosFloat, PosInt, Url, describe, flag, validate
 from runbook.core.registry import Stage, document
 
@@ -73,6 +73,26 @@ def _add_output(p: argparse.ArgumentParser, what: str = "the report") -> None:
     p.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
 
 
+def _add_textfile(p: argparse.ArgumentParser, name: str) -> None:
+    p.add_argument("--textfile-dir", default=None, metavar="DIR",
+                   help=f"write Prometheus metrics to DIR/{name} for node_exporter's textfile collector "
+                        "(default: $RUNBOOK_TEXTFILE_DIR, else the spec's alerts.textfile_dir)")
+
+
+def _textfile(a: argparse.Namespace, spec: Any) -> Any:
+    """The stage verb's textfile directory (flag > env > spec), checked before the stage runs; None: none set,
+    or no deployment to name the file after (MODEL_DIR alone) unless the flag asked for one."""
+    from runbook import alerts
+
+    directory, where = alerts.textfile.resolve_dir(a.textfile_dir, spec.alerts.textfile_dir if spec else None)
+    if directory is None or (spec is None and not a.textfile_dir):
+        return None
+    if spec is None:
+        raise InputError("--textfile-dir: metrics are per deployment; give --deployment FILE too")
+    alerts.textfile.check_dir(directory, where)
+    return directory
+
+
 def _csv(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
@@ -82,7 +102,8 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
     only = [n for chunk in a.only for n in _csv(chunk)]
     opts = RunOptions(deployment=a.deployment, only=only, params=a.param, out=Path(a.out), timeout=a.timeout,
-                      run_timeout=a.run_timeout, keep=a.keep, strict=a.strict, kernel=a.kernel, archive_url=a.archive_url)
+                      run_timeout=a.run_timeout, keep=a.keep, strict=a.strict, kernel=a.kernel, archive_url=a.archive_url,
+                      textfile_dir=a.textfile_dir)
     if a.notebooks:
         opts.notebooks_dir = Path(a.notebooks)
     code, _ = run(opts)
@@ -141,7 +162,13 @@ def _load(a: argparse.Namespace, spec_less: bool = False) -> Any:
 
 def _cmd_stage(stage: Stage, a: argparse.Namespace, o: Any) -> int:
     """The stage's one entry point, as the notebook calls it; its JSON is the results payload plus findings."""
-    rep = stage.evaluate(_load(a, spec_less="model_dir" in type(o).model_fields), o)
+    spec = _load(a, spec_less="model_dir" in type(o).model_fields)
+    directory = _textfile(a, spec)
+    rep = stage.evaluate(spec, o)
+    if directory is not None:
+        from runbook import alerts
+
+        alerts.publish_stage(directory, spec, stage.name, rep, lambda m: print(f"runbook {stage.verb}: {m}", file=sys.stderr))
     if a.json:
         print(json.dumps(document(rep), indent=2, default=str))
         return exit_code(rep.findings, a.strict)
@@ -205,7 +232,7 @@ def _cmd_service(a: argparse.Namespace, o: Any) -> int:
             out = Path(o.out)
             for u in units:
                 target = out if len(units) == 1 else out / f"{u.unit_name}.service"
-                atomic_write_text(target, u.text)
+                write_output(target, u.text)   # one line naming --out when it is a directory or not writable
                 print(f"wrote {target}", file=sys.stderr)
         if a.json:
             print(json.dumps({"units": [{"unit": u.unit_name, "node": u.node, "argv": u.argv, "text": u.text} for u in units]}, indent=2))
@@ -302,6 +329,7 @@ def _add_stage(sub: Any, stage: Stage) -> None:
                                cli_hide_none_type=True)
     _tidy_help(p)
     _add_output(p)
+    _add_textfile(p, f"runbook_<deployment>.{stage.name}.prom")
     _VERBS[stage.verb] = (stage, source)
 
 
@@ -352,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--archive-url", type=_archive_url, default=None, metavar="URL",
                    help="also upload the run to s3://BUCKET/PREFIX/<host>/<run id>/ (default: $RUNBOOK_ARCHIVE_URL, "
                         "else the spec's archive.url)")
+    _add_textfile(r, "runbook_<deployment>.prom")
     r.set_defaults(fn=_cmd_run)
 
     for stage in registry.stages():

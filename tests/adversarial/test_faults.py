@@ -534,14 +534,17 @@ def test_readiness_wait_goes_through_the_bounded_get(case, ready, text):
 
 
 @pytest.mark.parametrize("handler, want", [
-    (_answer("404 Not Found", b"no"), None),                      # a server that answers: reachable
-    (_answer("200 OK", b"<html>x</html>", "text/html"), None),
+    (_answer("200 OK", b'{"object": "list", "data": [{"id": "m"}]}'), None),   # a model list: an OpenAI-compatible server
+    (_answer("401 Unauthorized", b""), None),                      # one that wants the API key
+    (_answer("404 Not Found", b"no"), "HTTP 404"),                 # another web server (issue 29: was "reachable")
+    (_answer("200 OK", b"<html>x</html>", "text/html"), "an HTML page"),
     (_answer("503 Service Unavailable", b""), "HTTP 503"),
-    (_endless, None),                                              # it answered; the body is not the probe's concern
+    (_endless, "not with SGLang's JSON"),                         # bounded in size and time, and no model list
 ])
 def test_reachability_probe_uses_the_bounded_get(handler, want):
     with raw_server(handler) as base:
-        assert asyncio.run(reach.probe(base, timeout=1.0)) == want
+        why = asyncio.run(reach.probe(base, timeout=1.0))
+        assert why == want if want is None else want in (why or ""), why
     assert asyncio.run(reach.probe("http://127.0.0.1:9", timeout=1.0))   # refused: a reason
 
 

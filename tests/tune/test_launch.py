@@ -1,5 +1,6 @@
 """launched(): real servers (llama-server, a Python HTTP server) started, refused, failed and always torn down."""
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -102,6 +103,39 @@ def test_keyboard_interrupt_in_block_tears_down(tmp_path):
     assert pid_gone(pid) and port_free("127.0.0.1", port)
 
 
+def test_ctrl_c_while_waiting_for_readiness_tears_down(tmp_path):
+    import _thread
+    import threading
+
+    pidfile = tmp_path / "pid"
+    argv = (sys.executable, "-c", f"import os,time; open({str(pidfile)!r},'w').write(str(os.getpid())); time.sleep(120)")
+    threading.Timer(1.0, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt), launched(Launch(argv, tmp_path / "c.log", free_port(), ready_timeout_s=30)):
+        pytest.fail("never ready: the block must not run")
+    assert pid_gone(int(pidfile.read_text()))
+
+
+def test_signals_are_held_off_while_tearing_down():
+    from runbook.tune.launch import HeldSignals
+
+    with pytest.raises(KeyboardInterrupt), HeldSignals() as held:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+        assert held.pending == [signal.SIGINT]     # noted, not raised: the teardown goes on
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("argv, env, what", [
+    ((sys.executable, "-c", "pass\0"), {}, "NUL byte"),
+    ((sys.executable,), {"BAD=NAME": "x"}, "'BAD=NAME'"),
+    ((sys.executable,), {"-x": "x"}, "'-x'"),
+])
+def test_what_no_exec_can_carry_is_spawn(tmp_path, argv, env, what):
+    with pytest.raises(LaunchFailed, match=what) as e, launched(Launch(argv, tmp_path / "c.log", free_port(), env=env)):
+        pass
+    assert e.value.kind == "spawn" and not (tmp_path / "c.log").exists()
+
+
 def test_term_ignoring_server_and_its_children_are_killed(tmp_path, monkeypatch):
     """SIGTERM ignored by the leader and a grandchild: SIGKILL to the whole group after the grace period."""
     from runbook.tune import launch as mod
@@ -137,8 +171,9 @@ def test_candidate_killed_mid_run_is_not_alive_and_exit_does_not_hang(tmp_path):
     assert time.monotonic() - t0 < 15 and port_free("127.0.0.1", port)
 
 
-def test_candidate_dies_with_tune_on_sigkill(tmp_path):
-    """tune killed by SIGKILL: the kernel kills the candidate (PR_SET_PDEATHSIG), the port comes free."""
+@pytest.mark.parametrize("systemd", [False, True], ids=["child", "systemd"])
+def test_candidate_dies_with_tune_on_sigkill(tmp_path, fake_systemd, systemd):
+    """tune killed by SIGKILL: the kernel kills a child candidate (PR_SET_PDEATHSIG); the watchdog stops a unit."""
     port = free_port()
     script = tmp_path / "tune.py"
     script.write_text(textwrap.dedent(f"""
@@ -146,22 +181,23 @@ def test_candidate_dies_with_tune_on_sigkill(tmp_path):
         from pathlib import Path
         from runbook.tune.launch import Launch, launched
         argv = {tuple(http_server(tmp_path / "www", port))!r}
-        with launched(Launch(argv, Path({str(tmp_path / "c.log")!r}), {port}, ready_timeout_s=30)) as run:
+        with launched(Launch(argv, Path({str(tmp_path / "c.log")!r}), {port}, ready_timeout_s=30, systemd={systemd})) as run:
             print(run.pid, flush=True)
             time.sleep(300)
     """))
-    env = dict(os.environ, PYTHONPATH=str(REPO / "lib"))
+    env = dict(os.environ, PYTHONPATH=str(REPO / "lib"), TMPDIR=str(tmp_path))   # the watchdog log lands there
     tune = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         pid = int(tune.stdout.readline())
         tune.kill()
         tune.wait(10)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 15
         while not (pid_gone(pid) and port_free("127.0.0.1", port)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert pid_gone(pid) and port_free("127.0.0.1", port)
     finally:
         tune.kill()
+    assert (["systemctl", "stop", f"runbook-tune-{port}.service"] in fake_systemd.calls()) is systemd
 
 
 def test_env_reaches_server_and_secrets_are_scrubbed_from_the_tail(tmp_path):
@@ -217,7 +253,8 @@ def test_systemd_dollar_is_escaped_and_bad_names_refused(tmp_path, fake_systemd)
         pass
     start = next(c for c in fake_systemd.calls() if c[0] == "systemd-run")
     assert str(tmp_path / "a$$HOME") in start
-    for bad in ({"unit_name": "x; rm -rf /"}, {"log_path": Path("rel.log")}, {"log_path": tmp_path / "a b.log"}):
+    for bad in ({"unit_name": "x; rm -rf /"}, {"unit_name": "--force"}, {"log_path": Path("rel.log")},
+                {"log_path": tmp_path / "a b.log"}, {"log_path": tmp_path / "100%.log"}):
         kw = {"log_path": tmp_path / "u.log", **bad}
         with pytest.raises(LaunchFailed) as e, launched(Launch(sleeper(), port=free_port(), systemd=True, **kw)):
             pass
@@ -236,3 +273,24 @@ def test_systemd_missing_or_old_is_spawn(tmp_path, fake_systemd, monkeypatch):
                                                                                               port, systemd=True)):
         pass
     assert e.value.kind == "spawn"
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
+def test_systemd_run_properties_are_valid_for_systemd(tmp_path):
+    """Differential: the properties and service type given to systemd-run, written as a unit file, pass systemd's
+    own `systemd-analyze verify` (which works without systemd running); a misspelt one is caught."""
+    from runbook.tune.launch import systemd_run_argv
+
+    argv = systemd_run_argv(Launch(("/bin/sleep", "5"), tmp_path / "u.log", 8000, env={"HF_TOKEN": "x" * 8}),
+                            "/bin/sleep", "runbook-tune-8000.service", user=False)
+    props = [a.split("=", 1)[1] for a in argv if a.startswith("--property=")]
+    service_type = next(a.split("=", 1)[1] for a in argv if a.startswith("--service-type="))
+
+    def verify(lines: list[str]) -> str:
+        unit = tmp_path / "runbook-tune-8000.service"
+        unit.write_text("\n".join(["[Service]", f"Type={service_type}", "ExecStart=/bin/sleep 5", *lines]) + "\n")
+        cp = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+        return "\n".join(x for x in (cp.stdout + cp.stderr).splitlines() if unit.name in x)
+
+    assert verify(props) == ""
+    assert "Failed to parse kill mode" in verify([*props, "KillMode=control-grup"])     # the check can fail

@@ -25,7 +25,7 @@ def _tree(rel: str) -> ast.AST:
     return ast.parse((SRT / rel).read_text())
 
 
-def _text(node: ast.AST) -> str:
+def literal_text(node: ast.AST) -> str:
     """The literal parts of a string node (placeholders as {})."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
@@ -36,11 +36,11 @@ def _text(node: ast.AST) -> str:
 
 def find(rel: str, needle: str) -> ast.AST:
     """The smallest string literal in sglang/srt/REL whose literal text contains `needle`."""
-    hits = [n for n in ast.walk(_tree(rel)) if isinstance(n, (ast.Constant, ast.JoinedStr)) and needle in _text(n)]
+    hits = [n for n in ast.walk(_tree(rel)) if isinstance(n, (ast.Constant, ast.JoinedStr)) and needle in literal_text(n)]
     # an f-string's own Constant parts also match; prefer the whole literal (JoinedStr) over its pieces
     whole = [n for n in hits if isinstance(n, ast.JoinedStr)] or hits
     assert whole, f"sglang/srt/{rel}: no log format string containing {needle!r} (SGLang's format changed?)"
-    return min(whole, key=lambda n: len(_text(n)))
+    return min(whole, key=lambda n: len(literal_text(n)))
 
 
 def _key(expr: ast.AST) -> list[str]:
@@ -54,10 +54,16 @@ def _key(expr: ast.AST) -> list[str]:
 def render(rel: str, needle: str, values: dict[str, Any] | None = None, args: tuple = ()) -> str:
     """Fill the format string: f-string placeholders from `values` (by expression source or attribute
     name), %-placeholders from `args`."""
-    node = find(rel, needle)
+    return fill(find(rel, needle), values, args, f"sglang/srt/{rel}")
+
+
+def fill(node: ast.AST, values: dict[str, Any] | None = None, args: tuple = (), where: str = "") -> str:
+    """One string literal (ast.Constant or f-string) rendered as SGLang would log it; a placeholder without a
+    value raises KeyError naming it and `where`."""
     values = values or {}
     if isinstance(node, ast.Constant):
         return node.value % args if args else node.value
+    assert isinstance(node, ast.JoinedStr)
     out = []
     for v in node.values:
         if isinstance(v, ast.Constant):
@@ -67,7 +73,7 @@ def render(rel: str, needle: str, values: dict[str, Any] | None = None, args: tu
         keys = _key(v.value)
         hit = next((k for k in keys if k in values), None)
         if hit is None:
-            raise KeyError(f"sglang/srt/{rel}: no value for placeholder {keys[0]!r} in {needle!r}")
+            raise KeyError(f"{where}: no value for placeholder {keys[0]!r} in {literal_text(node)!r}")
         spec = ast.unparse(v.format_spec)[2:-1] if v.format_spec is not None else ""
         val = values[hit]
         out.append(format(repr(val) if v.conversion == ord("r") else val, spec))

@@ -46,27 +46,43 @@ def ids(findings):
 
 # --- one start-up, every line from SGLang's own format strings -------------------------------------------------
 
+def _kv_line(dtype, tokens, bytes_per_token):
+    half = tokens * bytes_per_token / 2 / 2**30
+    return render("mem_cache/memory_pool.py", "#tokens: {}, K size",
+                  {"cache_name": "KV Cache", "'VA upper bound' if self.post_capture_active else 'is allocated'": "is allocated",
+                   "self.dtype": dtype, "num_tokens": tokens, "k_size_GB": half, "v_size_GB": half})
+
+
+def _weights_lines(free, weights, model="Qwen3_5MoeForConditionalGeneration"):
+    return [render("model_executor/model_runner.py", "Load weight begin. ", {"get_available_gpu_memory(self.device, self.gpu_id)": free}),
+            render("model_executor/model_runner.py", "Load weight end. ",
+                   {"self.weight_load_time": 61.2, "type(self.model).__name__": model,
+                    "quant_str + ', ' if quant_str else ''": "quant=modelopt_fp4, quant_algo=NVFP4, ",
+                    "after_avail_memory": free - weights, "self.weight_load_mem_usage": weights})]
+
+
 def startup(tokens=PLAN_TOKENS, dtype="torch.bfloat16", ctx=CTX, mrr=PLAN_MRR, weights=29.3, tp=8, fp8_no_scales=False,
-            moe_default=False, oom_at_capture=False, journal=False, ts="2026-01-05 10:00:00", secret=SECRET) -> list[str]:
+            moe_default=False, oom_at_capture=False, journal=False, ts="2026-01-05 10:00:00", secret=SECRET, free=96.0,
+            slots=1169, draft_bpt=None, kv_line=None) -> list[str]:
+    """One start of the story's deployment, each line from SGLang 0.5.23's own format strings. `free`: GiB free when
+    the weights began to load; `draft_bpt`: with speculative decoding, the draft pool's bytes per token (each rank
+    logs the target's weights and pool, then the draft's); `kv_line`: a pool line in a form the parser does not know."""
     L = lambda msg, rank=0: line(msg, rank, ts, journal)   # noqa: E731
     out = [L(render("entrypoints/engine.py", "server_args=", {"_server_args_for_logging(server_args)":
                                                               {"kv_cache_dtype": "bf16", "api_key": secret}}), None)]
     out.append(L(render("distributed/device_communicators/custom_all_reduce_utils.py", "more than two PCIe-only GPUs",
                         {"cls_name": "CustomAllreduce"})))
     for r in range(tp):
-        out.append(L(render("model_executor/model_runner.py", "Load weight end. ",
-                            {"self.weight_load_time": 61.2, "type(self.model).__name__": "Qwen3_5MoeForConditionalGeneration",
-                             "quant_str + ', ' if quant_str else ''": "quant=modelopt_fp4, quant_algo=NVFP4, ",
-                             "after_avail_memory": 94.5 - weights, "self.weight_load_mem_usage": weights}), r))
+        out += [L(x, r) for x in _weights_lines(free, weights)]
         if fp8_no_scales:
             out.append(L(render("model_executor/model_runner_components/load_model_utils.py", "Using FP8 KV cache but no scaling"), r))
-        out.append(L(render("mem_cache/memory_pool.py", "#tokens: {}, K size",
-                            {"cache_name": "KV Cache", "'VA upper bound' if self.post_capture_active else 'is allocated'": "is allocated",
-                             "self.dtype": dtype, "num_tokens": tokens, "k_size_GB": tokens * 7680 / 2**30,
-                             "v_size_GB": tokens * 7680 / 2**30}), r))
+        out.append(L(kv_line or _kv_line(dtype, tokens, 15360), r))
         out.append(L(render("mem_cache/memory_pool.py", "ssm_state size: {}GB ",
-                            {"size": 1169, "get_tensor_size_bytes(conv_state) / GB": 3.1,
+                            {"size": slots, "get_tensor_size_bytes(conv_state) / GB": 3.1,
                              "get_tensor_size_bytes(temporal_state) / GB": 23.0}), r))
+        if draft_bpt:
+            out += [L(x, r) for x in _weights_lines(free - weights - 30.0, 0.85, "Qwen3_5MoeForConditionalGenerationMTP")]
+            out.append(L(_kv_line(dtype, tokens, draft_bpt), r))
         if moe_default:
             out.append(L(render("layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py", "Using default MoE kernel config",
                                 args=("/srv/sglang/configs/E=64,N=256,device_name=NVIDIA_RTX_PRO_6000_Blackwell.json",)), r))
@@ -124,7 +140,7 @@ def test_default_deployment_passes(tmp_path):
     assert not [x for x in rep.findings if x.status == "fail"]
     j = document(rep)
     assert set(j["observed"]) == set(j["predicted"]) == {"kv_dtype", "max_total_num_tokens", "max_running_requests", "context_len",
-                                                          "weights_gib_per_gpu", "avail_mem_gib_after_start"}
+                                                          "weights_gib_per_gpu", "avail_mem_gib_after_start", "max_state_slots"}
     assert j["observed"]["max_total_num_tokens"] == j["predicted"]["max_total_num_tokens"] == PLAN_TOKENS
     assert j["log"]["source"].startswith("file:") and j["log"]["start_time"] == "2026-01-05 10:00:00"
     assert all(set(w) == {"id", "line"} for w in j["warnings"])
@@ -256,7 +272,8 @@ def test_server_info_with_a_different_pool(tmp_path, monkeypatch):
     f = ids(rep.findings)
     assert f["verify.server.tokens"].status == "fail" and f["verify.server.kv_dtype"].status == "pass"
     assert f["verify.server.restarted"].status == "warn" and f["verify.tokens"].status == "pass"
-    assert document(rep)["rows"][2]["server"] == int(PLAN_TOKENS * 0.85)
+    rows = {r["quantity"]: r for r in document(rep)["rows"]}
+    assert rows["max_total_num_tokens"]["server"] == int(PLAN_TOKENS * 0.85)
     assert SECRET not in json.dumps(document(rep))
 
 
@@ -280,3 +297,127 @@ def test_cli_json_and_exit_codes(tmp_path, cli):
     assert cp.returncode == 1 and "verify.fp8_kv_scales" in cp.stdout and SECRET not in cp.stdout + cp.stderr
     assert cli("verify", "--since", "yesterday").returncode == 2
     assert cli("verify", "--log", p, "--unit", "x").returncode == 2
+
+
+# --- issue 29: the logs operators have ------------------------------------------------------------------------
+
+MTP_FLAGS = {"speculative-algorithm": "NEXTN", "speculative-num-steps": 3, "speculative-eagle-topk": 1,
+             "speculative-num-draft-tokens": 4}
+ISSUE_DRAFT_BPT = 5107   # the draft pool's bytes per token in the issue's MTP log
+
+
+def mtp_dep():
+    data = spec_data()
+    data["serving"]["flags"].update(MTP_FLAGS)
+    return spec.from_dict(data, str(DEFAULT_SPEC))
+
+
+def test_mtp_keeps_target_and_draft_pools_apart(tmp_path):
+    """Each rank logs the target pool, then the draft pool with the same token count: the draft no longer
+    replaces the target (it read 5,107 bytes/token and the draft's 0.85 GiB as the weights)."""
+    d = mtp_dep()
+    from runbook import kv
+    plan = kv.plan_pools(d).result
+    tokens, mrr = plan.max_total_num_tokens, plan.max_running_requests
+    rep = run_log(tmp_path, startup(tokens=tokens, mrr=mrr, draft_bpt=ISSUE_DRAFT_BPT, slots=plan.max_state_slots), d)
+    rows = {r["quantity"]: r for r in document(rep)["rows"]}
+    assert abs(rows["kv_bytes_per_token_per_gpu"]["observed"] - 15360) <= 15   # sizes are logged with two decimals of GiB
+    assert rows["kv_bytes_per_token_per_gpu"]["predicted"] == 15360
+    assert abs(rows["draft_kv_bytes_per_token_per_gpu"]["observed"] - ISSUE_DRAFT_BPT) <= 15
+    assert rows["weights_gib_per_gpu"]["observed"] == 29.3
+    j = document(rep)["startup"]
+    assert j["kv_cache"]["0"]["pool"] == "target" and j["kv_cache_draft"]["0"]["pool"] == "draft"
+    assert j["weights_draft"]["0"]["usage_gib"] == 0.85
+    f = ids(rep.findings)
+    assert f["verify.tokens"].status == "pass" and f["verify.kv_dtype"].status == "pass"
+    dp = f["verify.draft_pool"]
+    assert "draft KV pool 2,5" in dp.title and "target pool 15,3" in dp.title
+    # the plan's own draft figure (0 while kv/ does not model a hybrid model's MTP pool) against the log's: warn when apart
+    assert dp.status == ("info" if abs(plan.draft_kv_bytes_per_token_per_gpu - ISSUE_DRAFT_BPT) < 0.1 * ISSUE_DRAFT_BPT else "warn")
+    assert verify.text_table(rep).count("draft_kv_bytes_per_token_per_gpu") == 1
+    assert set(verify.startup_frame(rep)["step"]) >= {"weights + KV pool", "draft weights + KV pool"}
+
+
+def test_a_kv_line_not_understood_warns_naming_it(tmp_path):
+    """A pool line in a form the parser does not know: a warn that names it, never a silent gap in the dtype check."""
+    odd = "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 2034058, K size: 14.55 GiB, V size: 14.55 GiB"
+    rep = run_log(tmp_path, startup(kv_line=odd))
+    f = ids(rep.findings)["verify.kv_dtype"]
+    assert f.status == "warn" and odd in f.evidence and "not checked" in f.title
+
+
+def test_a_kv_pool_without_dtype_is_said_not_skipped_silently(tmp_path):
+    """SGLang before 0.5.3 logs no dtype: the check says it was not done; 0.5.3-0.5.12's `Using KV cache dtype:` line is read."""
+    no_dtype = "KV Cache is allocated. #tokens: 2034058, K size: 14.55 GB, V size: 14.55 GB"
+    f = ids(run_log(tmp_path, startup(kv_line=no_dtype)).findings)["verify.kv_dtype"]
+    assert f.status == "skip" and "not in the log" in f.title
+    lines = startup(kv_line=no_dtype)
+    lines.insert(2, line("Using KV cache dtype: torch.float8_e4m3fn"))   # model_runner.py, 0.5.3-0.5.12 (rank 0)
+    f = ids(run_log(tmp_path, lines).findings)["verify.kv_dtype"]
+    assert f.status == "fail" and "fp8_e4m3" in f.title
+
+
+@pytest.mark.parametrize(("slots", "status"), [(1169, "pass"), (1130, "warn"), (800, "fail")])
+def test_state_pool_is_compared_with_the_plan(tmp_path, slots, status):
+    rep = run_log(tmp_path, startup(slots=slots))
+    f = ids(rep.findings)["verify.state_slots"]
+    assert f.status == status and f"{slots:,} slots" in f.title and "plan 1,169" in f.title
+    assert {r["quantity"]: r for r in document(rep)["rows"]}["max_state_slots"]["observed"] == slots
+
+
+def _replanned_tokens(free, weights):
+    """What SGLang would size from these inputs, to the first order: the pool scales with the budget
+    free × fraction − weights (the plan's own figure is PLAN_TOKENS at 96 GiB and its planned weights)."""
+    planned_w = 31272730624 / 2**30
+    return int(PLAN_TOKENS * (free * 0.88 - weights) / (96 * 0.88 - planned_w))
+
+
+def test_memory_not_free_at_start_is_told_from_the_arithmetic(tmp_path):
+    """6 GiB held by another process when the weights began to load: the pool is ~10 % short, and the finding says
+    it is the host, not the arithmetic (the re-plan from the log's own inputs matches what SGLang sized)."""
+    rep = run_log(tmp_path, startup(free=90.0, tokens=_replanned_tokens(90.0, 29.3)))
+    f = ids(rep.findings)["verify.tokens"]
+    assert f.status in ("warn", "fail") and "memory was not free at start" in f.detail and "6.00 of 96 GiB" in f.detail
+    assert "the arithmetic is right" in f.detail and "arithmetic is off" not in f.detail
+    rp = document(rep)["replanned"]
+    assert rp["verdict"] == "memory_not_free" and rp["free_before_weights_gib"] == 90.0 and rp["not_free_at_start_gib"] == 6.0
+    assert abs(rp["max_total_num_tokens"] - rep.observed["max_total_num_tokens"]) / rep.observed["max_total_num_tokens"] < 0.01
+
+
+def test_arithmetic_off_is_told_from_the_host(tmp_path):
+    """All memory free, weights as planned, yet SGLang sized 7 % fewer tokens: the project's arithmetic is off."""
+    rep = run_log(tmp_path, startup(free=96.0, tokens=int(PLAN_TOKENS * 0.93)))
+    f = ids(rep.findings)["verify.tokens"]
+    assert f.status == "warn" and "the arithmetic is off" in f.detail and "memory was not free" not in f.detail
+    assert document(rep)["replanned"]["verdict"] == "arithmetic_off"
+    rows = {r["quantity"]: r for r in document(rep)["rows"]}
+    assert rows["max_total_num_tokens"]["replanned"] == document(rep)["replanned"]["max_total_num_tokens"]
+
+
+def test_a_clean_start_replans_to_the_log(tmp_path):
+    rep = run_log(tmp_path, startup())
+    assert document(rep)["replanned"]["verdict"] == "agrees" and ids(rep.findings)["verify.tokens"].status == "pass"
+
+
+def test_a_sliding_window_model_s_labelled_pools_carry_the_dtype(tmp_path):
+    """0.5.18+ logs a sliding-window model's pools as `Full KV Cache …` and `SWA KV Cache …` only: their dtype is
+    checked (it was skipped without a word)."""
+    def pool(label):
+        return render("mem_cache/memory_pool.py", "#tokens: {}, K size",
+                      {"cache_name": f"{label} KV Cache", "'VA upper bound' if self.post_capture_active else 'is allocated'":
+                       "is allocated", "self.dtype": "torch.float8_e4m3fn", "num_tokens": 1000, "k_size_GB": 1.0, "v_size_GB": 1.0})
+    lines = [ln for ln in startup() if "KV Cache is allocated" not in ln]
+    lines[3:3] = [line(pool("Full")), line(pool("SWA"))]
+    rep = run_log(tmp_path, lines)
+    f = ids(rep.findings)["verify.kv_dtype"]
+    assert f.status == "fail" and "fp8_e4m3" in f.title
+    assert set(document(rep)["startup"]["kv_cache_labelled"]["0"]) == {"Full", "SWA"}
+
+
+def test_lines_behind_a_container_runtime_s_prefix_are_read(tmp_path):
+    """`docker compose logs` puts `sglang-1  | ` before SGLang's own prefix: the pool was taken for a labelled
+    (auxiliary) pool and dropped without a word."""
+    rep = run_log(tmp_path, ["sglang-1  | " + ln for ln in startup()])
+    f = ids(rep.findings)
+    assert f["verify.tokens"].status == "pass" and f["verify.kv_dtype"].status == "pass"
+    assert rep.facts.kv[7]["tokens"] == PLAN_TOKENS

@@ -42,11 +42,11 @@ def run_recall(url: str | None, lengths: Sequence[int], depths: Sequence[float],
     if not url:
         return {"grid": []}, [Finding("accuracy.recall.endpoint", "skip", "recall probe skipped: no endpoint given",
                                       remedy="Give url (and compare_url for an FP8-vs-BF16 A/B).")]
+    tok = load_tokenizer(tokenizer)   # a bad --tokenizer is an error whether or not a server answers
     why = run_sync(reachable(url))
     if why:
         return {"grid": []}, [Finding("accuracy.recall.endpoint", "skip", f"recall probe skipped: no server at {url}", evidence=why,
                                       remedy="Start the server, or `make demo` to try the probe on a tiny CPU model.")]
-    tok = load_tokenizer(tokenizer)
     items = recall.build_items(lengths, depths, tok, seed, per_cell)
     key = os.environ.get(api_key_env) if api_key_env else None
     res_a = run_sync(recall.ask(url, items, model, api_key=key))
@@ -70,9 +70,10 @@ def run_identity(url: str | None, spec_off_url: str | None, n: int = 8, max_toke
     if not (url and spec_off_url):
         return [], [Finding("accuracy.identity.endpoint", "skip", "greedy-identity check skipped: needs two endpoints",
                             remedy="Give url (speculative decoding on) and spec_off_url (the same model with it off).")]
+    tok = load_tokenizer(tokenizer)
     for u in (url, spec_off_url):
         why = run_sync(reachable(u))
         if why:
             return [], [Finding("accuracy.identity.endpoint", "skip", f"greedy-identity check skipped: no server at {u}", evidence=why)]
     prompts = code_prompts()[:n]
-    return run_sync(identity.compare(url, spec_off_url, prompts, max_tokens, load_tokenizer(tokenizer), model))
+    return run_sync(identity.compare(url, spec_off_url, prompts, max_tokens, tok, model))

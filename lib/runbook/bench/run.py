@@ -135,14 +135,14 @@ def levels_of(o: BenchOptions) -> list[Level]:
 
 async def run_async(o: BenchOptions, slo: Any = None, vocab_size: int | None = None) -> BenchResult:
     check_options(o)
+    tok = load_tokenizer(o.tokenizer)      # every input read before the server is probed: a bad one is an
+    wt = workloads.resolve(o.workload)     # error whether or not a server answers
+    wl = wt.start(o, tok, vocab_size)
     why = await probe(o.url)
     if why:
         return _unreachable(o.url, why)
     api_key = os.environ.get(o.api_key_env) if o.api_key_env else None
     model = o.model or await model_name(o.url, api_key)
-    tok = load_tokenizer(o.tokenizer)
-    wt = workloads.resolve(o.workload)
-    wl = wt.start(o, tok, vocab_size)
     out = Path(o.out) if o.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from runbook.core.errors import InputError
+
 
 def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> Path:
     """Write text to path atomically (temp file in the same dir, fsync, rename)."""
@@ -20,12 +22,51 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = Non
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, mode if mode is not None else 0o644)
+        os.chmod(tmp, mode if mode is not None else 0o644 & ~current_umask())  # 0644, or less under a stricter umask
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def current_umask() -> int:
+    """The process umask: from /proc (Linux), else by setting it (briefly 0077: a file created meanwhile is private)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def write_output(path: str | os.PathLike, text: str, option: str = "--out") -> Path:
+    """A file the user named with `option`, written atomically; InputError naming the path and the fix."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{option} {p}: is a directory; give a file path (e.g. {option} {p / 'NAME'})")
+    try:
+        return atomic_write_text(p, text)
+    except OSError as e:
+        raise InputError(f"{option} {p}: cannot write there ({e.strerror or e}); give a path in a directory you can write") from None
+
+
+def output_dir(path: str | os.PathLike, option: str = "--out") -> Path:
+    """A directory the user named with `option`, created if missing and writable; InputError naming it and the fix."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InputError(f"{option} {p}: not a directory (a file is in the way); give a directory, e.g. {option} outputs") from None
+    except OSError as e:
+        raise InputError(f"{option} {p}: cannot create it ({e.strerror or e}); give a directory you can write") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise InputError(f"{option} {p}: permission denied (this user cannot write there); give a directory you can write")
+    return p
 
 
 def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:

@@ -15,6 +15,7 @@ import re
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 # Key names that look secret (vLLM's collect_env skips the same family of names).
 # "token" and "key" only as whole name components: HF_TOKEN and api_key are secrets, tokenizer and
@@ -35,6 +36,17 @@ def secret_values(env: Mapping[str, str] | None = None, extra: Iterable[str] = (
     vals = {v for k, v in env.items() if is_secret_key(k) and v and len(v) >= MIN_LEN}
     vals.update(v for v in extra if v and len(v) >= MIN_LEN)
     return vals
+
+
+def of_spec(spec: Any) -> set[str]:
+    """A deployment's secret values to scrub: secret-looking environment variables, the value of the API key
+    variable the spec names, and the values in serving.env_file (relative to the spec file)."""
+    extra: list[str] = []
+    if spec.serving.api_key_env and os.environ.get(spec.serving.api_key_env):
+        extra.append(os.environ[spec.serving.api_key_env])
+    if spec.serving.env_file:
+        extra += read_env_file(spec.resolve_path(spec.serving.env_file)).values()
+    return secret_values(extra=extra)
 
 
 def read_env_file(path: str | os.PathLike) -> dict[str, str]:

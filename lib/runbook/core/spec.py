@@ -282,6 +282,10 @@ def level_meets_slo(level: dict[str, Any], slo: Any) -> bool:
     return True
 
 
+# A URL refused for carrying credentials is never echoed back ("(got …)") in the error line.
+NO_CREDENTIALS = "must not carry credentials or tokens"
+
+
 def archive_url_problem(url: str) -> str | None:
     """Why an archive URL (`s3://BUCKET/PREFIX`, `gs://…`, `az://…`, `file:///…`) is refused, or None.
 
@@ -294,7 +298,7 @@ def archive_url_problem(url: str) -> str | None:
         return f"must be a URL such as s3://BUCKET/PREFIX (got {url!r})"
     scheme, bucket, _ = m.groups()
     if "@" in bucket or "?" in url or "#" in url:
-        return ("must not carry credentials or tokens (user@, ?query, #fragment): the storage client reads them from "
+        return (f"{NO_CREDENTIALS} (user@, ?query, #fragment): the storage client reads them from "
                 "its environment (AWS_*, FSSPEC_S3_*) or credential files")
     if scheme != "file" and not bucket:
         return f"names no bucket (got {url!r}); e.g. s3://BUCKET/PREFIX"
@@ -315,11 +319,50 @@ class Archive(_Strict):
         return v
 
 
+def http_url_problem(url: str) -> str | None:
+    """Why a link base (http(s)://HOST/PATH, shown in alerts) is refused, or None: no credentials, query or fragment."""
+    if not isinstance(url, str) or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        return "must be a URL such as https://runbooks.example.com/fleet, without spaces or control characters"
+    if any(c in url for c in "@?#"):
+        return f"{NO_CREDENTIALS} (user@, ?query, #fragment): the archive is served to whoever follows an alert's link"
+    if not re.fullmatch(r"https?://[^/]+(/.*)?", url):
+        return f"must be an http(s) URL such as https://runbooks.example.com/fleet (got {url!r})"
+    return None
+
+
+class Alerts(_Strict):
+    """Prometheus metrics of every run, for node_exporter's textfile collector (docs/alerts.md)."""
+    textfile_dir: str | None = Field(default=None, description="write runbook_<deployment>.prom here after each run "
+                                     "(node_exporter's --collector.textfile.directory); $RUNBOOK_TEXTFILE_DIR and "
+                                     "--textfile-dir win over it")
+    interval_s: int = Field(default=86400, gt=0, le=MAX_SECONDS,
+                            description="how often cron or the timer runs the runbook: the 'not run' alert fires after twice this")
+    link_base: str | None = Field(default=None, description="where the archive is served (the fleet's --link-base): alerts "
+                                  "link <link_base>/<host>/<run id>/summary.html")
+
+    @field_validator("textfile_dir")
+    @classmethod
+    def _dir_ok(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in v)):
+            raise ValueError(f"must be an absolute directory such as /var/lib/prometheus/node-exporter (got {v!r})")
+        return v
+
+    @field_validator("link_base")
+    @classmethod
+    def _link_ok(cls, v: str | None) -> str | None:
+        problem = None if v is None else http_url_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v.rstrip("/") if v else v
+
+
+DEPLOYMENT_NAME = r"^[a-z0-9][a-z0-9._-]*$"   # also a lock and textfile name: no path separator, no leading dot
+
 from runbook.core.tunespec import Tune  # noqa: E402  (it builds on _Strict and SLO above)
 
 
 class Deployment(_Strict):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    name: str = Field(pattern=DEPLOYMENT_NAME)
     description: str = ""
     model: Model
     hardware: Hardware
@@ -330,6 +373,7 @@ class Deployment(_Strict):
     accuracy: Accuracy = Accuracy()
     slo: SLO = SLO()
     archive: Archive = Archive(url=None)
+    alerts: Alerts = Alerts()
     tune: Tune = Field(Tune(), description="stage 60's candidates, workload and budgets")
     # Filled by load(): where the spec came from, for resolving relative paths and for messages.
     source: str | None = Field(None, exclude=True)
@@ -364,7 +408,7 @@ def _describe(err: Mapping[str, Any], model: type[BaseModel]) -> str:
         hint = f" ({field.description})" if field is not None and field.description else ""
         return f"{loc}: missing required key{hint}"
     got = err.get("input")
-    shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+    shown = "" if isinstance(got, (dict, list)) or NO_CREDENTIALS in msg else f" (got {got!r})"
     msg = msg.removeprefix("Value error, ")
     # A mapping's validator names the entry first ("context-length: must be ..."): make it part of the key path.
     m = re.match(r"^([^\s:]+): (.*)$", msg)

@@ -266,13 +266,16 @@ def failure_finding(finding_id: str, url: str, e: BaseException, no_server_statu
 
 
 async def probe(base: str, timeout: float = 5.0) -> str | None:
-    """None when the server answers /v1/models, else why not."""
+    """None when an OpenAI-compatible server (SGLang, llama-server, …) answers /v1/models: its model list, or
+    401/403 (it wants the API key); else why not. Another web server's 404, HTML or other JSON is no server."""
+    url = base.rstrip("/") + "/v1/models"
     try:
-        await asyncio.to_thread(get, base.rstrip("/") + "/v1/models", None, timeout, 64 << 10)
+        _, body = await asyncio.to_thread(get, url, None, timeout)
+        served_models(decode_json(url, body, expect=None), url)
     except urllib.error.HTTPError as e:
-        return None if e.code < 500 else f"HTTP {e.code}"
-    except BadResponse:   # something answered: reachable (what it said is the caller's next probe's business)
-        return None
+        return None if e.code in (401, 403) else f"{url} answered HTTP {e.code}: not an OpenAI-compatible server"
+    except BadResponse as e:
+        return str(e)
     except (OSError, ValueError) as e:
         return str(e) or type(e).__name__
     return None

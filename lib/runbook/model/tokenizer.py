@@ -5,17 +5,28 @@ from pathlib import Path
 from typing import Any
 
 
-def load_tokenizer(path: str | Path | None) -> Any:
-    """A `tokenizers.Tokenizer` from DIR/tokenizer.json (or the file itself); None when absent."""
+def load_tokenizer(path: str | Path | None, option: str = "--tokenizer") -> Any:
+    """A `tokenizers.Tokenizer` from DIR/tokenizer.json (or the file itself); None when no path is given.
+
+    A path given but holding no readable tokenizer is an InputError naming it (lengths would silently be
+    approximate otherwise)."""
     if not path:
         return None
+    from runbook.core.errors import InputError
+
     p = Path(path)
     f = p / "tokenizer.json" if p.is_dir() else p
     if not f.is_file():
-        return None
+        raise InputError(f"{option} {path}: no tokenizer.json there; give the model's directory (with tokenizer.json) "
+                         f"or the file, or leave {option} out (lengths are then approximate)")
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(f))
+    try:
+        return Tokenizer.from_file(str(f))
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own Exception for any bad file
+        why = " ".join(str(e).split())[:160]
+        raise InputError(f"{option} {f}: not a tokenizer the tokenizers library reads ({why}); "
+                         "give the model's own tokenizer.json") from None
 
 
 MAX_TEMPLATE_BYTES = 1 << 20

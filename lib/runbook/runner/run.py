@@ -4,9 +4,10 @@ Each notebook runs in its own papermill process, in a session of its own under a
 (runner/guard.py), so a per-notebook bound, a SIGTERM/SIGINT of the runner (handled: the notebook's
 processes are killed, exit 128+signal) and a SIGKILL of the runner (the guard sees it) all end the
 notebook and its kernel. Each notebook writes its results JSON and is archived with an HTML copy.
-The run is built in a hidden folder `.inprogress-<run id>` (mode 0700: it may hold unscrubbed
-output) and renamed into place once secrets are scrubbed, so an interrupted run leaves nothing the
-index lists and nothing others can read; the next run of the same deployment removes it.
+The run is built in a hidden folder `.inprogress-<run id>` (mode 0700, its files 0600 whatever the
+umask: it may hold unscrubbed output) and renamed into place once secrets are scrubbed, so an
+interrupted run leaves nothing the index lists and nothing others can read; the next run of the same
+deployment removes it.
 """
 from __future__ import annotations
 
@@ -26,17 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from runbook import alerts
 from runbook.core import paths, registry, secrets
 from runbook.core import spec as spec_mod
 from runbook.core.errors import LockHeld, SpecError
 from runbook.core.findings import STATUSES, counts, exit_code_for
-from runbook.core.fsutil import atomic_write_json, atomic_write_text
+from runbook.core.fsutil import atomic_write_json, atomic_write_text, current_umask, output_dir
 from runbook.runner import archive, figures, results, upload
 from runbook.runner import params as params_mod
 
 NOTEBOOKS = paths.notebooks_dir()
 OUTPUTS = paths.outputs_dir()
 EXIT_LOCKED = 75
+DEPLOYMENT_NAME = re.compile(spec_mod.DEPLOYMENT_NAME)   # a name a spec accepts is a safe lock file name
 _DEAD_KERNEL = 138
 _GUARD = Path(__file__).with_name("guard.py")
 # Sessions (guard pids) of the notebooks running now, killed by the runner's SIGTERM/SIGINT handler.
@@ -56,6 +59,7 @@ class RunOptions:
     notebooks_dir: Path = NOTEBOOKS
     kernel: str | None = None
     archive_url: str | None = None   # else $RUNBOOK_ARCHIVE_URL, else the spec's archive.url
+    textfile_dir: str | None = None  # else $RUNBOOK_TEXTFILE_DIR, else the spec's alerts.textfile_dir
 
 
 @dataclass
@@ -394,14 +398,8 @@ def validate_options(opts: RunOptions) -> list[str]:
 
 
 def _run_secrets(spec: spec_mod.Deployment) -> set[str]:
-    """Secret values to scrub: secret-looking environment variables, the API key variable the spec
-    names, and the values in serving.env_file (relative to the spec file, not the working directory)."""
-    extra: list[str] = []
-    if spec.serving.api_key_env and os.environ.get(spec.serving.api_key_env):
-        extra.append(os.environ[spec.serving.api_key_env])
-    if spec.serving.env_file:
-        extra += secrets.read_env_file(spec.resolve_path(spec.serving.env_file)).values()
-    return secrets.secret_values(extra=extra)
+    """Secret values to scrub (core/secrets.of_spec: the environment's, the API key's, serving.env_file's)."""
+    return secrets.of_spec(spec)
 
 
 def _make_private_dir(path: Path) -> None:
@@ -409,11 +407,26 @@ def _make_private_dir(path: Path) -> None:
     os.chmod(path, 0o700)  # whatever the umask
 
 
-def _public_mode() -> int:
-    """The mode a plain mkdir gives here (0777 less the umask): a finished run keeps the usual policy."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o777 & ~mask
+class _UmaskRestored:
+    """The run's folder is built under umask 0077 (see `run`); whatever happens, the caller's umask comes back."""
+
+    def __enter__(self) -> int:
+        self.mask = current_umask()
+        return self.mask
+
+    def __exit__(self, *exc: Any) -> None:
+        os.umask(self.mask)
+
+
+def publish_modes(root: Path, umask: int | None = None) -> None:
+    """Set `umask` back (when given), then give the folder and everything in it the modes a plain mkdir and
+    open give here (0777 / 0666 less the umask): a finished run keeps the usual policy."""
+    if umask is not None:
+        os.umask(umask)
+    mask = current_umask()
+    for p in [root, *root.rglob("*")]:
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
 
 
 def _record_upload(run_dir: Path, summary: dict[str, Any], fnd: dict[str, str], url: str, scrub: set[str]) -> None:
@@ -476,11 +489,19 @@ def push(out_dir: Path, url: str | None, deployment: str | None = None, run_ids:
     log.secrets |= scrub
     name = spec.name if spec else None
     ids = list(run_ids)
-    known = {r["_dir"] for r in archive.list_runs(out_dir)}
+    known = {r["_dir"]: r.get("deployment") for r in archive.list_runs(out_dir)}
     missing = [i for i in ids if i not in known]
     if missing:
         raise SpecError(f"push: no finished run {', '.join(missing)} under {out_dir}")
-    return _upload(out_dir, ids or upload.pending_runs(out_dir, url, name, everything=everything), url, scrub, log)
+    ids = ids or upload.pending_runs(out_dir, url, name, everything=everything)
+    # A run uploads its own and retries the pending: hold each deployment's lock (LockHeld, exit 75, while one runs).
+    names = {n for n in (*(known.get(i) for i in ids), name) if isinstance(n, str) and DEPLOYMENT_NAME.fullmatch(n)}
+    if names:
+        output_dir(out_dir)   # the locks are files in it: one line when this user cannot write there
+    with contextlib.ExitStack() as held:
+        for n in sorted(names):
+            held.enter_context(DeploymentLock(out_dir, n))
+        return _upload(out_dir, ids, url, scrub, log)
 
 
 def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
@@ -489,13 +510,15 @@ def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
     only = validate_options(opts)
     spec = spec_mod.load(opts.deployment)
     archive_url = upload.resolve_url(opts.archive_url, spec.archive.url)
+    textfile_dir, where = alerts.textfile.resolve_dir(opts.textfile_dir, spec.alerts.textfile_dir)
+    if textfile_dir:
+        alerts.textfile.check_dir(textfile_dir, where)
     nbs = discover(Path(opts.notebooks_dir), only)
     per_nb = params_mod.resolve(opts.params, nbs)
     scrub = _run_secrets(spec)
     log.secrets |= scrub
-    out_dir = Path(opts.out).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with DeploymentLock(out_dir, spec.name), _SignalsKillChildren():
+    out_dir = output_dir(Path(opts.out).resolve())
+    with DeploymentLock(out_dir, spec.name), _SignalsKillChildren(), _UmaskRestored() as umask:
         archive.clean_stale(out_dir, spec.name)
         started = dt.datetime.now(dt.timezone.utc)
         stamp = f"{started:%Y%m%dT%H%M%SZ}"
@@ -503,6 +526,7 @@ def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
         while (out_dir / run_id).exists() or (out_dir / f"{archive.INPROGRESS}{run_id}").exists():
             run_id, n = f"{stamp}-{n}-{spec.name}", n + 1
         tmp = out_dir / f"{archive.INPROGRESS}{run_id}"
+        os.umask(0o077)   # until published, every file in it (the notebooks' too) is the owner's only, even after a SIGKILL
         _make_private_dir(tmp)
         archive.mark_inprogress(tmp, spec.name)
         log(f"run {run_id}: {len(nbs)} notebook(s), deployment {spec.name}")
@@ -532,7 +556,7 @@ def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
         # Scrub secret values the notebooks may have printed before anything becomes visible.
         secrets.redact_tree(tmp, scrub)
         archive.unmark_inprogress(tmp)
-        os.chmod(tmp, _public_mode())
+        publish_modes(tmp, umask)
         final = out_dir / run_id
         os.replace(tmp, final)
         archive.point_latest(out_dir, run_id)
@@ -550,6 +574,8 @@ def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
                 up: dict[str, Any] = summary["archive"]
                 _record_upload(final, summary, up["finding"], up["url"], scrub)
             archive.write_index(out_dir)
+        if textfile_dir:
+            alerts.publish(textfile_dir, summary, final, spec, scrub, log)
         log(f"run {run_id}: exit {code} ({verdict})")
     print(secrets.redact_text(one_screen(summary, final), scrub))
     return code, final

@@ -58,7 +58,8 @@ def abbreviations(argv: list[str], known: list[str], ver: Any = None) -> list[Fi
 
 
 def check_flags(r: Rendered, python: str, run: Callable = subprocess.run) -> list[Finding]:
-    argv = [("REDACTED" if re.fullmatch(r"\$\{\w+\}", w) else w) for w in r.argv[3:]]
+    # Only the renderer's own --api-key ${VAR} is hidden; a literal ${...} in a flag value is what SGLang gets.
+    argv = [("REDACTED" if i and r.argv[i - 1] == "--api-key" else w) for i, w in enumerate(r.argv)][3:]
     cp = run([python, str(PROBE), json.dumps(argv)], capture_output=True, text=True, timeout=180)
     try:
         res = json.loads(cp.stdout.strip().splitlines()[-1])
@@ -132,6 +133,8 @@ def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[F
                        f"TP {par.tp} × PP {par.pp} = {par.gpus} GPUs of {total}"
                        + (f" (attention DP {par.attn_dp} inside TP)" if par.attn_dp > 1 else ""),
                        remedy="" if par.gpus == total else "Idle GPUs: raise TP/PP or lower hardware.gpu_count."))
+    if spec.serving.env_file:
+        out.append(env_file_finding(spec))
     kv = str(r.flags.get("kv-cache-dtype", "auto"))
     if quant_rep is not None:
         rec = quant_rep.recommended_flags.get("kv-cache-dtype")
@@ -174,11 +177,23 @@ def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[F
     elif frac is None:
         out.append(Finding("service.mem_fraction", "info", f"--mem-fraction-static unset: SGLang picks ≈{res.mem_fraction_static}",
                            detail=res.mem_fraction_source))
-    if spec.serving.env_file and os.path.exists(spec.serving.env_file):
-        mode = os.stat(spec.serving.env_file).st_mode & 0o777
-        out.append(Finding("service.env_file", "fail" if mode & 0o077 else "pass", f"{spec.serving.env_file} mode {mode:04o}",
-                           remedy=f"chmod 600 {spec.serving.env_file}" if mode & 0o077 else ""))
     return out
+
+
+def env_file_finding(spec: Deployment) -> Finding:
+    """serving.env_file (relative to the spec): there and 0600. systemd refuses to start a unit whose
+    EnvironmentFile= (no '-' prefix) is missing: a fail on the serving host, a warn elsewhere."""
+    path = spec.resolve_path(spec.serving.env_file or "")
+    if not path.exists():
+        here = os.path.isfile(spec.serving.python)
+        return Finding("service.env_file", "fail" if here else "warn", f"{path} (serving.env_file) does not exist",
+                       detail="The unit's EnvironmentFile= has no '-' prefix: systemd refuses to start it without the file"
+                              + ("." if here else f"; {spec.serving.python} is not here either, so this may not be the serving host."),
+                       remedy=f"Create {path} on the serving host (KEY=value lines, mode 0600), or fix serving.env_file "
+                              "(a relative path is relative to the spec file).")
+    mode = path.stat().st_mode & 0o777
+    return Finding("service.env_file", "fail" if mode & 0o077 else "pass", f"{path} mode {mode:04o}",
+                   remedy=f"chmod 600 {path}" if mode & 0o077 else "")
 
 
 def check(spec: Deployment, args: dict[str, Any] | None = None, run: Callable = subprocess.run,

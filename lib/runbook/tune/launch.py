@@ -38,6 +38,7 @@ from typing import Any
 from runbook.core.errors import RunbookError
 from runbook.core.secrets import redact_text, secret_values
 from runbook.endpoint import reach
+from runbook.tune.watchdog import Watchdog, WatchdogFailed
 
 GRACE_S = 15.0            # SIGTERM -> SIGKILL: SGLang frees GPU memory in a few seconds once told to stop
 PORT_FREE_S = 30.0        # after the server is gone, how long the port may take to be released
@@ -47,14 +48,16 @@ CTL_TIMEOUT_S = 60.0      # one systemd-run / systemctl call
 TAIL_LINES = 20
 _READY_BYTES = 64 << 10
 UNIT_PREFIX = "runbook-tune-"   # transient candidate units: the watchdog stops runbook-tune-*.service if tune dies
-_UNIT = re.compile(r"^[A-Za-z0-9:_.\\@-]{1,200}$")      # a unit name systemd accepts, nothing a shell or unit file reads
+UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\@][A-Za-z0-9:_.\\@-]{0,199}$")   # systemd's unit-name characters; no leading "-"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SYSTEMD_MIN = 236         # StandardOutput=file:
 
 # Runs between fork and the server's exec: the kernel kills the server when tune dies (PR_SET_PDEATHSIG = 1,
 # SIGKILL = 9), and a tune that died before that took effect is noticed. A separate interpreter rather than
 # preexec_fn, which is unsafe once tune has threads.
 _SHIM = ("import ctypes,os,sys\n"
-         "ctypes.CDLL(None).prctl(1,9,0,0,0)\n"
+         "try: ctypes.CDLL(None).prctl(1,9,0,0,0)\n"
+         "except (OSError,AttributeError): pass\n"
          "if os.getppid()!=int(sys.argv[1]): os._exit(137)\n"
          "try: os.execv(sys.argv[2],sys.argv[3:])\n"
          "except OSError as e: sys.stderr.write('cannot execute %s: %s\\n'%(sys.argv[2],e.strerror)); os._exit(127)\n")
@@ -94,7 +97,7 @@ class Running:
         """The server process (systemd: the unit) is still running."""
         if self._alive is not None:
             return self._alive()
-        return self.pid is not None and _pid_running(self.pid)
+        return self.pid is not None and pid_running(self.pid)
 
 
 def port_free(host: str, port: int) -> bool:
@@ -112,7 +115,7 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def _pid_running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
     """pid exists and is not a zombie."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -158,10 +161,16 @@ def _last_line(tail: str) -> str:
     return lines[-1][:300] if lines else "(the log is empty)"
 
 
-def _executable(argv: tuple[str, ...], env: Mapping[str, str]) -> str:
-    """The absolute path of argv[0], or LaunchFailed kind "spawn"."""
+def _executable(argv: tuple[str, ...], env: Mapping[str, str], extra_env: Mapping[str, str]) -> str:
+    """The absolute path of argv[0], or LaunchFailed kind "spawn" (also for what no exec can carry)."""
     if not argv or not argv[0]:
         raise LaunchFailed("spawn", "empty command: give the server's executable and its arguments")
+    if any("\0" in a for a in argv):
+        raise LaunchFailed("spawn", f"an argument of {argv[0]} contains a NUL byte: remove it")
+    bad = [k for k in extra_env if not _ENV_NAME.match(k) or "\0" in extra_env[k]]
+    if bad:      # the name only: a value may be a secret
+        raise LaunchFailed("spawn", f"environment variable {bad[0]!r} cannot be passed to a server (name: letters, digits, _; "
+                                    "value: no NUL byte): fix it")
     found = shutil.which(argv[0], path=env.get("PATH", os.defpath))
     if found is None:
         p = Path(argv[0])
@@ -172,8 +181,12 @@ def _executable(argv: tuple[str, ...], env: Mapping[str, str]) -> str:
 
 def _open_log(path: Path) -> int:
     """The log file, created (or truncated) with mode 0600, never through a symlink."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise LaunchFailed("spawn", f"cannot write the server log {path}: {e.strerror or e}; "
+                                    "give a writable log path (not a symlink)") from None
     os.fchmod(fd, 0o600)
     return fd
 
@@ -276,15 +289,14 @@ class _Unit:
         _check_systemd(self.ctl, env)
         _check_log_path(launch.log_path)
         os.close(_open_log(launch.log_path))    # created 0600 by us; systemd then writes into it (file: keeps the mode)
-        argv = (["systemd-run"] + (["--user"] if user else []) +
-                [f"--unit={self.unit}", "--collect", "--quiet", "--service-type=exec",
-                 f"--property=StandardOutput=file:{launch.log_path}", "--property=StandardError=inherit",
-                 "--property=KillMode=control-group", f"--property=TimeoutStopSec={int(GRACE_S)}s",
-                 "--property=SendSIGKILL=yes"] +
-                [f"--setenv={k}" for k in sorted(launch.env)] +   # the value comes from systemd-run's environment
-                ["--", exe, *(a.replace("$", "$$") for a in launch.argv[1:])])  # $ is systemd's variable syntax
+        argv = systemd_run_argv(launch, exe, self.unit, user)
+        try:    # tune SIGKILLed or SIGTERMed: no PR_SET_PDEATHSIG reaches a unit, the watchdog stops it
+            self.watchdog = Watchdog(self.ctl, stop_units=(self.unit,))
+        except WatchdogFailed as e:
+            raise LaunchFailed("spawn", f"{e}: unit {self.unit} not started; launch without systemd") from None
         cp = _ctl(argv, env)
         if cp is None or cp.returncode != 0:
+            self.stop(GRACE_S)      # a systemd-run that timed out may still have started it
             why = "timed out" if cp is None else _last_line(redact_text(cp.stderr or cp.stdout or "", secret_values(env)))
             raise LaunchFailed("spawn", f"systemd-run could not start unit {self.unit}: {why}; "
                                         f"see `systemctl status {self.unit}`, or launch without systemd",
@@ -320,6 +332,18 @@ class _Unit:
         deadline = time.monotonic() + 10.0
         while self.alive() and time.monotonic() < deadline:
             time.sleep(POLL_S)
+        self.watchdog.disarm()
+
+
+def systemd_run_argv(launch: Launch, exe: str, unit: str, user: bool) -> list[str]:
+    """The `systemd-run` command for a candidate (tests check its properties with `systemd-analyze verify`)."""
+    return (["systemd-run"] + (["--user"] if user else []) +
+            [f"--unit={unit}", "--collect", "--quiet", "--service-type=exec",
+             f"--property=StandardOutput=file:{launch.log_path}", "--property=StandardError=inherit",
+             "--property=KillMode=control-group", f"--property=TimeoutStopSec={int(GRACE_S)}s",
+             "--property=SendSIGKILL=yes"] +
+            [f"--setenv={k}" for k in sorted(launch.env)] +   # the value comes from systemd-run's environment
+            ["--", exe, *(a.replace("$", "$$") for a in launch.argv[1:])])  # $ is systemd's variable syntax
 
 
 def _ctl(argv: list[str], env: Mapping[str, str], timeout: float = CTL_TIMEOUT_S) -> subprocess.CompletedProcess | None:
@@ -334,7 +358,7 @@ def _ctl(argv: list[str], env: Mapping[str, str], timeout: float = CTL_TIMEOUT_S
 def _unit_name(launch: Launch) -> str:
     name = launch.unit_name or f"{UNIT_PREFIX}{launch.port}"
     name = name if name.endswith(".service") else name + ".service"
-    if not _UNIT.match(name):
+    if not UNIT_NAME.match(name):
         raise LaunchFailed("spawn", f"unit name {name!r} is not a valid systemd unit name: use letters, digits and :_.-@ only")
     return name
 
@@ -404,7 +428,7 @@ def launched(launch: Launch) -> Iterator[Running]:
     _refuse_taken_port(launch)
     env = {**os.environ, **launch.env}
     secrets = secret_values(env) | {v for k, v in launch.env.items() if v and len(v) >= 6}
-    exe = _executable(launch.argv, env)
+    exe = _executable(launch.argv, env, launch.env)
     url = f"http://{launch.host if ':' not in launch.host else f'[{launch.host}]'}:{launch.port}"
     t0 = time.monotonic()
     server: _Child | _Unit = _Unit(launch, env, exe) if launch.systemd else _Child(launch, env, exe)

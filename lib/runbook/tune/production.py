@@ -14,29 +14,23 @@ waits for the port and restores the unit itself; what it did is in its log (name
 from __future__ import annotations
 
 import contextlib
-import os
-import select
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from runbook.core.errors import RunbookError
 from runbook.core.findings import Finding
-from runbook.tune.launch import HeldSignals, port_free
+from runbook.tune.launch import UNIT_NAME, UNIT_PREFIX, HeldSignals, port_free
+from runbook.tune.watchdog import Watchdog, WatchdogFailed
 
 CTL_TIMEOUT_S = 180.0      # a stop or start of an SGLang unit: its TimeoutStopSec (90 s default) and some
-ARM_TIMEOUT_S = 30.0       # the watchdog's interpreter starting on a loaded host
 PORT_FREE_S = 60.0         # before the restore: the candidate's port released
 ACTIVE = ("active", "activating", "reloading")
-DONE = b"d"                # written by tune to the watchdog's pipe once the unit is restored
 
 
 class Refused(RunbookError):
@@ -127,51 +121,6 @@ def restore(unit: str, systemctl: Sequence[str], ready_url: str | None, ready_ti
                           remedy=f"Start it by hand: `{start}`, then check `systemctl status {unit}` and `journalctl -u {unit}`.")
 
 
-class _Watchdog:
-    """`python -m runbook.tune.watchdog`, detached, holding the read end of a pipe whose write end only tune holds."""
-
-    def __init__(self, unit: str, systemctl: Sequence[str], ready_url: str | None, ready_timeout_s: float) -> None:
-        fd, log = tempfile.mkstemp(prefix="runbook-tune-watchdog-", suffix=".log")
-        os.close(fd)
-        self.log = Path(log)
-        read, self.write = os.pipe()     # not inheritable (PEP 446): no candidate server gets the write end
-        lib = str(Path(__file__).resolve().parents[2])     # runbook importable however this process found it
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (lib, os.environ.get("PYTHONPATH", "")) if p))
-        argv = [sys.executable, "-m", "runbook.tune.watchdog", "--pid", str(os.getpid()), "--unit", unit, "--log", log,
-                "--ready-timeout", f"{ready_timeout_s:g}", *(["--ready-url", ready_url] if ready_url else []),
-                "--", *systemctl]
-        try:
-            self.proc = subprocess.Popen(argv, stdin=read, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,  # noqa: S603
-                                         cwd="/", start_new_session=True)
-        except OSError as e:
-            os.close(self.write)
-            raise StopFailed(f"cannot start the watchdog that restores {unit} if tune dies: {e.strerror or e}; "
-                             "nothing was stopped") from None
-        finally:
-            os.close(read)
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], ARM_TIMEOUT_S)
-        line = self.proc.stdout.readline() if ready else b""
-        self.proc.stdout.close()
-        if line.strip() != b"armed":
-            self.disarm()
-            self.proc.kill()
-            raise StopFailed(f"the watchdog that restores {unit} if tune dies did not start within {ARM_TIMEOUT_S:g} s "
-                             f"(see {log}); nothing was stopped")
-
-    def disarm(self) -> None:
-        """Tell the watchdog all is well (the "done" byte), close the pipe, let it exit."""
-        if self.write < 0:
-            return
-        with contextlib.suppress(OSError):
-            os.write(self.write, DONE)
-        with contextlib.suppress(OSError):
-            os.close(self.write)
-        self.write = -1
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10.0)
-
-
 def _catch_signals() -> dict[int, Any]:
     """SIGTERM/SIGHUP raise _Interrupted in the block (main thread only); the previous handlers, to put back."""
     saved: dict[int, Any] = {}
@@ -193,7 +142,7 @@ def _put_back(saved: dict[int, Any]) -> None:
             signal.signal(s, h)
 
 
-def _stop(pause: Pause, unit: str, systemctl: Sequence[str], watchdog: _Watchdog) -> None:
+def _stop(pause: Pause, unit: str, systemctl: Sequence[str], watchdog: Watchdog) -> None:
     stop = f"{' '.join(systemctl)} stop {unit}"
     code, said = ctl(systemctl, "stop", unit)
     if code != 0:
@@ -213,6 +162,9 @@ def paused(unit: str | None, *, yes: bool, ready_url: str | None, ready_timeout_
     if unit is None:
         yield pause
         return
+    if not UNIT_NAME.match(unit):
+        raise Refused(f"production unit name {unit!r} is not a systemd unit name (letters, digits, :_.-@, "
+                      "not starting with -): fix the spec's systemd unit")
     pause.was_active = unit_state(systemctl, unit) in ACTIVE
     if not pause.was_active:
         yield pause
@@ -220,7 +172,11 @@ def paused(unit: str | None, *, yes: bool, ready_url: str | None, ready_timeout_
     if not yes:
         raise Refused(f"production unit {unit} is active: tune stops it for the run and restores it afterwards; "
                       "pass --yes to allow that, or run tune on a spare host")
-    watchdog = _Watchdog(unit, systemctl, ready_url, ready_timeout_s)
+    try:
+        watchdog = Watchdog(systemctl, stop_units=(f"{UNIT_PREFIX}*.service",), restore_unit=unit, ready_url=ready_url,
+                            ready_timeout_s=ready_timeout_s)
+    except WatchdogFailed as e:
+        raise StopFailed(f"{e}; production unit {unit} was not stopped") from None
     saved = _catch_signals()
     signum = None
     try:

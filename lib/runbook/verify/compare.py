@@ -7,10 +7,11 @@ from runbook.core import registry
 from runbook.core.findings import Finding, Status
 from runbook.core.units import GIB
 from runbook.model import sglang_names
+from runbook.verify import replan
 from runbook.verify.logparse import Facts, kv_dtype_name
 
 KEYS = ("kv_dtype", "max_total_num_tokens", "max_running_requests", "context_len", "weights_gib_per_gpu",
-        "avail_mem_gib_after_start")
+        "avail_mem_gib_after_start", "max_state_slots")
 WARN_SHORT, FAIL_SHORT = 0.02, 0.10   # token pool below the plan by more than this: warn, fail
 
 
@@ -28,35 +29,44 @@ def predicted(result: Any, reserved_note: bool = True) -> dict[str, Any]:
             "max_running_requests": result.max_running_requests, "context_len": result.context_len,
             "weights_gib_per_gpu": round(w / GIB, 2) if w else None,
             # 1 − mem_fraction_static of the GPU: what is left before CUDA graphs and activations take their share
-            "avail_mem_gib_after_start": round(reserved / GIB, 2) if reserved else None}
+            "avail_mem_gib_after_start": round(reserved / GIB, 2) if reserved else None,
+            "max_state_slots": result.max_state_slots}
 
 
 def observed(facts: Facts) -> dict[str, Any]:
-    kv = facts.rank0(facts.kv)
+    kv = facts.rank0(facts.kv)     # the target's pool: with speculative decoding the draft's is logged after it
     w = facts.rank0(facts.weights)
     s = facts.scheduler or {}
-    return {"kv_dtype": kv["dtype"] if kv else None,
+    mamba = facts.rank0(facts.mamba) or {}
+    return {"kv_dtype": facts.kv_dtype(),
             "max_total_num_tokens": s.get("max_total_num_tokens", kv["tokens"] if kv else None),
             "max_running_requests": s.get("max_running_requests"), "context_len": s.get("context_len"),
             "weights_gib_per_gpu": w["usage_gib"] if w else None,
-            "avail_mem_gib_after_start": s.get("available_gpu_mem_gib")}
+            "avail_mem_gib_after_start": s.get("available_gpu_mem_gib"), "max_state_slots": mamba.get("max_mamba_cache_size")}
 
 
-def bytes_per_token(facts: Facts) -> int | None:
-    kv = facts.rank0(facts.kv)
-    if not kv or not kv["tokens"] or not kv["size_gib"]:
+def bytes_per_token(facts: Facts, draft: bool = False) -> int | None:
+    """The target pool's (or the draft pool's) bytes per token on rank 0; before 0.4.6 the pool line has no
+    token count and the scheduler's is used."""
+    kv = facts.rank0(facts.kv_draft if draft else facts.kv)
+    tokens = (kv or {}).get("tokens") or (facts.scheduler or {}).get("max_total_num_tokens")
+    if not kv or not tokens or not kv["size_gib"]:
         return None
-    return round(kv["size_gib"] * GIB / kv["tokens"])   # sizes are logged with 2 decimals: approximate
+    return round(kv["size_gib"] * GIB / tokens)   # sizes are logged with 2 decimals: approximate
 
 
 def _causes(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags: dict[str, Any], gpu_mem_gib: float | None,
-            plan_frac: float | None) -> list[str]:
+            plan_frac: float | None, replanned: dict[str, Any] | None = None) -> list[str]:
     out = []
+    _, words = replan.verdict(replanned, pred.get("weights_gib_per_gpu"), obs.get("max_total_num_tokens"),
+                              pred.get("max_total_num_tokens"))
+    if words:
+        out.append(words)
     ow, pw = obs.get("weights_gib_per_gpu"), pred.get("weights_gib_per_gpu")
     if ow and pw and ow > pw * 1.03:
         out.append(f"weights take {obs['weights_gib_per_gpu']:.2f} GiB per GPU, the plan {pred['weights_gib_per_gpu']:.2f}")
     w = facts.rank0(facts.weights)
-    if w and gpu_mem_gib:
+    if w and gpu_mem_gib and not words and w.get("usage_gib") is not None:
         seen = w["avail_gib"] + w["usage_gib"]   # free memory before the weights loaded
         if seen < gpu_mem_gib * 0.95:
             out.append(f"only {seen:.1f} of {gpu_mem_gib:g} GiB were free before the weights loaded: another process holds GPU memory "
@@ -66,8 +76,8 @@ def _causes(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags:
         out.append(f"the unit's --mem-fraction-static {frac} is not the plan's {plan_frac}")
     elif frac is None:
         out.append("--mem-fraction-static is unset: SGLang's heuristic picked the fraction")
-    if facts.graphs:
-        mem = max(g["mem_gib"] for g in facts.graphs)
+    if not words and any(g["mem_gib"] is not None for g in facts.graphs):   # a re-plan that explains the pool says it all
+        mem = max(g["mem_gib"] or 0.0 for g in facts.graphs)
         out.append(f"CUDA graphs took {mem:.2f} GiB (largest capture); post-capture sizing or a larger --cuda-graph-max-bs-decode "
                    "shrinks the pool")
     return out or ["mem-fraction, CUDA-graph memory, or another process on the GPU"]
@@ -75,11 +85,13 @@ def _causes(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags:
 
 def compare(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags: dict[str, Any], where: str = "log",
             gpu_mem_gib: float | None = None, plan_frac: float | None = None,
-            id_prefix: str = "verify") -> list[Finding]:
-    """Token pool vs plan (warn > 2 % short, fail > 10 %), KV dtype and context length vs the unit (fail)."""
+            id_prefix: str = "verify", replanned: dict[str, Any] | None = None) -> list[Finding]:
+    """Token pool and state pool vs plan (warn > 2 % short, fail > 10 %), KV dtype and context length vs the unit (fail)."""
     out: list[Finding] = []
     want_dtype = _dtype(unit_flags.get("kv-cache-dtype")) or _dtype(pred.get("kv_dtype"))
     have_dtype = _dtype(obs.get("kv_dtype"))
+    if have_dtype is None and want_dtype is not None and where == "log" and (facts.kv or facts.kv_labelled or facts.kv_unparsed):
+        out.append(_dtype_unread(facts, want_dtype))
     if have_dtype is not None and want_dtype is not None:
         # the log prints the pool's torch dtype only: mxfp8 is float8_e4m3fn there, fp4_mx_block16 float4_e2m1fn_x2
         ok = have_dtype == want_dtype or (where == "log" and sglang_names.same_kv_storage(have_dtype, want_dtype))
@@ -99,16 +111,16 @@ def compare(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags:
     if p and o is not None:
         short = (p - o) / p
         status: Status = "fail" if short > FAIL_SHORT else "warn" if short > WARN_SHORT else "pass"
-        title = (f"KV pool {o:,} tokens ({where}), plan {p:,}: " +
-                 (f"{short:.1%} below the plan" if short > 0 else f"{-short:.1%} above the plan"))
+        title = f"KV pool {o:,} tokens ({where}), plan {p:,}: " + _off(short)
         detail = ""
         remedy = ""
         if status != "pass":
-            detail = "likely causes: " + "; ".join(_causes(pred, obs, facts, unit_flags, gpu_mem_gib, plan_frac))
+            detail = "likely causes: " + "; ".join(_causes(pred, obs, facts, unit_flags, gpu_mem_gib, plan_frac, replanned))
             remedy = ("Free the GPU of other processes, set --mem-fraction-static in the spec, or re-plan in "
                       f"{registry.notebook('kv_memory')} with the "
                       "observed weights (--weights-gib); check the requests that fit at your context length.")
         out.append(Finding(f"{id_prefix}.tokens", status, title, detail=detail, remedy=remedy))
+    out += _state_slots(pred, obs, where, id_prefix)
     p, o = pred.get("max_running_requests"), obs.get("max_running_requests")
     if p and o is not None:
         low = (p - o) / p
@@ -189,4 +201,62 @@ def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> lis
                            evidence=jit.lines[0],
                            remedy="Precompile once (`python3 -m sglang.compile_deep_gemm` with the unit's flags) and keep "
                                   "SGLANG_DG_CACHE_DIR on persistent disk, so a restart does not recompile."))
+    return out
+
+
+def _off(short: float) -> str:
+    return f"{short:.1%} below the plan" if short > 0 else f"{-short:.1%} above the plan" if short < 0 else "as planned"
+
+
+def _dtype_unread(facts: Facts, want: str) -> Finding:
+    """The pool's dtype could not be read: say so (the dtype check is not done), never a silent gap."""
+    if facts.kv_unparsed:
+        return Finding("verify.kv_dtype", "warn", f"KV cache dtype not checked: a KV pool line was not understood (the unit asks "
+                                                  f"for {want})", evidence=facts.kv_unparsed[0],
+                       detail="this SGLang logs its pool in a form this runbook does not read; the dtype, the pool's size and "
+                              "bytes per token are not compared",
+                       remedy="Compare the line with --kv-cache-dtype by eye, and report the line (with the SGLang version) "
+                              "so the parser learns it; /server_info (--url) names the resolved dtype.")
+    return Finding("verify.kv_dtype", "skip", f"KV cache dtype not in the log (the unit asks for {want})",
+                   detail="SGLang before 0.5.3 logs the pool without its dtype, and 0.5.3–0.5.12 in a separate `Using KV cache "
+                          "dtype:` line on rank 0, missing here",
+                   remedy="Give --url so /server_info's kv_cache_dtype is compared, or read a log that holds rank 0's lines.")
+
+
+def _state_slots(pred: dict[str, Any], obs: dict[str, Any], where: str, id_prefix: str) -> list[Finding]:
+    """The hybrid model's state pool (mamba cache slots), like the token pool."""
+    p, o = pred.get("max_state_slots"), obs.get("max_state_slots")
+    if not p or o is None:
+        return []
+    short = (p - o) / p
+    status: Status = "fail" if short > FAIL_SHORT else "warn" if short > WARN_SHORT else "pass"
+    return [Finding(f"{id_prefix}.state_slots", status,
+                    f"state pool {o:,} slots ({where}), plan {p:,}: " + _off(short),
+                    detail="the linear-attention state pool (SGLang's max_mamba_cache_size) caps the requests that run at once",
+                    remedy="" if status == "pass" else
+                    "See the token pool finding: the state pool shares the same budget (--mamba-full-memory-ratio splits it); "
+                    f"re-plan in {registry.notebook('kv_memory')} with the observed weights.")]
+
+
+def pool_findings(pred_bpt: dict[str, int | None], facts: Facts) -> list[Finding]:
+    """A pool line not understood (warn, naming it) and, with speculative decoding, the draft pool beside the target's."""
+    out: list[Finding] = []
+    if facts.kv_unparsed and facts.kv:   # without an understood pool, verify.kv_dtype names the line
+        out.append(Finding("verify.kv_line", "warn", f"{len(facts.kv_unparsed)} KV pool line(s) not understood",
+                           evidence=facts.kv_unparsed[0],
+                           detail="the pool's dtype, token count and size from this line are not compared with the plan",
+                           remedy="Report the line with the SGLang version; until then read it by eye against the plan."))
+    draft = facts.rank0(facts.kv_draft)
+    if draft:
+        t_bpt, d_bpt = bytes_per_token(facts), bytes_per_token(facts, draft=True)
+        plan_d = pred_bpt.get("draft")
+        off = plan_d is not None and d_bpt is not None and abs(d_bpt - plan_d) > 0.10 * max(plan_d, d_bpt)
+        out.append(Finding("verify.draft_pool", "warn" if off else "info",
+                           f"speculative decoding: draft KV pool {draft['tokens'] or 0:,} tokens, {draft['size_gib']:.2f} GiB "
+                           f"({d_bpt or 0:,} bytes/token); target pool {t_bpt or 0:,} bytes/token"
+                           + (f"; the plan's draft {plan_d:,} bytes/token" if plan_d is not None else ""),
+                           detail="each rank logs the target pool and then the draft pool with the same token count; the plan is "
+                                  "compared with the target pool",
+                           remedy=f"The plan's draft KV differs from SGLang's: re-plan in {registry.notebook('kv_memory')} "
+                                  "and trust the log's figure." if off else ""))
     return out

@@ -18,26 +18,32 @@ def warnings_frame(rep: Any):
 
 
 def startup_frame(rep: Any):
-    """Per TP rank: weight load, KV pool, and each CUDA-graph capture (GiB as SGLang logs them)."""
+    """Per TP rank: weight load, KV pool (the target's, then with speculative decoding the draft's), and each
+    CUDA-graph capture (GiB as SGLang logs them)."""
     import pandas as pd
 
     f = rep.facts
     rows = []
-    for r in sorted(set(f.weights) | set(f.kv)):
-        w, k = f.weights.get(r, {}), f.kv.get(r, {})
-        rows.append({"rank": r, "step": "weights + KV pool", "seconds": w.get("elapsed_s"), "GiB": w.get("usage_gib"),
-                     "detail": f"KV {k.get('dtype')} {k.get('tokens', 0):,} tokens, {k.get('size_gib')} GiB" if k else ""})
+    for step, weights, pools in (("weights + KV pool", f.weights, f.kv), ("draft weights + KV pool", f.weights_draft, f.kv_draft)):
+        for r in sorted(set(weights) | set(pools)):
+            w, k = weights.get(r, {}), pools.get(r, {})
+            rows.append({"rank": r, "step": step, "seconds": w.get("elapsed_s"), "GiB": w.get("usage_gib"),
+                         "detail": f"KV {k.get('dtype') or 'dtype not logged'} {k.get('tokens') or 0:,} tokens, "
+                                   f"{k.get('size_gib')} GiB" if k else ""})
     for g in f.graphs:
         rows.append({"rank": g["rank"], "step": f"capture {g['name']}", "seconds": g["elapsed_s"], "GiB": g["mem_gib"],
-                     "detail": (f"max bs {g['max_bs']}, " if g.get("max_bs") else "") + f"{g['avail_gib']} GiB free after"})
+                     "detail": (f"max bs {g['max_bs']}, " if g.get("max_bs") else "")
+                     + (f"{g['avail_gib']} GiB free after" if g.get("avail_gib") is not None else "")})
     return pd.DataFrame(rows, columns=["rank", "step", "seconds", "GiB", "detail"])
 
 
 def text_table(rep: Any) -> str:
-    lines = [f"{'quantity':<28} {'predicted':>16} {'observed':>16} {'server':>16}"]
+    """`replanned`: the plan re-derived from the memory the log saw (free before the weights, the weights' size)."""
+    lines = [f"{'quantity':<33} {'predicted':>14} {'observed':>14} {'server':>14} {'replanned':>14}"]
     for r in rep.rows():
         cell = lambda v: "—" if v is None else (f"{v:,}" if isinstance(v, int) else str(v))   # noqa: E731
-        lines.append(f"{r['quantity']:<28} {cell(r['predicted']):>16} {cell(r['observed']):>16} {cell(r['server']):>16}")
+        lines.append(f"{r['quantity']:<33} {cell(r['predicted']):>14} {cell(r['observed']):>14} {cell(r['server']):>14} "
+                     f"{cell(r['replanned']):>14}")
     return "\n".join(lines)
 
 
@@ -48,7 +54,7 @@ def plot_memory(rep: Any):
     fig, ax = plots.figure((7, 2.6))
     pred, obs = rep.predicted, rep.observed
     kv0 = rep.facts.rank0(rep.facts.kv) or {}
-    graphs = sum(g["mem_gib"] for g in rep.facts.graphs if g["rank"] == 0)
+    graphs = sum(g["mem_gib"] or 0.0 for g in rep.facts.graphs if g["rank"] == 0)
     bars = {"predicted": [pred.get("weights_gib_per_gpu") or 0, 0, 0, pred.get("avail_mem_gib_after_start") or 0],
             "observed": [obs.get("weights_gib_per_gpu") or 0, kv0.get("size_gib") or 0, graphs, obs.get("avail_mem_gib_after_start") or 0]}
     labels = ["weights", "KV pool", "CUDA graphs", "free after start"]

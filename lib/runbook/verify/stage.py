@@ -16,7 +16,7 @@ from runbook.core.findings import Finding
 from runbook.core.options import Options, Url
 from runbook.core.registry import Stage, register
 from runbook.core.spec import Deployment
-from runbook.verify import compare, logparse, logsource
+from runbook.verify import compare, logparse, logsource, replan
 
 
 @dataclass
@@ -28,16 +28,24 @@ class VerifyReport:
     predicted: dict[str, Any] = field(default_factory=dict)
     server: dict[str, Any] = field(default_factory=dict)
     unit: dict[str, Any] = field(default_factory=dict)          # the unit's kv-cache-dtype, context-length, mem-fraction-static
-    bytes_per_token: dict[str, int | None] = field(default_factory=dict)
+    bytes_per_token: dict[str, int | None] = field(default_factory=dict)   # predicted/observed (target), *_draft
+    replanned: dict[str, Any] | None = None     # the plan re-derived from the log's own inputs (replan.py)
 
     def rows(self) -> list[dict[str, Any]]:
-        """The predicted-vs-observed table (one row per quantity; `server` from /server_info when read)."""
+        """The predicted-vs-observed table (one row per quantity; `server` from /server_info when read; `replanned`
+        the plan re-derived from the memory the log saw)."""
         srv = {"kv_dtype": self.server.get("kv_cache_dtype"), "max_total_num_tokens": self.server.get("max_total_num_tokens"),
                "max_running_requests": self.server.get("max_running_requests"), "context_len": self.server.get("context_length")}
-        out = [{"quantity": k, "predicted": self.predicted.get(k), "observed": self.observed.get(k), "server": srv.get(k)}
-               for k in compare.KEYS]
-        out.insert(1, {"quantity": "kv_bytes_per_token_per_gpu", "predicted": self.bytes_per_token.get("predicted"),
-                       "observed": self.bytes_per_token.get("observed"), "server": None})
+        rp = self.replanned or {}
+        rp_cells = {"max_total_num_tokens": rp.get("max_total_num_tokens"), "max_running_requests": rp.get("max_running_requests"),
+                    "max_state_slots": rp.get("max_state_slots"), "weights_gib_per_gpu": rp.get("weights_gib")}
+        out = [{"quantity": k, "predicted": self.predicted.get(k), "observed": self.observed.get(k), "server": srv.get(k),
+                "replanned": rp_cells.get(k)} for k in compare.KEYS]
+        b = self.bytes_per_token
+        out[1:1] = [{"quantity": "kv_bytes_per_token_per_gpu", "predicted": b.get("predicted"), "observed": b.get("observed"),
+                     "server": None, "replanned": None},
+                    {"quantity": "draft_kv_bytes_per_token_per_gpu", "predicted": b.get("predicted_draft"),
+                     "observed": b.get("observed_draft"), "server": None, "replanned": None}]
         return out
 
     def warnings(self) -> list[dict[str, str]]:
@@ -49,7 +57,7 @@ class VerifyReport:
                 "log": {"source": self.source, "start_time": self.facts.start_time, "ready": self.facts.ready,
                         "starts_seen": self.facts.starts_seen, "lines": self.facts.lines},
                 "warnings": self.warnings(), "rows": self.rows(), "server": self.server, "unit": self.unit,
-                "startup": self.facts.to_json()}
+                "startup": self.facts.to_json(), "replanned": self.replanned}
 
 
 def _scrub(rep: VerifyReport, spec: Deployment) -> VerifyReport:
@@ -85,17 +93,8 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
         flags = dict(service.build(spec).unit.flags)
     except (InputError, SpecError) as e:
         findings.append(Finding("verify.unit", "skip", "the unit could not be built; the spec's flags are used", detail=str(e)))
-    pred: dict[str, Any] = {}
-    bpt_pred: int | None = None
-    plan_frac = None
-    try:
-        p = kv.plan_pools(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": flags})}))
-        pred = compare.predicted(p.result)
-        bpt_pred, plan_frac = p.result.kv_bytes_per_token_per_gpu, p.result.mem_fraction_static
-    except (InputError, SpecError) as e:
-        findings.append(Finding("verify.plan", "skip", f"no plan to compare with: {registry.notebook('kv_memory')} could not run",
-                                detail=str(e),
-                                remedy=f"Fix what {registry.notebook('kv_memory')} reports."))
+    p, pred, bpt_pred = _plan(spec, flags, findings)
+    plan_frac = p.result.mem_fraction_static if p is not None else None
     unit_name = unit or spec.systemd.unit_name
     src = logsource.from_file(log, since_dt) if log else logsource.from_journal(unit_name, since, journalctl, systemctl)
     parser = logparse.Parser(None if log else unit_name)
@@ -107,7 +106,13 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
                                                                                     "mem-fraction-static")})
     rep.predicted = pred
     rep.observed = compare.observed(facts)
-    rep.bytes_per_token = {"predicted": bpt_pred, "observed": compare.bytes_per_token(facts)}
+    rep.bytes_per_token = {**bpt_pred, "observed": compare.bytes_per_token(facts),
+                           "observed_draft": compare.bytes_per_token(facts, draft=True)}
+    rep.replanned = replan.replan(p, facts, spec.hardware.gpu_memory_gib) if p is not None else None
+    if rep.replanned:
+        rep.replanned["verdict"] = replan.verdict(rep.replanned, pred.get("weights_gib_per_gpu"),
+                                                  rep.observed.get("max_total_num_tokens"),
+                                                  pred.get("max_total_num_tokens"))[0] or None
     if not src.findings:
         if src.errors and not facts.lines:
             findings.append(Finding("verify.log", "skip", f"the journal of {unit_name} could not be read", evidence=src.errors[0],
@@ -136,11 +141,28 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
                 findings.append(Finding("verify.started", "pass", "the server started and logged that it is ready",
                                         detail=f"ready at {facts.ready_time}" if facts.ready_time else ""))
             if pred:
-                findings += compare.compare(pred, rep.observed, facts, flags, "log", spec.hardware.gpu_memory_gib, plan_frac)
+                findings += compare.compare(pred, rep.observed, facts, flags, "log", spec.hardware.gpu_memory_gib, plan_frac,
+                                            replanned=rep.replanned)
+            findings += compare.pool_findings({"draft": bpt_pred["predicted_draft"]}, facts)
             findings += compare.log_findings(pred, rep.observed, facts)
     if url:
         findings += _server(spec, url, rep, flags, plan_frac, drift or service.drift)
     return _scrub(rep, spec)
+
+
+def _plan(spec: Deployment, flags: dict[str, Any], findings: list[Finding]) -> tuple[Any, dict[str, Any], dict[str, int | None]]:
+    """The plan for the unit (kv.plan_pools), its predicted figures and bytes per token (target, draft)."""
+    try:
+        p = kv.plan_pools(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": flags})}))
+    except (InputError, SpecError) as e:
+        findings.append(Finding("verify.plan", "skip", f"no plan to compare with: {registry.notebook('kv_memory')} could not run",
+                                detail=str(e),
+                                remedy=f"Fix what {registry.notebook('kv_memory')} reports."))
+        return None, {}, {"predicted": None, "predicted_draft": None}
+    draft = p.result.draft_kv_bytes_per_token_per_gpu
+    # the plan's bytes per token hold the draft's share: the target pool is compared with the rest
+    return p, compare.predicted(p.result), {"predicted": p.result.kv_bytes_per_token_per_gpu - draft,
+                                            "predicted_draft": draft if p.result.speculative else None}
 
 
 def _server(spec: Deployment, url: str, rep: VerifyReport, flags: dict[str, Any], plan_frac: float | None,
@@ -155,7 +177,7 @@ def _server(spec: Deployment, url: str, rep: VerifyReport, flags: dict[str, Any]
            "context_len": info.get("context_length"), "max_total_num_tokens": info.get("max_total_num_tokens"),
            "max_running_requests": info.get("max_running_requests")}
     out = compare.compare(rep.predicted, obs, rep.facts, flags, "/server_info", spec.hardware.gpu_memory_gib, plan_frac,
-                          id_prefix="verify.server") if rep.predicted else []
+                          id_prefix="verify.server", replanned=rep.replanned) if rep.predicted else []
     lt, st = rep.observed.get("max_total_num_tokens"), info.get("max_total_num_tokens")
     if lt is not None and st is not None and int(lt) != int(st):
         out.append(Finding("verify.server.restarted", "warn", f"/server_info reports {int(st):,} tokens, the log's last start {int(lt):,}",

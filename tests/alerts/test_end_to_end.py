@@ -1,0 +1,185 @@
+"""The whole path with the real programs: `runbook run` writes the textfile, Debian's prometheus-node-exporter
+serves it, a real Prometheus scrapes it (every second) and evaluates the rules; the test reads the series and the
+fired alert back through Prometheus' HTTP API. A run killed mid-way leaves the previous textfile as it was, and a
+planted secret reaches no metric, label, rule or alert."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, spec_data
+
+from .conftest import SECRET, promtool
+
+pytestmark = [pytest.mark.server, pytest.mark.notebook, pytest.mark.timeout(300)]
+LINK = "https://runbooks.example.com/fleet"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _exe(*names: str) -> str:
+    for n in names:
+        if shutil.which(n):
+            return shutil.which(n)
+    pytest.skip(f"{names[0]} not installed: .ci/run installs Debian's prometheus and prometheus-node-exporter")
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def _until(what: str, probe, timeout: float = 60.0):
+    """probe() until it returns something truthy; bounded, with the last answer in the failure."""
+    end, last = time.monotonic() + timeout, None
+    while time.monotonic() < end:
+        try:
+            last = probe()
+            if last:
+                return last
+        except OSError as e:
+            last = e
+        time.sleep(0.5)
+    pytest.fail(f"{what}: not within {timeout:.0f} s (last: {last!r})")
+
+
+class Stack:
+    """node_exporter (textfile collector only) and Prometheus on loopback, in temp dirs; stopped by the fixture."""
+
+    def __init__(self, tmp: Path):
+        self.textfiles = tmp / "textfile"
+        self.textfiles.mkdir()
+        self.node_port, self.prom_port = _port(), _port()
+        rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "runbook.rules.yml").read_text())
+        for g in rules["groups"]:
+            for r in g["rules"]:
+                r["for"] = "2s"        # the shipped rules wait 5m; the same rules, pending then firing within seconds
+        (tmp / "rules.yml").write_text(yaml.safe_dump(rules))
+        conf = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(tmp / "rules.yml")],
+                "scrape_configs": [{"job_name": "node", "static_configs": [{"targets": [f"127.0.0.1:{self.node_port}"]}]}]}
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(conf))
+        self.logs = [open(tmp / "node.log", "w"), open(tmp / "prometheus.log", "w")]   # noqa: SIM115 (closed by stop())
+        self.procs = [
+            subprocess.Popen([_exe("prometheus-node-exporter", "node_exporter"), f"--web.listen-address=127.0.0.1:{self.node_port}",
+                              "--collector.disable-defaults", "--collector.textfile",
+                              f"--collector.textfile.directory={self.textfiles}"],
+                             stdout=subprocess.DEVNULL, stderr=self.logs[0]),
+            subprocess.Popen([_exe("prometheus"), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                              f"--web.listen-address=127.0.0.1:{self.prom_port}"],
+                             stdout=subprocess.DEVNULL, stderr=self.logs[1]),
+        ]
+        self.api = f"http://127.0.0.1:{self.prom_port}/api/v1"
+        _until("Prometheus ready", lambda: urllib.request.urlopen(f"http://127.0.0.1:{self.prom_port}/-/ready", timeout=2).status == 200)
+
+    def query(self, q: str) -> list[dict]:
+        return _get(f"{self.api}/query?query={urllib.parse.quote(q)}")["data"]["result"]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+        for f in self.logs:
+            f.close()
+
+
+@pytest.fixture
+def stack(tmp_path):
+    s = Stack(tmp_path)
+    yield s
+    s.stop()
+
+
+def _spec(tmp: Path) -> Path:
+    """The default deployment with a serving interpreter that is not there (env.serving.python fails: the
+    planted failing finding, its path holding the planted secret) and an API key variable holding the secret."""
+    data = spec_data(**{"serving.python": f"/nonexistent/{SECRET}/bin/python", "serving.api_key_env": "RUNBOOK_E2E_API_KEY"})
+    data["alerts"] = {"link_base": LINK, "interval_s": 3600}
+    path = tmp / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _run(tmp: Path, stack: Stack, **kw) -> subprocess.Popen:
+    env = dict(os.environ, RUNBOOK_E2E_API_KEY=SECRET, HF_TOKEN=SECRET + "-hf")
+    return subprocess.Popen([sys.executable, "-m", "runbook", "run", "--only", "environment", "--deployment", str(_spec(tmp)),
+                             "--out", str(tmp / "out"), "--textfile-dir", str(stack.textfiles)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_a_run_reaches_prometheus_and_its_failed_check_fires(tmp_path, stack):
+    proc = _run(tmp_path, stack)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 1, out              # a failed check is a result, not an error
+    prom = stack.textfiles / "runbook_qwen3.5-397b-a17b-nvfp4.prom"
+    text = prom.read_text()
+    assert promtool("check", "metrics", stdin=text).returncode == 0
+    summary = json.loads((tmp_path / "out" / "latest" / "summary.json").read_text())
+
+    got = _until("the run's series in Prometheus", lambda: stack.query("runbook_last_run_exit_code"))
+    assert got[0]["metric"]["deployment"] == "qwen3.5-397b-a17b-nvfp4" and got[0]["value"][1] == "1"
+    assert got[0]["metric"]["instance"] == f"127.0.0.1:{stack.node_port}"
+    failed = stack.query('runbook_finding{status="fail"}')
+    assert {r["metric"]["id"] for r in failed} >= {"env.serving.python"}
+    assert stack.query('runbook_findings{stage="environment",status="fail"}')[0]["value"][1] == "1"
+
+    def fired():
+        alerts = _get(f"{stack.api}/alerts")["data"]["alerts"]
+        return [a for a in alerts if a["labels"]["alertname"] == "RunbookCheckFailed" and a["state"] == "firing"]
+    alert = _until("RunbookCheckFailed firing", fired)[0]
+    assert alert["labels"]["stage"] == "environment" and alert["labels"]["severity"] == "page"
+    assert "env.serving.python" in alert["annotations"]["description"]
+    assert alert["annotations"]["runbook_url"] == f"{LINK}/{summary['host']}/{summary['run_id']}/summary.html"
+    print(json.dumps(alert, indent=1))           # the closing note's fired alert (pytest -s)
+
+    # a stage verb's report next to the run's file: its own series (source="verb"), node_exporter still reads both
+    env = dict(os.environ, RUNBOOK_E2E_API_KEY=SECRET, RUNBOOK_TEXTFILE_DIR=str(stack.textfiles))
+    verb = subprocess.run([sys.executable, "-m", "runbook", "env", "--deployment", str(tmp_path / "spec.yaml"), "--json"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert verb.returncode == 1 and json.loads(verb.stdout)["findings"], verb.stderr
+    got = _until("the verb's series", lambda: stack.query('runbook_findings{source="verb",stage="environment",status="fail"}'))
+    assert got[0]["value"][1] == "1"
+    assert stack.query("node_textfile_scrape_error")[0]["value"][1] == "0"
+    assert {a["labels"]["source"] for a in _until("both alerts", lambda: len(fired()) == 2 and fired())} == {"run", "verb"}
+
+    # the planted secret: in no metric, label, rule or alert Prometheus holds
+    match = urllib.parse.quote('{__name__=~"runbook_.*"}')
+    series = _get(f"{stack.api}/series?match[]={match}")
+    rules = _get(f"{stack.api}/rules")
+    verb_text = (stack.textfiles / "runbook_qwen3.5-397b-a17b-nvfp4.environment.prom").read_text()
+    for doc in (text, verb_text, json.dumps(series), json.dumps(rules), json.dumps(_get(f"{stack.api}/alerts"))):
+        assert SECRET not in doc and urllib.parse.quote(SECRET) not in doc
+
+
+def test_a_run_killed_mid_way_leaves_the_previous_textfile(tmp_path, stack):
+    first = _run(tmp_path, stack)
+    first.communicate(timeout=180)
+    prom = stack.textfiles / "runbook_qwen3.5-397b-a17b-nvfp4.prom"
+    before = prom.read_bytes()
+    second = _run(tmp_path, stack, start_new_session=True)
+    _until("the second run's notebook started", lambda: list((tmp_path / "out").glob(".inprogress-*/00_environment.log")), 60)
+    os.kill(second.pid, signal.SIGKILL)
+    second.communicate(timeout=30)
+    assert second.returncode == -signal.SIGKILL
+    assert prom.read_bytes() == before
+    assert sorted(p.name for p in stack.textfiles.iterdir()) == [prom.name]     # no temp file, nothing half-written
+    # and Prometheus still serves the first run's series
+    got = _until("series after the kill", lambda: stack.query("runbook_last_run_info"))
+    assert got[0]["metric"]["run_id"] in before.decode()

@@ -178,11 +178,12 @@ def test_an_active_production_unit_is_refused_without_yes(tmp_path, fake_systemd
 
 def test_budgets_bound_the_run_and_each_candidate(tmp_path):
     cands = {"q8-kv": {"flags": {"cache-type-k": "q8_0", "cache-type-v": "q8_0"}}}
-    path = write_spec(tmp_path, cands, slo_search=True, budget_per_candidate_s=1)
-    rep = run(path, tmp_path, budget_s=2)
+    # the fixed level alone takes seconds (8 requests × 64 tokens, one at a time); the server is ready well within 3 s
+    path = write_spec(tmp_path, cands, slo_search=True, budget_per_candidate_s=3, requests_per_level=8, output_len=64)
+    rep = run(path, tmp_path, budget_s=4)
     rows = {r["name"]: r for r in rep.rows}
     ref = rows["reference"]
     assert ref["status"] == "done" and ref["bench"]["slo_limit"] is None
     assert ref["bench"]["slo_search_skipped"] == "the candidate's time budget was spent"
-    assert rows["q8-kv"]["status"] == "not_run" and "budget of 2 s was spent" in rows["q8-kv"]["reason"]
+    assert rows["q8-kv"]["status"] == "not_run" and "budget of 4 s was spent" in rows["q8-kv"]["reason"]
     assert any(f.id == "tune.not_run" for f in rep.findings)

@@ -17,7 +17,8 @@ def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for r in data.get("candidates", []):
         pred, obs, b = r.get("predicted") or {}, r.get("observed") or {}, r.get("bench") or {}
-        row = {"candidate": r["name"], "pre-check": r.get("precheck"),
+        row = {"candidate": r["name"], "pre-check": r.get("precheck"), "KV dtype": pred.get("kv_dtype"),
+               "KV B/token": pred.get("kv_bytes_per_token"),
                "ready s": r.get("ready_s"), "tokens predicted": pred.get("max_total_num_tokens"),
                "tokens observed": obs.get("max_total_num_tokens"), "running cap": pred.get("max_running_requests"),
                "load within SLO": b.get("slo_limit"), "tok/s": round(b["output_tok_s"], 1) if b.get("output_tok_s") else None}
@@ -53,7 +54,7 @@ def text_table(rep: Any) -> str:
     cols = ["candidate", "pre-check", "tokens predicted", "running cap", "ready s", "tokens observed", "load within SLO",
             "tok/s", "acceptance", "J/token", "guard", "verdict"]
     if data.get("plan_only"):
-        cols = ["candidate", "pre-check", "tokens predicted", "running cap", "reason"]
+        cols = ["candidate", "pre-check", "KV dtype", "KV B/token", "tokens predicted", "running cap", "reason"]
     table = [[("—" if r.get(c) is None else str(r.get(c))) for c in cols] for r in rows(data)]
     widths = [max(len(c), *(len(t[i]) for t in table)) if table else len(c) for i, c in enumerate(cols)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]

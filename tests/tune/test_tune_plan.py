@@ -37,6 +37,8 @@ def plan(tmp_path_factory):
         "not-a-flag": {"flags": {"enable-warp-drive": True}},                 # SGLang's parser: no such flag
         "too-long": {"flags": {"context-length": 1048576}},                   # beyond the model's 262,144 positions
         "tiny-pool": {"flags": {"max-total-tokens": 65536}},                  # not one 128k request fits
+        "canary": {"python": str(Path(SERVING_PY).absolute())},               # an upgrade canary: its own parser
+        "canary-elsewhere": {"python": "/opt/sglang-next/bin/python"},        # not on this machine
     })
     path = tmp_path_factory.mktemp("spec") / "qwen-tune.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -86,8 +88,11 @@ def test_candidates_sglang_refuses_are_skipped_with_its_reason(plan):
     assert rows["tiny-pool"]["status"] == "skipped" and "not even one request" in rows["tiny-pool"]["reason"]
     for r in rows.values():
         assert "\n" not in r["reason"]
+    assert rows["canary"]["status"] == "planned" and rows["canary"]["python"].endswith("python")
+    assert any(d["id"] == "service.parser" and "SGLang 0.5.23" in d["title"] for d in rows["canary"]["precheck_details"])
+    assert rows["canary-elsewhere"]["status"] == "skipped" and "not on this machine" in rows["canary-elsewhere"]["reason"]
     skipped = [f for f in rep.findings if f.id == "tune.skipped"]
-    assert {f.title.split(":")[0] for f in skipped} == {"not-a-flag", "too-long", "tiny-pool"}
+    assert {f.title.split(":")[0] for f in skipped} == {"not-a-flag", "too-long", "tiny-pool", "canary-elsewhere"}
 
 
 def test_the_cli_prints_the_table(plan, capsys):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import time
 from collections.abc import Sequence
@@ -111,7 +112,12 @@ def precheck_all(ctx: Ctx, cands: list[Candidate]) -> list[tuple[Candidate, PreC
     out = []
     for c in cands:
         t0 = time.monotonic()
-        pre = ctx.engine.precheck(cands_mod.apply(ctx.spec, c), longest, list(t.buckets))
+        if c.python and not (os.path.isfile(c.python) and os.access(c.python, os.X_OK)):
+            # an upgrade canary's interpreter must be here: its parser is the check, and tune launches it here
+            pre = PreCheck("skipped", f"its serving interpreter {c.python} is not on this machine (an SGLang upgrade "
+                                      "canary runs on the host that has it)")
+        else:
+            pre = ctx.engine.precheck(cands_mod.apply(ctx.spec, c), longest, list(t.buckets))
         row = _row(c, pre)
         row["precheck_s"] = round(time.monotonic() - t0, 3)
         out.append((c, pre, row))

@@ -124,7 +124,8 @@ def plot_pareto(data: dict[str, Any]):
     fr = sorted(p for p in pts if p[2] in front)
     if len(fr) > 1:
         ax.plot([p[0] for p in fr], [p[1] for p in fr], color="#7f8c8d", lw=1, ls="--", zorder=2, label="Pareto front")
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="best", fontsize=8)
+    ax.margins(0.12)                     # room for the labels at the edges
     ax.set_xlabel("TPOT p50 at the highest concurrency (ms)")
     ax.set_ylabel("output throughput (tok/s)")
     ax.set_title("Candidates: throughput against latency (x: accuracy guard failed)")

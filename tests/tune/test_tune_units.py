@@ -206,3 +206,17 @@ def test_sglang_launch_fills_the_api_key_from_the_env_file_or_leaves_it_out(tmp_
     data["serving"]["env_file"] = str(tmp_path / "missing.env")
     argv, _ = sglang.ENGINE.launch_env(spec_mod.from_dict(data, str(DEFAULT)))
     assert "--api-key" not in argv and not any("${" in w for w in argv)
+
+
+def test_start_up_log_findings_of_a_candidate_that_ran_reach_the_verdict():
+    from runbook.tune.findings import findings
+
+    dep = spec_mod.load(DEFAULT)
+    row = {**_row("fp8-kv"), "verdict": "recommended",
+           "startup": [{"id": "verify.tokens", "status": "warn", "title": "token pool 4 % below the plan"},
+                       {"id": "verify.fp8_kv_scales", "status": "fail", "title": "FP8 KV cache without scaling factors",
+                        "remedy": "--kv-cache-dtype bf16"}, {"id": "verify.started", "status": "pass", "title": "ok"}]}
+    got = [f for f in findings(dep, {"findings": [], "rows": [row], "plan_only": False, "recommendation": None})
+           if f.id == "tune.startup"]
+    assert len(got) == 1 and got[0].status == "fail" and "FP8 KV cache without scaling factors" in got[0].title
+    assert got[0].evidence == "verify.fp8_kv_scales, verify.tokens" and got[0].remedy == "--kv-cache-dtype bf16"

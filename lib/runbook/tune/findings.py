@@ -31,8 +31,19 @@ def _candidate(r: dict[str, Any], plan_only: bool) -> Finding:
                    f"{name}: ran; {r.get('verdict')}", detail="; ".join(c["title"] for c in g.get("checks", [])))
 
 
+def _startup(r: dict[str, Any]) -> Finding | None:
+    """What the start-up log says against the plan (stage 35's findings: token pool, FP8 KV without scales, ...)."""
+    bad = [d for d in r.get("startup") or [] if d.get("status") in ("fail", "warn")]
+    if r.get("status") != "done" or not bad:
+        return None
+    worst = next((d for d in bad if d["status"] == "fail"), bad[0])
+    return Finding("tune.startup", worst["status"], f"{r['name']}: start-up log: {worst.get('title')}",
+                   evidence=", ".join(sorted({str(d.get("id")) for d in bad})), remedy=worst.get("remedy") or "")
+
+
 def findings(spec: Deployment, res: dict[str, Any]) -> list[Finding]:
     out = list(res["findings"]) + [_candidate(r, res["plan_only"]) for r in res["rows"]]
+    out += [f for f in (_startup(r) for r in res["rows"]) if f is not None]
     for r in res["rows"]:
         mem = r.get("gpu_memory_freed") or {}
         if mem and not mem.get("ok"):

@@ -122,6 +122,9 @@ def test_recommendation_is_the_highest_load_within_slo_then_throughput_among_gua
     close = [_row("reference", guard="reference", limit=8, tps=100), _row("fp8", limit=8, tps=104)]
     assert recommend.recommend(dep, close)["is_reference"] and close[1]["verdict"] == "ran, not the best"
     assert recommend.recommend(dep, [close[0], _row("fp8", limit=8, tps=106)])["name"] == "fp8"
+    # started, but not as planned: not a configuration to serve
+    bad_start = {**_row("fp8", limit=64, tps=900), "startup": [{"id": "verify.kv_dtype", "status": "fail", "title": "x"}]}
+    assert recommend.recommend(dep, [close[0], bad_start])["is_reference"] and bad_start["verdict"] == "start-up log check failed"
 
 
 def test_pareto_front_and_plot_mark_guard_failures():

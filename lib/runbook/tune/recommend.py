@@ -24,8 +24,15 @@ def _beats(a: dict[str, Any], ref: dict[str, Any], min_gain: float) -> bool:
     return la > lr or (la == lr and ta > tr * (1 + min_gain))
 
 
+def _startup_failed(row: dict[str, Any]) -> bool:
+    return any(d.get("status") == "fail" for d in row.get("startup") or [])
+
+
 def eligible(row: dict[str, Any]) -> bool:
-    return row.get("status") == "done" and (row.get("guard") or {}).get("status") in ("pass", "reference", "skip")
+    """Ran, passed the guard, and started as planned (a start-up log `fail` — another KV dtype than the unit's,
+    FP8 KV without scales — is not a configuration to serve, however fast)."""
+    return (row.get("status") == "done" and (row.get("guard") or {}).get("status") in ("pass", "reference", "skip")
+            and not _startup_failed(row))
 
 
 def verdict(row: dict[str, Any], best: str | None) -> str:
@@ -34,6 +41,8 @@ def verdict(row: dict[str, Any], best: str | None) -> str:
         return {"skipped": "skipped", "failed": "failed", "not_run": "not run", "planned": "passed the pre-check"}.get(str(st), str(st))
     if (row.get("guard") or {}).get("status") == "fail":
         return "accuracy guard failed"
+    if _startup_failed(row):
+        return "start-up log check failed"
     return "recommended" if row["name"] == best else "ran, not the best"
 
 

@@ -15,8 +15,11 @@ def _candidate(r: dict[str, Any], plan_only: bool) -> Finding:
         return Finding("tune.skipped", "warn", f"{name}: skipped before launch: {r.get('reason')}",
                        remedy="Fix or drop the candidate in the spec's tune section.")
     if st == "failed":
+        remedy = {"port": "Stop what listens on the deployment's port (--yes stops the production unit), or tune on a spare host.",
+                  "spawn": "Fix serving.python (or the candidate's python, tune.llama_server) on this machine."}.get(
+                      str(r.get("failure_kind")), f"Read the server log {r.get('log')}; fix the candidate's flags or drop it.")
         return Finding("tune.failed", "fail", f"{name}: {r.get('reason')}", evidence=(r.get("log_tail") or "")[-400:],
-                       remedy=f"Read the server log {r.get('log')}; fix the candidate's flags or drop it.")
+                       remedy=remedy)
     if st == "not_run":
         return Finding("tune.not_run", "skip", f"{name}: not run: {r.get('reason')}", remedy="--resume RUN continues the run.")
     if plan_only or st == "planned":

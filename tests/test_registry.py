@@ -97,6 +97,10 @@ SAME_INPUTS = {
                   "--tool-choice", "required", "--toolcall-max-tokens", "64", "--out", "/tmp/acc"],
                  {"url": "http://127.0.0.1:9", "lengths": [256, 512], "depths": [0.5], "seed": 3, "tool_choice": "required",
                   "toolcall_max_tokens": 64, "artifact_dir": "/tmp/acc"}),
+    "tune": (["--candidates", "mtp,fp8-kv", "--plan-only", "--yes", "--resume", "20260105T100000Z-x", "--budget-s", "600",
+              "--archive", "/tmp/arch"],
+             {"candidates": ["mtp", "fp8-kv"], "plan_only": True, "yes": True, "resume": "20260105T100000Z-x", "budget_s": 600.0,
+              "archive_root": "/tmp/arch"}),
 }
 
 
@@ -171,7 +175,7 @@ def test_a_bad_notebook_parameter_is_one_line_naming_it(stage):
 
 # ---- adding a stage: one package + one notebook -----------------------------------------------
 
-_PLANTED_INIT = '''"""Stage 60: a planted stage (tests/test_registry.py)."""
+_PLANTED_INIT = '''"""Stage 70: a planted stage (tests/test_registry.py)."""
 from runbook.sample.stage import STAGE, SampleOptions, evaluate
 
 __all__ = ["STAGE", "SampleOptions", "evaluate"]
@@ -207,7 +211,7 @@ def figures(data, slo=None):
     return {"sample_value": data["value"]} if "value" in data else {}
 
 
-STAGE = register(Stage(60, "sample", "sample", "a planted stage", SampleOptions, evaluate, figures=figures,
+STAGE = register(Stage(70, "sample", "sample", "a planted stage", SampleOptions, evaluate, figures=figures,
                        trends=("sample_value",)))
 '''
 
@@ -245,15 +249,15 @@ def test_a_planted_stage_joins_the_cli_runner_figures_and_fleet(planted_stage, t
     for p in NOTEBOOKS.glob("*.ipynb"):
         (nbs / p.name).write_bytes(p.read_bytes())
     monkeypatch.setattr(run, "NOTEBOOKS", nbs)
-    with pytest.raises(Exception, match="60_sample.ipynb"):
+    with pytest.raises(Exception, match="70_sample.ipynb"):
         run.discover(nbs, [])                       # registered but missing: an error, not a shorter run
-    (nbs / "60_sample.ipynb").write_bytes((NOTEBOOKS / "00_environment.ipynb").read_bytes())
-    assert [p.name for p in run.discover(nbs, [])][-1] == "60_sample.ipynb"
-    assert [p.name for p in run.discover(nbs, ["sample"])] == ["60_sample.ipynb"]
+    (nbs / "70_sample.ipynb").write_bytes((NOTEBOOKS / "00_environment.ipynb").read_bytes())
+    assert [p.name for p in run.discover(nbs, [])][-1] == "70_sample.ipynb"
+    assert [p.name for p in run.discover(nbs, ["sample"])] == ["70_sample.ipynb"]
     # the run summary's figures and the fleet index's trends
     rd = tmp_path / "run"
     rd.mkdir()
-    (rd / "60_sample.results.json").write_text(json.dumps({"data": {"value": 42}}))
+    (rd / "70_sample.results.json").write_text(json.dumps({"data": {"value": 42}}))
     assert figures.figures(rd) == {"sample_value": 42}
     assert "sample_value" in registry.trend_keys()
     point = index._point({"_run": "r1", "_host": "h", "_html": [], "started": "2026-12-04T00:00:00Z",

@@ -11,6 +11,7 @@ import nbformat
 import pytest
 from conftest import DEFAULT_SPEC, REPO, RUNNER_PARAMS, make_notebook, record
 
+from runbook.core import registry
 from runbook.runner.run import DeploymentLock
 
 TOKEN = "hf_PLANTEDsecretVALUE0123456789"
@@ -42,7 +43,8 @@ def test_default_run_archives_everything(default_run):
     assert s["deployment"] == "qwen3.5-397b-a17b-nvfp4" and s["deployment_file"] == str(DEFAULT_SPEC)
     assert s["exit_code"] == cp.returncode
     names = [n["name"] for n in s["notebooks"]]
-    assert names == sorted(p.stem for p in (REPO / "notebooks").glob("*.ipynb"))
+    # every notebook but those a plain run leaves out (60_tune takes the server down: `--only tune`)
+    assert names == sorted(p.stem for p in (REPO / "notebooks").glob("*.ipynb") if p.stem != registry.notebook("tune"))
     for n in s["notebooks"]:
         assert n["status"] == "ok", n
         assert n["papermill_exit"] == 0 and n["error"] is None and n["duration_s"] > 0

@@ -199,8 +199,15 @@ def _bench_text(rep: Any) -> str:
     return bench.frame(rep.summary).to_string() if rep.summary.get("levels") else ""
 
 
+def _tune_text(rep: Any) -> str:
+    from runbook import tune
+
+    return tune.text_table(rep)
+
+
 # What a stage prints above its findings without --json (the notebook's first table).
-_TEXT: dict[str, Callable[[Any], str]] = {"kv_memory": _kv_text, "verify": _verify_text, "benchmark": _bench_text}
+_TEXT: dict[str, Callable[[Any], str]] = {"kv_memory": _kv_text, "verify": _verify_text, "benchmark": _bench_text,
+                                          "tune": _tune_text}
 
 
 def _cmd_service(a: argparse.Namespace, o: Any) -> int:
@@ -326,7 +333,7 @@ def _add_stage(sub: Any, stage: Stage) -> None:
     _VERBS[stage.verb] = (stage, source)
 
 
-_METAVARS = {"int": "N", "float": "X", "str": "VALUE", "list[int]": "N,...", "list[float]": "X,..."}
+_METAVARS = {"int": "N", "float": "X", "str": "VALUE", "list[int]": "N,...", "list[float]": "X,...", "list[str]": "NAME,..."}
 
 
 def _tidy_help(p: argparse.ArgumentParser) -> None:

@@ -51,6 +51,8 @@ class Stage:
     trends: tuple[str, ...] = ()
     # Notebook parameters the runner sets that map onto an options field (e.g. artifact_dir -> out).
     runner_params: dict[str, str] = field(default_factory=dict)
+    # False: `runbook run` leaves the stage out unless `--only` names it (tune takes the server down).
+    in_default_run: bool = True
 
     @property
     def package(self) -> str:

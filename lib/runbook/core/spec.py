@@ -358,6 +358,8 @@ class Alerts(_Strict):
 
 DEPLOYMENT_NAME = r"^[a-z0-9][a-z0-9._-]*$"   # also a lock and textfile name: no path separator, no leading dot
 
+from runbook.core.tunespec import Tune  # noqa: E402  (it builds on _Strict and SLO above)
+
 
 class Deployment(_Strict):
     name: str = Field(pattern=DEPLOYMENT_NAME)
@@ -372,6 +374,7 @@ class Deployment(_Strict):
     slo: SLO = SLO()
     archive: Archive = Archive(url=None)
     alerts: Alerts = Alerts()
+    tune: Tune = Field(Tune(), description="stage 60's candidates, workload and budgets")
     # Filled by load(): where the spec came from, for resolving relative paths and for messages.
     source: str | None = Field(None, exclude=True)
 

@@ -210,7 +210,8 @@ def start_llama_server(exe: Path | None = None, model_dir: Path | None = None, p
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m runbook.demo build|serve|runbook`: build the engine, serve the tiny model, or run the
-    whole runbook with the benchmark (and accuracy) notebooks pointed at it."""
+    whole runbook with the benchmark (and accuracy) notebooks pointed at it, then the tune stage on llama-server
+    candidates (demo/tune.py)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m runbook.demo")
@@ -238,7 +239,15 @@ def main(argv: list[str] | None = None) -> int:
                   "--param", "lengths=512,1024,2048",  # the tiny model's context is 4096 tokens
                   "--param", "toolcall_max_tokens=64"]
         code = cli(["run", "--out", a.out, *params])
-        return 0 if code in (0, 1) else code
+        srv.stop()
+        # tune is not part of a plain run (it takes the server down): run it on its own CPU deployment,
+        # llama-server candidates on a port of their own
+        from runbook.demo.tune import write_spec
+
+        spec = write_spec(CACHE / "tune-demo.yaml", exe, model, free_port())
+        log(f"tune: {spec} (llama-server candidates; a few minutes on 2 cores)")
+        tuned = cli(["run", "--only", "tune", "--deployment", str(spec), "--out", a.out])
+        return max((c if c not in (0, 1) else 0) for c in (code, tuned))
     except KeyboardInterrupt:
         return 130
     finally:

@@ -66,6 +66,15 @@ def register_transport(cls: type[Transport]) -> type[Transport]:
     return cls
 
 
+def _draft_counters(timings: Any, rec: RequestRecord) -> None:
+    """llama-server's per-request draft counters (its final chunk's `timings`) as the acceptance length:
+    tokens per target forward pass, each accepted draft token having saved one."""
+    if isinstance(timings, dict) and type(timings.get("draft_n")) is int and type(timings.get("predicted_n")) is int:
+        accepted, made = timings.get("draft_n_accepted"), timings["predicted_n"]
+        if type(accepted) is int and 0 <= accepted < made:
+            rec.spec_accept_length = made / (made - accepted)
+
+
 class Client:
     """Streams requests to one endpoint. Inject `clock` for tests; share one session (`session`) per level."""
 
@@ -208,6 +217,7 @@ class Client:
             for src in (ext, details):
                 if isinstance(src, dict) and isinstance(src.get("spec_accept_length"), (int, float)):
                     rec.spec_accept_length = float(src["spec_accept_length"])
+        _draft_counters(msg.get("timings"), rec)
         choices = msg.get("choices")
         if choices is None:
             return False

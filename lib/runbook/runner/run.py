@@ -99,6 +99,8 @@ def discover(notebooks_dir: Path, only: list[str]) -> list[Path]:
         missing = [p.name for p in nbs if not p.is_file()]
         if missing:
             raise SpecError(f"{notebooks_dir}: the registered stages' notebooks {', '.join(missing)} are missing")
+        if not only:   # a stage with side effects (tune stops the server) runs only when --only names it
+            return [notebooks_dir / f"{s.notebook}.ipynb" for s in registry.stages() if s.in_default_run]
     else:
         nbs = sorted(p for p in notebooks_dir.glob("*.ipynb") if not p.name.startswith("."))
     if not nbs:

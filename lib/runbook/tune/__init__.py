@@ -1,1 +1,14 @@
-"""Stage 60: tune, which finds the configuration to serve by launching candidate servers one at a time."""
+"""Stage 60: tune, which finds the configuration to serve (`runbook tune`, 60_tune): every candidate of the
+spec's `tune:` section is pre-checked without launching anything (unit, the candidate's own SGLang parser,
+the KV plan), then launched one at a time with the production unit paused (`launch`, `production`), its
+start-up log read, benchmarked per context-length bucket, guarded for accuracy against the reference, and
+taken down; `report` holds the table, the Pareto plot and the recommendation's text."""
+from runbook.core.lazy import exports
+from runbook.tune.stage import STAGE, TuneOptions, TuneReport, evaluate
+
+# Imported on first use (core/lazy.py): the registry imports this package to read its contract.
+__getattr__, __dir__ = exports(__name__, {"frame": "report", "plot_pareto": "report", "text_table": "report",
+    "recommendation_text": "report", "buckets_frame": "report"})
+
+__all__ = ["STAGE", "TuneOptions", "TuneReport", "buckets_frame", "evaluate", "frame", "plot_pareto", "recommendation_text",
+           "text_table"]

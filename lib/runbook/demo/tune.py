@@ -1,0 +1,54 @@
+"""A deployment spec whose engine is llama-server (the tiny CPU model), with tune candidates over
+llama-server's real knobs: parallel slots, the KV cache types (f16, q8_0, q4_0), the batch size and n-gram
+speculative decoding — and one flag this llama-server removed, which the pre-check skips with its own
+message. Written with absolute paths to the cached build and model (`make demo`, the tune tests). The workload
+is `code` (completions): in chat, the random-weight model sometimes streams only tokens that detokenize to
+nothing, which the SLO search counts as failed requests (tests/bench/test_llama_server.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runbook.core.fsutil import atomic_write_text
+
+CANDIDATES: dict[str, dict[str, Any]] = {
+    "q8-kv": {"description": "8-bit KV cache", "flags": {"cache-type-k": "q8_0", "cache-type-v": "q8_0"}},
+    "q4-kv": {"description": "4-bit KV cache", "flags": {"cache-type-k": "q4_0", "cache-type-v": "q4_0"}},
+    "np4": {"description": "4 slots of 1024 tokens", "flags": {"parallel": 4}},
+    "batch-128": {"description": "logical batch 128", "flags": {"batch-size": 128, "ubatch-size": 128}},
+    "ngram": {"description": "n-gram speculative decoding", "flags": {"spec-type": "ngram-simple",
+                                                                       "spec-ngram-simple-size-n": 3, "spec-draft-n-max": 4}},
+    "old-draft-flag": {"description": "a flag llama-server removed", "flags": {"draft-max": 4}},
+}
+
+
+def spec_data(exe: Path, model_dir: Path, port: int, candidates: dict[str, dict[str, Any]] | None = None,
+              **tune: Any) -> dict[str, Any]:
+    return {
+        "name": "tiny-llama-cpu",
+        "description": "llama-server on CPU serving a tiny random-weight model: tune's CPU engine (figures say nothing "
+                       "about a deployment)",
+        "model": {"path": str(model_dir / "model.gguf"), "served_name": "tiny-llama"},
+        "hardware": {"gpu_model": "none (CPU)", "gpu_count": 1, "gpu_memory_gib": 1},
+        "serving": {"python": "/usr/bin/python3", "host": "127.0.0.1", "port": port,
+                    "flags": {"threads": 1, "parallel": 2, "ctx-size": 4096, "jinja": True, "no-cache-prompt": True,
+                              "cache-ram": 0, "metrics": True, "ignore-eos": True}},
+        "systemd": {"unit_name": "runbook-demo-llama", "timeout_start_sec": 60, "ready_path": "/health"},
+        "benchmark": {"input_len": 256, "output_len": 32, "concurrency": [1, 2, 4], "requests_per_level": 8, "warmup": 1},
+        "accuracy": {"recall_lengths": [512, 1024], "recall_depths": [0.5]},
+        "slo": {"tpot_ms_p99": 400},
+        "tune": {"engine": "llama-server", "llama_server": str(exe), "candidates": CANDIDATES if candidates is None else candidates,
+                 "workload": "code", "concurrency": [1, 2], "requests_per_level": 6, "turns": 2, "input_len": 256,
+                 "output_len": 24, "search_levels": 3, "buckets": [512, 1024, 2048], "longest_context": 1024, "budget_per_candidate_s": 600,
+                 "budget_s": 3600, "ready_timeout_s": 60,
+                 "guard": {"identity_prompts": 4, "identity_max_tokens": 32, "min_identical_tokens": 8,
+                           "recall_lengths": [512, 1024], "toolcall": True}, **tune},
+    }
+
+
+def write_spec(path: Path, exe: Path, model_dir: Path, port: int, **kw: Any) -> Path:
+    atomic_write_text(path, "# written by runbook.demo: tune's CPU demo deployment\n"
+                      + yaml.safe_dump(spec_data(exe, model_dir, port, **kw), sort_keys=False))
+    return path

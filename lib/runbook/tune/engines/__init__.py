@@ -1,0 +1,48 @@
+"""One module per server engine tune can launch: its launch command, readiness path, start-up log
+reading and what the pre-check can know before anything starts. SGLang is the default and the one the
+pre-check models fully (its own parser, the KV plan); llama-server is the CPU engine of tests and demos."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from runbook.core.spec import Deployment
+
+
+@dataclass
+class PreCheck:
+    """What is known of a candidate before it is launched."""
+    status: Literal["ok", "skipped"]
+    reason: str = ""                                   # one line: why skipped (the parser's or the plan's words)
+    details: list[dict[str, Any]] = field(default_factory=list)   # the checks' own findings (service.*, kv.*), as dicts
+    predicted: dict[str, Any] = field(default_factory=dict)   # max_total_num_tokens, max_running_requests, ...
+    argv: list[str] = field(default_factory=list)      # the launch command (secrets as ${VAR})
+    unit_text: str | None = None                       # the unit service.build renders for it (SGLang)
+
+
+@dataclass
+class Startup:
+    """The start-up log read against the prediction."""
+    observed: dict[str, Any] = field(default_factory=dict)
+    details: list[dict[str, Any]] = field(default_factory=list)     # the log reader's findings, as dicts
+    failure: str | None = None                         # one line with the remedy when the log says why it failed
+
+
+class Engine(Protocol):
+    name: str
+
+    def precheck(self, spec: Deployment, longest: int, buckets: list[int]) -> PreCheck: ...
+
+    def launch_env(self, spec: Deployment) -> tuple[list[str], dict[str, str]]:
+        """(argv with secrets filled in, extra environment) for the launch."""
+        ...
+
+    def ready_path(self, spec: Deployment) -> str: ...
+
+    def startup(self, spec: Deployment, log_path: Any, pre: PreCheck) -> Startup: ...
+
+
+def get(name: str) -> Engine:
+    mod = importlib.import_module(f"runbook.tune.engines.{'llama' if name == 'llama-server' else name}")
+    return mod.ENGINE

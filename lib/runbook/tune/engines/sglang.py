@@ -1,0 +1,109 @@
+"""SGLang as tune launches it: the unit's own ExecStart (service.build), the flags through the candidate's
+own SGLang parser (service.check_flags), the KV plan (kv.plan_pools: SGLang's start-up refusals, context
+length, requests at the workload's longest context), and the start-up log read by stage 35 (verify)."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from runbook import kv, service, verify
+from runbook.core import secrets
+from runbook.core.errors import InputError, SpecError
+from runbook.core.spec import Deployment
+from runbook.tune.engines import PreCheck, Startup
+
+# kv findings that mean SGLang would refuse to start (tests/test_kv_vs_sglang.py's REFUSAL_IDS)
+REFUSALS = {"kv.context", "kv.state_pool", "kv.budget", "kv.dtype", "kv.refused"}
+# verify findings that say why a start failed, each with its remedy
+FAILURES = ("verify.oom_graph_capture", "verify.oom", "verify.not_enough_memory", "verify.graph_capture")
+
+
+def _python(spec: Deployment) -> tuple[str | None, str]:
+    """The candidate's own interpreter when it is here; else the check's fallback (RUNBOOK_SERVING_PYTHON)."""
+    py, found = service.serving_python(spec)
+    return py, (found[0].title if found else "")
+
+
+def _parser(spec: Deployment, rendered: Any) -> tuple[str | None, list[Any]]:
+    py, note = _python(spec)
+    if py is None:
+        return None, [{"id": "service.parser", "status": "skip", "title": note}]
+    found = service.check_flags(rendered, py)
+    bad = [f for f in found if f.status == "fail"]
+    if bad:
+        f = bad[0]
+        return f"{f.title}: {(f.detail or f.remedy).splitlines()[0] if (f.detail or f.remedy) else ''}".rstrip(": "), \
+            [x.to_dict() for x in found]
+    return None, [x.to_dict() for x in found] + ([{"id": "service.parser_env", "status": "info", "title": note}] if note else [])
+
+
+def _plan(spec: Deployment, longest: int, buckets: list[int]) -> tuple[str | None, dict[str, Any], list[Any]]:
+    try:
+        p = kv.plan_pools(spec, contexts=sorted({*buckets, longest}))
+    except (InputError, SpecError) as e:
+        return f"no KV plan: {e}", {}, []
+    r = p.result
+    pred = {"kv_dtype": r.kv_dtype, "max_total_num_tokens": r.max_total_num_tokens, "max_running_requests": r.max_running_requests,
+            "context_len": r.context_len, "kv_bytes_per_token": r.kv_bytes_per_token_per_gpu,
+            "requests_at_longest": r.requests_at_context.get(str(longest)),
+            "speculative": r.speculative or None}
+    found = [f.to_dict() for f in p.findings]
+    refused = [f for f in p.findings if f.status == "fail" and f.id in REFUSALS]
+    if refused:
+        return f"SGLang would refuse to start: {refused[0].title}", pred, found
+    if r.context_len is not None and r.context_len < longest:
+        return (f"--context-length {r.context_len:,} is below the workload's longest request ({longest:,} tokens)",
+                pred, found)
+    if not pred["requests_at_longest"]:
+        pool = r.max_total_num_tokens
+        return (f"not even one request at the workload's longest context ({longest:,} tokens) fits"
+                + (f" (token pool {pool:,})" if pool is not None else ""), pred, found)
+    return None, pred, found
+
+
+class SGLang:
+    name = "sglang"
+
+    def precheck(self, spec: Deployment, longest: int, buckets: list[int]) -> PreCheck:
+        try:
+            unit = service.build(spec).unit
+        except (InputError, SpecError) as e:
+            return PreCheck("skipped", f"the unit cannot be built: {e}")
+        why, found = _parser(spec, unit)
+        if why:
+            return PreCheck("skipped", why, found, argv=unit.argv, unit_text=unit.text)
+        why, pred, plan_found = _plan(spec, longest, buckets)
+        return PreCheck("skipped" if why else "ok", why or "", found + plan_found, pred, unit.argv, unit.text)
+
+    def launch_env(self, spec: Deployment) -> tuple[list[str], dict[str, str]]:
+        """The unit's ExecStart with ${VAR} filled from serving.env and env_file (systemd would expand it the same
+        way), and the unit's environment."""
+        env = dict(spec.serving.env)
+        if spec.serving.env_file and Path(spec.resolve_path(spec.serving.env_file)).is_file():
+            env.update(secrets.read_env_file(spec.resolve_path(spec.serving.env_file)))
+        argv: list[str] = []
+        for w in service.build(spec).unit.argv:
+            m = re.fullmatch(r"\$\{(\w+)\}", w)
+            if not m:
+                argv.append(w)
+            elif env.get(m.group(1)) or os.environ.get(m.group(1)):
+                argv.append(env.get(m.group(1)) or os.environ[m.group(1)])
+            else:
+                argv.pop()           # no key anywhere: no --api-key (an empty one would be a key)
+        return argv, env
+
+    def ready_path(self, spec: Deployment) -> str:
+        return spec.systemd.ready_path
+
+    def startup(self, spec: Deployment, log_path: Any, pre: PreCheck) -> Startup:
+        rep = verify.inspect(spec, log=str(log_path))
+        bad = [f for f in rep.findings if f.id in FAILURES and f.status == "fail"]
+        failure = f"{bad[0].title}; {bad[0].remedy}" if bad else None
+        return Startup({k: rep.observed.get(k) for k in ("kv_dtype", "max_total_num_tokens", "max_running_requests",
+                                                         "context_len")},
+                       [f.to_dict() for f in rep.findings], failure)
+
+
+ENGINE = SGLang()

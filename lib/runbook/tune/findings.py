@@ -1,0 +1,71 @@
+"""The run's findings: one per candidate (its pre-check or launch outcome and the guard), and the
+recommendation. Ids start with `tune.`; the checks' own findings stay in each candidate's row."""
+from __future__ import annotations
+
+from typing import Any
+
+from runbook.core.findings import Finding
+from runbook.core.spec import Deployment
+
+
+def _candidate(r: dict[str, Any], plan_only: bool) -> Finding:
+    name, st = r["name"], r.get("status")
+    pred = r.get("predicted") or {}
+    if st == "skipped":
+        return Finding("tune.skipped", "warn", f"{name}: skipped before launch: {r.get('reason')}",
+                       remedy="Fix or drop the candidate in the spec's tune section.")
+    if st == "failed":
+        remedy = {"port": "Stop what listens on the deployment's port (--yes stops the production unit), or tune on a spare host.",
+                  "spawn": "Fix serving.python (or the candidate's python, tune.llama_server) on this machine."}.get(
+                      str(r.get("failure_kind")), f"Read the server log {r.get('log')}; fix the candidate's flags or drop it.")
+        return Finding("tune.failed", "fail", f"{name}: {r.get('reason')}", evidence=(r.get("log_tail") or "")[-400:],
+                       remedy=remedy)
+    if st == "not_run":
+        return Finding("tune.not_run", "skip", f"{name}: not run: {r.get('reason')}", remedy="--resume RUN continues the run.")
+    if plan_only or st == "planned":
+        caps = f"{pred.get('max_total_num_tokens') or '?'} tokens, {pred.get('max_running_requests') or '?'} running requests"
+        return Finding("tune.precheck", "pass", f"{name}: passes the pre-check ({caps})")
+    g = r.get("guard") or {}
+    if g.get("status") == "fail":
+        bad = "; ".join(c["title"] for c in g.get("checks", []) if c["status"] == "fail")
+        return Finding("tune.guard", "fail", f"{name}: accuracy guard failed: {bad}",
+                       remedy="Do not serve this candidate: it changes the model's answers.")
+    return Finding("tune.ran", "pass" if r.get("verdict") != "failed" else "fail",
+                   f"{name}: ran; {r.get('verdict')}", detail="; ".join(c["title"] for c in g.get("checks", [])))
+
+
+def _startup(r: dict[str, Any]) -> Finding | None:
+    """What the start-up log says against the plan (stage 35's findings: token pool, FP8 KV without scales, ...)."""
+    bad = [d for d in r.get("startup") or [] if d.get("status") in ("fail", "warn")]
+    if r.get("status") != "done" or not bad:
+        return None
+    worst = next((d for d in bad if d["status"] == "fail"), bad[0])
+    return Finding("tune.startup", worst["status"], f"{r['name']}: start-up log: {worst.get('title')}",
+                   evidence=", ".join(sorted({str(d.get("id")) for d in bad})), remedy=worst.get("remedy") or "")
+
+
+def findings(spec: Deployment, res: dict[str, Any]) -> list[Finding]:
+    out = list(res["findings"]) + [_candidate(r, res["plan_only"]) for r in res["rows"]]
+    out += [f for f in (_startup(r) for r in res["rows"]) if f is not None]
+    for r in res["rows"]:
+        mem = r.get("gpu_memory_freed") or {}
+        if mem and not mem.get("ok"):
+            out.append(Finding("tune.gpu_memory", "fail", f"after {r['name']}: {mem.get('detail')}",
+                               remedy="Find what holds the GPU (nvidia-smi) before tuning on."))
+    rec = res.get("recommendation")
+    if res["plan_only"]:
+        return out
+    no_energy = next(((r.get("bench") or {}).get("energy_skipped") for r in res["rows"]
+                      if (r.get("bench") or {}).get("energy_skipped")), None)
+    if no_energy:
+        out.append(Finding("tune.energy", "skip", "energy per output token not measured: no GPU energy counter here",
+                           detail=no_energy, remedy="Run tune on the GPU host (NVML, Volta or newer)."))
+    if rec is None:
+        out.append(Finding("tune.recommendation", "fail", "no candidate ran and passed the accuracy guard",
+                           remedy="Read the candidates' findings above."))
+    elif rec["is_reference"]:
+        out.append(Finding("tune.recommendation", "pass", f"keep the deployment as it is ({rec['name']} is the best candidate)"))
+    else:
+        out.append(Finding("tune.recommendation", "info", f"serve {rec['name']}", detail=rec.get("note") or "",
+                           remedy=rec.get("command") or ""))
+    return out

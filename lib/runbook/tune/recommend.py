@@ -1,0 +1,89 @@
+"""Each finished candidate's verdict, and the one to serve: among the candidates that ran and passed the
+accuracy guard, the highest load within the SLOs (the SLO search's limit), then the highest output
+throughput — and the reference itself unless that candidate beats it by more than `tune.min_gain`. For it,
+the unit diff against the installed unit (30_service's diff) and the exact command that installs it."""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from runbook import service
+from runbook.core.errors import InputError, SpecError
+from runbook.core.spec import Deployment
+from runbook.tune import candidates as cands_mod
+
+
+def _score(row: dict[str, Any]) -> tuple[float, float]:
+    b = row.get("bench") or {}
+    return float(b.get("slo_limit") or 0), float(b.get("output_tok_s") or 0)
+
+
+def _beats(a: dict[str, Any], ref: dict[str, Any], min_gain: float) -> bool:
+    (la, ta), (lr, tr) = _score(a), _score(ref)
+    return la > lr or (la == lr and ta > tr * (1 + min_gain))
+
+
+def _startup_failed(row: dict[str, Any]) -> bool:
+    return any(d.get("status") == "fail" for d in row.get("startup") or [])
+
+
+def eligible(row: dict[str, Any]) -> bool:
+    """Ran, passed the guard, and started as planned (a start-up log `fail` — another KV dtype than the unit's,
+    FP8 KV without scales — is not a configuration to serve, however fast)."""
+    return (row.get("status") == "done" and (row.get("guard") or {}).get("status") in ("pass", "reference", "skip")
+            and not _startup_failed(row))
+
+
+def verdict(row: dict[str, Any], best: str | None) -> str:
+    st = row.get("status")
+    if st != "done":
+        return {"skipped": "skipped", "failed": "failed", "not_run": "not run", "planned": "passed the pre-check"}.get(str(st), str(st))
+    if (row.get("guard") or {}).get("status") == "fail":
+        return "accuracy guard failed"
+    if _startup_failed(row):
+        return "start-up log check failed"
+    return "recommended" if row["name"] == best else "ran, not the best"
+
+
+def _install_command(spec: Deployment, row: dict[str, Any]) -> str:
+    args = []
+    for k, v in (row.get("overlay") or {}).items():
+        args += ["--arg", f"{k}=false" if v in (None, False) else (k if v is True else f"{k}={v}")]
+    cmd = shlex.join(["python", "-m", "runbook", "service", "install", "--deployment", spec.source or "SPEC", *args, "--yes"])
+    if row.get("python"):
+        cmd = f"set serving.python: {row['python']} in {spec.source}, then: {cmd}"
+    return cmd
+
+
+def _unit_diff(spec: Deployment, row: dict[str, Any]) -> dict[str, Any]:
+    cand = cands_mod.Candidate(row["name"], row.get("overlay") or {}, row.get("python"))
+    try:
+        unit = service.build(cands_mod.apply(spec, cand)).unit
+    except (InputError, SpecError) as e:
+        return {"diff": "", "changes": [], "note": f"the unit could not be built: {e}"}
+    text, changes, found = service.diff(unit, Path(spec.systemd.installed_path))
+    return {"diff": text, "changes": changes, "note": found[0].title if found else ""}
+
+
+def recommend(spec: Deployment, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The recommendation (None when no candidate ran and passed the guard); every row gets its verdict."""
+    ok = [r for r in rows if eligible(r)]
+    best = max(ok, key=_score) if ok else None
+    ref = next((r for r in ok if r["name"] == spec.tune.reference), None)
+    if best is not None and ref is not None and not _beats(best, ref, spec.tune.min_gain):
+        best = ref                  # within noise of the deployment as it is: nothing to change
+    for r in rows:
+        r["verdict"] = verdict(r, best["name"] if best else None)
+    if best is None:
+        return None
+    rec: dict[str, Any] = {"name": best["name"], "overlay": best.get("overlay") or {}, "python": best.get("python"),
+                           "slo_limit": (best.get("bench") or {}).get("slo_limit"),
+                           "output_tok_s": (best.get("bench") or {}).get("output_tok_s"),
+                           "is_reference": best["name"] == spec.tune.reference}
+    if spec.tune.engine == "sglang":
+        rec.update(_unit_diff(spec, best), command=_install_command(spec, best))
+    else:
+        rec.update(diff="", changes=[], note="llama-server runs no installed unit here: start it with this command line",
+                   command=shlex.join(best.get("argv") or []))
+    return rec

@@ -1,0 +1,133 @@
+"""The tune run as one table (candidate × pre-check, ready time, predicted/observed tokens, load within
+the SLOs, throughput, TTFT/TPOT per context-length bucket, acceptance, J/token, guard, verdict), a Pareto
+plot (throughput against latency, accuracy failures marked) and the recommendation's text."""
+from __future__ import annotations
+
+from typing import Any
+
+from runbook.core.plots import figure
+
+
+def _ms(a: Any, b: Any) -> str:
+    return "—" if a is None and b is None else f"{a or 0:.0f}/{b or 0:.0f}"
+
+
+def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per candidate (what the table, the text and the notebook show)."""
+    out = []
+    for r in data.get("candidates", []):
+        pred, obs, b = r.get("predicted") or {}, r.get("observed") or {}, r.get("bench") or {}
+        row = {"candidate": r["name"], "pre-check": r.get("precheck"), "KV dtype": pred.get("kv_dtype"),
+               "KV B/token": pred.get("kv_bytes_per_token"),
+               "ready s": r.get("ready_s"), "tokens predicted": pred.get("max_total_num_tokens"),
+               "tokens observed": obs.get("max_total_num_tokens"), "running cap": pred.get("max_running_requests"),
+               "load within SLO": b.get("slo_limit"), "tok/s": round(b["output_tok_s"], 1) if b.get("output_tok_s") else None}
+        for k in b.get("buckets", []):
+            row[f"TTFT p50/p99 ms {k['bucket']}"] = _ms(k["ttft_ms_p50"], k["ttft_ms_p99"])
+            row[f"TPOT p50/p99 ms {k['bucket']}"] = _ms(k["tpot_ms_p50"], k["tpot_ms_p99"])
+            if k.get("accept_length"):
+                row[f"accept {k['bucket']}"] = k["accept_length"]
+        row.update({"acceptance": b.get("accept_length"), "J/token": b.get("j_per_token"),
+                    "guard": (r.get("guard") or {}).get("status"), "verdict": r.get("verdict") or r.get("status"),
+                    "reason": r.get("reason") or ""})
+        out.append(row)
+    return out
+
+
+def frame(data: dict[str, Any]):
+    import pandas as pd
+
+    return pd.DataFrame(rows(data)).set_index("candidate")
+
+
+def buckets_frame(data: dict[str, Any]):
+    """Per candidate and context-length bucket: requests, TTFT and TPOT p50/p99, acceptance length."""
+    import pandas as pd
+
+    recs = [{"candidate": r["name"], **k} for r in data.get("candidates", []) for k in (r.get("bench") or {}).get("buckets", [])]
+    return pd.DataFrame(recs).set_index(["candidate", "bucket"]) if recs else pd.DataFrame()
+
+
+def text_table(rep: Any) -> str:
+    """Plain text for the CLI: the table's main columns, then the recommendation."""
+    data = rep.data()
+    cols = ["candidate", "pre-check", "tokens predicted", "running cap", "ready s", "tokens observed", "load within SLO",
+            "tok/s", "acceptance", "J/token", "guard", "verdict"]
+    if data.get("plan_only"):
+        cols = ["candidate", "pre-check", "KV dtype", "KV B/token", "tokens predicted", "running cap", "reason"]
+    table = [[("—" if r.get(c) is None else str(r.get(c))) for c in cols] for r in rows(data)]
+    widths = [max(len(c), *(len(t[i]) for t in table)) if table else len(c) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(t, widths, strict=True)) for t in table]
+    rec = recommendation_text(data)
+    return "\n".join(lines) + ("\n\n" + rec if rec else "")
+
+
+def recommendation_text(data: dict[str, Any]) -> str:
+    rec = data.get("recommendation")
+    if data.get("plan_only"):
+        return "plan only: nothing was launched"
+    if not rec:
+        return "no recommendation: no candidate ran and passed the accuracy guard"
+    head = (f"Recommended: {rec['name']} (keep the deployment as it is)" if rec.get("is_reference")
+            else f"Recommended: {rec['name']}")
+    parts = [head]
+    if rec.get("slo_limit") is not None:
+        parts.append(f"  load within SLO: {rec['slo_limit']} concurrent requests")
+    if rec.get("output_tok_s"):
+        parts.append(f"  output throughput: {rec['output_tok_s']:.1f} tok/s")
+    if not rec.get("is_reference"):
+        parts.append(f"  install: {rec.get('command')}")
+        if rec.get("diff"):
+            parts.append(rec["diff"].rstrip())
+        elif rec.get("note"):
+            parts.append(f"  {rec['note']}")
+    return "\n".join(parts)
+
+
+def _latency(r: dict[str, Any]) -> float | None:
+    """The candidate's TPOT p50 over its highest fixed level (ms)."""
+    levels = (r.get("bench") or {}).get("levels") or []
+    if not levels:
+        return None
+    top = max(levels, key=lambda lv: lv.get("concurrency") or 0)
+    return (top.get("tpot_ms") or {}).get("p50")
+
+
+def pareto(data: dict[str, Any]) -> list[str]:
+    """Names on the Pareto front of the candidates that passed the guard: no other has more throughput and less latency."""
+    pts: list[tuple[str, float, float]] = []
+    for r in data.get("candidates", []):
+        if (r.get("guard") or {}).get("status") == "fail":
+            continue
+        t, lat = (r.get("bench") or {}).get("output_tok_s"), _latency(r)
+        if t is not None and lat is not None:
+            pts.append((r["name"], float(t), float(lat)))
+    return [n for n, t, lat in pts if not any(t2 >= t and l2 <= lat and (t2, l2) != (t, lat) for _, t2, l2 in pts)]
+
+
+def plot_pareto(data: dict[str, Any]):
+    """Throughput against TPOT at the highest level; the front joined, accuracy failures as red crosses."""
+    fig, ax = figure((7, 4.5))
+    front = set(pareto(data))
+    pts = []
+    for r in data.get("candidates", []):
+        tps, lat = (r.get("bench") or {}).get("output_tok_s"), _latency(r)
+        if tps is None or lat is None:
+            continue
+        bad = (r.get("guard") or {}).get("status") == "fail"
+        pts.append((lat, tps, r["name"]))
+        ax.scatter([lat], [tps], marker="x" if bad else "o", s=70, color="#c0392b" if bad else
+                   ("#1e8449" if r.get("verdict") == "recommended" else "#2e86c1"), zorder=3)
+        ax.annotate(r["name"] + (" (accuracy guard failed)" if bad else ""), (lat, tps), textcoords="offset points",
+                    xytext=(6, 4), fontsize=8)
+    fr = sorted(p for p in pts if p[2] in front)
+    if len(fr) > 1:
+        ax.plot([p[0] for p in fr], [p[1] for p in fr], color="#7f8c8d", lw=1, ls="--", zorder=2, label="Pareto front")
+        ax.legend(loc="best", fontsize=8)
+    ax.margins(0.12)                     # room for the labels at the edges
+    ax.set_xlabel("TPOT p50 at the highest concurrency (ms)")
+    ax.set_ylabel("output throughput (tok/s)")
+    ax.set_title("Candidates: throughput against latency (x: accuracy guard failed)")
+    ax.grid(alpha=0.3)
+    return fig

@@ -1,0 +1,257 @@
+"""A tune run: pre-check every candidate (nothing launched), then — unless plan-only — launch the ones that
+passed, one at a time on the deployment's port, with the production unit paused around them (production.py);
+read each one's start-up log, benchmark it, guard its accuracy against the reference, take it down, check the
+GPU memory is free, and archive its result before the next one starts. `resume` continues an archived run,
+skipping the candidates it finished."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runbook.core import paths
+from runbook.core.errors import InputError, RunbookError
+from runbook.core.findings import Finding
+from runbook.core.fsutil import atomic_write_json
+from runbook.core.spec import Deployment
+from runbook.tune import candidates as cands_mod
+from runbook.tune import energy, engines, guard, measure
+from runbook.tune.candidates import Candidate
+from runbook.tune.engines import Engine, PreCheck
+from runbook.tune.recommend import recommend
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+DONE = ("done", "failed", "skipped")     # a candidate in one of these states is not run again on --resume
+
+
+@dataclass
+class Settings:
+    names: list[str] | None = None
+    plan_only: bool = False
+    yes: bool = False
+    resume: str | None = None
+    budget_s: float | None = None
+    archive: Path | None = None
+    systemctl: Sequence[str] = ("systemctl",)
+    nvml: Any = None
+    log: Any = None
+
+
+@dataclass
+class Ctx:
+    spec: Deployment
+    engine: Engine
+    run_dir: Path | None
+    settings: Settings
+    t0: float = field(default_factory=time.monotonic)
+    baseline_gpu: list[float] | None = None
+    reference: dict[str, Any] | None = None     # the reference's recorded guard outputs
+    gpu_held: bool = False                      # a candidate's GPU memory was not given back: launch no more
+
+
+def tune_dir(archive: Path | None) -> Path:
+    return (archive or paths.outputs_dir()) / "tune"
+
+
+def _new_run(root: Path, spec: Deployment) -> Path:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_id, n = f"{stamp}-{spec.name}", 2
+    while (root / run_id).exists():
+        run_id, n = f"{stamp}-{n}-{spec.name}", n + 1
+    (root / run_id / "candidates").mkdir(parents=True)
+    return root / run_id
+
+
+def _resumed(root: Path, run: str, spec: Deployment) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """The archived run's folder and its finished candidates; a one-line InputError when it is not one."""
+    if not _RUN_ID.match(run):
+        raise InputError(f"--resume {run!r}: a run id is a folder name under {root} (letters, digits, . _ -)")
+    d = root / run
+    try:
+        meta = json.loads((d / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = sorted(p.name for p in root.iterdir() if (p / "run.json").is_file()) if root.is_dir() else []
+        raise InputError(f"--resume {run}: no tune run there ({d}); runs: {', '.join(known[-5:]) or 'none yet'}") from None
+    if meta.get("deployment") != spec.name:
+        raise InputError(f"--resume {run}: that run tuned {meta.get('deployment')!r}, not {spec.name!r}; give its deployment")
+    done: dict[str, dict[str, Any]] = {}
+    for p in sorted((d / "candidates").glob("*.json")):
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue                      # cut short by the kill: run it again
+        if isinstance(doc, dict) and doc.get("status") in DONE:
+            done[str(doc.get("name"))] = doc
+    return d, done
+
+
+def _file_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=+-]", "_", name)[:120] + ".json"
+
+
+def archive_candidate(ctx: Ctx, row: dict[str, Any]) -> None:
+    if ctx.run_dir is not None:
+        atomic_write_json(ctx.run_dir / "candidates" / _file_name(row["name"]), row)
+
+
+def _row(c: Candidate, pre: PreCheck) -> dict[str, Any]:
+    return {"name": c.name, "overlay": c.overlay, "python": c.python, "description": c.description,
+            "precheck": pre.status, "reason": pre.reason, "predicted": pre.predicted, "argv": pre.argv,
+            "precheck_details": pre.details, "status": "skipped" if pre.status == "skipped" else "planned"}
+
+
+def precheck_all(ctx: Ctx, cands: list[Candidate]) -> list[tuple[Candidate, PreCheck, dict[str, Any]]]:
+    t = ctx.spec.tune
+    longest = t.longest_context or max(t.buckets)
+    out = []
+    for c in cands:
+        t0 = time.monotonic()
+        if c.python and not (os.path.isfile(c.python) and os.access(c.python, os.X_OK)):
+            # an upgrade canary's interpreter must be here: its parser is the check, and tune launches it here
+            pre = PreCheck("skipped", f"its serving interpreter {c.python} is not on this machine (an SGLang upgrade "
+                                      "canary runs on the host that has it)")
+        else:
+            pre = ctx.engine.precheck(cands_mod.apply(ctx.spec, c), longest, list(t.buckets))
+        row = _row(c, pre)
+        row["precheck_s"] = round(time.monotonic() - t0, 3)
+        out.append((c, pre, row))
+    return out
+
+
+def _left(ctx: Ctx) -> float:
+    budget = ctx.settings.budget_s or ctx.spec.tune.budget_s
+    return budget - (time.monotonic() - ctx.t0)
+
+
+def _launch(ctx: Ctx, cspec: Deployment, log_path: Path) -> Any:
+    from runbook.tune.launch import Launch
+
+    t = ctx.spec.tune
+    argv, env = ctx.engine.launch_env(cspec)
+    timeout = min(t.ready_timeout_s or float(ctx.spec.systemd.timeout_start_sec), t.budget_per_candidate_s, max(1.0, _left(ctx)))
+    host = "127.0.0.1" if cspec.serving.host in ("0.0.0.0", "::", "") else cspec.serving.host
+    return Launch(tuple(argv), log_path, cspec.serving.port, host, env, ctx.engine.ready_path(cspec), timeout,
+                  systemd=t.systemd_run)
+
+
+def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) -> dict[str, Any]:
+    """Launch, read the start-up log, benchmark, guard, take down: the candidate's archived row."""
+    from runbook.tune.launch import LaunchFailed, launched
+
+    cspec = cands_mod.apply(ctx.spec, c)
+    t_start = time.monotonic()
+    log_dir = (ctx.run_dir or Path(paths.outputs_dir())) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / (_file_name(c.name)[:-5] + ".log")
+    row["log"] = str(log_path)
+    try:
+        with launched(_launch(ctx, cspec, log_path)) as srv:
+            row["ready_s"] = round(srv.ready_s, 2)
+            st = ctx.engine.startup(cspec, log_path, pre)
+            row.update(observed=st.observed, startup=st.details)
+            t_bench = time.monotonic()
+            deadline = t_start + min(ctx.spec.tune.budget_per_candidate_s, max(0.0, _left(ctx)))
+            row["bench"] = measure.run(cspec, srv.url, nvml=ctx.settings.nvml, deadline=deadline)
+            row["bench_s"] = round(time.monotonic() - t_bench, 2)
+            t_guard = time.monotonic()
+            if time.monotonic() < deadline or c.name == ctx.spec.tune.reference:   # the others need the reference's
+                _guard(ctx, cspec, c, row, srv.url)
+            else:
+                row["guard"] = {"status": "skip", "checks": [], "title": "the candidate's time budget was spent"}
+            row["guard_s"] = round(time.monotonic() - t_guard, 2)
+            if not srv.alive():
+                raise LaunchFailed("exited", "the server died while it was measured; see its log")
+        row["status"] = "done"
+    except LaunchFailed as e:
+        st = ctx.engine.startup(cspec, log_path, pre)
+        row.update(status="failed", failure_kind=e.kind, observed=st.observed, startup=st.details,
+                   reason=st.failure or str(e), log_tail=e.log_tail)
+    except RunbookError as e:       # the benchmark or a probe refused its inputs: this candidate, not the run
+        row.update(status="failed", failure_kind="measure", reason=" ".join(str(e).split()))
+    ok, how = energy.wait_memory_free(ctx.baseline_gpu, nvml=ctx.settings.nvml)
+    row["gpu_memory_freed"] = {"ok": ok, "detail": how}
+    row["total_s"] = round(time.monotonic() - t_start, 2)      # launch to result, teardown and memory check included
+    return row
+
+
+def _guard(ctx: Ctx, cspec: Deployment, c: Candidate, row: dict[str, Any], url: str) -> None:
+    context = (row.get("observed") or {}).get("context_len") or (row.get("predicted") or {}).get("context_len")
+    got = guard.record(cspec, url, context)
+    row["guard_outputs"] = got
+    if c.name == ctx.spec.tune.reference:
+        ctx.reference = got
+        row["guard"] = {"status": "reference", "checks": []}
+    elif ctx.reference is None:
+        row["guard"] = {"status": "skip", "checks": [], "title": "no reference outputs to compare with (the reference did not run)"}
+    else:
+        row["guard"] = guard.compare(cspec, ctx.reference, got)
+
+
+def _launch_all(ctx: Ctx, todo: list[tuple[Candidate, PreCheck, dict[str, Any]]], rows: dict[str, dict[str, Any]],
+                findings: list[Finding]) -> None:
+    from runbook.tune import production
+
+    spec = ctx.spec
+    unit = spec.systemd.unit_name      # the production server on this port (not active: nothing is stopped)
+    ready = spec.serving.local_url + spec.systemd.ready_path
+    ctx.baseline_gpu = energy.gpu_memory_used(ctx.settings.nvml)
+    with production.paused(unit, yes=ctx.settings.yes, ready_url=ready, ready_timeout_s=float(spec.systemd.timeout_start_sec),
+                           systemctl=ctx.settings.systemctl) as pause:
+        for c, pre, row in todo:
+            if _left(ctx) <= 0:
+                row.update(status="not_run", reason=f"the run's budget of {ctx.settings.budget_s or spec.tune.budget_s:g} s was spent")
+            elif ctx.gpu_held:
+                row.update(status="not_run", reason="GPU memory was not freed after the previous candidate")
+            else:
+                _log(ctx, f"{c.name}: launching")
+                run_candidate(ctx, c, pre, row)
+                ctx.gpu_held = not row["gpu_memory_freed"]["ok"]
+                _log(ctx, f"{c.name}: {row['status']}" + (f" ({row.get('reason')})" if row["status"] != "done" else ""))
+            rows[c.name] = row
+            archive_candidate(ctx, row)
+    findings += pause.findings
+
+
+def _log(ctx: Ctx, msg: str) -> None:
+    if ctx.settings.log is not None:
+        ctx.settings.log(msg)
+
+
+def tune(spec: Deployment, s: Settings) -> dict[str, Any]:
+    """The whole run: its rows (one per candidate), the recommendation, the run folder and findings."""
+    cands = cands_mod.select(cands_mod.expand(spec), s.names)
+    ctx = Ctx(spec, engines.get(spec.tune.engine), None, s)
+    root = tune_dir(s.archive)
+    done: dict[str, dict[str, Any]] = {}
+    if s.resume:
+        ctx.run_dir, done = _resumed(root, s.resume, spec)
+    checked = precheck_all(ctx, [c for c in cands if c.name not in done])
+    _log(ctx, f"pre-check: {sum(p.status == 'ok' for _, p, _ in checked)} of {len(checked)} candidates pass"
+         + (f" ({len(done)} finished in {s.resume})" if done else ""))
+    rows: dict[str, dict[str, Any]] = dict(done)
+    findings: list[Finding] = []
+    if s.plan_only:
+        rows.update({c.name: row for c, _, row in checked})
+    else:
+        if ctx.run_dir is None:
+            ctx.run_dir = _new_run(root, spec)
+        atomic_write_json(ctx.run_dir / "run.json", {"deployment": spec.name, "engine": spec.tune.engine,
+                                                     "candidates": [c.name for c in cands]})
+        ref = done.get(spec.tune.reference)
+        ctx.reference = ref.get("guard_outputs") if ref else None
+        for _, pre, row in checked:
+            if pre.status == "skipped":
+                rows[row["name"]] = row
+                archive_candidate(ctx, row)
+        _launch_all(ctx, [x for x in checked if x[1].status == "ok"], rows, findings)
+    ordered = [rows[c.name] for c in cands if c.name in rows]
+    rec = None if s.plan_only else recommend(spec, ordered)
+    return {"rows": ordered, "recommendation": rec, "run_dir": str(ctx.run_dir) if ctx.run_dir else None,
+            "run_id": ctx.run_dir.name if ctx.run_dir else None, "findings": findings, "plan_only": s.plan_only,
+            "resumed": sorted(done)}

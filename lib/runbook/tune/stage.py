@@ -1,0 +1,91 @@
+"""Stage 60's contract: its settings and `evaluate`, the tune run (pre-check, launches, recommendation)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from runbook.core.archive import number
+from runbook.core.findings import Finding
+from runbook.core.options import Options, PosFloat
+from runbook.core.registry import Stage, register
+from runbook.core.spec import SLO, Deployment
+
+
+class TuneOptions(Options):
+    candidates: list[str] | None = Field(None, description="only these candidates, e.g. mtp,fp8-kv (the reference always runs)")
+    plan_only: bool = Field(False, description="pre-check only: launch nothing; the table of predicted tokens and "
+                                               "running-request caps")
+    yes: bool = Field(False, description="stop the production unit when it is active (restored at the end); "
+                                         "without it tune refuses")
+    resume: str | None = Field(None, description="continue this tune run (a folder under ARCHIVE/tune/), skipping its "
+                                                 "finished candidates")
+    budget_s: PosFloat | None = Field(None, description="the whole run's time bound, seconds (default: the spec's tune.budget_s)")
+    archive: str | None = Field(None, description="archive root; runs go to ARCHIVE/tune/<run id>/ (default: outputs/)")
+
+    @field_validator("candidates")
+    @classmethod
+    def _names(cls, v: list[str] | None) -> list[str] | None:
+        names = [n.strip() for n in v or [] if n.strip()]
+        if v is not None and not names:
+            raise ValueError("must name at least one candidate")
+        return names or None
+
+
+@dataclass
+class TuneReport:
+    findings: list[Finding]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    recommendation: dict[str, Any] | None = None
+    run_id: str | None = None
+    run_dir: str | None = None
+    plan_only: bool = False
+    engine: str = "sglang"
+    resumed: list[str] = field(default_factory=list)
+
+    def data(self) -> dict[str, Any]:
+        rows = [{k: v for k, v in r.items() if k != "guard_outputs"} for r in self.rows]
+        return {"engine": self.engine, "plan_only": self.plan_only, "run_id": self.run_id, "run_dir": self.run_dir,
+                "resumed": self.resumed, "candidates": rows, "recommendation": self.recommendation}
+
+
+def _progress(msg: str) -> None:
+    """One line per candidate on stderr: a tune run takes minutes to hours."""
+    import datetime as dt
+    import sys
+
+    print(f"{dt.datetime.now(dt.timezone.utc):%H:%M:%SZ} tune: {msg}", file=sys.stderr, flush=True)
+
+
+def evaluate(spec: Deployment, options: TuneOptions, **hooks: Any) -> TuneReport:
+    """The tune run under the options (`hooks`: systemctl, nvml, log — tests and the notebook's progress)."""
+    from runbook.tune.findings import findings
+    from runbook.tune.run import Settings, tune
+
+    hooks.setdefault("log", _progress)
+    s = Settings(options.candidates, options.plan_only, options.yes, options.resume, options.budget_s,
+                 Path(options.archive) if options.archive else None, **hooks)
+    res = tune(spec, s)
+    return TuneReport(findings(spec, res), res["rows"], res["recommendation"], res["run_id"], res["run_dir"],
+                      res["plan_only"], spec.tune.engine, res["resumed"])
+
+
+def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
+    """The recommendation for the run summary and the fleet index."""
+    rec = data.get("recommendation")
+    if not isinstance(rec, dict) or not rec.get("name"):
+        return {}
+    out: dict[str, Any] = {"tune_recommended": str(rec["name"])}
+    limit, tps = number(rec.get("slo_limit")), number(rec.get("output_tok_s"))
+    if limit is not None:
+        out["tune_max_concurrency_within_slo"] = int(limit)
+    if tps is not None:
+        out["tune_output_tok_s"] = round(float(tps), 2)
+    return out
+
+
+STAGE = register(Stage(60, "tune", "tune", "find the configuration to serve: pre-check, launch, measure and guard candidates "
+                       "(takes the server down)", TuneOptions, evaluate, figures=figures, runner_params={"archive_root": "archive"},
+                       in_default_run=False))

@@ -1,0 +1,225 @@
+"""tune's parts without a server: the spec section (bad input as one line naming the key), candidates, the
+llama-server pre-check's arithmetic and GGUF reader, buckets, the recommendation, the Pareto front, NVML energy,
+llama-server's draft counters, and `runbook run` leaving tune out unless asked."""
+import struct
+
+import pytest
+import yaml
+from conftest import REPO
+
+from runbook.core import registry
+from runbook.core import spec as spec_mod
+from runbook.core.errors import InputError, SpecError
+from runbook.tune import candidates, energy, measure, recommend, report
+from runbook.tune.engines import gguf, llama
+
+DEFAULT = REPO / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml"
+
+
+def _spec(tune: dict, tmp_path=None) -> spec_mod.Deployment:
+    data = yaml.safe_load(DEFAULT.read_text())
+    data["tune"] = tune
+    return spec_mod.from_dict(data, str(DEFAULT))
+
+
+@pytest.mark.parametrize("tune, msg", [
+    ({"candidates": {"x": {"flags": {"port": 1}}}}, "tune.candidates.x.flags.port: set it through serving.port"),
+    ({"candidates": {"x": {"flags": {"context-length": "lots"}}}}, "tune.candidates.x.flags.context-length: must be a token"),
+    ({"candidates": {"x": {"flags": {"--kv": "a"}}}}, "write flags without leading dashes"),
+    ({"candidates": {"x y": {}}}, "a candidate name is letters"),
+    ({"candidates": {"x": {"python": "python3"}}}, "must be an absolute path"),
+    ({"grid": {"page-size": []}}, "a grid entry is a non-empty list"),
+    ({"buckets": [32768, 8192]}, "buckets: must ascend"),
+    ({"engine": "llama-server"}, "llama_server: engine llama-server needs the binary's path"),
+    ({"budget_s": 0}, "tune.budget_s"),
+    ({"engine": "vllm"}, "tune.engine"),
+    ({"nonsense": 1}, "tune.nonsense: unknown key"),
+])
+def test_bad_tune_sections_are_one_line_naming_the_key(tune, msg):
+    with pytest.raises(SpecError) as e:
+        _spec(tune)
+    assert msg in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_candidates_reference_first_grid_expanded_and_selected():
+    dep = _spec({"candidates": {"mtp": {"flags": {"speculative-algorithm": "NEXTN"}}, "no-metrics": {"flags": {"enable-metrics": None}}},
+                 "grid": {"page-size": [32, 64], "disable-radix-cache": [True, False]}})
+    cs = candidates.expand(dep)
+    assert [c.name for c in cs] == ["reference", "mtp", "no-metrics", "page-size=32,disable-radix-cache=on",
+                                    "page-size=32,disable-radix-cache=off", "page-size=64,disable-radix-cache=on",
+                                    "page-size=64,disable-radix-cache=off"]
+    assert [c.name for c in candidates.select(cs, ["mtp"])] == ["reference", "mtp"]
+    with pytest.raises(InputError, match="--candidates nope: no such candidate"):
+        candidates.select(cs, ["nope"])
+    applied = candidates.apply(dep, cs[2]).serving.flags
+    assert "enable-metrics" not in applied and applied["kv-cache-dtype"] == "bf16"
+    assert candidates.apply(dep, cs[1]).serving.flags["speculative-algorithm"] == "NEXTN"
+    with pytest.raises(InputError, match="tune.reference: 'zzz' is not a candidate"):
+        candidates.expand(_spec({"reference": "zzz"}))
+
+
+def test_the_default_deployment_names_mtp_and_fp8_kv():
+    names = [c.name for c in candidates.expand(spec_mod.load(DEFAULT))]
+    assert names == ["reference", "mtp", "fp8-kv"]
+
+
+def test_llama_kv_prediction_from_the_gguf_header():
+    meta = {"general.architecture": "llama", "llama.block_count": 6, "llama.attention.head_count": 12,
+            "llama.attention.head_count_kv": 12, "llama.embedding_length": 768, "llama.context_length": 4096}
+    p = llama.kv_prediction(meta, {"parallel": 2, "ctx-size": 2048, "cache-type-k": "q8_0", "cache-type-v": "q8_0"})
+    # what llama-server 0.3.36 logged for these flags: "size = 19.12 MiB (1024 cells, 6 layers, 2/2 seqs), K (q8_0): 9.56 MiB"
+    assert p["kv_mib"] == pytest.approx(19.12, abs=0.01) and p["context_len"] == 1024 and p["max_running_requests"] == 2
+    assert llama.kv_prediction(meta, {"parallel": 2, "ctx-size": 2048})["kv_mib"] == pytest.approx(36.0)
+    gqa = dict(meta, **{"llama.attention.head_count_kv": 4})
+    assert llama.kv_prediction(gqa, {"ctx-size": 2048})["kv_bytes_per_token"] == 6 * 256 * 4
+
+
+def _gguf(path, kvs: list[tuple[str, int, bytes]]) -> None:
+    body = b"".join(struct.pack("<Q", len(k)) + k.encode() + struct.pack("<I", t) + v for k, t, v in kvs)
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + body)
+
+
+def test_gguf_reader_reads_scalars_skips_arrays_and_refuses_other_files(tmp_path):
+    p = tmp_path / "m.gguf"
+    arr = struct.pack("<IQ", 4, 3) + struct.pack("<3I", 1, 2, 3)
+    _gguf(p, [("general.architecture", 8, struct.pack("<Q", 5) + b"llama"), ("llama.block_count", 4, struct.pack("<I", 6)),
+              ("tokens", 9, arr), ("llama.rope.freq_base", 6, struct.pack("<f", 1.5))])
+    assert gguf.metadata(p) == {"general.architecture": "llama", "llama.block_count": 6, "tokens": None,
+                                "llama.rope.freq_base": 1.5}
+    (tmp_path / "x.gguf").write_bytes(b"GGML....")
+    with pytest.raises(InputError, match="not a GGUF model"):
+        gguf.metadata(tmp_path / "x.gguf")
+    p.write_bytes(p.read_bytes()[:-3])
+    with pytest.raises(InputError, match="cut short"):
+        gguf.metadata(p)
+    with pytest.raises(InputError, match="cannot read the model"):
+        gguf.metadata(tmp_path / "missing.gguf")
+
+
+def test_buckets_by_prompt_tokens():
+    assert [measure.bucket_of(n, [8192, 32768, 131072]) for n in (1, 8192, 8193, 40000, 200000, None)] == \
+        ["≤8k", "≤8k", "8k–32k", "32k–128k", ">128k", None]
+
+
+def _row(name, status="done", guard="pass", limit=None, tps=1.0, tpot=10.0):
+    return {"name": name, "status": status, "overlay": {"kv-cache-dtype": "fp8_e4m3"} if name != "reference" else {},
+            "guard": {"status": guard, "checks": []},
+            "bench": {"slo_limit": limit, "output_tok_s": tps, "levels": [{"concurrency": 4, "tpot_ms": {"p50": tpot}}]}}
+
+
+def test_recommendation_is_the_highest_load_within_slo_then_throughput_among_guarded():
+    dep = spec_mod.load(DEFAULT)
+    rows = [_row("reference", guard="reference", limit=8, tps=100), _row("fast-but-wrong", guard="fail", limit=64, tps=900),
+            _row("fp8", limit=16, tps=90), _row("skipped", status="skipped"), _row("more-tps", limit=8, tps=500)]
+    rec = recommend.recommend(dep, rows)
+    assert rec["name"] == "fp8" and not rec["is_reference"]
+    assert [r["verdict"] for r in rows] == ["ran, not the best", "accuracy guard failed", "recommended", "skipped",
+                                            "ran, not the best"]
+    assert rec["command"].startswith("python -m runbook service install --deployment ")
+    assert "--arg kv-cache-dtype=fp8_e4m3 --yes" in rec["command"]
+    assert recommend.recommend(dep, [_row("x", status="failed")]) is None
+    # a few per cent more throughput at the same load is noise: keep the deployment as it is
+    close = [_row("reference", guard="reference", limit=8, tps=100), _row("fp8", limit=8, tps=104)]
+    assert recommend.recommend(dep, close)["is_reference"] and close[1]["verdict"] == "ran, not the best"
+    assert recommend.recommend(dep, [close[0], _row("fp8", limit=8, tps=106)])["name"] == "fp8"
+    # started, but not as planned: not a configuration to serve
+    bad_start = {**_row("fp8", limit=64, tps=900), "startup": [{"id": "verify.kv_dtype", "status": "fail", "title": "x"}]}
+    assert recommend.recommend(dep, [close[0], bad_start])["is_reference"] and bad_start["verdict"] == "start-up log check failed"
+
+
+def test_pareto_front_and_plot_mark_guard_failures():
+    data = {"candidates": [_row("a", tps=100, tpot=10), _row("b", tps=200, tpot=20), _row("c", tps=90, tpot=15),
+                           _row("d", guard="fail", tps=300, tpot=5)]}
+    assert set(report.pareto(data)) == {"a", "b"}          # d is faster, but not the same model
+    fig = report.plot_pareto(data)
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert "d (accuracy guard failed)" in labels and "c" in labels
+
+
+class _NVML:
+    """NVML as pynvml answers: energy in mJ since the driver loaded, memory in bytes."""
+
+    def __init__(self, mj=(1000, 2000), used=(1 << 30, 1 << 30)):
+        self.mj, self.used = list(mj), list(used)
+
+    def nvmlInit(self): pass
+    def nvmlDeviceGetCount(self): return len(self.mj)
+    def nvmlDeviceGetHandleByIndex(self, i): return i
+    def nvmlDeviceGetTotalEnergyConsumption(self, h): return self.mj[h]
+    def nvmlDeviceGetMemoryInfo(self, h): return type("M", (), {"used": self.used[h]})()
+
+
+def test_energy_over_a_window_and_gpu_memory_back_before_the_next_launch():
+    nv = _NVML()
+    m = energy.EnergyMeter(nv)
+    m.start()
+    nv.mj = [4000, 9000]
+    assert m.stop() == pytest.approx(10.0)            # (3000 + 7000) mJ
+    no = energy.EnergyMeter(type("Broken", (), {"nvmlInit": lambda self: (_ for _ in ()).throw(OSError("no driver"))})())
+    no.start()
+    assert no.stop() is None and "no driver" in no.skipped
+    base = energy.gpu_memory_used(nv)
+    nv.used = [6 << 30, 1 << 30]
+    ok, why = energy.wait_memory_free(base, timeout_s=0, nvml=nv, sleep=lambda s: None)
+    assert not ok and "GPU 0 still holds 5.0 GiB" in why
+    nv.used = [1 << 30, 1 << 30]
+    assert energy.wait_memory_free(base, timeout_s=0, nvml=nv)[0]
+    assert energy.wait_memory_free(None) == (True, "no GPU here: nothing to check")
+
+
+def test_llama_server_draft_counters_give_the_acceptance_length():
+    from runbook.endpoint.client import RequestRecord, _draft_counters
+
+    r = RequestRecord(1)
+    _draft_counters({"predicted_n": 96, "draft_n": 19, "draft_n_accepted": 10}, r)   # a real response's counters
+    assert r.spec_accept_length == pytest.approx(96 / 86)
+    for bad in ({"predicted_n": 10, "draft_n": 5, "draft_n_accepted": 10}, {"predicted_n": 10}, None, {"draft_n": "x"}):
+        r2 = RequestRecord(2)
+        _draft_counters(bad, r2)
+        assert r2.spec_accept_length is None
+
+
+def test_run_leaves_tune_out_unless_only_names_it():
+    from runbook.runner import run
+
+    assert registry.get("tune").in_default_run is False
+    names = [p.name for p in run.discover(run.NOTEBOOKS, [])]
+    assert "60_tune.ipynb" not in names and "40_benchmark.ipynb" in names
+    assert [p.name for p in run.discover(run.NOTEBOOKS, ["tune"])] == ["60_tune.ipynb"]
+
+
+def test_summary_figures_carry_the_recommendation():
+    st = registry.get("tune")
+    assert st.figures({"recommendation": {"name": "mtp", "slo_limit": 16, "output_tok_s": 123.456}}) == \
+        {"tune_recommended": "mtp", "tune_max_concurrency_within_slo": 16, "tune_output_tok_s": 123.46}
+    assert st.figures({"recommendation": None}) == {} and st.figures({}) == {}
+
+
+def test_sglang_launch_fills_the_api_key_from_the_env_file_or_leaves_it_out(tmp_path, monkeypatch):
+    from runbook.tune.engines import sglang
+
+    monkeypatch.delenv("SGLANG_API_KEY", raising=False)
+    data = yaml.safe_load(DEFAULT.read_text())
+    env = tmp_path / "qwen.env"
+    env.write_text("SGLANG_API_KEY=sk-tune-123456789\n")
+    data["serving"]["env_file"] = str(env)
+    argv, extra = sglang.ENGINE.launch_env(spec_mod.from_dict(data, str(DEFAULT)))
+    assert argv[argv.index("--api-key") + 1] == "sk-tune-123456789" and extra["SGLANG_API_KEY"] == "sk-tune-123456789"
+    assert argv[1:3] == ["-m", "sglang.launch_server"] and "--kv-cache-dtype" in argv
+    data["serving"]["env_file"] = str(tmp_path / "missing.env")
+    argv, _ = sglang.ENGINE.launch_env(spec_mod.from_dict(data, str(DEFAULT)))
+    assert "--api-key" not in argv and not any("${" in w for w in argv)
+
+
+def test_start_up_log_findings_of_a_candidate_that_ran_reach_the_verdict():
+    from runbook.tune.findings import findings
+
+    dep = spec_mod.load(DEFAULT)
+    row = {**_row("fp8-kv"), "verdict": "recommended",
+           "startup": [{"id": "verify.tokens", "status": "warn", "title": "token pool 4 % below the plan"},
+                       {"id": "verify.fp8_kv_scales", "status": "fail", "title": "FP8 KV cache without scaling factors",
+                        "remedy": "--kv-cache-dtype bf16"}, {"id": "verify.started", "status": "pass", "title": "ok"}]}
+    got = [f for f in findings(dep, {"findings": [], "rows": [row], "plan_only": False, "recommendation": None})
+           if f.id == "tune.startup"]
+    assert len(got) == 1 and got[0].status == "fail" and "FP8 KV cache without scaling factors" in got[0].title
+    assert got[0].evidence == "verify.fp8_kv_scales, verify.tokens" and got[0].remedy == "--kv-cache-dtype bf16"

@@ -18,7 +18,6 @@ SHARED = ("core", "model", "endpoint", "corpus")
 # The layers above the stages, and the other layers each may use besides the shared ones. None of them
 # imports a stage: they reach stages only through the registry.
 UPPER = {"alerts": (), "runner": ("alerts",), "fleet": ("runner",), "demo": ("cli",)}  # demo runs the whole runbook through the CLI
-PENDING = tuple({"tune"} - set(STAGES))   # tune's launch/production guards land before its stage registers (issue 30)
 
 
 def _sources(pkg: str) -> list[Path]:
@@ -64,20 +63,20 @@ def _violations(path: Path, layer: str, text: str) -> list[str]:
         target = parts[1]
         if target == layer or target in SHARED or target in allowed:
             continue
-        if target in STAGES and layer in STAGES + PENDING and len(parts) == 2 and set(names) <= set(_all(target)):
+        if target in STAGES and layer in STAGES and len(parts) == 2 and set(names) <= set(_all(target)):
             continue
         bad.append(f"{path.relative_to(REPO)}:{line}: {layer} imports {mod} {names}")
     return bad
 
 
 def test_no_stage_imports_another_stages_internals():
-    bad = [v for layer in STAGES + SHARED + tuple(UPPER) + PENDING for p in _sources(layer) for v in _violations(p, layer, p.read_text())]
+    bad = [v for layer in STAGES + SHARED + tuple(UPPER) for p in _sources(layer) for v in _violations(p, layer, p.read_text())]
     assert not bad, "\n".join(bad)
 
 
 def test_every_package_is_a_stage_a_shared_layer_or_an_upper_layer():
     pkgs = {p.parent.name for p in LIB.glob("*/__init__.py")} - {"_data"}
-    known = set(STAGES) | set(SHARED) | set(UPPER) | set(PENDING)
+    known = set(STAGES) | set(SHARED) | set(UPPER)
     assert pkgs == known, pkgs ^ known
 
 

@@ -53,7 +53,7 @@ EXTERNAL = {
     "--lag": CLIENT_CEILING, "--send-overhead": CLIENT_CEILING,
     "--jinja": "llama.cpp's llama-server",
     "--retry": "curl", "--retry-all-errors": "curl",
-    "--no-pager": "journalctl", "--now": "systemctl", "--test": "systemd",
+    "--no-pager": "journalctl", "--now": "systemctl", "--test": "systemd", "--user": "systemd-run",
     "--limit": "ansible-playbook", "--tags": "ansible-playbook",
     "--collector": "prometheus-node-exporter (--collector.textfile.directory)",
 }

@@ -256,6 +256,11 @@ def cases() -> list[dict]:  # noqa: C901  (one flat table, read top to bottom)
                     add(name, d, info, gpu, max(t, 8 if gpu == "RTX6000" else t), SPEC, "mtp")
             if tp_b:
                 add(name, d, info, "B200", tp_b, SPEC + ["--kv-cache-dtype", "fp8_e4m3"], "mtp-fp8")
+            if tp_b and hybrid:   # the draft worker's own FP4 pool: one layer's data, scales and dequant workspace
+                add(name, d, info, "B200", tp_b, SPEC + ["--kv-cache-dtype", "nvfp4"], "mtp-nvfp4")
+                add(name, d, info, "B200", tp_b, SPEC + ["--kv-cache-dtype", "nvfp4", "--attention-backend", "flashinfer"],
+                    "mtp-nvfp4-flashinfer")
+                add(name, d, info, "B200", tp_b, SPEC + ["--kv-cache-dtype", "fp4_mx_block16"], "mtp-fp4_mx_block16")
 
         # 5. PP 2 (TP 4) where it fits.
         for gpu in ("H200", "B200"):

@@ -506,7 +506,8 @@ def _draft_pool_bytes_per_token(server_args, spec_algorithm, target_config, targ
     spec = _RC.get_spec()
     dcfg = ModelConfig.from_server_args(server_args, model_path=spec.speculative_draft_model_path,
                                         model_revision=spec.speculative_draft_model_revision, is_draft_model=True)
-    dmodel = SimpleNamespace(quant_config=target_model.quant_config, config=dcfg.hf_config)
+    # the draft model is not loaded: no layers, so an NVFP4 recipe keeps its per-layer scales at 1.0 (no memory effect)
+    dmodel = SimpleNamespace(quant_config=target_model.quant_config, config=dcfg.hf_config, layers=[])
     kv_str, kv_dtype = _KVD.configure_kv_cache_dtype(
         server_args_kv_cache_dtype=_RC.get_model().kv_cache_dtype, model=dmodel, model_dtype=dcfg.dtype,
         is_draft_worker=True, is_dflash=False, speculative_draft_attention_backend=None,

@@ -327,13 +327,9 @@ def compute(arch: Arch, inp: Inputs) -> Result:
             cell += extra
             draft_budget = draft_bytes = max(draft_budget, extra)
         stages.append(Stage(i, s, e, nf + ns, nf, ns, nl, cell, state_bytes_per_request(arch, a_tp, nl, ssm_dtype)))
-    if spec is not None and spec.own_mtp and arch.linear is not None and not draft_budget:
-        # No num_nextn_predict_layers in the target's config (Qwen3-Next, Qwen3.5): the budget's cell holds no draft
-        # share (spec_aux_hidden_state.py), and the draft worker then builds its own pool, one full-attention layer
-        # ([0], kv_cache_configurator.py _build_hybrid_linear_kv_pool) with the target's token count, out of the memory
-        # left after the target's pools
-        draft_bytes = math.ceil(cell_bytes(arch, kv_dtype, a_tp, 1, 0, inp.swa_full_tokens_ratio,
-                                           *defaults.fp4_recipe(kv_dtype, explicit, inp.compute_capability)))
+    if spec is not None and spec.own_mtp and arch.linear is not None:
+        draft_bytes = _own_draft_pool_bytes(arch, kv_dtype, a_tp, spec.draft_kv_layers or 1,
+                                            defaults.fp4_recipe(kv_dtype, explicit, inp.compute_capability))
     heads = kv_heads_per_gpu(arch, a_tp)
     ctx = inp.context_len or arch.max_context or 2048
     overlap = inp.pp == 1 and not inp.disable_overlap_schedule
@@ -378,6 +374,17 @@ def compute(arch: Arch, inp: Inputs) -> Result:
         _pools(arch, inp, res, stages, budget, ctx, slots, per_slot, findings, spec, mrr_arg)
     res.findings = findings + _findings(arch, inp, res)
     return res
+
+
+def _own_draft_pool_bytes(arch: Arch, kv_dtype: str, a_tp: int, layers: int, fp4_recipe: tuple[int, int]) -> int:
+    """The MTP draft worker's own pool on a hybrid linear-attention model, per token, with the target's token count:
+    one full-attention layer ([0]: kv_cache_configurator.py _build_hybrid_linear_kv_pool), or the config's
+    num_nextn_predict_layers where the draft has no linear layers (Nemotron-H's "*E" MTP: a plain MHA pool). Without
+    that key in the target's config (Qwen3-Next, Qwen3.5) the budget's cell holds no draft share
+    (spec_aux_hidden_state.py): the pool is allocated after the target's, out of the memory left. An FP4 pool has its
+    own dequant workspace, so it is not the budget's share even where there is one."""
+    layouts, workspace_esz = fp4_recipe
+    return math.ceil(cell_bytes(arch, kv_dtype, a_tp, layers, nvfp4_layouts=layouts, dequant_workspace_esz=workspace_esz))
 
 
 def _stage_state_bytes(arch: Arch, a_tp: int, stages: list[Stage], ssm_dtype: str | None) -> int:

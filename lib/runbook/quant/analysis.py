@@ -21,7 +21,7 @@ from runbook.model import quant_capability, sglang_names
 from runbook.model.checkpoint import INDEX, Checkpoint
 
 FP8_KV = sglang_names.FP8_KV
-MIN_CAPABILITY = quant_capability.MIN_CAPABILITY
+MIN_CAPABILITY = quant_capability.MIN_CAPABILITY   # the shared table (model/), by the name this stage used
 FP4_KV = sglang_names.FP4_KV
 KV_CHOICES = sglang_names.KV_CACHE_DTYPE_CHOICES
 # Scale tensor names SGLang's maybe_remap_kv_scale_name accepts (ModelOpt, llm-compressor, Quark, deprecated kv_scale).

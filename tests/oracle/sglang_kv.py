@@ -37,6 +37,12 @@ launcher / scheduler / model runner call it):
    ``create_memory_pool_configurator(...).calculate_pool_sizes`` -> ``_apply_token_constraints``
    -> ``resolve_max_num_reqs`` -> ``finalize_with_max_running_requests``). An exception here is
    a refusal (``stage: "memory_pool"``), e.g. "Not enough memory".
+9. EAGLE/NEXTN on a hybrid linear-attention target: the draft worker's own pool
+   (``draft_pool_bytes_per_token``) -- the draft's ``ModelConfig.from_server_args(..., is_draft_model=True)``,
+   ``configure_kv_cache_dtype(is_draft_worker=True)``, ``resolve_layer_indices``, a
+   ``KVCacheConfigurator(is_draft_worker=True, memory_pool_config=<the target's>)`` on the CPU and its
+   ``_build_token_to_kv_pool`` at 4,096 and 8,192 tokens (the stand-ins: the target's req_to_token pool as an
+   object with no mamba pool, the unloaded draft model with no layers, and no Triton warm-up of the KV copy kernel).
 
 Stand-ins (objects SGLang's functions need but that only a loaded model provides):
 

@@ -101,7 +101,7 @@ def runbook_figures(case: dict) -> dict:
             "mamba_slots_per_request": r.state_slots_per_request or None, "max_mamba_cache_size": r.max_state_slots,
             "max_total_num_tokens": r.max_total_num_tokens, "swa_max_total_num_tokens": r.swa_tokens,
             "max_running_requests": r.max_running_requests, "rest_bytes": r.kv_budget_bytes_per_gpu,
-            "kv_budget_bytes": r.kv_pool_bytes_per_gpu}
+            "kv_budget_bytes": r.kv_pool_bytes_per_gpu, "draft_pool_bytes_per_token": r.draft_kv_bytes_per_token_per_gpu}
 
 
 def differences(case: dict, want: dict, got: dict) -> list[str]:
@@ -123,6 +123,10 @@ def differences(case: dict, want: dict, got: dict) -> list[str]:
                 "rest_bytes", "kv_budget_bytes"):   # the KV+state budget and the KV pool's share of it, to the byte
         if key in want and want[key] != got[key]:
             out.append(f"{key}: SGLang {want[key]!r}, runbook {got[key]!r}")
+    if want.get("draft_pool_bytes_per_token") is not None and math.ceil(want["draft_pool_bytes_per_token"]) != got[
+            "draft_pool_bytes_per_token"]:   # the MTP draft worker's own pool on a hybrid linear-attention model
+        out.append(f"draft pool bytes/token: SGLang {want['draft_pool_bytes_per_token']!r}, "
+                   f"runbook {got['draft_pool_bytes_per_token']!r}")
     cell = want.get("total_cell_size", want.get("cell_size"))   # target + draft: what the pool divides by
     if cell is not None and math.ceil(cell) != got["cell_size"]:
         out.append(f"cell_size: SGLang {cell!r}, runbook {got['cell_size']!r}")
@@ -301,3 +305,16 @@ def test_the_default_spec_plans_what_sglang_sizes_on_its_gpus():
     assert got == (want["rest_bytes"], want["max_total_num_tokens"], want["max_mamba_cache_size"],
                    want["max_running_requests"]), got
     assert want["max_running_requests"] == 232
+
+
+def test_the_mtp_draft_pool_of_hybrid_models_is_the_one_sglang_builds():
+    """The MTP draft worker's own KV pool on hybrid linear-attention models, built by SGLang's code for every
+    speculative case (oracle: the draft's ModelConfig, KV dtype and layer info, _build_token_to_kv_pool): one
+    full-attention layer with the target's token count. The story's deployment: 1,024 B/token (was planned as 0)."""
+    measured = {k: v["draft_pool_bytes_per_token"] for k, v in oracle().items() if v.get("draft_pool_bytes_per_token")}
+    families = {k.split("|")[0] for k in measured}
+    assert {"default", "qwen3.5-397b-a17b", "qwen3-next-80b-a3b-thinking", "nemotron-3-super-120b-a12b"} <= families, families
+    assert measured["default|mtp"] == 1024 and measured["qwen3.5-397b-a17b|B200|tp8|mtp-fp8"] == 512
+    r = runbook_figures(next(c for c in CASES if c["id"] == "default|mtp"))["plan"].result
+    assert (r.draft_kv_bytes_per_token_per_gpu, r.draft_kv_budget_bytes_per_token_per_gpu) == (1024, 0)
+    assert r.draft_kv_pool_bytes_per_gpu == (r.max_total_num_tokens + r.page_size) * 1024

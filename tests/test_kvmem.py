@@ -288,3 +288,68 @@ def test_head_dim_derived_as_zero_is_an_input_error_not_a_plan(cli, tmp_path):
     assert cp.returncode == 2 and cp.stdout == "", (cp.returncode, cp.stdout)
     err = cp.stderr.strip()
     assert "\n" not in err and str(tmp_path / "config.json") in err and "'hidden_size'" in err and "'head_dim'" in err, err
+
+
+# ---- the MTP draft's own pool on hybrid linear-attention models ------------------------------------------------------
+
+@pytest.mark.parametrize("name, tp, dtype, draft", [
+    # one full-attention layer: KV heads per GPU × (K+V 512) × bytes
+    ("qwen3.5-397b-a17b", 8, "bfloat16", 1 * 512 * 2),        # 1,024 (was 0): the story's deployment with MTP
+    ("qwen3.5-397b-a17b", 1, "bfloat16", 2 * 512 * 2),        # 2,048
+    ("qwen3.5-397b-a17b", 8, "fp8_e4m3", 1 * 512 * 1),        # 512
+    ("qwen3-next-80b-a3b-thinking", 2, "bfloat16", 1 * 512 * 2)])   # 2 KV heads, head_dim 256
+def test_a_hybrid_models_mtp_draft_pool_is_one_layer_outside_the_budget(name, tp, dtype, draft):
+    """kv_cache_configurator.py: with no num_nextn_predict_layers in the target config, the budget's cell holds no
+    draft share; the draft worker then builds its own pool of one full-attention layer with the target's tokens."""
+    a = load(name)
+    plain = kvmem.compute(a, kvmem.Inputs(kv_dtype=dtype, tp=tp, kv_budget_gib=40))
+    r = kvmem.compute(a, kvmem.Inputs(kv_dtype=dtype, tp=tp, kv_budget_gib=40, spec_algorithm="NEXTN", spec_num_steps=3,
+                                      spec_eagle_topk=1, spec_num_draft_tokens=4))
+    assert (r.draft_kv_bytes_per_token_per_gpu, r.draft_kv_budget_bytes_per_token_per_gpu) == (draft, 0)
+    assert r.kv_bytes_per_token_per_gpu == plain.kv_bytes_per_token_per_gpu   # the target's cell is unchanged
+    assert r.draft_kv_pool_bytes_per_gpu == (r.max_total_num_tokens + r.page_size) * draft
+    f = {x.id: x for x in r.findings}["kv.draft_pool"]
+    assert f.status == "info" and f"{draft:,} B/token" in f.title and "does not change max_total_num_tokens" in f.detail
+    assert "kv.draft_pool" not in {x.id for x in plain.findings}
+
+
+def test_a_draft_share_in_the_budget_is_the_draft_pool():
+    """Nemotron-3-Super declares num_nextn_predict_layers 1: the budget's cell carries the draft's layer (SGLang's
+    oracle: 4,096 + 512 at TP 8), and that share is the draft pool; no separate allocation."""
+    r = kvmem.compute(load("nemotron-3-super-120b-a12b"), kvmem.Inputs(tp=8, kv_budget_gib=40, spec_algorithm="NEXTN"))
+    assert (r.kv_bytes_per_token_per_gpu, r.draft_kv_bytes_per_token_per_gpu, r.draft_kv_budget_bytes_per_token_per_gpu) == (
+        4608, 512, 512)
+    assert r.draft_kv_pool_bytes_per_gpu is None and "kv.draft_pool" not in {x.id for x in r.findings}
+
+
+# ---- the quantization method's minimum GPU capability --------------------------------------------------------------
+
+@pytest.mark.parametrize("cc", ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0"])
+@pytest.mark.parametrize("method, need", [("modelopt_fp8", 89), ("fp8", 80), ("mxfp8", 100), ("w4afp8", 90),
+                                          ("modelopt_fp4", 80), ("w8a8_fp8", 89), (None, 0)])
+def test_the_plan_refuses_a_quantization_the_gpu_is_too_old_for(cc, method, need):
+    """model_loader/loader.py _get_quantization_config: below get_min_capability() SGLang raises before loading."""
+    r = kvmem.compute(load("llama-3.1-70b"), kvmem.Inputs(tp=8, kv_budget_gib=40, compute_capability=cc, quantization=method))
+    major, minor = cc.split(".")
+    cap = int(major) * 10 + int(minor)
+    fails = [f for f in r.findings if f.id == "kv.refused" and "Minimum capability" in f.title]
+    assert bool(fails) == (cap < need), (cc, method, fails)
+    if fails:
+        assert f"{method} is not supported" in fails[0].title and f"Minimum capability: {need}. Current capability: {cap}." in \
+            fails[0].title and f"{need // 10}.{need % 10} or newer" in fails[0].remedy
+
+
+@pytest.mark.parametrize("cc, refused", [("8.0", True), ("8.6", True), ("8.9", False), ("9.0", False), ("10.0", False),
+                                         ("12.0", False)])
+def test_a_modelopt_fp8_checkpoint_on_an_ampere_gpu_is_refused_by_the_kv_plan(tmp_path, cc, refused):
+    """The real Llama-3.1-70B-Instruct-FP8 config (hf_quant_config.json FP8 → modelopt_fp8) through `runbook kv`'s
+    entry point: SGLang needs SM 8.9 for it, so an A100 (8.0) or an A6000 (8.6) is a kv.refused fail."""
+    from conftest import spec_data
+
+    d = spec.from_dict(spec_data(**{"model.path": str(MODELS / "llama-3.1-70b-instruct-fp8"), "model.card": None,
+                                    "model.size_gib": 70, "hardware.compute_capability": cc, "hardware.gpu_memory_gib": 80,
+                                    "serving.flags": {}}), str(REPO / "deployments" / "x.yaml"))
+    p = kvplan.plan(d)
+    assert p.inputs.quantization == "modelopt_fp8"
+    fails = [f for f in p.findings if f.id == "kv.refused"]
+    assert bool(fails) == refused, (cc, [f.title for f in fails])

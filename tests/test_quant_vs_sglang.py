@@ -338,7 +338,8 @@ _SMS = ("8.0", "8.6", "8.9", "9.0", "10.0", "12.0")
 
 
 def test_min_capability_table_is_sglangs():
-    """analysis.MIN_CAPABILITY: each registered config class's own get_min_capability() on a CUDA host."""
+    """model/quant_capability.MIN_CAPABILITY (the quant stage's and the KV plan's): each registered config class's own
+    get_min_capability() on a CUDA host."""
     code = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1]); import sglang_env; sglang_env.install()
@@ -357,9 +358,9 @@ print(json.dumps(out))
     cp = subprocess.run([str(SERVING_PY), "-c", code, str(REPO / "tests" / "oracle")], capture_output=True, text=True, timeout=300)
     assert cp.returncode == 0, cp.stderr[-3000:]
     sglang = json.loads(cp.stdout)
-    from runbook.quant import analysis
-    assert set(sglang) <= set(analysis.MIN_CAPABILITY)
-    assert {k: analysis.MIN_CAPABILITY[k] for k in sglang} == sglang
+    from runbook.model.quant_capability import MIN_CAPABILITY
+    assert set(sglang) <= set(MIN_CAPABILITY)
+    assert {k: MIN_CAPABILITY[k] for k in sglang} == sglang
 
 
 def test_min_capability_refusals_at_each_gpu(tmp_path):

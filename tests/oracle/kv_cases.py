@@ -29,7 +29,10 @@ GPUS = {
 }
 # GPUs used only by the cases that name them (not in the per-GPU loops). An 80 GiB A100 reports
 # exactly 81,920 MiB: there SGLang's GiB-float budget truncates a byte below total × fraction − weights.
-EXTRA_GPUS = {"A100": {"name": "NVIDIA A100-SXM4-80GB", "total_mib": 81920, "sm": "8.0"}}
+EXTRA_GPUS = {"A100": {"name": "NVIDIA A100-SXM4-80GB", "total_mib": 81920, "sm": "8.0"},
+              # the GPU generations between Ampere and Hopper, where the quantization methods' minimum capability bites
+              "A6000": {"name": "NVIDIA RTX A6000", "total_mib": 49140, "sm": "8.6"},
+              "L40S": {"name": "NVIDIA L40S", "total_mib": 46068, "sm": "8.9"}}
 GIB = 1 << 30
 MIB = 1 << 20
 SPEC = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
@@ -253,6 +256,11 @@ def cases() -> list[dict]:  # noqa: C901  (one flat table, read top to bottom)
                     add(name, d, info, gpu, max(t, 8 if gpu == "RTX6000" else t), SPEC, "mtp")
             if tp_b:
                 add(name, d, info, "B200", tp_b, SPEC + ["--kv-cache-dtype", "fp8_e4m3"], "mtp-fp8")
+            if tp_b and hybrid:   # the draft worker's own FP4 pool: one layer's data, scales and dequant workspace
+                add(name, d, info, "B200", tp_b, SPEC + ["--kv-cache-dtype", "nvfp4"], "mtp-nvfp4")
+                add(name, d, info, "B200", tp_b, SPEC + ["--kv-cache-dtype", "nvfp4", "--attention-backend", "flashinfer"],
+                    "mtp-nvfp4-flashinfer")
+                add(name, d, info, "B200", tp_b, SPEC + ["--kv-cache-dtype", "fp4_mx_block16"], "mtp-fp4_mx_block16")
 
         # 5. PP 2 (TP 4) where it fits.
         for gpu in ("H200", "B200"):
@@ -306,7 +314,15 @@ def cases() -> list[dict]:  # noqa: C901  (one flat table, read top to bottom)
             add(name, d, info, "H200", tp_h, ["--attention-backend", "flashinfer"], "attn-flashinfer")
         if tp_r:
             add(name, d, info, "RTX6000", tp_r, ["--attention-backend", "triton"], "attn-triton")
+        # 11. Quantized checkpoints on the GPU generations below Hopper: SGLang's loader refuses a method below its
+        # get_min_capability() (ModelOpt FP8 needs 8.9), the others start.
+        if name in _QUANT_GENERATION_MODELS:
+            for gpu in ("A100", "A6000", "L40S"):
+                add(name, d, info, gpu, _min_tp(info, gpu), [], "sm-generation")
     return out
+
+
+_QUANT_GENERATION_MODELS = {"llama-3.1-70b-instruct-fp8", "qwen3.5-397b-a17b-nvfp4", "gpt-oss-120b"}
 
 
 _TP3_MODELS = {"llama-3.1-70b", "qwen3-32b-nvfp4", "glm-4.7-flash", "deepseek-v3"}

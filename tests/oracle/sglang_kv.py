@@ -37,6 +37,12 @@ launcher / scheduler / model runner call it):
    ``create_memory_pool_configurator(...).calculate_pool_sizes`` -> ``_apply_token_constraints``
    -> ``resolve_max_num_reqs`` -> ``finalize_with_max_running_requests``). An exception here is
    a refusal (``stage: "memory_pool"``), e.g. "Not enough memory".
+9. EAGLE/NEXTN on a hybrid linear-attention target: the draft worker's own pool
+   (``draft_pool_bytes_per_token``) -- the draft's ``ModelConfig.from_server_args(..., is_draft_model=True)``,
+   ``configure_kv_cache_dtype(is_draft_worker=True)``, ``resolve_layer_indices``, a
+   ``KVCacheConfigurator(is_draft_worker=True, memory_pool_config=<the target's>)`` on the CPU and its
+   ``_build_token_to_kv_pool`` at 4,096 and 8,192 tokens (the stand-ins: the target's req_to_token pool as an
+   object with no mamba pool, the unloaded draft model with no layers, and no Triton warm-up of the KV copy kernel).
 
 Stand-ins (objects SGLang's functions need but that only a loaded model provides):
 
@@ -492,7 +498,62 @@ def _size_one_rank(server_args, model_config, quant_config, pp_rank, pp_size, sw
         )
         _cell_figures(out, kvc, pc, spec_algorithm)
         _mamba_figures(out, kvc)
+        if pp_rank == 0 and kvc.mambaish_config is not None and (spec_algorithm.is_eagle() or spec_algorithm.is_standalone()):
+            out["draft_pool_bytes_per_token"] = _draft_pool_bytes_per_token(server_args, spec_algorithm, config, model)
         return out
+
+
+def _draft_pool_bytes_per_token(server_args, spec_algorithm, target_config, target_model):
+    """The EAGLE/MTP draft worker's own KV pool on a hybrid linear-attention target, built by SGLang's code as
+    TpModelWorker(is_draft_worker=True) and ModelRunner build it: the draft's ModelConfig, its KV dtype, its layer
+    info, a KVCacheConfigurator(is_draft_worker=True) reusing the target's MemoryPoolConfig, and
+    ``_build_token_to_kv_pool`` -- on the CPU, at two small token counts (the real count would allocate gigabytes):
+    the difference of the pool's own ``get_kv_size_bytes`` over the difference of sizes is its bytes per token."""
+    spec = _RC.get_spec()
+    dcfg = ModelConfig.from_server_args(server_args, model_path=spec.speculative_draft_model_path,
+                                        model_revision=spec.speculative_draft_model_revision, is_draft_model=True)
+    # the draft model is not loaded: no layers, so an NVFP4 recipe keeps its per-layer scales at 1.0 (no memory effect)
+    dmodel = SimpleNamespace(quant_config=target_model.quant_config, config=dcfg.hf_config, layers=[])
+    kv_str, kv_dtype = _KVD.configure_kv_cache_dtype(
+        server_args_kv_cache_dtype=_RC.get_model().kv_cache_dtype, model=dmodel, model_dtype=dcfg.dtype,
+        is_draft_worker=True, is_dflash=False, speculative_draft_attention_backend=None,
+        speculative_draft_kv_cache_dtype=spec.speculative_draft_kv_cache_dtype)
+    layer_info = _LS.resolve_layer_indices(model=dmodel, model_config=dcfg, is_draft_worker=True, draft_model_idx=0)
+    # enable_kv_cache_copy (any speculative run) warms a Triton copy kernel up on the GPU: no memory of its own
+    from sglang.srt.mem_cache import memory_pool as _MP
+
+    saved = _MP.MHATokenToKVPool._init_kv_copy_and_warmup
+    _MP.MHATokenToKVPool._init_kv_copy_and_warmup = lambda self: setattr(self, "_kv_copy_config", None)
+    try:
+        return _draft_pool_sizes(server_args, spec_algorithm, target_config, dmodel, dcfg, kv_str, kv_dtype, layer_info)
+    finally:
+        _MP.MHATokenToKVPool._init_kv_copy_and_warmup = saved
+
+
+def _draft_pool_sizes(server_args, spec_algorithm, target_config, dmodel, dcfg, kv_str, kv_dtype, layer_info):
+    import copy
+
+    sizes_bytes = []
+    for n in (4096, 8192):
+        cfg = copy.copy(target_config)
+        cfg.max_total_num_tokens = n
+        kvc = _KVC.KVCacheConfigurator(
+            device="cpu", gpu_id=0, attn_dp_size=_RC.get_parallel().attn_dp_size, pp_size=1, pp_group=None,
+            model=dmodel, model_config=dcfg, server_args=server_args, kv_cache_dtype=kv_dtype,
+            kv_cache_dtype_str=kv_str if kv_str is not None else _RC.get_model().kv_cache_dtype, model_dtype=dcfg.dtype,
+            page_size=_RC.get_schedule().page_size, sliding_window_size=None, spec_algorithm=spec_algorithm,
+            is_draft_worker=True, post_capture_kv_active=False, spec_aux_config=_SAH.SpecAuxHiddenStateConfig(),
+            draft_parallel_layout=None, is_hybrid_swa=dcfg.is_hybrid_swa, is_hybrid_swa_compress=dcfg.is_hybrid_swa_compress,
+            use_mla_backend=dcfg.attention_arch == AttentionArch.MLA, layer_info=layer_info, forward_stream=None,
+            req_to_token_pool=None, token_to_kv_pool_allocator=None, memory_pool_config=cfg, draft_model_idx=0)
+        sizes = kvc._derive_pool_sizes(config=cfg)
+        # the target's req_to_token pool is shared; the KV pool reads only its mamba pool and row count
+        shared = SimpleNamespace(mamba_pool=None, req_to_token=torch.zeros((1, 1), dtype=torch.int32))
+        pool = kvc._build_token_to_kv_pool(sizes=sizes, is_dsa_model=False, is_dsv4_model=False, req_to_token_pool=shared)
+        kv = pool.get_kv_size_bytes()
+        sizes_bytes.append(sum(kv) if isinstance(kv, tuple) else kv)
+        del pool
+    return (sizes_bytes[1] - sizes_bytes[0]) / 4096
 
 
 @contextlib.contextmanager
@@ -702,7 +763,7 @@ _FIELDS = (
     "context_len", "page_size", "kv_cache_dtype", "attention_arch", "is_hybrid_swa",
     "cell_size", "draft_cell_size", "state_bytes_per_request", "mamba_slots_per_request",
     "max_mamba_cache_size", "intermediate_state_bytes", "rest_bytes", "max_total_num_tokens",
-    "swa_max_total_num_tokens", "max_running_requests", "speculative_num_draft_tokens",
+    "swa_max_total_num_tokens", "max_running_requests", "speculative_num_draft_tokens", "draft_pool_bytes_per_token",
 )
 
 

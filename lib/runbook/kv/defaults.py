@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runbook.model import quant_capability
 from runbook.model import sglang_names as names
 from runbook.model.arch import Arch
 
@@ -27,6 +28,11 @@ class Speculative:
     num_draft_tokens: int
     draft_kv_layers: int            # layers the draft adds to the target's pool (0: a draft pool not sized here)
     source: str
+
+    @property
+    def own_mtp(self) -> bool:
+        """EAGLE/NEXTN (a --speculative-draft-model-path is not modelled): the draft is the checkpoint's own MTP layer."""
+        return self.algorithm == "EAGLE"
 
     @property
     def words(self) -> str:
@@ -267,10 +273,14 @@ _NVFP4_PREFILL = ("flashinfer", "trtllm_mha")
 
 
 def refusals(arch: Arch, kv_dtype: str, backend: str | None, cc: str | None,
-             explicit: str | None = None) -> list[tuple[str, str, str]]:
-    """Start-up refusals SGLang raises for this model, KV dtype, backend and GPU: (condition, where, fix).
-    `backend`: the one it runs; `explicit`: the one given or set by a model override (what the KV hooks see)."""
+             explicit: str | None = None, quantization: str | None = None) -> list[tuple[str, str, str]]:
+    """Start-up refusals SGLang raises for this model, KV dtype, backend, GPU and quantization method: (condition,
+    where, fix). `backend`: the one it runs; `explicit`: the one given or set by a model override (what the KV hooks
+    see); `quantization`: the method SGLang builds for the weights."""
     out = []
+    below = quant_capability.refusal(quantization, cc)
+    if below is not None:
+        out.append((below[0], "model_loader/loader.py _get_quantization_config (get_min_capability)", below[1]))
     if arch.dsa and kv_dtype not in ("bfloat16", "fp8_e4m3"):
         out.append((f"DeepSeek DSA supports only bf16 or fp8_e4m3 KV, not {kv_dtype}",
                     "arg_groups/model_overrides/deepseek_v2.py", "Use --kv-cache-dtype fp8_e4m3 or bf16."))

@@ -62,6 +62,7 @@ class Inputs:
     spec_num_draft_tokens: int | None = None
     mamba_ssm_dtype: str | None = None          # --mamba-ssm-dtype / SGLANG_MAMBA_SSM_DTYPE
     compute_capability: str | None = None       # "9.0" H100/H200, "10.0" B200, "12.0" RTX PRO 6000
+    quantization: str | None = None             # the method SGLang builds (ModelConfig.quantization): its GPU minimum
     attention_backend: str | None = None
     cuda_graph_max_bs: int | None = None
     disable_cuda_graph: bool = False
@@ -145,7 +146,9 @@ class Result:
     layout: str = ""
     stages: list[dict[str, Any]] = field(default_factory=list)
     speculative: str | None = None              # e.g. "EAGLE (3 steps, topk 1, 4 draft tokens)"
-    draft_kv_bytes_per_token_per_gpu: int = 0      # part of kv_bytes_per_token_per_gpu
+    draft_kv_bytes_per_token_per_gpu: int = 0      # the draft worker's own KV pool, per token (what its log line shows)
+    draft_kv_budget_bytes_per_token_per_gpu: int = 0   # the draft's share of kv_bytes_per_token_per_gpu (the budget's cell)
+    draft_kv_pool_bytes_per_gpu: int | None = None     # a draft pool allocated after the target's, outside the KV budget
     spec_state_bytes_per_gpu: int = 0              # intermediate SSM state for draft tokens (hybrid)
     page_size: int = 1
     attention_backend: str | None = None
@@ -301,10 +304,11 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     backend = defaults.attention_backend(arch, inp.compute_capability, inp.attention_backend, spec)
     heads_why = defaults.tp_refusal(arch, a_tp)
     explicit = inp.attention_backend or defaults.override_backend(arch, inp.compute_capability, spec)
-    for why in defaults.refusals(arch, kv_dtype, backend, inp.compute_capability, explicit) + ([heads_why] if heads_why else []):
+    refused = defaults.refusals(arch, kv_dtype, backend, inp.compute_capability, explicit, inp.quantization)
+    for why in refused + ([heads_why] if heads_why else []):
         findings.append(Finding("kv.refused", "fail", "SGLang refuses to start: " + why[0], detail=why[1], remedy=why[2]))
     stages: list[Stage] = []
-    draft_bytes = 0
+    draft_bytes = draft_budget = 0
     full, swa, lin = set(arch.full_layer_ids), set(arch.swa_layer_ids), set(arch.linear_layer_ids)
     for i, (s, e) in enumerate(pp_stages(arch.num_layers, inp.pp)):
         nf = sum(1 for x in range(s, e) if x in full)
@@ -321,8 +325,11 @@ def compute(arch: Arch, inp: Inputs) -> Result:
             else:
                 extra = int(cell * spec.draft_kv_layers / (nf + ns))
             cell += extra
-            draft_bytes = max(draft_bytes, extra)
+            draft_budget = draft_bytes = max(draft_budget, extra)
         stages.append(Stage(i, s, e, nf + ns, nf, ns, nl, cell, state_bytes_per_request(arch, a_tp, nl, ssm_dtype)))
+    if spec is not None and spec.own_mtp and arch.linear is not None:
+        draft_bytes = _own_draft_pool_bytes(arch, kv_dtype, a_tp, spec.draft_kv_layers or 1,
+                                            defaults.fp4_recipe(kv_dtype, explicit, inp.compute_capability))
     heads = kv_heads_per_gpu(arch, a_tp)
     ctx = inp.context_len or arch.max_context or 2048
     overlap = inp.pp == 1 and not inp.disable_overlap_schedule
@@ -335,7 +342,8 @@ def compute(arch: Arch, inp: Inputs) -> Result:
                  max_total_num_tokens=None, max_running_requests=None, requests_at_context={}, context_len=ctx,
                  weights_bytes_per_gpu=inp.weights_bytes_per_gpu, layout=layout_words(arch, a_tp),
                  stages=[asdict(s) for s in stages], speculative=spec.words if spec else None,
-                 draft_kv_bytes_per_token_per_gpu=draft_bytes, page_size=page, attention_backend=backend)
+                 draft_kv_bytes_per_token_per_gpu=draft_bytes, draft_kv_budget_bytes_per_token_per_gpu=draft_budget,
+                 page_size=page, attention_backend=backend)
     if page_why:
         findings.append(Finding("kv.page_size", "info", f"page size {page}", detail=page_why))
     if slots == 3 and (inp.page_size not in (None, 1) or explicit == "trtllm_mha"):
@@ -366,6 +374,17 @@ def compute(arch: Arch, inp: Inputs) -> Result:
         _pools(arch, inp, res, stages, budget, ctx, slots, per_slot, findings, spec, mrr_arg)
     res.findings = findings + _findings(arch, inp, res)
     return res
+
+
+def _own_draft_pool_bytes(arch: Arch, kv_dtype: str, a_tp: int, layers: int, fp4_recipe: tuple[int, int]) -> int:
+    """The MTP draft worker's own pool on a hybrid linear-attention model, per token, with the target's token count:
+    one full-attention layer ([0]: kv_cache_configurator.py _build_hybrid_linear_kv_pool), or the config's
+    num_nextn_predict_layers where the draft has no linear layers (Nemotron-H's "*E" MTP: a plain MHA pool). Without
+    that key in the target's config (Qwen3-Next, Qwen3.5) the budget's cell holds no draft share
+    (spec_aux_hidden_state.py): the pool is allocated after the target's, out of the memory left. An FP4 pool has its
+    own dequant workspace, so it is not the budget's share even where there is one."""
+    layouts, workspace_esz = fp4_recipe
+    return math.ceil(cell_bytes(arch, kv_dtype, a_tp, layers, nvfp4_layouts=layouts, dequant_workspace_esz=workspace_esz))
 
 
 def _stage_state_bytes(arch: Arch, a_tp: int, stages: list[Stage], ssm_dtype: str | None) -> int:
@@ -470,6 +489,8 @@ def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest_gib: 
     if inp.max_total_tokens:
         tokens = min(tokens, inp.max_total_tokens)
     res.max_total_num_tokens = tokens
+    if res.draft_kv_bytes_per_token_per_gpu and not res.draft_kv_budget_bytes_per_token_per_gpu:
+        res.draft_kv_pool_bytes_per_gpu = (tokens + page) * res.draft_kv_bytes_per_token_per_gpu   # one padding page
     if arch.hybrid_swa:
         res.swa_tokens = int(tokens * inp.swa_full_tokens_ratio) // page * page
     if tokens < 2:
@@ -511,6 +532,14 @@ def _findings(arch: Arch, inp: Inputs, res: Result) -> list[Finding]:
                               + (f"; state pool {res.state_pool_bytes_per_gpu / GIB:.1f} GiB" if res.state_pool_bytes_per_gpu else ""),
                        remedy="Not even one request at the context length fits: lower "
                               "--context-length or free memory." if tok < ctx else ""))
+    if res.draft_kv_pool_bytes_per_gpu is not None:
+        reserve = f" ({res.reserved_bytes_per_gpu / GIB:.2f} GiB)" if res.reserved_bytes_per_gpu else ""
+        out.append(Finding("kv.draft_pool", "info",
+                           f"the MTP draft's own KV pool: {res.draft_kv_bytes_per_token_per_gpu:,} B/token × {tok:,} tokens = "
+                           f"{res.draft_kv_pool_bytes_per_gpu / GIB:.2f} GiB per GPU, outside the KV budget",
+                           detail="one full-attention layer with the target pool's token count, allocated after the target's "
+                                  f"pools out of the memory mem_fraction_static leaves free{reserve}, beside the draft's weights "
+                                  "and the CUDA graphs; it does not change max_total_num_tokens"))
     if res.max_state_slots is not None and res.state_slots_per_request:
         cap = res.max_state_slots // res.state_slots_per_request
         bound = [int(c) for c, n in res.kv_limited_requests_at_context.items() if n is not None and n > cap * inp.attn_dp]

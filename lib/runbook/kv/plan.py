@@ -137,7 +137,8 @@ def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrid
     findings: list[Finding] = []
     inp, source = _weights(inp, ck, spec, weights_gib, note)
     auto, auto_why = _auto_kv_dtype(a, qrep.kv_cache.auto_resolves_to, inp.compute_capability)
-    inp = replace(inp, kv_dtype=auto if kv_flag == "auto" else kvmem.normalise_dtype(kv_flag))
+    inp = replace(inp, kv_dtype=auto if kv_flag == "auto" else kvmem.normalise_dtype(kv_flag),
+                  quantization=qrep.weights.sglang_quantization)
     if inp.spec_algorithm and str(inp.spec_algorithm).upper() not in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"):
         findings.append(Finding("kv.not_modelled", "warn",
                                 f"--speculative-algorithm {inp.spec_algorithm}: its draft memory is not modelled",

@@ -17,10 +17,11 @@ from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
 from runbook.core.units import GIB
 from runbook.model import arch as arch_mod
-from runbook.model import sglang_names
+from runbook.model import quant_capability, sglang_names
 from runbook.model.checkpoint import INDEX, Checkpoint
 
 FP8_KV = sglang_names.FP8_KV
+MIN_CAPABILITY = quant_capability.MIN_CAPABILITY   # the shared table (model/), by the name this stage used
 FP4_KV = sglang_names.FP4_KV
 KV_CHOICES = sglang_names.KV_CACHE_DTYPE_CHOICES
 # Scale tensor names SGLang's maybe_remap_kv_scale_name accepts (ModelOpt, llm-compressor, Quark, deprecated kv_scale).
@@ -291,29 +292,12 @@ _UNKNOWN_FIX = {
 }
 
 
-# layers/quantization/*: each config class's get_min_capability() on CUDA, for the method name ModelConfig resolves
-# (model_loader/loader.py _get_quantization_config refuses a GPU below it). fp8 / mxfp8 share Fp8Config:
-# 80, or 100 for MXFP8 weights; mxfp8 is SGLang's name for a ModelOpt MXFP8 checkpoint.
-MIN_CAPABILITY = {"auto-round": 60, "auto-round-int8": 75, "awq": 75, "awq_marlin": 80, "bitsandbytes": 70,
-                  "blockwise_int8": 80, "compressed-tensors": 70, "fp8": 80, "gguf": 60, "gptq_marlin": 80, "humming": 75,
-                  "minimax_m3_nvfp4": 90, "modelopt": 89, "modelopt_fp4": 80, "modelopt_fp8": 89, "modelopt_mixed": 80,
-                  "modelslim": 0, "moe_wna16": 70, "mxfp4": 80, "mxfp8": 100, "mxfp_w4a8": 0, "nvfp4_online": 100,
-                  "petit_nvfp4": 90, "quark": 70, "quark_int4fp8_moe": 70, "quark_mxfp4": 70, "w4afp8": 90, "w8a8_fp8": 89,
-                  "w8a8_int8": 75}
-
-
 def capability_check(v: SGLangView, compute_capability: str | None) -> SGLangView:
     """model_loader/loader.py _get_quantization_config: the GPU's capability (major × 10 + minor) must reach the
     quantization config class's get_min_capability(); SGLang raises ValueError before loading any weight."""
-    if v.refusal is not None or not v.quantization or not compute_capability:
-        return v
-    major, _, minor = str(compute_capability).partition(".")
-    cap, need = int(major) * 10 + int(minor or 0), MIN_CAPABILITY.get(v.quantization)
-    if need is not None and cap < need:
-        v.refusal = SGLangRefusal("quant_config", f"The quantization method {v.quantization} is not supported for the current "
-                                  f"GPU. Minimum capability: {need}. Current capability: {cap}.",
-                                  f"Serve it on a GPU of compute capability {need // 10}.{need % 10} or newer, or use a "
-                                  "checkpoint quantized for this GPU (e.g. BF16 or a Marlin-backed GPTQ/AWQ one).")
+    why = quant_capability.refusal(v.quantization, compute_capability) if v.refusal is None else None
+    if why is not None:
+        v.refusal = SGLangRefusal("quant_config", *why)
     return v
 
 

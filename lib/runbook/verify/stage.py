@@ -160,8 +160,10 @@ def _plan(spec: Deployment, flags: dict[str, Any], findings: list[Finding]) -> t
                                 remedy=f"Fix what {registry.notebook('kv_memory')} reports."))
         return None, {}, {"predicted": None, "predicted_draft": None}
     draft = p.result.draft_kv_bytes_per_token_per_gpu
-    # the plan's bytes per token hold the draft's share: the target pool is compared with the rest
-    return p, compare.predicted(p.result), {"predicted": p.result.kv_bytes_per_token_per_gpu - draft,
+    # the plan's bytes per token hold the draft's share of the budget (none where the draft's pool is allocated
+    # after the target's): the target pool is compared with the rest
+    return p, compare.predicted(p.result), {"predicted": p.result.kv_bytes_per_token_per_gpu
+                                            - p.result.draft_kv_budget_bytes_per_token_per_gpu,
                                             "predicted_draft": draft if p.result.speculative else None}
 
 

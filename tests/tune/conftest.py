@@ -1,5 +1,6 @@
 import json
 import os
+import signal
 import stat
 import sys
 from pathlib import Path
@@ -8,6 +9,14 @@ from types import SimpleNamespace
 import pytest
 
 FAKE = Path(__file__).with_name("fake_systemd.py")
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt during each tune test, whatever pytest inherited (procs.sigint_default)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
 """Small real processes for the tune tests: a free port, an HTTP server with /health, is a pid gone."""
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -23,3 +24,9 @@ def pid_gone(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state in (b"Z", b"X")
+
+
+def sigint_default() -> None:
+    """preexec_fn for a child that must feel Ctrl-C: a job started in the background by a non-interactive shell
+    (cron, `make test &`) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

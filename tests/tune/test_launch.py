@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runbook.tune.launch import Launch, LaunchFailed, launched, port_free
-from tune.procs import free_port, http_server, pid_gone
+from tune.procs import free_port, http_server, pid_gone, sigint_default
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -186,7 +186,7 @@ def test_candidate_dies_with_tune_on_sigkill(tmp_path, fake_systemd, systemd):
             time.sleep(300)
     """))
     env = dict(os.environ, PYTHONPATH=str(REPO / "lib"), TMPDIR=str(tmp_path))   # the watchdog log lands there
-    tune = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    tune = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env, preexec_fn=sigint_default)
     try:
         pid = int(tune.stdout.readline())
         tune.kill()

@@ -13,7 +13,7 @@ import pytest
 
 from runbook.tune.launch import port_free
 from runbook.tune.production import Refused, StopFailed, paused, unit_state
-from tune.procs import free_port, http_server
+from tune.procs import free_port, http_server, sigint_default
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = "prod-llm.service"
@@ -124,7 +124,7 @@ def _tune(prod, tmp_path: Path, with_candidate: bool) -> subprocess.Popen:
                 time.sleep(300)
     """))
     env = dict(os.environ, PYTHONPATH=str(REPO / "lib"), TMPDIR=str(tmp_path))   # the watchdog log lands there
-    tune = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    tune = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env, preexec_fn=sigint_default)
     tune.watchdog_log = Path(tune.stdout.readline().strip())
     return tune
 

@@ -45,7 +45,19 @@ def fake_systemd(tmp_path, monkeypatch):
 
     yield SimpleNamespace(bin=bin_dir, state=state, calls=calls, declare=declare, main_pid=main_pid,
                           systemctl=[str(bin_dir / "systemctl")])
-    # Nothing a test started may outlive it.
+    # Nothing a test started may outlive it: the units' process groups, and (when a failing test left a restore in
+    # flight, e.g. a watchdog starting the unit after this teardown read the pid files) anything whose command line
+    # names this test's directory.
     for p in state.glob("*.pid"):
         with __import__("contextlib").suppress(OSError, ValueError):
             os.killpg(int(p.read_text()), 9)
+    _kill_naming(str(tmp_path))
+
+
+def _kill_naming(path: str) -> None:
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if int(proc.name) != os.getpid() and path.encode() in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), 9)
+        except OSError:
+            pass

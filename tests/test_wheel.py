@@ -92,7 +92,7 @@ def test_wheel_renders_a_unit_from_its_own_template(wheel_venv):
     assert "[Service]" in cp.stdout and "sglang.launch_server" in cp.stdout
 
 
-def test_wheel_declares_its_runtime_dependencies_and_a_demo_extra(wheel_venv):
+def test_wheel_declares_its_runtime_dependencies(wheel_venv):
     _env_dir, tmp = wheel_venv
     (whl,) = (tmp / "dist").glob("runbook-*.whl")
     with zipfile.ZipFile(whl) as z:
@@ -104,9 +104,8 @@ def test_wheel_declares_its_runtime_dependencies_and_a_demo_extra(wheel_venv):
     # what lib/runbook imports at run time: the runner, the notebooks' kernel, stage code, archive upload
     assert {"papermill", "nbconvert", "ipykernel", "pandas", "matplotlib", "pydantic", "pyyaml", "jinja2", "aiohttp",
             "numpy", "tokenizers", "fsspec", "s3fs", "huggingface-hub"} <= runtime, runtime
-    assert "Provides-Extra: demo" in lines
-    assert any(r.startswith("gguf") and 'extra == "demo"' in r for r in requires), requires
-    assert "gguf" not in runtime                       # the llama.cpp demo tooling is not the runtime
+    assert "gguf" in runtime                           # 60_tune's llama-server engine reads GGUF headers with it
+    assert not [r for r in requires if "extra ==" in r], requires   # no extra: the demo needs only cmake and a compiler
     assert {"runbook/_data/notebooks/00_environment.ipynb", "runbook/_data/deployments/qwen3.5-397b-a17b-nvfp4.yaml",
             "runbook/_data/models/qwen3.5-397b-a17b-nvfp4/config.json"} <= set(names)
 
@@ -163,14 +162,15 @@ def test_wheel_caches_the_demo_outside_site_packages(wheel_venv, tmp_path):
     assert cp.returncode == 0 and cp.stdout.split()[0] == str(tmp_path / "c"), cp.stderr
 
 
-def _declared() -> tuple[set[str], set[str]]:
-    """Distribution names pyproject declares: runtime, and the demo extra (normalised)."""
+def _declared() -> set[str]:
+    """Distribution names pyproject declares (normalised): all runtime, the demo's included."""
     import re
 
     tomllib = pytest.importorskip("tomllib")           # Python 3.11+
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     name = lambda r: re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower().replace("_", "-")   # noqa: E731
-    return {name(r) for r in project["dependencies"]}, {name(r) for r in project["optional-dependencies"]["demo"]}
+    assert "optional-dependencies" not in project, "an extra: say here which imports it may serve"
+    return {name(r) for r in project["dependencies"]}
 
 
 def test_every_third_party_import_of_the_library_is_a_declared_dependency():
@@ -179,8 +179,7 @@ def test_every_third_party_import_of_the_library_is_a_declared_dependency():
     import ast
     import importlib.metadata as md
 
-    runtime, demo = _declared()
-    runtime |= {"pydantic-core"}                       # pydantic's own core, pinned by pydantic itself
+    runtime = _declared() | {"pydantic-core"}                       # pydantic's own core, pinned by pydantic itself
     dists = md.packages_distributions()
     serving_side = {"sglang_probe.py"}                 # run by the serving interpreter, which has sglang
     stdlib = set(sys.stdlib_module_names)
@@ -196,7 +195,6 @@ def test_every_third_party_import_of_the_library_is_a_declared_dependency():
                 if top in stdlib or top == "runbook" or top == "__future__":
                     continue
                 names = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
-                allowed = runtime | (demo if "demo" in p.parts else set())
-                if not names & allowed:
+                if not names & runtime:
                     missing.append(f"{p.relative_to(REPO)}: {m} ({', '.join(sorted(names))})")
     assert not missing, "\n".join(sorted(set(missing)))

@@ -94,6 +94,12 @@ def test_gguf_reader_reads_scalars_skips_arrays_and_refuses_other_files(tmp_path
         gguf.metadata(p)
     with pytest.raises(InputError, match="cannot read the model"):
         gguf.metadata(tmp_path / "missing.gguf")
+    _gguf(p, [("general.architecture", 8, struct.pack("<Q", 2) + b"\xff\xfe")])                # not UTF-8
+    with pytest.raises(InputError, match="not a GGUF model"):
+        gguf.metadata(p)
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    with pytest.raises(InputError, match="not a GGUF model"):
+        gguf.metadata(tmp_path / "empty.gguf")
 
 
 def test_buckets_by_prompt_tokens():

@@ -7,6 +7,7 @@ bytes unless a name says gib or mib.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -421,7 +422,8 @@ def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_a
     total = inp.gpu_mem_gib * GIB
     res.reserved_bytes_per_gpu = int(total * (1 - frac))
     rest_gib = budget_gib(inp.gpu_mem_gib, inp.weights_bytes_per_gpu, frac,
-                          defaults.multimodal_reservation_mib(arch, inp.compute_capability) if arch.multimodal else 0)
+                          defaults.multimodal_reservation_mib(arch, inp.compute_capability) if arch.multimodal else 0,
+                          world_size=inp.tp * inp.pp)
     if rest_gib <= 0:
         findings.append(Finding("kv.budget", "fail", "no memory left for the KV cache",
                                 detail=f"{inp.gpu_mem_gib:g} GiB × {frac} = {total * frac / GIB:.1f} GiB static, but weights take "
@@ -431,11 +433,23 @@ def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_a
     return rest_gib
 
 
-def budget_gib(gpu_mem_gib: float, weights_bytes: int, fraction: float, reserved_mib: float = 0) -> float:
-    """kv_cache_configurator.py _profile_available_bytes, in SGLang's own GiB floats: free memory after the
-    weights minus pre_load_free × (1 − fraction) minus the multimodal reservation. The caller truncates
-    `× 2**30` to bytes as SGLang does (rounding first would land a byte above SGLang's budget)."""
-    return (gpu_mem_gib * GIB - weights_bytes) / GIB - gpu_mem_gib * (1 - fraction) - reserved_mib / 1024
+def free_gib(free_bytes: float, world_size: int = 1) -> float:
+    """utils/common.py:569-576 get_available_gpu_memory: with more than one rank the free bytes are all-reduced
+    (MIN) as a float32 tensor, which keeps 24 bits (a 100 GiB figure moves by up to 4 KiB), then divided by 2**30."""
+    if world_size > 1:
+        free_bytes = struct.unpack("f", struct.pack("f", free_bytes))[0]
+    return free_bytes / GIB
+
+
+def budget_gib(gpu_mem_gib: float, weights_bytes: int, fraction: float, reserved_mib: float = 0,
+               world_size: int = 1) -> float:
+    """kv_cache_configurator.py:2990-3060 _profile_available_bytes, in SGLang's own GiB floats: free memory after
+    the weights minus pre_load_free × (1 − fraction) minus the multimodal reservation, both free figures measured
+    as `free_gib` does over the launch world (tp × pp; bootstrap.py:207-212, kv_cache_configurator.py:3000-3004).
+    The caller truncates `× 2**30` to bytes as SGLang does (rounding first would land a byte above its budget)."""
+    total = gpu_mem_gib * GIB
+    pre_load = free_gib(total, world_size)
+    return free_gib(total - weights_bytes, world_size) - pre_load * (1 - fraction) - reserved_mib / 1024
 
 
 def _state_pool(inp: Inputs, rest_gib: float, slots: int, per_slot: int, spec: defaults.Speculative | None,

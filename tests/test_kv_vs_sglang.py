@@ -98,6 +98,7 @@ def runbook_figures(case: dict) -> dict:
             "mem_fraction_static": r.mem_fraction_static, "context_len": r.context_len, "page_size": r.page_size,
             "kv_cache_dtype": r.kv_dtype, "cell_size": r.kv_bytes_per_token_per_gpu,
             "state_bytes_per_request": r.state_bytes_per_request_per_gpu or None,
+            "state_pool_bytes": r.state_pool_bytes_per_gpu if r.max_state_slots is not None else None,
             "mamba_slots_per_request": r.state_slots_per_request or None, "max_mamba_cache_size": r.max_state_slots,
             "max_total_num_tokens": r.max_total_num_tokens, "swa_max_total_num_tokens": r.swa_tokens,
             "max_running_requests": r.max_running_requests, "rest_bytes": r.kv_budget_bytes_per_gpu,
@@ -115,10 +116,13 @@ def differences(case: dict, want: dict, got: dict) -> list[str]:
     if len(ranks) > 1:
         # the runbook prints the binding (largest) stage; the oracle's top level is PP rank 0
         want["total_cell_size"] = max(r["total_cell_size"] for r in ranks)
-    if want.get("state_pool_bytes") and want.get("max_mamba_cache_size"):
-        # per GPU, one slot is this stage's share of the layers (the pool holds max_mamba_cache_size + 1)
-        want["state_bytes_per_request"] = want["state_pool_bytes"] // (want["max_mamba_cache_size"] + 1)
-    for key in ("context_len", "page_size", "kv_cache_dtype", "state_bytes_per_request", "mamba_slots_per_request",
+    if want.get("state_bytes_per_slot") is not None:
+        # what SGLang's MambaPool holds per slot and in all on the rank with the most linear layers
+        binding = max(ranks or [want], key=lambda r: r["state_bytes_per_slot"])
+        want["state_bytes_per_request"] = binding["state_bytes_per_slot"]
+        want["state_pool_bytes"] = binding["state_pool_allocated_bytes"]
+    for key in ("context_len", "page_size", "kv_cache_dtype", "state_bytes_per_request", "state_pool_bytes",
+                "mamba_slots_per_request",
                 "max_mamba_cache_size", "max_total_num_tokens", "swa_max_total_num_tokens", "max_running_requests",
                 "rest_bytes", "kv_budget_bytes"):   # the KV+state budget and the KV pool's share of it, to the byte
         if key in want and want[key] != got[key]:

@@ -663,8 +663,24 @@ def _mamba_figures(out, kvc):
             stage_per_req = per_req
         state_bytes = (size + 1) * stage_per_req
         out["state_pool_bytes"] = state_bytes
+        out["state_bytes_per_slot"], out["state_pool_allocated_bytes"] = _mamba_pool_bytes(kvc, params, size)
         inter = int(round((before - after) * _GIB - state_bytes))
         out["intermediate_state_bytes"] = inter if inter > 0 else 0
+
+
+def _mamba_pool_bytes(kvc, params, size):
+    """What this rank's state pool holds: SGLang's MambaPool built on the meta device (no memory) for the layers
+    KVCacheConfigurator gives this rank: (one slot's conv + SSM bytes, the pool's at max_mamba_cache_size)."""
+    from sglang.srt.mem_cache.memory_pool import MambaPool, get_tensor_size_bytes
+
+    layer_ids = kvc._get_mamba_layer_ids_for_req_pool()
+    if not layer_ids:
+        return 0, 0
+    total = {}
+    for n in (1, 2, size):
+        pool = MambaPool(size=n, spec_state_size=0, cache_params=params, mamba_layer_ids=layer_ids, device="meta")
+        total[n] = int(get_tensor_size_bytes(pool.mamba_cache.conv) + get_tensor_size_bytes(pool.mamba_cache.temporal))
+    return total[2] - total[1], total[size]
 
 
 def _common_figures(server_args, model_config):

@@ -336,9 +336,12 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     overlap = inp.pp == 1 and not inp.disable_overlap_schedule
     slots = slots_per_request(arch, inp.disable_radix_cache, overlap)
     per_slot = _stage_state_bytes(arch, a_tp, stages, ssm_dtype)
+    # what one slot of the pool holds on the GPU with the most linear layers (MambaPool allocates that stage's layers,
+    # kv_cache_configurator.py:1603-1610); under PP the budget charges per_slot, which can be a byte less
+    slot_bytes = max(st.state_bytes_per_request for st in stages) if stages else 0
     page, page_why = defaults.page_size(arch, backend, inp.page_size, kv_dtype, inp.compute_capability)
     res = Result(kv_dtype=kv_dtype, kv_bytes_per_token_per_gpu=0, kv_layers=0, kv_heads_per_gpu=heads,
-                 kv_head_replication=replication(arch, a_tp), state_bytes_per_request_per_gpu=per_slot,
+                 kv_head_replication=replication(arch, a_tp), state_bytes_per_request_per_gpu=slot_bytes,
                  state_slots_per_request=slots, max_state_slots=None, kv_budget_bytes_per_gpu=None,
                  max_total_num_tokens=None, max_running_requests=None, requests_at_context={}, context_len=ctx,
                  weights_bytes_per_gpu=inp.weights_bytes_per_gpu, layout=layout_words(arch, a_tp),
@@ -492,9 +495,10 @@ def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest_gib: 
                                            "or use --mamba-ssm-dtype bfloat16."))
             return
         res.spec_state_bytes_per_gpu = int(inter)
-        res.state_pool_bytes_per_gpu = (max_mamba + 1) * per_slot
-        # _handle_max_mamba_cache subtracts both in GiB; the budget is truncated to bytes after
-        kv_avail = int((rest_gib - inter / GIB - res.state_pool_bytes_per_gpu / GIB) * GIB)
+        # the pool holds max_mamba + 1 slots (memory_pool.py:722-751); _handle_max_mamba_cache charges them at per_slot
+        # and subtracts both in GiB, the budget truncated to bytes after (kv_cache_configurator.py:3405-3409)
+        res.state_pool_bytes_per_gpu = (max_mamba + 1) * res.state_bytes_per_request_per_gpu
+        kv_avail = int((rest_gib - inter / GIB - (max_mamba + 1) * per_slot / GIB) * GIB)
         res.max_state_slots = max_mamba
     res.kv_pool_bytes_per_gpu = kv_avail
     page = res.page_size

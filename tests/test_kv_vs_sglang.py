@@ -97,6 +97,7 @@ def runbook_figures(case: dict) -> dict:
     return {"plan": p, "refusals": [f for f in p.findings if f.status == "fail" and f.id in REFUSAL_IDS],
             "mem_fraction_static": r.mem_fraction_static, "context_len": r.context_len, "page_size": r.page_size,
             "kv_cache_dtype": r.kv_dtype, "cell_size": r.kv_bytes_per_token_per_gpu,
+            "cell_bytes": max(s["cell_bytes"] for s in r.stages),   # unrounded: hybrid SWA's is fractional
             "state_bytes_per_request": r.state_bytes_per_request_per_gpu or None,
             "state_pool_bytes": r.state_pool_bytes_per_gpu if r.max_state_slots is not None else None,
             "mamba_slots_per_request": r.state_slots_per_request or None, "max_mamba_cache_size": r.max_state_slots,
@@ -127,15 +128,14 @@ def differences(case: dict, want: dict, got: dict) -> list[str]:
                 "rest_bytes", "kv_budget_bytes"):   # the KV+state budget and the KV pool's share of it, to the byte
         if key in want and want[key] != got[key]:
             out.append(f"{key}: SGLang {want[key]!r}, runbook {got[key]!r}")
-    if want.get("draft_pool_bytes_per_token") is not None and math.ceil(want["draft_pool_bytes_per_token"]) != got[
+    if want.get("draft_pool_bytes_per_token") is not None and want["draft_pool_bytes_per_token"] != got[
             "draft_pool_bytes_per_token"]:   # the MTP draft worker's own pool on a hybrid linear-attention model
         out.append(f"draft pool bytes/token: SGLang {want['draft_pool_bytes_per_token']!r}, "
                    f"runbook {got['draft_pool_bytes_per_token']!r}")
     cell = want.get("total_cell_size", want.get("cell_size"))   # target + draft: what the pool divides by
-    if cell is not None and math.ceil(cell) != got["cell_size"]:
-        out.append(f"cell_size: SGLang {cell!r}, runbook {got['cell_size']!r}")
-    if want.get("mem_fraction_static") is not None and not math.isclose(want["mem_fraction_static"], got["mem_fraction_static"] or -1,
-                                                                        abs_tol=1e-9):
+    if cell is not None and (cell != got["cell_bytes"] or math.ceil(cell) != got["cell_size"]):
+        out.append(f"cell_size: SGLang {cell!r}, runbook {got['cell_bytes']!r} ({got['cell_size']!r} B/token printed)")
+    if want.get("mem_fraction_static") is not None and want["mem_fraction_static"] != got["mem_fraction_static"]:
         out.append(f"mem_fraction_static: SGLang {want['mem_fraction_static']!r}, runbook {got['mem_fraction_static']!r}")
     return out
 

@@ -153,6 +153,7 @@ class Result:
     spec_state_bytes_per_gpu: int = 0              # intermediate SSM state for draft tokens (hybrid)
     page_size: int = 1
     attention_backend: str | None = None
+    nvfp4_scale_layouts: int = 1                   # NVFP4 block-scale layouts the backends keep (1 for other dtypes)
     mem_fraction_detail: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
 
@@ -347,7 +348,8 @@ def compute(arch: Arch, inp: Inputs) -> Result:
                  weights_bytes_per_gpu=inp.weights_bytes_per_gpu, layout=layout_words(arch, a_tp),
                  stages=[asdict(s) for s in stages], speculative=spec.words if spec else None,
                  draft_kv_bytes_per_token_per_gpu=draft_bytes, draft_kv_budget_bytes_per_token_per_gpu=draft_budget,
-                 page_size=page, attention_backend=backend)
+                 page_size=page, attention_backend=backend,
+                 nvfp4_scale_layouts=defaults.fp4_recipe(kv_dtype, explicit, inp.compute_capability)[0])
     if page_why:
         findings.append(Finding("kv.page_size", "info", f"page size {page}", detail=page_why))
     if slots == 3 and (inp.page_size not in (None, 1) or explicit == "trtllm_mha"):

@@ -80,7 +80,7 @@ def argv_to_spec(case: dict) -> spec_mod.Deployment:
     gpu = case["gpu"]
     n = par["tp"] * par["pp"]
     data = spec_data(**{"model.path": case["model_dir"], "model.card": None, "model.size_gib": None,
-                        "hardware.gpu_count": max(8, n), "hardware.gpu_memory_gib": gpu["total_mib"] / 1024,
+                        "hardware.gpu_count": max(8, n), "hardware.gpu_memory_gib": gpu.get("memory_gib") or gpu["total_mib"] / 1024,
                         "hardware.compute_capability": gpu["sm"], "hardware.gpu_model": gpu["name"],
                         "parallelism.tp": par["tp"], "parallelism.pp": par["pp"], "parallelism.attn_dp": par["attn_dp"],
                         "serving.flags": flags})

@@ -4,8 +4,8 @@ Run in the serving venv (the one with the real sglang wheel)::
 
     .venv-serving/bin/python tests/oracle/sglang_kv.py < cases.json > results.json
 
-Input: a JSON list of cases ``{"id", "model_dir", "argv", "gpu": {"name", "total_mib", "sm"},
-"weights_bytes_per_gpu"}``. Output: a JSON list with one object per case (see ``_FIELDS``);
+Input: a JSON list of cases ``{"id", "model_dir", "argv", "gpu": {"name", "total_mib" (or "memory_gib": a
+decimal GiB figure, the GPU then has int(memory_gib × 2**30) bytes), "sm"}, "weights_bytes_per_gpu"}``. Output: a JSON list with one object per case (see ``_FIELDS``);
 nothing else is written to stdout (SGLang's logging goes to stderr).
 
 How SGLang is driven (everything below is SGLang's own code, called in the order the
@@ -186,7 +186,8 @@ _MIB = 1 << 20
 
 class _Gpu:
     sm = 90  # e.g. 90, 100, 120
-    total_mib = 143771
+    total_mib: float = 143771   # what nvidia-smi's memory.total says (SGLang parses it as a float)
+    total_bytes = 143771 << 20  # what torch.cuda.mem_get_info says: whole bytes
     weights_bytes = 0
     loaded = False  # weights loaded yet (free memory drops by weights_bytes)
 
@@ -199,7 +200,7 @@ def _cap(*_a, **_k):
 
 
 def _free_bytes() -> int:
-    return G.total_mib * _MIB - (G.weights_bytes if G.loaded else 0)
+    return G.total_bytes - (G.weights_bytes if G.loaded else 0)
 
 
 _sglang_available_gpu_memory = _C.get_available_gpu_memory
@@ -213,8 +214,8 @@ def _cuda_memory_probes():
                                            "empty_cache")}
     cuda.device_count = lambda: 8
     cuda.current_device = lambda: 0
-    cuda.get_device_properties = lambda *_a, **_k: SimpleNamespace(is_integrated=False, total_memory=G.total_mib * _MIB)
-    cuda.mem_get_info = lambda *_a, **_k: (_free_bytes(), G.total_mib * _MIB)
+    cuda.get_device_properties = lambda *_a, **_k: SimpleNamespace(is_integrated=False, total_memory=G.total_bytes)
+    cuda.mem_get_info = lambda *_a, **_k: (_free_bytes(), G.total_bytes)
     cuda.empty_cache = lambda: None
     try:
         yield
@@ -728,7 +729,9 @@ def _safe(fn):
 
 def run_case(case: dict) -> dict:
     G.sm = int(round(float(case["gpu"]["sm"]) * 10))
-    G.total_mib = int(case["gpu"]["total_mib"])
+    gib = case["gpu"].get("memory_gib")   # a GPU given by a decimal GiB figure: whole bytes below it
+    G.total_mib = gib * 1024 if gib is not None else int(case["gpu"]["total_mib"])
+    G.total_bytes = int(gib * _GIB) if gib is not None else int(case["gpu"]["total_mib"]) * _MIB
     G.weights_bytes = int(case["weights_bytes_per_gpu"])
     G.loaded = False
     _RC.reset_context()

@@ -452,7 +452,9 @@ def budget_gib(gpu_mem_gib: float, weights_bytes: int, fraction: float, reserved
     the weights minus pre_load_free × (1 − fraction) minus the multimodal reservation, both free figures measured
     as `free_gib` does over the launch world (tp × pp; bootstrap.py:207-212, kv_cache_configurator.py:3000-3004).
     The caller truncates `× 2**30` to bytes as SGLang does (rounding first would land a byte above its budget)."""
-    total = gpu_mem_gib * GIB
+    # torch.cuda.mem_get_info counts whole bytes: a GiB figure like 140.4 is 150,752,040,550.4 of them, and the
+    # fraction of a byte would surface as one more byte of budget
+    total = int(gpu_mem_gib * GIB)
     pre_load = free_gib(total, world_size)
     return free_gib(total - weights_bytes, world_size) - pre_load * (1 - fraction) - reserved_mib / 1024
 

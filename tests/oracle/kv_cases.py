@@ -354,9 +354,9 @@ _SWEEP_FRACTIONS = (None, "0.5", "0.613", "0.7", "0.77", "0.837", "0.85", "0.88"
 
 def sweep_cases(seed: int = 35, random_gpus: int = 14) -> list[dict]:
     """The KV+state budget across GPU memory sizes: every GPU above (NVML totals, and decimal GiB figures as specs
-    give them) and `random_gpus` more of random size (16-200 GiB, by MiB or in decimal GiB), each with every sweep model at a random TP/PP, memory fraction (None: SGLang's
-    default) and weights per GPU (a random share of the memory, not a round number of bytes). Seeded: the same
-    cases every run."""
+    give them) and `random_gpus` more of random size (16-200 GiB, by MiB or in decimal GiB), each with every sweep
+    model at a random TP/PP, memory fraction (None: SGLang's default) and weights per GPU (a random share of the
+    memory, not a round number of bytes). Seeded: the same cases every run."""
     import random
 
     rng = random.Random(seed)

@@ -5,8 +5,9 @@ Run in the serving venv (the one with the real sglang wheel)::
     .venv-serving/bin/python tests/oracle/sglang_kv.py < cases.json > results.json
 
 Input: a JSON list of cases ``{"id", "model_dir", "argv", "gpu": {"name", "total_mib" (or "memory_gib": a
-decimal GiB figure, the GPU then has int(memory_gib × 2**30) bytes), "sm"}, "weights_bytes_per_gpu"}``. Output: a JSON list with one object per case (see ``_FIELDS``);
-nothing else is written to stdout (SGLang's logging goes to stderr).
+decimal GiB figure, the GPU then has int(memory_gib × 2**30) bytes), "sm"}, "weights_bytes_per_gpu"}``.
+Output: a JSON list with one object per case (see ``_FIELDS``); nothing else is written to stdout (SGLang's
+logging goes to stderr).
 
 How SGLang is driven (everything below is SGLang's own code, called in the order the
 launcher / scheduler / model runner call it):

@@ -307,6 +307,7 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     heads_why = defaults.tp_refusal(arch, a_tp)
     explicit = inp.attention_backend or defaults.override_backend(arch, inp.compute_capability, spec)
     refused = defaults.refusals(arch, kv_dtype, backend, inp.compute_capability, explicit, inp.quantization)
+    fp4 = defaults.fp4_recipe(kv_dtype, explicit, inp.compute_capability)
     for why in refused + ([heads_why] if heads_why else []):
         findings.append(Finding("kv.refused", "fail", "SGLang refuses to start: " + why[0], detail=why[1], remedy=why[2]))
     stages: list[Stage] = []
@@ -316,8 +317,7 @@ def compute(arch: Arch, inp: Inputs) -> Result:
         nf = sum(1 for x in range(s, e) if x in full)
         ns = sum(1 for x in range(s, e) if x in swa)
         nl = sum(1 for x in range(s, e) if x in lin)
-        cell = cell_bytes(arch, kv_dtype, a_tp, nf, ns, inp.swa_full_tokens_ratio,
-                          *defaults.fp4_recipe(kv_dtype, explicit, inp.compute_capability),
+        cell = cell_bytes(arch, kv_dtype, a_tp, nf, ns, inp.swa_full_tokens_ratio, *fp4,
                           raw_dsa_layout=defaults.dsa_raw_layout(arch, inp.compute_capability))
         if spec is not None and spec.draft_kv_layers and nf + ns and not arch.hybrid_swa:
             # pool_configurator.py DefaultPoolConfigurator: the EAGLE/MTP draft shares the target's per-layer KV size
@@ -330,15 +330,12 @@ def compute(arch: Arch, inp: Inputs) -> Result:
             draft_budget = draft_bytes = max(draft_budget, extra)
         stages.append(Stage(i, s, e, nf + ns, nf, ns, nl, cell, state_bytes_per_request(arch, a_tp, nl, ssm_dtype)))
     if spec is not None and spec.own_mtp and arch.linear is not None:
-        draft_bytes = _own_draft_pool_bytes(arch, kv_dtype, a_tp, spec.draft_kv_layers or 1,
-                                            defaults.fp4_recipe(kv_dtype, explicit, inp.compute_capability))
+        draft_bytes = _own_draft_pool_bytes(arch, kv_dtype, a_tp, spec.draft_kv_layers or 1, fp4)
     heads = kv_heads_per_gpu(arch, a_tp)
     ctx = inp.context_len or arch.max_context or 2048
     overlap = inp.pp == 1 and not inp.disable_overlap_schedule
     slots = slots_per_request(arch, inp.disable_radix_cache, overlap)
-    per_slot = _stage_state_bytes(arch, a_tp, stages, ssm_dtype)
-    # what one slot of the pool holds on the GPU with the most linear layers (MambaPool allocates that stage's layers,
-    # kv_cache_configurator.py:1603-1610); under PP the budget charges per_slot, which can be a byte less
+    per_slot = _stage_state_bytes(arch, a_tp, stages, ssm_dtype)   # the budget's charge; slot_bytes: what a slot holds
     slot_bytes = max(st.state_bytes_per_request for st in stages) if stages else 0
     page, page_why = defaults.page_size(arch, backend, inp.page_size, kv_dtype, inp.compute_capability)
     res = Result(kv_dtype=kv_dtype, kv_bytes_per_token_per_gpu=0, kv_layers=0, kv_heads_per_gpu=heads,
@@ -348,8 +345,7 @@ def compute(arch: Arch, inp: Inputs) -> Result:
                  weights_bytes_per_gpu=inp.weights_bytes_per_gpu, layout=layout_words(arch, a_tp),
                  stages=[asdict(s) for s in stages], speculative=spec.words if spec else None,
                  draft_kv_bytes_per_token_per_gpu=draft_bytes, draft_kv_budget_bytes_per_token_per_gpu=draft_budget,
-                 page_size=page, attention_backend=backend,
-                 nvfp4_scale_layouts=defaults.fp4_recipe(kv_dtype, explicit, inp.compute_capability)[0])
+                 page_size=page, attention_backend=backend, nvfp4_scale_layouts=fp4[0])
     if page_why:
         findings.append(Finding("kv.page_size", "info", f"page size {page}", detail=page_why))
     if slots == 3 and (inp.page_size not in (None, 1) or explicit == "trtllm_mha"):
@@ -394,8 +390,11 @@ def _own_draft_pool_bytes(arch: Arch, kv_dtype: str, a_tp: int, layers: int, fp4
 
 
 def _stage_state_bytes(arch: Arch, a_tp: int, stages: list[Stage], ssm_dtype: str | None) -> int:
-    """kv_cache_configurator.py _handle_max_mamba_cache: every rank is charged the largest stage share, as
-    int(all layers' bytes × (largest stage's layers / all layers)) — SGLang's float, truncated."""
+    """kv_cache_configurator.py:3233-3260 _handle_max_mamba_cache: every rank is charged the largest stage share, as
+    int(all layers' bytes × (largest stage's layers / all layers)) — SGLang's float, truncated, so a byte below what
+    one slot of that stage's pool holds where the float lands under the whole number (Qwen3.5-397B PP2 TP4:
+    48,015,360 × 23/45 = 24,541,183.99…). The pool itself allocates only the stage's layers
+    (kv_cache_configurator.py:1603-1610, memory_pool.py:722-751): the largest stage's state_bytes_per_request."""
     n_all = len(arch.linear_layer_ids)
     if len(stages) == 1 or not n_all:
         return stages[0].state_bytes_per_request if stages else 0

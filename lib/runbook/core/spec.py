@@ -336,7 +336,8 @@ class Alerts(_Strict):
                                      "(node_exporter's --collector.textfile.directory); $RUNBOOK_TEXTFILE_DIR and "
                                      "--textfile-dir win over it")
     interval_s: int = Field(default=86400, gt=0, le=MAX_SECONDS,
-                            description="how often cron or the timer runs the runbook: the 'not run' alert fires after twice this")
+                            description="how often cron or the timer runs the runbook: the 'not run' and 'stale textfile' alerts "
+                            "fire after twice this")
     link_base: str | None = Field(default=None, description="where the archive is served (the fleet's --link-base): alerts "
                                   "link <link_base>/<host>/<run id>/summary.html")
 

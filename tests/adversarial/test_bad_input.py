@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import DEFAULT_SPEC
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -97,6 +98,9 @@ CLI_CASES = [
     ("run-keep-zero", ["run", "--out", "{tmp}/out", "--notebooks", "{tmp}/nb", "--keep", "0"], "--keep"),
     ("run-keep-negative", ["run", "--out", "{tmp}/out", "--notebooks", "{tmp}/nb", "--keep", "-1"], "--keep"),
     ("run-only-empty", ["run", "--out", "{tmp}/out", "--notebooks", "{tmp}/nb", "--only", ""], "--only"),
+    # a notebook parameter typed float took nan and inf (the notebook then ran on them)
+    ("run-param-nan", ["run", "--out", "{tmp}/out", "--param", "gpu_mem_gib=nan"], "--param gpu_mem_gib=nan"),
+    ("run-param-list-inf", ["run", "--out", "{tmp}/out", "--param", "rates=1,inf"], "--param rates=1,inf"),
 ]
 
 # ---- spec file ---------------------------------------------------------------------------------
@@ -268,3 +272,66 @@ def test_kv_refuses_a_what_if_flag_that_is_not_a_number(value):
     d = d.model_copy(update={"serving": d.serving.model_copy(update={"flags": dict(d.serving.flags, **{"mem-fraction-static": value})})})
     with pytest.raises(InputError, match="--mem-fraction-static"):
         kv.plan_pools(d)
+
+
+def _float_fields(model, prefix: str = ""):
+    """Every float the spec holds, by its dotted path: (path, whether it is a list of floats)."""
+    for name, f in model.model_fields.items():
+        kind = spec._unwrap(f.annotation)
+        if kind is float or kind == ("list", float):
+            yield prefix + name, kind is not float
+        elif isinstance(kind, tuple) and kind[0] == "model":
+            yield from _float_fields(kind[1], f"{prefix}{name}.")
+
+
+SPEC_FLOATS = sorted(_float_fields(spec.Deployment))
+
+
+def test_the_spec_has_the_floats_the_property_below_covers():
+    assert {"hardware.gpu_memory_gib", "model.size_gib", "accuracy.recall_depths", "tune.budget_s"} <= {p for p, _ in SPEC_FLOATS}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(SPEC_FLOATS), st.sampled_from([".inf", "-.inf", ".Inf", ".nan", ".NaN", "1.0e+400", "'inf'", "'nan'"]))
+def test_every_float_in_the_spec_must_be_finite(field, written):
+    """Whatever float field, whatever spelling YAML (or pydantic's reading of text) makes infinite or not a number."""
+    (path, is_list), marker = field, "__NOT_FINITE__"
+    data = yaml.safe_load(_base_text())
+    *parents, leaf = path.split(".")
+    node = data
+    for k in parents:
+        node = node.setdefault(k, {})
+    node[leaf] = [0.5, marker] if is_list else marker
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "dep.yaml"
+        p.write_text(yaml.safe_dump(data, sort_keys=False).replace(marker, written))
+        with pytest.raises(SpecError) as e:
+            spec.load(p)
+    msg = str(e.value)
+    assert "\n" not in msg and p.name in msg and path in msg and "finite" in msg, msg
+
+
+def _option_floats():
+    from runbook.core import registry
+
+    for stage in registry.stages():
+        for name, f in stage.options.model_fields.items():
+            kind = spec._unwrap(f.annotation)
+            if kind is float or kind == ("list", float):
+                yield stage.options, name, kind is not float
+
+
+OPTION_FLOATS = sorted(_option_floats(), key=lambda t: (t[0].__name__, t[1]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(OPTION_FLOATS), st.sampled_from(["inf", "-inf", "nan", "NaN", "1e400", float("inf"), float("nan")]))
+def test_every_float_flag_must_be_finite(option, value):
+    """Every stage's float flag (and notebook parameter): the same model the CLI's flags are generated from."""
+    from runbook.core import options
+    from runbook.core.errors import InputError
+
+    model, name, is_list = option
+    with pytest.raises(InputError) as e:
+        options.validate(model, {name: [0.5, value] if is_list else value}, cli=True)
+    assert options.flag(model, name) in str(e.value) and "finite" in str(e.value), str(e.value)

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from pydantic import TypeAdapter, ValidationError
 
 from runbook.core.errors import SpecError
+from runbook.core.options import FINITE, describe
 from runbook.core.secrets import is_secret_key
 
 # Names a parameters cell may use in annotations; anything else is passed as a string.
@@ -93,10 +94,9 @@ def coerce(key: str, raw: str, type_name: str | None, where: str) -> Any:
     except json.JSONDecodeError as e:
         raise SpecError(f"--param {key}={raw}: not valid JSON for {type_name} ({e.msg})") from None
     try:
-        return TypeAdapter(typ).validate_python(value)
+        return TypeAdapter(typ, config=FINITE).validate_python(value)
     except ValidationError as e:
-        msg = e.errors()[0]["msg"]
-        raise SpecError(f"--param {key}={raw}: {where} declares {key}: {type_name}; {msg}") from None
+        raise SpecError(f"--param {key}={raw}: {where} declares {key}: {type_name}; the value {describe(e.errors()[0])}") from None
 
 
 def parse_pairs(pairs: list[str]) -> dict[str, str]:

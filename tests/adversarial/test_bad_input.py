@@ -6,6 +6,7 @@ a variant of the story's deployment into tmp_path (its relative model.card made 
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -335,3 +336,42 @@ def test_every_float_flag_must_be_finite(option, value):
     with pytest.raises(InputError) as e:
         options.validate(model, {name: [0.5, value] if is_list else value}, cli=True)
     assert options.flag(model, name) in str(e.value) and "finite" in str(e.value), str(e.value)
+
+
+# ---- where the model is, and whether SGLang would start it ---------------------------------------
+
+@pytest.mark.parametrize("make, what", [
+    (lambda d: None, "does not exist"),
+    (lambda d: (d / "cards").mkdir() or (d / "cards" / "nope").write_text("{}"), "is a file, not a directory"),
+])
+def test_a_relative_model_card_that_is_not_there_names_the_card_and_where_it_resolved(cli, tmp_path, make, what):
+    """The card is what the user pointed at: the line names model.card, as written and as resolved against
+    the spec's folder (not only model.path, which is a repo id nobody expects to be local)."""
+    (tmp_path / "specs").mkdir()
+    make(tmp_path)
+    p = _spec_file(tmp_path / "specs", lambda t: re.sub(r"(?m)^(\s*card:) \S+", r"\1 ../cards/nope", t))
+    cp = cli("kv", "--deployment", p, timeout=60)
+    _assert_one_line_error(cp, f"model.card ../cards/nope (resolved to {tmp_path / 'cards' / 'nope'}) {what}")
+    assert p.name in cp.stderr and "point model.card at the directory holding config.json" in cp.stderr
+
+
+@pytest.mark.parametrize("verb", ["kv", "quant"])
+def test_a_file_given_as_model_dir_is_called_a_file(cli, tmp_path, verb):
+    f = tmp_path / "config.json"
+    f.write_text("{}")
+    cp = cli(verb, f, timeout=60)
+    _assert_one_line_error(cp, f"{f}: a file, not a directory")
+    assert "no such directory" not in cp.stderr
+
+
+def test_service_check_carries_kvs_refusal(cli, tmp_path):
+    """TP 3 on the story's 32-head model: kv says SGLang refuses to start; service check, with every other check
+    passing or warning (a context that fits, idle GPUs), must fail on the same refusal, not pass."""
+    p = _spec_file(tmp_path, lambda t: _sub("context-length: 262144", "context-length: 8192")(_sub("  tp: 8\n", "  tp: 3\n")(t)))
+    env = {"RUNBOOK_SERVING_PYTHON": ""}       # the cross-check is this test's subject, not SGLang's flag parser
+    kv = cli("kv", "--deployment", p, "--json", env=env, timeout=120)
+    assert kv.returncode == 1 and "kv.refused" in {f["id"] for f in json.loads(kv.stdout)["findings"]}, kv.stderr
+    cp = cli("service", "check", "--deployment", p, "--json", env=env, timeout=120)
+    assert cp.returncode == 1, (cp.stdout[-2000:], cp.stderr[-2000:])
+    refused = [f for f in json.loads(cp.stdout)["findings"] if f["id"] == "service.kv_refused"]
+    assert len(refused) == 1 and refused[0]["status"] == "fail" and "32 is not divisible by 3" in refused[0]["title"], refused

@@ -443,5 +443,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runbook: {e}", file=sys.stderr)
         return 75
     except RunbookError as e:
-        print(f"runbook: error: {e}", file=sys.stderr)
+        from runbook.core import secrets
+
+        # an error may quote what the user typed (--param KEY=VALUE): the environment's secrets never reach stderr
+        print(f"runbook: error: {secrets.redact_text(str(e), secrets.secret_values())}", file=sys.stderr)
         return 2

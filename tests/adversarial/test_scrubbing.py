@@ -174,3 +174,11 @@ def test_a_sigkilled_run_leaves_no_secret_from_its_parameters(tmp_path, param, s
     assert proc.returncode == 2 and not started.exists(), (proc.returncode, stderr[-2000:])
     assert len(stderr.strip().splitlines()) == 1 and "--param" in stderr and "secret" in stderr, stderr
     assert secret not in stderr + stdout and not out.exists()
+
+
+def test_an_error_quoting_what_was_typed_never_shows_a_secret(cli, tmp_path):
+    """A one-line input error quotes the input (here a MODEL_DIR that is the token, pasted in the wrong place):
+    the environment's secrets are masked in it."""
+    cp = cli("kv", tmp_path / TOKEN, env={"HF_TOKEN": TOKEN}, timeout=60)
+    assert cp.returncode == 2 and "no such directory" in cp.stderr and secrets.MASK in cp.stderr, cp.stderr
+    assert not [f for f in spellings(TOKEN).values() if f in cp.stderr + cp.stdout], cp.stderr

@@ -365,13 +365,15 @@ def test_a_file_given_as_model_dir_is_called_a_file(cli, tmp_path, verb):
 
 
 def test_service_check_carries_kvs_refusal(cli, tmp_path):
-    """TP 3 on the story's 32-head model: kv says SGLang refuses to start; service check, with every other check
-    passing or warning (a context that fits, idle GPUs), must fail on the same refusal, not pass."""
+    """TP 3 on the story's 32-head model: kv says SGLang refuses to start; service check's cross-check against the
+    KV plan (every other check passing or warning: a context that fits, idle GPUs) must fail on the same refusal."""
+    from runbook import service
+
     p = _spec_file(tmp_path, lambda t: _sub("context-length: 262144", "context-length: 8192")(_sub("  tp: 8\n", "  tp: 3\n")(t)))
-    env = {"RUNBOOK_SERVING_PYTHON": ""}       # the cross-check is this test's subject, not SGLang's flag parser
-    kv = cli("kv", "--deployment", p, "--json", env=env, timeout=120)
+    kv = cli("kv", "--deployment", p, "--json", timeout=120)
     assert kv.returncode == 1 and "kv.refused" in {f["id"] for f in json.loads(kv.stdout)["findings"]}, kv.stderr
-    cp = cli("service", "check", "--deployment", p, "--json", env=env, timeout=120)
-    assert cp.returncode == 1, (cp.stdout[-2000:], cp.stderr[-2000:])
-    refused = [f for f in json.loads(cp.stdout)["findings"] if f["id"] == "service.kv_refused"]
-    assert len(refused) == 1 and refused[0]["status"] == "fail" and "32 is not divisible by 3" in refused[0]["title"], refused
+    d = spec.load(p)
+    found = service.cross_checks(d, service.render(d)[0])
+    refused = [f for f in found if f.id == "service.kv_refused"]
+    assert len(refused) == 1 and refused[0].status == "fail" and "32 is not divisible by 3" in refused[0].title, found
+    assert not [f for f in found if f.status == "fail" and f.id != "service.kv_refused"], found   # the refusal alone fails it

@@ -19,6 +19,8 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import pytest
+
 NOBODY = 65534
 LIB = str(Path(__file__).resolve().parents[1] / "lib")
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONPATH": LIB, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -58,7 +60,11 @@ def run(argv: Sequence[str | os.PathLike], timeout: float = 120) -> subprocess.C
 
 @contextlib.contextmanager
 def readonly_dir(prefix: str) -> Iterator[Path]:
-    """An empty directory that `run` may read and not write: nobody's, 0755, as root; 0555 otherwise."""
+    """An empty directory that `run` may read and not write: nobody's, 0755, as root; 0555 otherwise. The test
+    is skipped, saying why, where no such process can be had."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
     d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
         if os.geteuid() == 0:

@@ -30,7 +30,6 @@ from runbook.endpoint import reach
 from runbook.runner.run import DeploymentLock, push
 
 DEAD_URL = "http://127.0.0.1:9"
-needs_unprivileged = pytest.mark.skipif(unprivileged.skip_reason() is not None, reason=str(unprivileged.skip_reason()))
 
 
 def _one_line(cp: subprocess.CompletedProcess, names: str, code: int = 2) -> str:
@@ -65,7 +64,6 @@ def test_service_render_out_at_an_existing_directory(cli, tmp_path):
     assert sorted(p.name for p in d.iterdir()) == ["keep.txt"] and (d / "keep.txt").read_text() == "mine"
 
 
-@needs_unprivileged
 def test_service_render_out_into_a_read_only_directory(shared_dir):
     target = shared_dir / "sglang.service"
     line = _one_line(as_unprivileged("service", "render", "--deployment", DEFAULT_SPEC, "--out", target), str(target))
@@ -82,7 +80,6 @@ def test_run_out_at_a_regular_file(cli, tmp_path):
     assert f.read_text() == "not a folder"
 
 
-@needs_unprivileged
 def test_run_out_in_a_read_only_directory(shared_dir):
     line = _one_line(as_unprivileged("run", "--deployment", DEFAULT_SPEC, "--out", shared_dir, "--only", "environment"),
                      str(shared_dir))

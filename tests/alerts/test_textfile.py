@@ -35,7 +35,6 @@ def test_a_directory_it_cannot_write_is_refused_before_the_run(tmp_path, make, w
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.skipif(unprivileged.skip_reason() is not None, reason=str(unprivileged.skip_reason()))
 def test_an_unwritable_directory_is_refused():
     """Root writes anywhere: ask without the privilege to write (tests/unprivileged.py), wherever the checkout is."""
     probe = ("import pathlib, sys\nfrom runbook.alerts import textfile\ntry:\n"

@@ -21,7 +21,7 @@ from runbook.core import registry
 from runbook.core.errors import InputError, LockHeld, RunbookError
 from runbook.core.findings import exit_code, format_text
 from runbook.core.fsutil import write_output
-from runbook.core.options import PosFloat, PosInt, Url, describe, flag, validate
+from runbook.core.options import FINITE, FiniteFloat, PosFloat, PosInt, Url, describe, flag, validate
 from runbook.core.registry import Stage, document
 
 
@@ -55,7 +55,7 @@ def _typed(tp: Any, name: str) -> Callable[[str], Any]:
 _POS_INT = _typed(PosInt, "int")
 _POS_FLOAT = _typed(PosFloat, "float")
 _URL = _typed(Url, "url")
-_LINK_LIFETIME = _typed(Annotated[float, Field(ge=1, le=7 * 86400, allow_inf_nan=False)], "float")
+_LINK_LIFETIME = _typed(Annotated[FiniteFloat, Field(ge=1, le=7 * 86400)], "float")
 
 
 def _names(s: str) -> str:
@@ -304,7 +304,7 @@ _VERBS: dict[str, tuple[Stage, Any]] = {}   # verb -> (stage, its flags' setting
 
 
 class _CliBase(BaseSettings):
-    model_config = SettingsConfigDict(cli_parse_args=False)
+    model_config = SettingsConfigDict(cli_parse_args=False, **FINITE)
 
 
 def _flags_model(stage: Stage) -> type[BaseSettings]:
@@ -443,5 +443,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runbook: {e}", file=sys.stderr)
         return 75
     except RunbookError as e:
-        print(f"runbook: error: {e}", file=sys.stderr)
+        from runbook.core import secrets
+
+        # an error may quote what the user typed (--param KEY=VALUE): the environment's secrets never reach stderr
+        print(f"runbook: error: {secrets.redact_text(str(e), secrets.secret_values())}", file=sys.stderr)
         return 2

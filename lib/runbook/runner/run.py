@@ -514,9 +514,11 @@ def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
     if textfile_dir:
         alerts.textfile.check_dir(textfile_dir, where)
     nbs = discover(Path(opts.notebooks_dir), only)
-    per_nb = params_mod.resolve(opts.params, nbs)
     scrub = _run_secrets(spec)
     log.secrets |= scrub
+    per_nb = params_mod.resolve(opts.params, nbs, scrub)
+    # The runner's own parameters are paths: one that holds a secret would be written into every notebook too.
+    params_mod.refuse_secrets({"--deployment": spec.source, "--out": str(Path(opts.out).resolve())}, scrub)
     out_dir = output_dir(Path(opts.out).resolve())
     with DeploymentLock(out_dir, spec.name), _SignalsKillChildren(), _UmaskRestored() as umask:
         archive.clean_stale(out_dir, spec.name)

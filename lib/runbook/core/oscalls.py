@@ -35,6 +35,7 @@ from typing import IO, Any, TypeVar
 from runbook.core.errors import RunbookError
 
 T = TypeVar("T")
+Completed = subprocess.CompletedProcess
 PIPE, DEVNULL, STDOUT, TimeoutExpired = subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT, subprocess.TimeoutExpired
 TERMINATING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 CTL_TIMEOUT_S = 120.0       # one systemctl call: a stop or start of a big server takes its TimeoutStopSec and more
@@ -89,9 +90,13 @@ def systemctl(ctl: Sequence[str], *args: str, timeout: float = CTL_TIMEOUT_S, en
 
 
 def is_active(ctl: Sequence[str], unit: str, timeout: float = 30.0) -> str:
-    """`systemctl is-active UNIT`'s one word (active, inactive, failed, …); CommandFailed when there is none."""
+    """`systemctl is-active UNIT`'s one word (active, inactive, failed, …); "unknown" when it ran and failed
+    without one (no systemd to ask, e.g. "Failed to connect to bus": nothing of it is active); CommandFailed
+    when it could not run or its answer is not a word."""
     cp = systemctl(ctl, "is-active", unit, timeout=timeout)
     word = (cp.stdout.split() or [""])[0]
+    if not word and cp.returncode != 0:
+        return "unknown"
     if not word or len(word) > 32 or not word.replace("-", "").isalnum():
         raise CommandFailed([*ctl, "is-active", unit], cp.returncode, tail(cp.stderr) or tail(cp.stdout))
     return word

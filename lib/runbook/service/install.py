@@ -14,7 +14,6 @@ import datetime as dt
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 import urllib.error
@@ -79,7 +78,7 @@ def _tail(text: str | None) -> str:
     return lines[-1][:_STDERR_TAIL] if lines else ""
 
 
-def _run_ctl(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+def _run_ctl(argv: list[str], timeout: float) -> oscalls.Completed[str]:
     """One systemctl call, bounded in time; raises _StepFailed with a one-line reason when it cannot run."""
     try:
         return oscalls.call(argv, timeout=timeout)
@@ -161,7 +160,7 @@ class _Install:
         entry["status"] = "ok"
         return out
 
-    def query(self, *a: str) -> subprocess.CompletedProcess[str]:
+    def query(self, *a: str) -> oscalls.Completed[str]:
         return _run_ctl(self.sysctl + list(a), self.ctl_timeout)
 
     def ctl(self, *a: str) -> None:
@@ -382,7 +381,7 @@ def _rollback_finding(ins: _Install, why: str, problems: list[str]) -> Finding:
     return Finding("service.install", "fail", title, detail=detail, evidence=f"backup {backup}" if backup else "", remedy=remedy)
 
 
-def _is_active(query: Callable[..., subprocess.CompletedProcess], cmd: Callable[..., str], unit: str,
+def _is_active(query: Callable[..., oscalls.Completed[str]], cmd: Callable[..., str], unit: str,
                record: Callable[[str, str], dict[str, str]]) -> str:
     """`systemctl is-active UNIT`: its one-word answer (active, inactive, failed, activating, …), or why there is none."""
     entry = record("is it running", cmd("is-active", unit))

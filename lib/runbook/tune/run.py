@@ -138,6 +138,7 @@ def precheck_all(ctx: Ctx, cands: list[Candidate]) -> list[tuple[Candidate, PreC
         row = _row(c, pre)
         row["precheck_s"] = round(time.monotonic() - t0, 3)
         out.append((c, pre, row))
+    oscalls.current().check()       # before production is touched
     return out
 
 

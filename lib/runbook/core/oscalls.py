@@ -120,7 +120,7 @@ def journal(argv: Sequence[str], timeout: float, limit: int) -> Stream:
     line is skipped); killed when `timeout` passes or the reader stops early. CommandFailed when it cannot start."""
     argv = list(argv)
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)  # noqa: S603
+        proc = start_session(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)   # killed with what it starts
     except OSError as e:
         raise CommandFailed(argv, None, reason=f"cannot run {argv[0]}: {e.strerror or e}") from None
     out = Stream(argv)
@@ -128,7 +128,7 @@ def journal(argv: Sequence[str], timeout: float, limit: int) -> Stream:
 
     def kill() -> None:
         killed.append(True)
-        proc.kill()
+        kill_group(proc.pid, signal.SIGKILL)     # a child left holding the pipe would keep the reader waiting
 
     timer = threading.Timer(timeout, kill)
     err: list[bytes] = []
@@ -143,7 +143,7 @@ def journal(argv: Sequence[str], timeout: float, limit: int) -> Stream:
         finally:
             timer.cancel()
             if proc.poll() is None:
-                proc.kill()
+                kill_group(proc.pid, signal.SIGKILL)
             rc = proc.wait()
             reader.join(5)
             said = tail((err[0] if err else b"").decode("utf-8", errors="replace"))

@@ -33,8 +33,8 @@ PHASES = {
     "readiness": ("ready", "uvloop,slow-start", 1.0),
     "bench-asyncio": ("bench", "asyncio", 1.0),
     "bench-uvloop": ("bench", "uvloop", 1.0),
-    "bench-asyncio-2-workers": ("pool", "asyncio,w2", 1.0),
-    "bench-uvloop-2-workers": ("pool", "uvloop,w2", 1.0),
+    "bench-asyncio-2-workers": ("pool", "asyncio,w2", 0.5),
+    "bench-uvloop-2-workers": ("pool", "uvloop,w2", 0.5),
     "guard": ("guard", "uvloop", 0.3),
     "archive": ("archive", "uvloop", 0.5),
 }
@@ -70,6 +70,21 @@ def _wait_mark(marks: Path, phase: str, proc: subprocess.Popen, timeout: float =
             pytest.fail(f"tune ended (exit {proc.returncode}) before phase {phase}: {proc.stderr.read()[-2000:]}")
         time.sleep(0.02)
     pytest.fail(f"phase {phase} never started")
+
+
+def _left_behind(tmp_path: Path) -> list[str]:
+    """tune's own children still running (the benchmark's worker processes, the candidate server), known by the
+    TMPDIR they inherited from it."""
+    out = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if f"TMPDIR={tmp_path}".encode() in env and ("multiprocessing" in cmd or "llama-server" in cmd):
+            out.append(f"{proc.name}: {cmd}")
+    return out
 
 
 @pytest.fixture
@@ -125,6 +140,10 @@ def _check_ended(prod, proc: subprocess.Popen, sig: int, arch: Path, tmp_path: P
     assert resume.group(2).endswith(f"--resume {run_id}") and "--yes" in resume.group(2) and str(arch) in resume.group(2)
     assert (arch / "tune" / run_id / "run.json").is_file()
     assert not list(tmp_path.glob("runbook-tune-watchdog-*.log")), "the watchdog had to act: tune did not restore itself"
+    deadline = time.monotonic() + 10
+    while _left_behind(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _left_behind(tmp_path)
     return err
 
 

@@ -153,6 +153,9 @@ def paused(unit: str | None, *, yes: bool, ready_url: str | None, ready_timeout_
                             ready_timeout_s=ready_timeout_s)
     except WatchdogFailed as e:
         raise StopFailed(f"{e}; production unit {unit} was not stopped") from None
+    if oscalls.current().requested:      # a signal while the watchdog started: production is left as it is
+        watchdog.disarm()
+        oscalls.current().check()
     try:
         _stop(pause, unit, systemctl, watchdog)
         yield pause

@@ -73,6 +73,7 @@ def test_without_yes_an_active_production_unit_is_a_safety_stop(tmp_path, fake_s
     assert calls == [["start", unit], ["is-active", unit]]      # asked, nothing stopped
 
 
+@pytest.mark.serving      # about the serving environment (here: its absence); the marker rule goes by the variable's name
 def test_plan_only_without_a_parser_says_the_flags_were_not_checked(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("RUNBOOK_SERVING_PYTHON", raising=False)
     code = cli.main(["tune", "--deployment", str(DEFAULT), "--plan-only", "--candidates", "fp8-kv", "--json"])

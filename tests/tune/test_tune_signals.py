@@ -104,12 +104,13 @@ def production(tmp_path, fake_systemd):
     subprocess.run([*fake_systemd.systemctl, "stop", unit])
 
 
-def _start_tune(prod, tmp_path: Path, variant: str) -> tuple[subprocess.Popen, Path, Path]:
+def _start_tune(prod, tmp_path: Path, variant: str, session: bool = False) -> tuple[subprocess.Popen, Path, Path]:
     marks, arch = tmp_path / "marks", tmp_path / "arch"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "lib"), str(REPO / "tests")]), TMPDIR=str(tmp_path))
     argv = ["tune", "--deployment", str(prod.spec), "--archive", str(arch), "--yes"]
     proc = subprocess.Popen([sys.executable, str(CHILD), str(marks), variant, "--", *argv], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default,
+                            start_new_session=session)
     return proc, marks, arch
 
 
@@ -180,7 +181,8 @@ def test_a_signal_in_each_phase_restores_production(production, tmp_path, phase,
 
 
 def test_a_second_signal_during_the_restore_does_not_stop_it(production, tmp_path):
-    proc, marks, arch = _start_tune(production, tmp_path, "uvloop")
+    """Then a Ctrl-C as a terminal sends it, to tune's whole process group, while `systemctl start` runs."""
+    proc, marks, arch = _start_tune(production, tmp_path, "uvloop", session=True)
     try:
         _wait_mark(marks, "bench", proc)
         time.sleep(1.0)
@@ -189,7 +191,7 @@ def test_a_second_signal_during_the_restore_does_not_stop_it(production, tmp_pat
         deadline = time.monotonic() + 30
         while not any(c[1:3] == ["start", production.unit] for c in production.calls()[1:]) and time.monotonic() < deadline:
             time.sleep(0.01)
-        proc.send_signal(signal.SIGINT)           # while production is being started again
+        os.killpg(proc.pid, signal.SIGINT)        # while production is being started again
         proc.send_signal(signal.SIGTERM)
         restore_s = _restore_time(production, t_signal)
         _check_ended(production, proc, signal.SIGTERM, arch, tmp_path)    # the first signal's code

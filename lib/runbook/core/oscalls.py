@@ -67,13 +67,14 @@ def tail(text: str | None, limit: int = TAIL_CHARS) -> str:
 
 def call(argv: Sequence[str], *, timeout: float = CTL_TIMEOUT_S, env: Mapping[str, str] | None = None,
          check: bool = False) -> subprocess.CompletedProcess[str]:
-    """One bounded run of a systemd tool, output captured as text, stdin closed. CommandFailed when it cannot
-    run or passes `timeout` (and, with `check`, when it exits non-zero); otherwise its CompletedProcess (an
-    `is-active` answering "inactive" exits 3: the caller reads the answer)."""
+    """One bounded run of a systemd tool, output captured as text, stdin closed, in a session of its own: a
+    Ctrl-C at the terminal reaches tune's whole process group, and must not kill the `systemctl start` that
+    restores production. CommandFailed when it cannot run or passes `timeout` (and, with `check`, when it exits
+    non-zero); otherwise its CompletedProcess (an `is-active` answering "inactive" exits 3: the caller reads it)."""
     argv = list(argv)
     try:
         cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,  # noqa: S603
-                            env=dict(env) if env is not None else None)
+                            env=dict(env) if env is not None else None, start_new_session=True)
     except subprocess.TimeoutExpired:
         raise CommandFailed(argv, None, reason=f"timed out after {timeout:g} s") from None
     except OSError as e:

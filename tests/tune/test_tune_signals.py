@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from runbook.core import spec as spec_mod
 from tune.procs import free_port, http_server, pid_gone, sigint_default
@@ -30,6 +31,7 @@ LONGER = {"concurrency": [2], "requests_per_level": 12, "output_len": 48,
 PHASES = {
     "precheck": ("precheck", "uvloop", 0.5),
     "launch": ("launch", "uvloop", 0.5),
+    "launch-systemd-run": ("launch", "uvloop,unit", 0.5),
     "readiness": ("ready", "uvloop,slow-start", 1.0),
     "bench-asyncio": ("bench", "asyncio", 1.0),
     "bench-uvloop": ("bench", "uvloop", 1.0),
@@ -106,6 +108,10 @@ def production(tmp_path, fake_systemd):
 
 def _start_tune(prod, tmp_path: Path, variant: str, session: bool = False) -> tuple[subprocess.Popen, Path, Path]:
     marks, arch = tmp_path / "marks", tmp_path / "arch"
+    if "unit" in variant:          # candidates as transient units (systemd-run) rather than child processes
+        data = yaml.safe_load(prod.spec.read_text())
+        data["tune"]["systemd_run"] = True
+        prod.spec.write_text(yaml.safe_dump(data, sort_keys=False))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "lib"), str(REPO / "tests")]), TMPDIR=str(tmp_path))
     argv = ["tune", "--deployment", str(prod.spec), "--archive", str(arch), "--yes"]
     proc = subprocess.Popen([sys.executable, str(CHILD), str(marks), variant, "--", *argv], env=env, cwd=tmp_path,
@@ -174,6 +180,8 @@ def test_a_signal_in_each_phase_restores_production(production, tmp_path, phase,
         assert ("pool" in seen) is ("w2" in variant)
     rows = list(arch.glob("tune/*/candidates/*.json"))
     assert (len(rows) == 1) is (phase == "archive")           # a candidate cut short is not archived: --resume runs it
+    if "unit" in variant:
+        assert ["systemctl", "stop", f"runbook-tune-{production.port}.service"] in production.calls()
     stopped = any(c[1:3] == ["stop", production.unit] for c in production.calls())
     assert stopped is (phase != "precheck")                   # the pre-check runs before production is touched
     assert "restored: active and ready" in err or phase == "precheck"

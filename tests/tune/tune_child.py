@@ -7,7 +7,7 @@ benchmark runs, pool once its worker processes are up) so that a test can send i
 microseconds (launch, archive) and the pre-check of the tiny model are held HOLD_S seconds, as a slow host would
 hold them, so the signal lands inside them. VARIANT picks the benchmark's event loop (`asyncio` or `uvloop`),
 its worker processes (`w2`: two) and `slow-start` (the candidate takes seconds before it listens: the
-readiness wait). Nothing here changes what tune does with a signal."""
+readiness wait); the test sets `unit` (tune.systemd_run: candidates as transient units) in the spec. Nothing here changes what tune does with a signal."""
 import asyncio
 import os
 import sys
@@ -52,6 +52,7 @@ def main() -> int:
 
     wrap(marks, llama.Llama, "precheck", "precheck", HOLD_S)
     wrap(marks, launch._Child, "__init__", "launch", HOLD_S)
+    wrap(marks, launch._Unit, "__init__", "launch", HOLD_S)      # tune.systemd_run: the transient unit
     wrap(marks, launch, "_wait_ready", "ready")
     wrap(marks, measure, "run", "bench")
     wrap(marks, tune_run, "_guard", "guard")

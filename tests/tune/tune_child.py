@@ -7,7 +7,8 @@ benchmark runs, pool once its worker processes are up) so that a test can send i
 microseconds (launch, archive) and the pre-check of the tiny model are held HOLD_S seconds, as a slow host would
 hold them, so the signal lands inside them. VARIANT picks the benchmark's event loop (`asyncio` or `uvloop`),
 its worker processes (`w2`: two) and `slow-start` (the candidate takes seconds before it listens: the
-readiness wait); the test sets `unit` (tune.systemd_run: candidates as transient units) in the spec. Nothing here changes what tune does with a signal."""
+readiness wait); the test sets `unit` (tune.systemd_run: candidates as transient units) in the spec. Nothing
+here changes what tune does with a signal."""
 import asyncio
 import os
 import sys

@@ -6,7 +6,8 @@
 - **signals**: `handling` installs a handler for a block and always puts the previous ones back; `on_signals` records
   SIGINT/SIGTERM/SIGHUP rather than raising into whatever frame happens to run (an exception raised from a handler
   lands inside an event loop's callback, which logs and drops it), so long steps check `Shutdown.check`, sleep with
-  `Shutdown.sleep`, and coroutines run under `interruptible` are cancelled by the event loop itself;
+  `Shutdown.sleep`, and coroutines run under `interruptible` are cancelled by the event loop itself; `held`
+  keeps them off a teardown or a restore that must not be cut short;
 - **child processes**: `SessionChild` starts a server in a session of its own that the kernel kills when this
   process dies (PR_SET_PDEATHSIG) and stops the whole group (SIGTERM, SIGKILL after a grace period);
   `start_session` starts a helper in a session of its own; `port_free`, `wait_port_free`, `pid_running`.

@@ -53,7 +53,7 @@ def test_identity_same_server_is_identical_and_diff_positions(llama):
 def test_live_parts_skip_without_endpoints():
     assert probes.run_recall(None, [8], [0.5])[1][0].status == "skip"
     assert probes.run_recall("http://127.0.0.1:9", [8], [0.5])[1][0].status == "skip"
-    assert probes.run_identity("http://x", None)[1][0].status == "skip"
+    assert probes.run_identity("http://x", None).findings[0].status == "skip"
 
 
 def test_cli_recall_json_keys(llama, cli):

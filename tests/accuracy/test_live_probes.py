@@ -39,6 +39,8 @@ def test_scoring_and_grid_and_ab_arithmetic():
     assert ab["ci95"][1] < 0
     f = {x.id: x for x in recall.findings(recall.grid(b), ab)}
     assert f["accuracy.recall.ab"].status == "warn" and f["accuracy.recall.misses"].status == "warn"
+    named = {x.id: x for x in recall.findings(recall.grid(b), ab, tested="KV cache dtype: auto vs fp8_e4m3")}
+    assert named["accuracy.recall.ab"].title.endswith("over 4 items — KV cache dtype: auto vs fp8_e4m3")
 
 
 def test_identity_same_server_is_identical_and_diff_positions(llama):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from runbook.accuracy import identity, probes, toolcall
+from runbook.core import SGLANG_VERSION
 from runbook.corpus import code_prompts
 from runbook.demo import sglang
 from runbook.endpoint.reach import fetch_json, run_sync
@@ -100,7 +101,7 @@ class TestRadixCacheAndToolCalls:
 
     def test_tool_call_probe_through_sglangs_parser_reports_the_random_model_failing(self, radix_off):
         rep = toolcall.run(radix_off.url, max_tokens=MAX_TOKENS)
-        assert rep.server == {"version": "0.5.23", "tool_call_parser": "qwen", "grammar_backend": "none"}
+        assert rep.server == {"version": SGLANG_VERSION, "tool_call_parser": "qwen", "grammar_backend": "none"}
         assert len(rep.cases) == 6 and all(c.error is None and not c.called for c in rep.cases)
         found = _by_id(rep.findings)
         p = found["accuracy.toolcall.parsed"]
@@ -155,6 +156,7 @@ class TestFP8KV:
         correct = sum(r["correct"] for r in res)
         assert found["accuracy.recall.score"].title.startswith(f"recall {correct}/3 ")
         assert doc["ab"]["pairs"] == 3 and found["accuracy.recall.ab"].title.startswith("A/B recall: B − A = ")
+        assert found["accuracy.recall.ab"].title.endswith(" — KV cache dtype: auto vs fp8_e4m3")     # what the A/B compared
         print(f"\nrecall: {found['accuracy.recall.score'].title}; errors: {found['accuracy.recall.errors'].evidence[:160]}; "
               f"{found['accuracy.recall.ab'].title}")
 

@@ -54,16 +54,21 @@ def run_recall(url: str | None, lengths: Sequence[int], depths: Sequence[float],
     doc: dict[str, Any] = {"url": url, "lengths": list(lengths), "depths": list(depths), "seed": seed, "grid": recall.grid(res_a),
                            "exact_lengths": tok is not None, "results": res_a}
     ab = None
+    tested = None
     if compare_url:
         res_b = run_sync(recall.ask(compare_url, items, model, api_key=key))
         ab = recall.paired(res_a, res_b)
-        doc.update({"compare_url": compare_url, "grid_b": recall.grid(res_b), "ab": ab, "results_b": res_b})
+        ca, cb = identity.server_config(url, key), identity.server_config(compare_url, key)
+        diffs = identity.config_differences(ca, cb)
+        tested = identity.tested_difference(diffs, ca is not None and cb is not None)
+        doc.update({"compare_url": compare_url, "grid_b": recall.grid(res_b), "ab": ab, "results_b": res_b,
+                    "differences": diffs})
     if out:  # prompts are deterministic from the seed; archive them with the answers
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "recall_prompts.jsonl", "w") as f:
             for it in recall.item_dicts(items):
                 f.write(json.dumps(it) + "\n")
-    return doc, recall.findings(doc["grid"], ab, tok is not None, res_a)
+    return doc, recall.findings(doc["grid"], ab, tok is not None, res_a, tested)
 
 
 @dataclass

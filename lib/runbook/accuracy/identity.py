@@ -66,7 +66,7 @@ _SPEC_REMEDY = ("Speculative decoding changed greedy output: check the draft/ver
 GROUPS: tuple[Group, ...] = (
     Group("version", "SGLang version", ("version",), remedy=(
         "Greedy output changed between SGLang versions: kernels and defaults change between releases. Run the recall "
-        "and tool-call probes on the new version before upgrading (60_tune's canary).")),
+        "and tool-call probes on the new version before upgrading (tune's upgrade canary).")),
     Group("model", "model weights", ("model_path", "revision", "load_format", "json_model_override_args"), remedy=(
         "The servers load different weights: different greedy output is expected. Compare one model under two "
         "settings to judge a setting.")),

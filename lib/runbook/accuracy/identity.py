@@ -120,7 +120,7 @@ def _group(key: str) -> Group | None:
 
 
 def server_config(url: str, api_key: str | None = None, timeout: float = 10.0) -> dict[str, Any] | None:
-    """The server's /server_info (SGLang: its resolved arguments, version and state), secret-named keys masked;
+    """The server's /server_info (SGLang: its resolved arguments, version and state), secrets masked;
     None when it has none (llama-server, another OpenAI-compatible server) or does not answer."""
     base = url.rstrip("/")
     for path in ("/server_info", "/get_server_info"):        # the second: SGLang before /server_info
@@ -133,7 +133,9 @@ def server_config(url: str, api_key: str | None = None, timeout: float = 10.0) -
         except (OSError, BadResponse, ValueError):
             return None
         if isinstance(info, dict):
-            out = {k: (MASK if v else v) if is_secret_key(k) else v for k, v in info.items()}
+            from runbook.service.drift import redact_server_info  # also launch_command's --api-key value
+
+            out = redact_server_info(info, api_key)
             bpt = kv_bytes_per_token(info)
             if bpt is not None:
                 out["kv_bytes_per_token"] = bpt

@@ -133,7 +133,7 @@ def server_config(url: str, api_key: str | None = None, timeout: float = 10.0) -
         except (OSError, BadResponse, ValueError):
             return None
         if isinstance(info, dict):
-            from runbook.service.drift import redact_server_info  # also launch_command's --api-key value
+            from runbook.service import redact_server_info  # also launch_command's --api-key value
 
             out = redact_server_info(info, api_key)
             bpt = kv_bytes_per_token(info)

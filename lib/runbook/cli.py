@@ -285,8 +285,13 @@ def _cmd_accuracy(a: argparse.Namespace, o: Any) -> int:
                           max_tokens=o.toolcall_max_tokens)
         findings, doc = tc.findings, {"toolcall": tc.data()}
     else:
-        rows, findings = probes.run_identity(o.url, o.compare_url, o.prompts, o.max_tokens, o.tokenizer)
-        doc = {"identity": rows}
+        import os
+
+        key = os.environ.get(dep.serving.api_key_env) if dep.serving.api_key_env else None
+        ident = probes.run_identity(o.url, o.compare_url or o.spec_off_url, o.prompts, o.max_tokens, o.tokenizer,
+                                    o.model, o.concurrency, key or None)
+        findings = ident.findings
+        doc = {"identity": ident.rows, "identity_batch": ident.batch, "identity_differences": ident.differences}
     doc["findings"] = [f.to_dict() for f in findings]
     _emit(a, findings, doc)
     return exit_code(findings, a.strict)

@@ -31,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from runbook.core import SGLANG_VERSION, paths
+from runbook.core import SGLANG_VERSION, oscalls, paths
 from runbook.core.errors import RunbookError
 from runbook.core.spec import Deployment
 
@@ -360,10 +360,9 @@ def wait_ready(srv: SGLangServer, timeout: float) -> None:
     raise EngineError(f"SGLang not ready within {timeout:.0f} s ({srv.log}): {log_tail(srv.log)}")
 
 
-def _sigterm_as_interrupt() -> None:
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, handler)
+def _as_interrupt(signum: int, frame: Any) -> None:
+    """A SIGTERM to `serve` ends it as Ctrl-C does: the server stops in the `finally` below."""
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,10 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     except RunbookError as e:
         print(f"sglang: {e}", file=sys.stderr)
         return 2
-    _sigterm_as_interrupt()
     print(f"SGLang {srv.url} ready in {srv.startup_s:.0f} s (log {srv.log}); Ctrl-C to stop", file=sys.stderr)
     try:
-        srv.proc.wait()
+        with oscalls.handling(_as_interrupt, [signal.SIGTERM]):
+            srv.proc.wait()
         return 0
     except KeyboardInterrupt:
         return 130

@@ -1,8 +1,9 @@
 """The import graph of lib/runbook, read from the source with `ast`: no import cycles (inside packages too),
 and an import inside a function only with its reason on the line (`# lazy: <reason>`), which is where it
-keeps the CLI's start-up light (the registry imports every stage package for `runbook --help`).
+keeps the CLI's start-up light (the registry imports every stage package for `runbook --help`); no private
+name (`_x`) taken from another module.
 
-Both rules carry an allow-list of what the packages still being reworked hold today. The lists are exact:
+Each rule carries an allow-list of what the packages still being reworked hold today. The lists are exact:
 a new cycle or a new unexplained import fails, and so does one that went away, so the lists only shrink."""
 from __future__ import annotations
 
@@ -50,6 +51,18 @@ UNEXPLAINED_LAZY: dict[str, int] = {
     "tune/energy.py": 1, "tune/engines/gguf.py": 1, "tune/engines/llama.py": 1, "tune/production.py": 1,
     "tune/report.py": 2, "tune/run.py": 3, "tune/stage.py": 4, "tune/watchdog.py": 2,
     "verify/replan.py": 1, "verify/report.py": 4,
+}
+
+# Private names taken from another module, per file, today: bench's text helpers and sweep's warm-up, which
+# become public (or move) with bench's rework.
+PRIVATE_REACH_INS: dict[str, list[str]] = {
+    "bench/run.py": ["_warmup"], "bench/workers.py": ["_warmup"],
+    "bench/sessions.py": ["_count", "_text_of_length"],
+    "bench/workloads/__init__.py": ["_count", "_exact_ids", "_text_of_length"],
+    "bench/workloads/code.py": ["_count"], "bench/workloads/file.py": ["_count"],
+    "bench/workloads/longctx.py": ["_count", "_exact_ids", "_text_of_length"],
+    "bench/workloads/prefix.py": ["_count", "_text_of_length"], "bench/workloads/random.py": ["_count"],
+    "bench/workloads/trace.py": ["_count", "_exact_ids"],
 }
 
 LAZY = re.compile(r"#\s*lazy:\s*\S")
@@ -199,6 +212,31 @@ def lazy_problems(counts: dict[str, tuple[int, int]], allowed: dict[str, int]) -
             + f"\n  total: {sum(t for t, _ in counts.values())} imports inside functions in {len(counts)} files")
 
 
+def private_reach_ins(srcs: dict[str, tuple[Path, str]], lib: Path = LIB) -> dict[str, list[str]]:
+    """File -> the private names (`_name`, not dunders) it takes from another runbook module: imported by
+    name (`from m import _x`) or reached through an imported name (`m._x`, `Serving._x`)."""
+    out: dict[str, list[str]] = {}
+    private = re.compile(r"^_(?!_)")
+    for m, (p, text) in srcs.items():
+        bound: dict[str, str] = {}
+        found: list[str] = []
+        for node, _ in imports(m, p, text):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("runbook")):
+                for a in node.names:
+                    bound[a.asname or a.name] = a.name
+                    if private.match(a.name):
+                        found.append(a.name)
+            elif isinstance(node, ast.Import):
+                bound.update({a.asname or a.name.split(".")[0]: a.name for a in node.names if a.name.startswith("runbook")})
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound \
+                    and private.match(node.attr):
+                found.append(f"{node.value.id}.{node.attr}")
+        if found:
+            out[p.relative_to(lib).as_posix()] = sorted(set(found))
+    return out
+
+
 def test_no_import_cycles_but_the_known_ones():
     msg = cycle_problems(cycles(graph(sources())), KNOWN_CYCLES)
     assert not msg, msg
@@ -210,6 +248,13 @@ def test_imports_inside_functions_give_their_reason():
     assert not msg, msg
     stray = stray_reasons(srcs)
     assert not stray, f"`# lazy:` on a line with no import inside a function: {stray}"
+
+
+def test_no_private_name_crosses_a_module_but_the_known_ones():
+    found = private_reach_ins(sources())
+    assert found == PRIVATE_REACH_INS, (
+        "private names taken from another module differ from PRIVATE_REACH_INS: make a shared helper public "
+        f"(or move it to the module that uses it), then update the list.\nfound: {found}")
 
 
 # ---- the checks can fail -------------------------------------------------------------------------------
@@ -270,3 +315,12 @@ def test_an_unexplained_import_inside_a_function_is_caught(tmp_path):
     assert lazy_problems(counts, {"m.py": 1}) == ""
     assert "gone from: m.py" in lazy_problems({}, {"m.py": 1})
     assert stray == ["n.py:1"]
+
+
+def test_a_private_reach_in_is_caught():
+    """core/tunespec.py as it was: it subclassed spec's `_Strict` and called `Serving._flag_values`."""
+    srcs = sources()
+    path, text = srcs["runbook.core.tunespec"]
+    srcs["runbook.core.tunespec"] = (path, text + "\nfrom runbook.core.spec import Serving, _Strict\n"
+                                                  "Serving._flag_names(Serving._flag_values({}))\n")
+    assert private_reach_ins(srcs)["core/tunespec.py"] == ["Serving._flag_names", "Serving._flag_values", "_Strict"]

@@ -564,7 +564,7 @@ def _parse(text: str, p: Path) -> Any:
 
 
 def load(path: str | os.PathLike | None = None) -> Deployment:
-    """Load and validate a deployment spec; default: the story's Qwen3.5 NVFP4 deployment."""
+    """Load and validate a deployment spec; default: DEFAULT_SPEC (the Qwen3.5 NVFP4 deployment)."""
     p = Path(path) if path else DEFAULT_SPEC
     data = _parse(_read_spec(p), p)
     return from_dict(data, str(p.resolve()))

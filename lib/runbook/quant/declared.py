@@ -133,6 +133,9 @@ def _compressed_tensors(qc: dict[str, Any], src: str, w: Weights, kv: KVCache) -
 
 
 def parse_declared(ck: Checkpoint, w: Weights, kv: KVCache, findings: list[Finding]) -> None:
+    """Fill `w` and `kv` from the quant config the checkpoint declares (config.json's quantization_config or
+    compression_config, else hf_quant_config.json, else quantize_config.json); an unknown method and two
+    files that disagree are findings."""
     cfg = ck.config
     qc = cfg.get("quantization_config")
     src = "config.json"
@@ -192,6 +195,7 @@ def parse_declared(ck: Checkpoint, w: Weights, kv: KVCache, findings: list[Findi
 
 
 def kept_precision_kinds(patterns: list[str]) -> list[str]:
+    """The kinds of module (attention, router, lm_head, ...) an exclude/ignore list keeps in higher precision."""
     out: list[str] = []
     for p in patterns:
         low = p.lower()

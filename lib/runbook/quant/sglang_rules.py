@@ -104,7 +104,7 @@ def parse_modelopt(d: Any) -> dict[str, Any] | None:
     return None
 
 
-def _sg_hf_quant_cfg(ck: Checkpoint) -> tuple[dict[str, Any] | None, str]:
+def _quant_hf_config(ck: Checkpoint) -> tuple[dict[str, Any] | None, str]:
     """configs/model_config.py ModelConfig._parse_quant_hf_config: config.json's quantization_config (a flat
     ModelOpt one gains the parsed quant_method), else compression_config, else hf_quant_config.json parsed by
     _parse_modelopt_quant_config. quantize_config.json / quant_config.json are not read here."""
@@ -127,7 +127,7 @@ def _sg_hf_quant_cfg(ck: Checkpoint) -> tuple[dict[str, Any] | None, str]:
     return None, ""
 
 
-def _sg_marlin_gptq(qc: dict[str, Any]) -> bool:
+def _gptq_marlin_compatible(qc: dict[str, Any]) -> bool:
     """gptq/gptq.py GPTQMarlinConfig.is_gptq_marlin_compatible (+ marlin_utils.check_marlin_supported)."""
     bits, gs, sym, act = qc.get("bits"), qc.get("group_size"), qc.get("sym"), qc.get("desc_act")
     if str(qc.get("quant_method", "")).lower() != "gptq" or None in (bits, gs, sym, act):
@@ -135,7 +135,7 @@ def _sg_marlin_gptq(qc: dict[str, Any]) -> bool:
     return (bits, sym) in ((4, True), (8, True)) and gs in _MARLIN_GROUPS
 
 
-def _sg_marlin_awq(qc: dict[str, Any]) -> bool:
+def _awq_marlin_compatible(qc: dict[str, Any]) -> bool:
     """awq/awq.py AWQMarlinConfig.is_awq_marlin_compatible: 4-bit with zero points (marlin's uint4), group in the marlin list."""
     bits, gs, zp = qc.get("bits"), qc.get("group_size"), qc.get("zero_point")
     if str(qc.get("quant_method", "")).lower() != "awq" or None in (bits, gs, zp):
@@ -143,7 +143,7 @@ def _sg_marlin_awq(qc: dict[str, Any]) -> bool:
     return bits == 4 and bool(zp) and gs in _MARLIN_GROUPS
 
 
-def _sg_override(qc: dict[str, Any], user: str | None) -> str | None:
+def _override_method(qc: dict[str, Any], user: str | None) -> str | None:
     """The override_quantization_method loop of _verify_quantization, in registry order."""
     if user in _SGLANG_REQUANT:
         return None
@@ -161,11 +161,11 @@ def _sg_override(qc: dict[str, Any], user: str | None) -> str | None:
     if qc.get("quant_method", "") == "modelopt_mixed":
         return "modelopt_mixed"
     # awq/awq.py AWQMarlinConfig.override_quantization_method
-    if _sg_marlin_awq(qc) and user in (None, "marlin", "awq_marlin"):
+    if _awq_marlin_compatible(qc) and user in (None, "marlin", "awq_marlin"):
         return "awq_marlin"
     # gptq/gptq.py GPTQMarlinConfig.override_quantization_method (check_marlin_format: already marlin -> no)
     marlin_fmt = qc.get("checkpoint_format") == "marlin" or qc.get("is_marlin_format", False)
-    if not marlin_fmt and _sg_marlin_gptq(qc) and user in (None, "marlin", "gptq_marlin"):
+    if not marlin_fmt and _gptq_marlin_compatible(qc) and user in (None, "marlin", "gptq_marlin"):
         return "gptq_marlin"
     # moe_wna16.py MoeWNA16Config.override_quantization_method: only when asked for
     if user == "moe_wna16":
@@ -178,10 +178,10 @@ def _sg_override(qc: dict[str, Any], user: str | None) -> str | None:
     return None
 
 
-def _sg_verify(ck: Checkpoint, user: str | None) -> tuple[str | None, str | None, dict[str, Any] | None]:
+def _verify_quantization(ck: Checkpoint, user: str | None) -> tuple[str | None, str | None, dict[str, Any] | None]:
     """configs/model_config.py ModelConfig._verify_quantization -> (quantization, checkpoint method, parsed cfg)."""
     user = user.lower() if user else None
-    qc, _ = _sg_hf_quant_cfg(ck)
+    qc, _ = _quant_hf_config(ck)
     method: str | None = None
     if qc is not None:
         if not isinstance(qc, dict):
@@ -191,7 +191,7 @@ def _sg_verify(ck: Checkpoint, user: str | None) -> tuple[str | None, str | None
             raise SGLangRefusal("model_config", f"quant_method is a {type(raw).__name__}, not a string",
                                 "Fix the checkpoint's quant_method.")
         method = raw.lower()
-        over = _sg_override(qc, user)
+        over = _override_method(qc, user)
         if over:
             method = user = over
         if user is None:
@@ -207,7 +207,7 @@ def _sg_verify(ck: Checkpoint, user: str | None) -> tuple[str | None, str | None
     return user, method, qc
 
 
-def _sg_config_file(ck: Checkpoint, quantization: str) -> dict[str, Any] | None:
+def _config_file(ck: Checkpoint, quantization: str) -> dict[str, Any] | None:
     """model_loader/weight_utils.py get_quant_config when config.json declares nothing: the class's
     get_config_filenames() among the checkpoint's *.json files."""
     names = {"gptq_marlin": ("quantize_config.json",), "awq_marlin": ("quantize_config.json",), "moe_wna16": ("quantize_config.json",),
@@ -238,7 +238,7 @@ def sglang_view(ck: Checkpoint, user_quant: str | None, model_dtype: str) -> SGL
     """What SGLang does with this checkpoint under `--quantization user_quant` (None: not given)."""
     v = SGLangView()
     try:
-        q, method, qc = _sg_verify(ck, user_quant)
+        q, method, qc = _verify_quantization(ck, user_quant)
         v.quantization, v.quant_method = q, method
         if q is None:
             return v
@@ -255,10 +255,10 @@ def sglang_view(ck: Checkpoint, user_quant: str | None, model_dtype: str) -> SGL
             cfg = None
         cls = q
         if cfg is None:
-            cfg = _sg_config_file(ck, q)
+            cfg = _config_file(ck, q)
             if cfg is None:  # no config file for this class: built with its defaults, no KV algo
                 v.config_class = q
-                return _sg_dtype_check(v, q, model_dtype)
+                return _dtype_check(v, q, model_dtype)
             producer = cfg.get("producer", {})
             if q.startswith("modelopt") and not isinstance(producer, dict):
                 raise SGLangRefusal("quant_config", f"'producer' in hf_quant_config.json is a {type(producer).__name__}; "
@@ -271,13 +271,13 @@ def sglang_view(ck: Checkpoint, user_quant: str | None, model_dtype: str) -> SGL
                 cls = "modelopt_fp8" if (algo == "FP8" or q == "modelopt_fp8") else "modelopt_fp4" if "FP4" in str(algo) else q
         v.kv_cache_quant_algo = kv_cache_quant_algo(cls, cfg)
         v.config_class = cls
-        return _sg_dtype_check(v, q, model_dtype)
+        return _dtype_check(v, q, model_dtype)
     except SGLangRefusal as e:
         v.refusal = e
         return v
 
 
-def _sg_dtype_check(v: SGLangView, q: str, model_dtype: str) -> SGLangView:
+def _dtype_check(v: SGLangView, q: str, model_dtype: str) -> SGLangView:
     # model_loader/loader.py _get_quantization_config: model dtype must be in get_supported_act_dtypes()
     ok = _ACT_DTYPES.get(q, _HALF)
     if model_dtype not in ok:

@@ -6,7 +6,7 @@ from runbook.accuracy import kvquant
 from runbook.core.errors import InputError
 from runbook.kv import memory as kvmem
 from runbook.model import sglang_names as names
-from runbook.quant import analysis
+from runbook.quant import sglang_rules
 from runbook.service.drift import _same as drift_same
 from runbook.verify import compare, logparse
 
@@ -39,7 +39,7 @@ def test_the_normalisers_use_the_table():
     assert tuple(names.KV_DTYPES) == kvmem.KV_DTYPES
     with pytest.raises(InputError, match="fp4_mx_block16"):
         kvmem.normalise_dtype("fp7")
-    assert analysis.KV_CHOICES == names.KV_CACHE_DTYPE_CHOICES and analysis._norm_kv("bf16", "x") == "bfloat16"
+    assert sglang_rules.effective_kv_dtype("bf16", "x") == "bfloat16" and sglang_rules.effective_kv_dtype("auto", "x") == "x"
     assert kvquant.active_format("fp8_e4m3", "all") == ("fp8_e4m3", "per_tensor")
     assert kvquant.active_format("nvfp4") == ("bf16", "none")
     assert drift_same("bf16", "bfloat16") and not drift_same("fp8_e4m3", "bfloat16")

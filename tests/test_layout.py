@@ -98,8 +98,8 @@ def test_fleet_and_demo_are_layers_nothing_below_imports():
 
 
 @pytest.mark.parametrize("layer, text, expect", [
-    ("kv", "from runbook.quant.analysis import inspect\n", "kv imports runbook.quant.analysis"),
-    ("kv", "from runbook.quant import analysis\n", "kv imports runbook.quant"),       # a submodule, not the root's API
+    ("kv", "from runbook.quant.sglang_rules import sglang_view\n", "kv imports runbook.quant.sglang_rules"),
+    ("kv", "from runbook.quant import sglang_rules\n", "kv imports runbook.quant"),       # a submodule, not the root's API
     ("core", "from runbook import kv\n", "shared layer core imports stage kv"),
     ("model", "from runbook.service.render import build\n", "model imports runbook.service.render"),
     ("service", "from ..bench.sweep import Level\n", "service imports runbook.bench.sweep"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import sys
@@ -19,6 +20,7 @@ from typing import Annotated, Any, cast
 from pydantic import Field, TypeAdapter, ValidationError, create_model
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict, SettingsError
 
+from runbook import accuracy, alerts, bench, fleet, kv, service, tune, verify
 from runbook.core import registry
 from runbook.core.errors import InputError, LockHeld, RunbookError, SafetyStop
 from runbook.core.findings import exit_code, format_text
@@ -26,6 +28,10 @@ from runbook.core.fsutil import write_output
 from runbook.core.options import FINITE, FiniteFloat, PosFloat, PosInt, Url, describe, flag, validate
 from runbook.core.oscalls import Interrupted
 from runbook.core.registry import Stage, document
+from runbook.core.spec import archive_url_problem
+from runbook.core.spec import load as load_spec
+from runbook.runner.run import OUTPUTS, RunOptions, push, run
+from runbook.runner.upload import open_store
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,8 +91,6 @@ def _add_textfile(p: argparse.ArgumentParser, name: str) -> None:
 def _textfile(a: argparse.Namespace, spec: Any) -> Any:
     """The stage verb's textfile directory (flag > env > spec), checked before the stage runs; None: none set,
     or no deployment to name the file after (MODEL_DIR alone) unless the flag asked for one."""
-    from runbook import alerts
-
     directory, where = alerts.textfile.resolve_dir(a.textfile_dir, spec.alerts.textfile_dir if spec else None)
     if directory is None or (spec is None and not a.textfile_dir):
         return None
@@ -101,8 +105,6 @@ def _csv(s: str) -> list[str]:
 
 
 def _cmd_run(a: argparse.Namespace) -> int:
-    from runbook.runner.run import RunOptions, run
-
     only = [n for chunk in a.only for n in _csv(chunk)]
     opts = RunOptions(deployment=a.deployment, only=only, params=a.param, out=Path(a.out), timeout=a.timeout,
                       run_timeout=a.run_timeout, keep=a.keep, strict=a.strict, kernel=a.kernel, archive_url=a.archive_url,
@@ -114,8 +116,6 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
 
 def _archive_url(s: str) -> str:
-    from runbook.core.spec import archive_url_problem
-
     problem = archive_url_problem(s)
     if problem:
         raise argparse.ArgumentTypeError(problem)
@@ -123,8 +123,6 @@ def _archive_url(s: str) -> str:
 
 
 def _cmd_push(a: argparse.Namespace) -> int:
-    from runbook.runner.run import push
-
     res = push(Path(a.out), a.archive_url, a.deployment, a.run, everything=True)
     if a.json:
         print(json.dumps([r.__dict__ for r in res], indent=2))
@@ -137,9 +135,6 @@ def _cmd_push(a: argparse.Namespace) -> int:
 
 
 def _cmd_fleet(a: argparse.Namespace) -> int:
-    from runbook import fleet
-    from runbook.runner.upload import open_store
-
     fs, root = open_store(a.source)
     fl = fleet.collect(a.source, workers=a.workers, fs=fs, root=root)
     doc = fleet.build(fl, trend=a.trend, links=a.links, link_base=a.link_base, expires=int(a.expires), fs=fs)
@@ -158,9 +153,7 @@ def _cmd_fleet(a: argparse.Namespace) -> int:
 
 def _load(a: argparse.Namespace, spec_less: bool = False) -> Any:
     """The deployment spec; None when a MODEL_DIR is given without --deployment (quant, kv)."""
-    from runbook.core import spec
-
-    return None if (spec_less and a.model_dir and not a.deployment) else spec.load(a.deployment)
+    return None if (spec_less and a.model_dir and not a.deployment) else load_spec(a.deployment)
 
 
 def _cmd_stage(stage: Stage, a: argparse.Namespace, o: Any) -> int:
@@ -169,8 +162,6 @@ def _cmd_stage(stage: Stage, a: argparse.Namespace, o: Any) -> int:
     directory = _textfile(a, spec)
     rep = stage.evaluate(spec, o)
     if directory is not None:
-        from runbook import alerts
-
         alerts.publish_stage(directory, spec, stage.name, rep, lambda m: print(f"runbook {stage.verb}: {m}", file=sys.stderr))
     if a.json:
         print(json.dumps(document(rep), indent=2, default=str))
@@ -185,26 +176,18 @@ def _cmd_stage(stage: Stage, a: argparse.Namespace, o: Any) -> int:
 
 
 def _kv_text(rep: Any) -> str:
-    from runbook import kv
-
     return kv.text_table(rep)
 
 
 def _verify_text(rep: Any) -> str:
-    from runbook import verify
-
     return verify.text_table(rep)
 
 
 def _bench_text(rep: Any) -> str:
-    from runbook import bench
-
     return bench.frame(rep.summary).to_string() if rep.summary.get("levels") else ""
 
 
 def _tune_text(rep: Any) -> str:
-    from runbook import tune
-
     return tune.text_table(rep)
 
 
@@ -214,12 +197,9 @@ _TEXT: dict[str, Callable[[Any], str]] = {"kv_memory": _kv_text, "verify": _veri
 
 
 def _cmd_service(a: argparse.Namespace, o: Any) -> int:
-    from runbook import service
-    from runbook.core import spec
-
     if o.action == "report":
         return _cmd_stage(service.STAGE, a, o)
-    dep = spec.load(a.deployment)
+    dep = load_spec(a.deployment)
     args = service.parse_args(o.args)
     if o.action == "check":
         _, findings = service.check(dep, args)
@@ -258,13 +238,11 @@ def _cmd_service(a: argparse.Namespace, o: Any) -> int:
 
 
 def _cmd_accuracy(a: argparse.Namespace, o: Any) -> int:
-    from runbook import accuracy
-    from runbook.accuracy import kvquant, probes
-    from runbook.core import spec
+    from runbook.accuracy import kvquant, probes  # lazy: numpy, ml_dtypes and aiohttp (~0.7 s) only for this verb
 
     if o.probe == "report":
         return _cmd_stage(accuracy.STAGE, a, o)
-    dep = spec.load(a.deployment)
+    dep = load_spec(a.deployment)
     doc: dict[str, Any]
     if o.probe == "kvquant":
         st = kvquant.run(dep.accuracy, active=probes.deployment_format(dep))
@@ -276,17 +254,13 @@ def _cmd_accuracy(a: argparse.Namespace, o: Any) -> int:
                                           dep.serving.api_key_env)
         doc = {"recall": rec}
     elif o.probe == "toolcall":
-        import os
-
-        from runbook.accuracy import toolcall
+        from runbook.accuracy import toolcall  # lazy: aiohttp only for this probe
 
         key = os.environ.get(dep.serving.api_key_env) if dep.serving.api_key_env else None
         tc = toolcall.run(o.url or dep.serving.local_url, o.model, key or None, tool_choice=o.tool_choice,
                           max_tokens=o.toolcall_max_tokens)
         findings, doc = tc.findings, {"toolcall": tc.data()}
     else:
-        import os
-
         key = os.environ.get(dep.serving.api_key_env) if dep.serving.api_key_env else None
         ident = probes.run_identity(o.url, o.compare_url or o.spec_off_url, o.prompts, o.max_tokens, o.tokenizer,
                                     o.model, o.concurrency, key or None)
@@ -371,7 +345,6 @@ def _options(verb: str, a: argparse.Namespace) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from runbook.runner.run import OUTPUTS
 
     p = _Parser(prog="runbook", description="SGLang deployment runbooks: checks, archive, reports.")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")

@@ -14,7 +14,7 @@ DPI = 100
 
 def figure(figsize: tuple[float, float], ncols: int = 1, **subplot_kw: Any):
     """A new Figure and its axes (one Axes, or an array of `ncols`)."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib (~0.55 s); `runbook kv` imports this module via kv/report.py
 
     fig = Figure(figsize=figsize, dpi=DPI)
     return fig, fig.subplots(1, ncols, **subplot_kw)
@@ -30,8 +30,8 @@ def png(fig) -> bytes:
 def show(*figs) -> None:
     """Display each figure as a PNG in Jupyter; outside Jupyter there is nothing to show."""
     try:
-        from IPython import get_ipython
-        from IPython.display import Image, display
+        from IPython import get_ipython  # lazy: IPython (~60 ms) only where a figure is shown
+        from IPython.display import Image, display  # lazy: IPython only where a figure is shown
     except ImportError:  # pragma: no cover - IPython ships with the runbook's environment
         return
     if get_ipython() is None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import runbook
 from runbook.core.findings import Finding
 from runbook.core.options import Options
 
@@ -78,8 +79,6 @@ def register(stage: Stage) -> Stage:
 
 
 def _discover() -> None:
-    import runbook
-
     for mod in pkgutil.iter_modules(runbook.__path__):
         where = getattr(mod.module_finder, "path", None)
         if mod.ispkg and where and (Path(where) / mod.name / "stage.py").is_file():   # without importing the others

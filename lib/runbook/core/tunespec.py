@@ -1,6 +1,6 @@
 """The deployment spec's `tune:` section (stage 60): the candidates to try, what to measure them with,
-and the time they may take. Imported by core/spec.py (import the spec module, not this one): it
-shares the spec's strict base and its SLO model."""
+and the time they may take. Built on the spec's shared base (specbase.py); core/spec.py makes it the
+spec's `tune` section."""
 from __future__ import annotations
 
 import re
@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from runbook.core.spec import MAX_LIST, MAX_SECONDS, MAX_TOKENS, SLO, FlagValue, Serving, _Strict
+from runbook.core.specbase import MAX_LIST, MAX_SECONDS, MAX_TOKENS, SLO, FlagValue, Strict, check_flag_names, check_flag_values
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=,+-]{0,99}$")
 REFERENCE = "reference"      # the candidate that is the deployment as the spec builds it
@@ -18,10 +18,10 @@ _Fraction = Annotated[float, Field(ge=0, le=1)]
 
 def _flags(v: dict[str, FlagValue]) -> dict[str, FlagValue]:
     """Overlay flags pass the same checks as serving.flags (names, values, owned flags)."""
-    return Serving._flag_names(Serving._flag_values(v))
+    return check_flag_names(check_flag_values(v))
 
 
-class Candidate(_Strict):
+class Candidate(Strict):
     """One configuration to try: flags laid over serving.flags (null or false removes one)."""
     flags: dict[str, FlagValue] = Field(default_factory=dict, description="flags over serving.flags; null removes a flag")
     python: str | None = Field(default=None, description="another serving interpreter (an SGLang upgrade canary: same flags, "
@@ -41,7 +41,7 @@ class Candidate(_Strict):
         return v
 
 
-class Guard(_Strict):
+class Guard(Strict):
     """The accuracy guard: each candidate against the reference, on the same prompts."""
     identity_prompts: int = Field(default=4, ge=0, le=1000, description="greedy-identity prompts (0: off)")
     identity_max_tokens: int = Field(default=32, gt=0, le=MAX_TOKENS)
@@ -54,7 +54,7 @@ class Guard(_Strict):
     toolcall: bool = Field(default=True, description="run the tool-call probe (fails when fewer cases pass than on the reference)")
 
 
-class Tune(_Strict):
+class Tune(Strict):
     engine: Literal["sglang", "llama-server"] = Field(default="sglang", description="the server tune launches; llama-server: "
                                                       "the CPU engine (serving.flags are its flags, model.path a GGUF file)")
     llama_server: str | None = Field(default=None, description="engine llama-server: its binary (relative to this file)")

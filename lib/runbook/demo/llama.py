@@ -8,6 +8,7 @@ model and say nothing about a deployment.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -22,7 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from runbook.cli import main as cli
 from runbook.core import paths
+from runbook.corpus import code_prompts, code_text
+from runbook.demo.tune import write_spec
 
 LLAMA_CPP_PYTHON = "0.3.36"
 CACHE = paths.cache_dir()   # the checkout's .cache/ (the Makefile's LLAMA_SERVER), else $RUNBOOK_CACHE or ~/.cache/runbook
@@ -65,10 +71,6 @@ def build_llama_server(version: str = LLAMA_CPP_PYTHON, jobs: int = 2, log=print
 
 def train_tokenizer(vocab_size: int = 4096):
     """A byte-level BPE (GPT-2 pre-tokenization) trained on this project's code, offline."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from runbook.corpus import code_prompts, code_text
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -82,8 +84,8 @@ def train_tokenizer(vocab_size: int = 4096):
 def write_gguf(path: Path, tok, width: int = 768, layers: int = 6, heads: int = 12, ffn: int = 2048, ctx: int = 4096,
                seed: int = 0) -> Path:
     """A Llama-architecture GGUF with random F16 weights and the given tokenizer."""
-    import gguf
-    import numpy as np
+    import gguf  # lazy: gguf (~0.14 s) only when the model is written; importers of llama_server_path skip it
+    import numpy as np  # lazy: with gguf, only when the model is written
 
     spec = json.loads(tok.to_str())
     vocab = spec["model"]["vocab"]
@@ -212,8 +214,6 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m runbook.demo build|serve|runbook`: build the engine, serve the tiny model, or run the
     whole runbook with the benchmark (and accuracy) notebooks pointed at it, then the tune stage on llama-server
     candidates (demo/tune.py)."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m runbook.demo")
     ap.add_argument("action", choices=["build", "serve", "runbook"])
     ap.add_argument("--port", type=int)
@@ -232,8 +232,6 @@ def main(argv: list[str] | None = None) -> int:
             log("Ctrl-C to stop")
             srv.proc.wait()
             return 0
-        from runbook.cli import main as cli
-
         params = ["--param", f"url={srv.url}", "--param", f"tokenizer={model}", "--param", "concurrency=1,2,4,8",
                   "--param", "requests=16", "--param", "output_len=64", "--param", "input_len=256",
                   "--param", "lengths=512,1024,2048",  # the tiny model's context is 4096 tokens
@@ -242,8 +240,6 @@ def main(argv: list[str] | None = None) -> int:
         srv.stop()
         # tune is not part of a plain run (it takes the server down): run it on its own CPU deployment,
         # llama-server candidates on a port of their own
-        from runbook.demo.tune import write_spec
-
         spec = write_spec(CACHE / "tune-demo.yaml", exe, model, free_port())
         log(f"tune: {spec} (llama-server candidates; a few minutes on 2 cores)")
         tuned = cli(["run", "--only", "tune", "--deployment", str(spec), "--out", a.out])

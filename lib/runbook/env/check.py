@@ -120,7 +120,7 @@ def check_driver_vs_torch(driver: dict[str, Any], serving: dict[str, Any]) -> li
 
 
 def host(spec: Deployment) -> tuple[list[Finding], dict[str, Any]]:
-    import psutil
+    import psutil  # lazy: ~15 ms that `runbook --help` would pay; only host checks read it
 
     out: list[Finding] = []
     info: dict[str, Any] = {"cpus": os.cpu_count(), "ram_gib": round(psutil.virtual_memory().total / GIB, 1)}

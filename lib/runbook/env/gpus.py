@@ -26,7 +26,7 @@ class GpuReport:
 
 
 def _load_nvml():
-    import pynvml
+    import pynvml  # lazy: the NVML binding may be absent or broken on a CPU host; check() reports that
 
     return pynvml
 

@@ -50,7 +50,7 @@ def _layout(keys: list[str], root: str) -> tuple[dict[tuple[str, str], set[str]]
 def _read_all(fs: Any, paths: list[str], workers: int) -> list[Any]:
     """Bytes (or the exception) of each path, `workers` at a time: asyncio for async filesystems (s3fs)."""
     if getattr(fs, "async_impl", False):
-        from fsspec.asyn import sync
+        from fsspec.asyn import sync  # lazy: ~0.1 s, only for an async store (s3fs)
 
         async def gather() -> list[Any]:
             sem = asyncio.Semaphore(workers)

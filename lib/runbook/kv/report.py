@@ -1,4 +1,5 @@
-"""Tables, plots, the story re-done, and the interactive panel for the KV-memory notebook."""
+"""Tables, plots, the README's sizing estimate (STORY) re-done by SGLang's rules, and the interactive panel
+for the KV-memory notebook."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,6 +8,7 @@ from runbook.core.plots import figure, show
 from runbook.core.spec import Deployment
 from runbook.core.units import GIB
 from runbook.kv import memory as kvmem
+from runbook.kv import plan as kv_plan
 from runbook.kv.plan import Plan
 from runbook.model import sglang_names
 from runbook.model.arch import Arch
@@ -20,7 +22,7 @@ def _fmt(n: Any) -> str:
 
 def candidates_frame(p: Plan):
     """One row per candidate KV dtype: bytes per token, capacity, running-request cap, requests per context."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas (~0.35 s); `runbook kv` loads this module for text_table alone
 
     rows = []
     for r in p.candidates:
@@ -33,7 +35,7 @@ def candidates_frame(p: Plan):
 
 def scenarios_frame(p: Plan):
     """The deployment beside itself with (or without) MTP and with SGLang's default memory fraction."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas (~0.35 s); `runbook kv` loads this module for text_table alone
 
     rows = []
     for label, r in p.scenarios:
@@ -49,7 +51,7 @@ def scenarios_frame(p: Plan):
 
 def selected_frame(p: Plan):
     """The chosen configuration in one row: what the panel's controls currently describe."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas (~0.35 s); `runbook kv` loads this module for text_table alone
 
     r = p.result
     return pd.DataFrame([{"TP": p.inputs.tp, "KV dtype": r.kv_dtype, "mem fraction": r.mem_fraction_static,
@@ -60,7 +62,7 @@ def selected_frame(p: Plan):
 
 def memory_frame(p: Plan):
     """One GPU's memory by use (GiB), per candidate dtype."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas (~0.35 s); `runbook kv` loads this module for text_table alone
 
     rows = {}
     for r in p.candidates:
@@ -139,7 +141,7 @@ def plot_memory(p: Plan):
 
 def story_frame(a: Arch, tp: int = 8):
     """The story's numbers beside SGLang's, with the story's own budget so only the rules differ."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas (~0.35 s); `runbook kv` loads this module for text_table alone
 
     bf16_tp1 = kvmem.compute(a, kvmem.Inputs(kv_dtype="bfloat16", tp=1))
     fp8_tp1 = kvmem.compute(a, kvmem.Inputs(kv_dtype="fp8_e4m3", tp=1))
@@ -167,12 +169,10 @@ def story_frame(a: Arch, tp: int = 8):
 
 def panel(spec: Deployment | None, model_dir: str | None = None):
     """An ipywidgets panel (TP, KV dtype, memory fraction, context length) that recomputes live."""
-    import ipywidgets as w
-    from IPython.display import display
+    import ipywidgets as w  # lazy: JupyterLab only (~0.1 s)
+    from IPython.display import display  # lazy: JupyterLab only (IPython, ~60 ms)
 
-    from runbook.kv.plan import plan
-
-    base = plan(spec, model_dir or None)
+    base = kv_plan.plan(spec, model_dir or None)
     tp = w.Dropdown(options=[1, 2, 4, 8], value=base.inputs.tp, description="TP")
     choices = [c for c in sglang_names.KV_CACHE_DTYPE_CHOICES if c != "bfloat16"]   # bf16 is the same choice
     current = str(spec.serving.flags.get("kv-cache-dtype", "auto")) if spec is not None else "auto"
@@ -191,7 +191,7 @@ def panel(spec: Deployment | None, model_dir: str | None = None):
         if key == shown:
             return
         shown = key
-        p = plan(spec, model_dir or None, tp=key[0], kv_dtype=key[1], mem_fraction_static=key[2],
+        p = kv_plan.plan(spec, model_dir or None, tp=key[0], kv_dtype=key[1], mem_fraction_static=key[2],
                  context_len=key[3], contexts=(key[3],))
         out.clear_output(wait=True)
         with out:

@@ -1,8 +1,17 @@
 """The model's tokenizer, when a tokenizer.json is on this machine (exact prompt lengths)."""
 from __future__ import annotations
 
+import datetime
+import json
 from pathlib import Path
 from typing import Any
+
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from runbook.core.errors import InputError
+from runbook.core.fsutil import FileRefused, read_regular
 
 
 def load_tokenizer(path: str | Path | None, option: str = "--tokenizer") -> Any:
@@ -12,15 +21,11 @@ def load_tokenizer(path: str | Path | None, option: str = "--tokenizer") -> Any:
     approximate otherwise)."""
     if not path:
         return None
-    from runbook.core.errors import InputError
-
     p = Path(path)
     f = p / "tokenizer.json" if p.is_dir() else p
     if not f.is_file():
         raise InputError(f"{option} {path}: no tokenizer.json there; give the model's directory (with tokenizer.json) "
                          f"or the file, or leave {option} out (lengths are then approximate)")
-    from tokenizers import Tokenizer
-
     try:
         return Tokenizer.from_file(str(f))
     except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own Exception for any bad file
@@ -43,10 +48,6 @@ def chat_template(path: str | Path | None) -> tuple[str, dict[str, str]] | None:
     """The model's chat template and its special tokens: DIR/chat_template.jinja, else
     tokenizer_config.json's `chat_template` (a string, or a list of named templates: "default");
     None when the directory has neither or they are unreadable."""
-    import json
-
-    from runbook.core.fsutil import FileRefused, read_regular
-
     if not path or not Path(path).is_dir():
         return None
     d = Path(path)
@@ -74,17 +75,10 @@ class ChatCounter:
     tokens (the template writes them). `count` is None when the template refuses the messages."""
 
     def __init__(self, tokenizer: Any, template: str, specials: dict[str, str]):
-        import json
-
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         def raise_exception(msg: str) -> None:
             raise ValueError(msg)
 
         def strftime_now(fmt: str) -> str:
-            import datetime
-
             return datetime.datetime.now().strftime(fmt)
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])

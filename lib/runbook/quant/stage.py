@@ -7,6 +7,7 @@ from pydantic import Field
 from runbook.core.options import Options
 from runbook.core.registry import Stage, register
 from runbook.core.spec import Deployment
+from runbook.model import checkpoint
 from runbook.quant.analysis import QuantReport, for_deployment, inspect
 
 
@@ -17,8 +18,6 @@ class QuantOptions(Options):
 def evaluate(spec: Deployment | None, options: QuantOptions) -> QuantReport:
     """The deployment's checkpoint under its flags; without a spec, MODEL_DIR alone (`runbook quant DIR`)."""
     if spec is None:
-        from runbook.model import checkpoint
-
         return inspect(checkpoint.load(options.model_dir or ""))
     return for_deployment(spec, options.model_dir)
 

@@ -19,7 +19,7 @@ from conftest import DEFAULT_SPEC
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runbook.core import spec
+from runbook.core import spec, specbase
 from runbook.core.errors import RunbookError, SpecError
 
 MODEL = DEFAULT_SPEC.parents[1] / "models" / "llama-3.1-70b"
@@ -278,7 +278,7 @@ def test_kv_refuses_a_what_if_flag_that_is_not_a_number(value):
 def _float_fields(model, prefix: str = ""):
     """Every float the spec holds, by its dotted path: (path, whether it is a list of floats)."""
     for name, f in model.model_fields.items():
-        kind = spec._unwrap(f.annotation)
+        kind = specbase.unwrap(f.annotation)
         if kind is float or kind == ("list", float):
             yield prefix + name, kind is not float
         elif isinstance(kind, tuple) and kind[0] == "model":
@@ -317,7 +317,7 @@ def _option_floats():
 
     for stage in registry.stages():
         for name, f in stage.options.model_fields.items():
-            kind = spec._unwrap(f.annotation)
+            kind = specbase.unwrap(f.annotation)
             if kind is float or kind == ("list", float):
                 yield stage.options, name, kind is not float
 

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -310,10 +309,11 @@ def launch_argv(dep: Deployment) -> list[str]:
 
 def start(dep: Deployment | None = None, *, port: int | None = None, flags: Mapping[str, Any] | None = None,
           log_path: Path | None = None, ready_timeout: float = 240.0, env: Mapping[str, str] | None = None,
-          argv: Sequence[str] | None = None) -> SGLangServer:
+          argv: Sequence[str] | None = None, host_free_gib: float | None = None) -> SGLangServer:
     """Start SGLang on CPU as the deployment's unit would (`dep`, else the demo spec on `port` with `flags`
     changed) and wait, at most `ready_timeout`, until /health answers 200. `argv`: another command line
-    serving on the deployment's port (e.g. one read back from an installed unit)."""
+    serving on the deployment's port (e.g. one read back from an installed unit). `host_free_gib`: the free
+    memory SGLang reads from the host, pinned (pinned_meminfo) so that its pool follows from known inputs."""
     if dep is None:
         dep = deployment(port or free_port(), flags=flags)
     port = dep.serving.port
@@ -327,6 +327,8 @@ def start(dep: Deployment | None = None, *, port: int | None = None, flags: Mapp
         fd, name = tempfile.mkstemp(prefix="sglang-", suffix=".log")
         os.close(fd)
         log_path = Path(name)
+    if host_free_gib is not None:
+        cmd = pinned_meminfo(cmd, host_free_gib, log_path.with_suffix(".meminfo"))
     run_env = dict(os.environ, PYTHONUNBUFFERED="1", **dep.serving.env, **(env or {}))
     run_env.pop("PYTHONPATH", None)             # the runbook's lib/ is no business of the server's
     t0 = time.monotonic()
@@ -341,6 +343,22 @@ def start(dep: Deployment | None = None, *, port: int | None = None, flags: Mapp
         raise
     srv.startup_s = time.monotonic() - t0
     return srv
+
+
+def pinned_meminfo(cmd: Sequence[str], free_gib: float, path: Path) -> list[str]:
+    """`cmd` in a mount namespace of its own where /proc/meminfo says `free_gib` are available. On CPU SGLang sizes
+    its pool from the host's available memory (psutil, /proc/meminfo's MemAvailable), which other processes move
+    from one reading to the next; pinned, the pool follows from known inputs. Needs root (CAP_SYS_ADMIN), as the
+    tests run; `unshare` execs the command, so the server keeps the PID it was started with."""
+    if not shutil.which("unshare"):
+        raise EngineError("pinning the free memory SGLang sees needs util-linux's unshare, which is not on PATH")
+    lines = Path("/proc/meminfo").read_text().splitlines()
+    kib = int(free_gib * 2**20)
+    if kib * 1024 != int(free_gib * 2**30):
+        raise EngineError(f"host_free_gib {free_gib} is not a whole number of KiB (/proc/meminfo counts kB)")
+    path.write_text("\n".join(f"MemAvailable:   {kib} kB" if ln.startswith("MemAvailable:") else ln for ln in lines) + "\n")
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount --bind "$0" /proc/meminfo && exec "$@"', str(path), *cmd]
 
 
 def wait_ready(srv: SGLangServer, timeout: float) -> None:
@@ -358,12 +376,6 @@ def wait_ready(srv: SGLangServer, timeout: float) -> None:
             pass
         time.sleep(0.5)
     raise EngineError(f"SGLang not ready within {timeout:.0f} s ({srv.log}): {log_tail(srv.log)}")
-
-
-def _sigterm_as_interrupt() -> None:
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,7 +399,6 @@ def main(argv: list[str] | None = None) -> int:
     except RunbookError as e:
         print(f"sglang: {e}", file=sys.stderr)
         return 2
-    _sigterm_as_interrupt()
     print(f"SGLang {srv.url} ready in {srv.startup_s:.0f} s (log {srv.log}); Ctrl-C to stop", file=sys.stderr)
     try:
         srv.proc.wait()

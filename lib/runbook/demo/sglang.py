@@ -230,6 +230,7 @@ class SGLangServer:
     model_dir: Path
     log: Path
     spec: Deployment
+    launched: float = 0.0                                   # time.monotonic() at launch
     startup_s: float = 0.0                                  # launch -> /health 200
     seen: set[int] = field(default_factory=set)            # every PID of its session seen while it ran
 
@@ -314,6 +315,19 @@ def start(dep: Deployment | None = None, *, port: int | None = None, flags: Mapp
     changed) and wait, at most `ready_timeout`, until /health answers 200. `argv`: another command line
     serving on the deployment's port (e.g. one read back from an installed unit). `host_free_gib`: the free
     memory SGLang reads from the host, pinned (pinned_meminfo) so that its pool follows from known inputs."""
+    srv = launch(dep, port=port, flags=flags, log_path=log_path, env=env, argv=argv, host_free_gib=host_free_gib)
+    try:
+        wait_ready(srv, ready_timeout)
+    except BaseException:
+        srv.stop()
+        raise
+    return srv
+
+
+def launch(dep: Deployment | None = None, *, port: int | None = None, flags: Mapping[str, Any] | None = None,
+           log_path: Path | None = None, env: Mapping[str, str] | None = None, argv: Sequence[str] | None = None,
+           host_free_gib: float | None = None) -> SGLangServer:
+    """start() without the wait: the server is starting when this returns (wait_ready, stop)."""
     if dep is None:
         dep = deployment(port or free_port(), flags=flags)
     port = dep.serving.port
@@ -331,18 +345,11 @@ def start(dep: Deployment | None = None, *, port: int | None = None, flags: Mapp
         cmd = pinned_meminfo(cmd, host_free_gib, log_path.with_suffix(".meminfo"))
     run_env = dict(os.environ, PYTHONUNBUFFERED="1", **dep.serving.env, **(env or {}))
     run_env.pop("PYTHONPATH", None)             # the runbook's lib/ is no business of the server's
-    t0 = time.monotonic()
     with open(log_path, "w") as logf:           # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=run_env)
-    srv = SGLangServer(proc, dep.serving.local_url, port, cmd, Path(dep.model.path), log_path, dep)
-    try:
-        wait_ready(srv, ready_timeout)
-    except BaseException:
-        srv.stop()
-        raise
-    srv.startup_s = time.monotonic() - t0
-    return srv
+    return SGLangServer(proc, dep.serving.local_url, port, cmd, Path(dep.model.path), log_path, dep,
+                        launched=time.monotonic())
 
 
 def pinned_meminfo(cmd: Sequence[str], free_gib: float, path: Path) -> list[str]:
@@ -361,7 +368,9 @@ def pinned_meminfo(cmd: Sequence[str], free_gib: float, path: Path) -> list[str]
             'mount --bind "$0" /proc/meminfo && exec "$@"', str(path), *cmd]
 
 
-def wait_ready(srv: SGLangServer, timeout: float) -> None:
+def wait_ready(srv: SGLangServer, timeout: float = 240.0) -> None:
+    """Until /health answers 200 (then srv.startup_s is set), at most `timeout`; the server exiting first, or the
+    time running out, is an EngineError with the end of its log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         srv.pids()
@@ -371,6 +380,7 @@ def wait_ready(srv: SGLangServer, timeout: float) -> None:
         try:
             with urllib.request.urlopen(srv.url + "/health", timeout=5) as r:
                 if r.status == 200:
+                    srv.startup_s = time.monotonic() - srv.launched
                     return
         except OSError:
             pass

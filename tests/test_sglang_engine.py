@@ -129,3 +129,15 @@ def test_broken_engine_is_one_line_naming_interpreter_and_target(tmp_path, case)
 
 def test_the_real_interpreter_passes_the_check():
     assert sglang.check_engine() == SGLANG_VERSION and sys.executable != str(sglang.serving_python())
+
+
+def test_the_tiny_model_is_built_the_same_every_time(tmp_path, sglang_server):
+    """Built again from nothing, it is the cached model byte for byte: weights, tokenizer and chat template."""
+    import hashlib
+
+    fresh = sglang.tiny_model(tmp_path / "model")
+    names = sorted(p.name for p in sglang_server.model_dir.iterdir())
+    assert names == sorted(p.name for p in fresh.iterdir()) and "model.safetensors" in names
+    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()   # noqa: E731
+    assert {n: digest(fresh / n) for n in names} == {n: digest(sglang_server.model_dir / n) for n in names}
+    assert "tools" in (fresh / "chat_template.jinja").read_text()

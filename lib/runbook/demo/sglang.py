@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -347,9 +348,17 @@ def launch(dep: Deployment | None = None, *, port: int | None = None, flags: Map
     run_env.pop("PYTHONPATH", None)             # the runbook's lib/ is no business of the server's
     with open(log_path, "w") as logf:           # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=run_env)
+                                start_new_session=True, env=run_env, preexec_fn=_die_with_parent)
     return SGLangServer(proc, dep.serving.local_url, port, cmd, Path(dep.model.path), log_path, dep,
                         launched=time.monotonic())
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started it dies, however it dies (a test run killed,
+    `serve` stopped by SIGTERM), so the server in its own session is never left behind. Linux's PR_SET_PDEATHSIG."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def pinned_meminfo(cmd: Sequence[str], free_gib: float, path: Path) -> list[str]:

@@ -80,7 +80,7 @@ def argv_to_spec(case: dict) -> spec_mod.Deployment:
     gpu = case["gpu"]
     n = par["tp"] * par["pp"]
     data = spec_data(**{"model.path": case["model_dir"], "model.card": None, "model.size_gib": None,
-                        "hardware.gpu_count": max(8, n), "hardware.gpu_memory_gib": gpu["total_mib"] / 1024,
+                        "hardware.gpu_count": max(8, n), "hardware.gpu_memory_gib": gpu.get("memory_gib") or gpu["total_mib"] / 1024,
                         "hardware.compute_capability": gpu["sm"], "hardware.gpu_model": gpu["name"],
                         "parallelism.tp": par["tp"], "parallelism.pp": par["pp"], "parallelism.attn_dp": par["attn_dp"],
                         "serving.flags": flags})
@@ -97,7 +97,9 @@ def runbook_figures(case: dict) -> dict:
     return {"plan": p, "refusals": [f for f in p.findings if f.status == "fail" and f.id in REFUSAL_IDS],
             "mem_fraction_static": r.mem_fraction_static, "context_len": r.context_len, "page_size": r.page_size,
             "kv_cache_dtype": r.kv_dtype, "cell_size": r.kv_bytes_per_token_per_gpu,
+            "cell_bytes": max(s["cell_bytes"] for s in r.stages),   # unrounded: hybrid SWA's is fractional
             "state_bytes_per_request": r.state_bytes_per_request_per_gpu or None,
+            "state_pool_bytes": r.state_pool_bytes_per_gpu if r.max_state_slots is not None else None,
             "mamba_slots_per_request": r.state_slots_per_request or None, "max_mamba_cache_size": r.max_state_slots,
             "max_total_num_tokens": r.max_total_num_tokens, "swa_max_total_num_tokens": r.swa_tokens,
             "max_running_requests": r.max_running_requests, "rest_bytes": r.kv_budget_bytes_per_gpu,
@@ -115,23 +117,25 @@ def differences(case: dict, want: dict, got: dict) -> list[str]:
     if len(ranks) > 1:
         # the runbook prints the binding (largest) stage; the oracle's top level is PP rank 0
         want["total_cell_size"] = max(r["total_cell_size"] for r in ranks)
-    if want.get("state_pool_bytes") and want.get("max_mamba_cache_size"):
-        # per GPU, one slot is this stage's share of the layers (the pool holds max_mamba_cache_size + 1)
-        want["state_bytes_per_request"] = want["state_pool_bytes"] // (want["max_mamba_cache_size"] + 1)
-    for key in ("context_len", "page_size", "kv_cache_dtype", "state_bytes_per_request", "mamba_slots_per_request",
+    if want.get("state_bytes_per_slot") is not None:
+        # what SGLang's MambaPool holds per slot and in all on the rank with the most linear layers
+        binding = max(ranks or [want], key=lambda r: r["state_bytes_per_slot"])
+        want["state_bytes_per_request"] = binding["state_bytes_per_slot"]
+        want["state_pool_bytes"] = binding["state_pool_allocated_bytes"]
+    for key in ("context_len", "page_size", "kv_cache_dtype", "state_bytes_per_request", "state_pool_bytes",
+                "mamba_slots_per_request",
                 "max_mamba_cache_size", "max_total_num_tokens", "swa_max_total_num_tokens", "max_running_requests",
                 "rest_bytes", "kv_budget_bytes"):   # the KV+state budget and the KV pool's share of it, to the byte
         if key in want and want[key] != got[key]:
             out.append(f"{key}: SGLang {want[key]!r}, runbook {got[key]!r}")
-    if want.get("draft_pool_bytes_per_token") is not None and math.ceil(want["draft_pool_bytes_per_token"]) != got[
+    if want.get("draft_pool_bytes_per_token") is not None and want["draft_pool_bytes_per_token"] != got[
             "draft_pool_bytes_per_token"]:   # the MTP draft worker's own pool on a hybrid linear-attention model
         out.append(f"draft pool bytes/token: SGLang {want['draft_pool_bytes_per_token']!r}, "
                    f"runbook {got['draft_pool_bytes_per_token']!r}")
     cell = want.get("total_cell_size", want.get("cell_size"))   # target + draft: what the pool divides by
-    if cell is not None and math.ceil(cell) != got["cell_size"]:
-        out.append(f"cell_size: SGLang {cell!r}, runbook {got['cell_size']!r}")
-    if want.get("mem_fraction_static") is not None and not math.isclose(want["mem_fraction_static"], got["mem_fraction_static"] or -1,
-                                                                        abs_tol=1e-9):
+    if cell is not None and (cell != got["cell_bytes"] or math.ceil(cell) != got["cell_size"]):
+        out.append(f"cell_size: SGLang {cell!r}, runbook {got['cell_bytes']!r} ({got['cell_size']!r} B/token printed)")
+    if want.get("mem_fraction_static") is not None and want["mem_fraction_static"] != got["mem_fraction_static"]:
         out.append(f"mem_fraction_static: SGLang {want['mem_fraction_static']!r}, runbook {got['mem_fraction_static']!r}")
     return out
 

@@ -1,5 +1,6 @@
 """KV memory against SGLang 0.5.23's rules. Expected values are derived by hand in the comments."""
 import json
+import re
 
 import pytest
 from conftest import REPO
@@ -169,6 +170,31 @@ def test_default_deployment_plan_and_json_keys(cli):
     assert set(j["requests_at_context"]) == {"8192", "32768", "131072", "262144"}
     assert j["kv_dtype"] == "bfloat16" and j["kv_bytes_per_token_per_gpu"] == 15360
     assert [c["kv_dtype"] for c in j["candidates"]] == ["bfloat16", "fp8_e4m3"]
+
+
+def _documented_kv_keys() -> tuple[set[str], set[str]]:
+    """docs/json.md's `kv --json` entry: (the keys it names outside `inputs`, the keys it says `inputs` holds)."""
+    text = (REPO / "docs" / "json.md").read_text()
+    entry = text[text.index("- `kv --json`"):]
+    entry = entry[:entry.index("\n- `", 3)]
+    outer, inner = entry.split("`inputs` holds exactly:")
+    def names(t):
+        return set(re.findall(r"`([a-z_0-9]+)`", t))
+    return names(outer) - {"inputs"}, names(re.sub(r"\([^)]*\)", "", inner))
+
+
+def test_kv_json_has_the_documented_keys(cli):
+    """Every key docs/json.md names for `kv --json` is there, and `inputs` holds exactly the documented keys
+    (nvfp4_scale_layouts went missing from it once without a word)."""
+    outer, inputs = _documented_kv_keys()
+    assert "nvfp4_scale_layouts" in inputs and len(inputs) >= 30, inputs
+    for args in (("kv", "--json"), ("kv", "--json", "--kv-dtype", "nvfp4", "--attention-backend", "flashinfer",
+                                    "--compute-capability", "10.0")):
+        j = json.loads(cli(*args).stdout)
+        scenario_keys = set(j["scenarios"][0])
+        assert not {k for k in outer if k not in j and k not in scenario_keys}, outer - set(j) - scenario_keys
+        assert set(j["inputs"]) == inputs, set(j["inputs"]) ^ inputs
+    assert j["inputs"]["kv_dtype"] == "nvfp4" and j["inputs"]["nvfp4_scale_layouts"] == 2   # SM100 + FlashInfer prefill
 
 
 def test_cli_kv_overrides(cli):

@@ -334,3 +334,61 @@ def test_the_literal_rule_can_fail():
     assert _literal_violations(Path("fleet/index.py"), 'f"{d}/20_kv_memory.results.json"\n', "fleet")
     assert not _literal_violations(Path("bench/x.py"), 'x = "40_benchmark"\n', "bench")
     assert not _literal_violations(Path("verify/x.py"), '"""Compares with what 20_kv_memory predicted."""\n', "verify")
+
+
+# The OS layer (core/oscalls.py) is the only module that runs systemd's tools or sets signal handlers: one failure
+# model for the commands, one place where signals are saved and put back.
+OS_LAYER = LIB / "core" / "oscalls.py"
+SYSTEMD_TOOLS = {"systemctl", "journalctl", "systemd-run"}
+_SUBPROCESS_MODULES = {"subprocess", "asyncio.subprocess"}
+_PROCESS_CALLS = {"create_subprocess_exec", "create_subprocess_shell", "system", "popen"}
+
+
+def _os_violations(path: Path, text: str) -> list[str]:
+    """What a module outside the OS layer does that is the layer's: signal handlers set, or systemd's tools run
+    (a module that can start processes and names one of the tools as a whole string)."""
+    tree = ast.parse(text, str(path))
+    runs_processes, bad, tools = False, [], []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            runs_processes |= any(a.name in _SUBPROCESS_MODULES for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            runs_processes |= node.module in _SUBPROCESS_MODULES
+            bad += [f"{path.name}:{node.lineno}: imports signal.{a.name}" for a in node.names
+                    if node.module == "signal" and a.name in ("signal", "set_wakeup_fd")]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            f = node.func
+            owner = f.value.id if isinstance(f.value, ast.Name) else ""
+            if (owner, f.attr) in (("signal", "signal"), ("signal", "set_wakeup_fd")) or f.attr == "add_signal_handler":
+                bad.append(f"{path.name}:{node.lineno}: sets a signal handler ({owner or '…'}.{f.attr})")
+            if f.attr in _PROCESS_CALLS and owner in ("os", "asyncio"):
+                runs_processes = True
+        elif isinstance(node, ast.Constant) and node.value in SYSTEMD_TOOLS:
+            tools.append(f"{path.name}:{node.lineno}: runs {node.value}")
+    return bad + (tools if runs_processes else [])
+
+
+def test_only_the_os_layer_runs_systemd_tools_or_sets_signal_handlers():
+    bad = [f"{p.relative_to(REPO)}: {v}" for p in sorted(LIB.rglob("*.py")) if p != OS_LAYER and "data" not in p.parts
+           for v in _os_violations(p, p.read_text())]
+    assert not bad, "use runbook.core.oscalls instead:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("text", [
+    "import subprocess\ndef f(u):\n    return subprocess.run(['systemctl', 'is-active', u])\n",
+    "import subprocess\nCTL = ('systemctl',)\ndef f(u):\n    return subprocess.run([*CTL, 'stop', u])\n",
+    "from subprocess import run\ndef f(u):\n    return run(['journalctl', '-u', u])\n",
+    "import asyncio\nasync def f():\n    await asyncio.create_subprocess_exec('systemd-run', '--unit=x')\n",
+    "import signal\nsignal.signal(signal.SIGTERM, lambda *a: None)\n",
+    "from signal import signal as sig\n",
+    "import asyncio, signal\nasyncio.get_event_loop().add_signal_handler(signal.SIGTERM, print)\n",
+])
+def test_os_rule_catches_a_violation(text):
+    assert _os_violations(Path("x.py"), text)
+
+
+def test_os_rule_allows_naming_the_tools_in_messages_and_running_other_programs():
+    text = ("import subprocess\nREMEDY = 'see `systemctl status x`'\n"
+            "def f():\n    return subprocess.run(['git', 'rev-parse', 'HEAD'])\n")
+    assert _os_violations(Path("x.py"), text) == []
+    assert _os_violations(Path("x.py"), "SYSTEMCTL = ('systemctl',)\n") == []    # a default handed to the layer

@@ -1,13 +1,15 @@
 """`python -m runbook VERB`: flags -> the same library call a notebook makes -> an exit code.
 
 Exit codes (stable, for cron): 0 ok; 1 a check failed; 2 could not run (bad input, a notebook
-errored); 75 another run of the deployment holds the lock.
+errored); 75 another run of the deployment holds the lock; 77 a safety stop (tune would stop an active
+production unit and --yes was not given); 128+N stopped by signal N (tune: after production was restored).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import shlex
 import sys
 import typing
 from collections.abc import Callable
@@ -18,10 +20,11 @@ from pydantic import Field, TypeAdapter, ValidationError, create_model
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict, SettingsError
 
 from runbook.core import registry
-from runbook.core.errors import InputError, LockHeld, RunbookError
+from runbook.core.errors import InputError, LockHeld, RunbookError, SafetyStop
 from runbook.core.findings import exit_code, format_text
 from runbook.core.fsutil import write_output
-from runbook.core.options import PosFloat, PosInt, Url, describe, flag, validate
+from runbook.core.options import FINITE, FiniteFloat, PosFloat, PosInt, Url, describe, flag, validate
+from runbook.core.oscalls import Interrupted
 from runbook.core.registry import Stage, document
 
 
@@ -55,7 +58,7 @@ def _typed(tp: Any, name: str) -> Callable[[str], Any]:
 _POS_INT = _typed(PosInt, "int")
 _POS_FLOAT = _typed(PosFloat, "float")
 _URL = _typed(Url, "url")
-_LINK_LIFETIME = _typed(Annotated[float, Field(ge=1, le=7 * 86400, allow_inf_nan=False)], "float")
+_LINK_LIFETIME = _typed(Annotated[FiniteFloat, Field(ge=1, le=7 * 86400)], "float")
 
 
 def _names(s: str) -> str:
@@ -282,8 +285,13 @@ def _cmd_accuracy(a: argparse.Namespace, o: Any) -> int:
                           max_tokens=o.toolcall_max_tokens)
         findings, doc = tc.findings, {"toolcall": tc.data()}
     else:
-        rows, findings = probes.run_identity(o.url, o.compare_url, o.prompts, o.max_tokens, o.tokenizer)
-        doc = {"identity": rows}
+        import os
+
+        key = os.environ.get(dep.serving.api_key_env) if dep.serving.api_key_env else None
+        ident = probes.run_identity(o.url, o.compare_url or o.spec_off_url, o.prompts, o.max_tokens, o.tokenizer,
+                                    o.model, o.concurrency, key or None)
+        findings = ident.findings
+        doc = {"identity": ident.rows, "identity_batch": ident.batch, "identity_differences": ident.differences}
     doc["findings"] = [f.to_dict() for f in findings]
     _emit(a, findings, doc)
     return exit_code(findings, a.strict)
@@ -304,7 +312,7 @@ _VERBS: dict[str, tuple[Stage, Any]] = {}   # verb -> (stage, its flags' setting
 
 
 class _CliBase(BaseSettings):
-    model_config = SettingsConfigDict(cli_parse_args=False)
+    model_config = SettingsConfigDict(cli_parse_args=False, **FINITE)
 
 
 def _flags_model(stage: Stage) -> type[BaseSettings]:
@@ -327,7 +335,7 @@ def _add_stage(sub: Any, stage: Stage) -> None:
         p.add_argument("--arg", dest="args", action="append", default=[], metavar="NAME=VALUE", help=fields["args"].description)
     source: CliSettingsSource[Any] = CliSettingsSource(_flags_model(stage), root_parser=p, cli_kebab_case=True, cli_implicit_flags="toggle",
                                cli_hide_none_type=True)
-    _tidy_help(p)
+    _tidy_help(p, stage.options)
     _add_output(p)
     _add_textfile(p, f"runbook_<deployment>.{stage.name}.prom")
     _VERBS[stage.verb] = (stage, source)
@@ -336,13 +344,17 @@ def _add_stage(sub: Any, stage: Stage) -> None:
 _METAVARS = {"int": "N", "float": "X", "str": "VALUE", "list[int]": "N,...", "list[float]": "X,...", "list[str]": "NAME,..."}
 
 
-def _tidy_help(p: argparse.ArgumentParser) -> None:
-    """Generated flags in this CLI's style: a metavar that says what to type, no '(default: null)' (the
-    descriptions say what an absent flag means)."""
+def _tidy_help(p: argparse.ArgumentParser, options: Any) -> None:
+    """Generated flags in this CLI's style: a metavar that says what to type (the field's own `metavar`, else one
+    for its type), no '(default: null)' (the descriptions say what an absent flag means)."""
     for act in p._actions:
         if isinstance(act.help, str):
             act.help = act.help.replace(" (default: null)", "")
-        if isinstance(act.metavar, str):
+        f = options.model_fields.get(act.dest)
+        extra = f.json_schema_extra if f is not None and isinstance(f.json_schema_extra, dict) else {}
+        if isinstance(extra.get("metavar"), str):
+            act.metavar = extra["metavar"]
+        elif isinstance(act.metavar, str):
             act.metavar = _METAVARS.get(act.metavar, act.metavar)
 
 
@@ -432,16 +444,57 @@ def _run_stage(verb: str, a: argparse.Namespace) -> int:
     return handler(a, o) if handler else _cmd_stage(_VERBS[verb][0], a, o)
 
 
+EXIT_LOCKED = 75
+EXIT_SAFETY_STOP = 77     # sysexits' EX_NOPERM: not allowed without the operator's consent
+
+
+def resume_command(argv: list[str], run_id: str) -> str:
+    """The command line that continues a run: the same verb and flags, any --resume replaced by this run's."""
+    out: list[str] = []
+    skip = False
+    for w in argv:
+        if skip:
+            skip = False
+        elif w == "--resume":
+            skip = True
+        elif not w.startswith("--resume="):
+            out.append(w)
+    return shlex.join([sys.executable, "-m", "runbook", *out, "--resume", run_id])
+
+
+def _interrupted(verb: str, argv: list[str], e: Interrupted) -> int:
+    """What an operator needs after a signal stopped a stage: what state it left, and how to go on."""
+    print(f"runbook {verb}: stopped by {e.name}", file=sys.stderr)
+    findings = getattr(e, "findings", None)
+    if findings:
+        print(format_text(findings, colour=sys.stderr.isatty()), file=sys.stderr)
+    run_id = getattr(e, "run_id", None)
+    if run_id:
+        print(f"runbook {verb}: to continue run {run_id}: {resume_command(argv, run_id)}", file=sys.stderr)
+    elif hasattr(e, "run_id"):
+        print(f"runbook {verb}: no run was started; run the same command again", file=sys.stderr)
+    return e.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
         if args.verb in _VERBS:
             return _run_stage(args.verb, args)
         fn: Callable[[argparse.Namespace], int] = args.fn
         return fn(args)
+    except Interrupted as e:
+        return _interrupted(args.verb, argv, e)
     except LockHeld as e:
         print(f"runbook: {e}", file=sys.stderr)
-        return 75
+        return EXIT_LOCKED
+    except SafetyStop as e:
+        print(f"runbook {args.verb}: safety stop: {e}", file=sys.stderr)
+        return EXIT_SAFETY_STOP
     except RunbookError as e:
-        print(f"runbook: error: {e}", file=sys.stderr)
+        from runbook.core import secrets
+
+        # an error may quote what the user typed (--param KEY=VALUE): the environment's secrets never reach stderr
+        print(f"runbook: error: {secrets.redact_text(str(e), secrets.secret_values())}", file=sys.stderr)
         return 2

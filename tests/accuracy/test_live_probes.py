@@ -39,6 +39,8 @@ def test_scoring_and_grid_and_ab_arithmetic():
     assert ab["ci95"][1] < 0
     f = {x.id: x for x in recall.findings(recall.grid(b), ab)}
     assert f["accuracy.recall.ab"].status == "warn" and f["accuracy.recall.misses"].status == "warn"
+    named = {x.id: x for x in recall.findings(recall.grid(b), ab, tested="KV cache dtype: auto vs fp8_e4m3")}
+    assert named["accuracy.recall.ab"].title.endswith("over 4 items — KV cache dtype: auto vs fp8_e4m3")
 
 
 def test_identity_same_server_is_identical_and_diff_positions(llama):
@@ -53,7 +55,7 @@ def test_identity_same_server_is_identical_and_diff_positions(llama):
 def test_live_parts_skip_without_endpoints():
     assert probes.run_recall(None, [8], [0.5])[1][0].status == "skip"
     assert probes.run_recall("http://127.0.0.1:9", [8], [0.5])[1][0].status == "skip"
-    assert probes.run_identity("http://x", None)[1][0].status == "skip"
+    assert probes.run_identity("http://x", None).findings[0].status == "skip"
 
 
 def test_cli_recall_json_keys(llama, cli):

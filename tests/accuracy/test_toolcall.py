@@ -102,7 +102,7 @@ def test_correct_server_passes_everything(server):
     body = s.bodies[0]
     assert body["model"] == "raw" and [t["function"]["name"] for t in body["tools"]] == ["read_file", "apply_patch", "run_tests"]
     j = rep.to_json()
-    assert set(j) == {"toolcall", "findings"} and set(j["toolcall"]) == {"url", "model", "tool_choice", "cases"}
+    assert set(j) == {"toolcall", "findings"} and set(j["toolcall"]) == {"url", "model", "tool_choice", "server", "cases"}
     assert j["toolcall"]["tool_choice"] == "auto"
     assert "sk-secret-value-123" not in json.dumps(j)
 

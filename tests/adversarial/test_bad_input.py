@@ -6,6 +6,7 @@ a variant of the story's deployment into tmp_path (its relative model.card made 
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import DEFAULT_SPEC
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -97,6 +99,9 @@ CLI_CASES = [
     ("run-keep-zero", ["run", "--out", "{tmp}/out", "--notebooks", "{tmp}/nb", "--keep", "0"], "--keep"),
     ("run-keep-negative", ["run", "--out", "{tmp}/out", "--notebooks", "{tmp}/nb", "--keep", "-1"], "--keep"),
     ("run-only-empty", ["run", "--out", "{tmp}/out", "--notebooks", "{tmp}/nb", "--only", ""], "--only"),
+    # a notebook parameter typed float took nan and inf (the notebook then ran on them)
+    ("run-param-nan", ["run", "--out", "{tmp}/out", "--param", "gpu_mem_gib=nan"], "--param gpu_mem_gib=nan"),
+    ("run-param-list-inf", ["run", "--out", "{tmp}/out", "--param", "rates=1,inf"], "--param rates=1,inf"),
 ]
 
 # ---- spec file ---------------------------------------------------------------------------------
@@ -268,3 +273,107 @@ def test_kv_refuses_a_what_if_flag_that_is_not_a_number(value):
     d = d.model_copy(update={"serving": d.serving.model_copy(update={"flags": dict(d.serving.flags, **{"mem-fraction-static": value})})})
     with pytest.raises(InputError, match="--mem-fraction-static"):
         kv.plan_pools(d)
+
+
+def _float_fields(model, prefix: str = ""):
+    """Every float the spec holds, by its dotted path: (path, whether it is a list of floats)."""
+    for name, f in model.model_fields.items():
+        kind = spec._unwrap(f.annotation)
+        if kind is float or kind == ("list", float):
+            yield prefix + name, kind is not float
+        elif isinstance(kind, tuple) and kind[0] == "model":
+            yield from _float_fields(kind[1], f"{prefix}{name}.")
+
+
+SPEC_FLOATS = sorted(_float_fields(spec.Deployment))
+
+
+def test_the_spec_has_the_floats_the_property_below_covers():
+    assert {"hardware.gpu_memory_gib", "model.size_gib", "accuracy.recall_depths", "tune.budget_s"} <= {p for p, _ in SPEC_FLOATS}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(SPEC_FLOATS), st.sampled_from([".inf", "-.inf", ".Inf", ".nan", ".NaN", "1.0e+400", "'inf'", "'nan'"]))
+def test_every_float_in_the_spec_must_be_finite(field, written):
+    """Whatever float field, whatever spelling YAML (or pydantic's reading of text) makes infinite or not a number."""
+    (path, is_list), marker = field, "__NOT_FINITE__"
+    data = yaml.safe_load(_base_text())
+    *parents, leaf = path.split(".")
+    node = data
+    for k in parents:
+        node = node.setdefault(k, {})
+    node[leaf] = [0.5, marker] if is_list else marker
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "dep.yaml"
+        p.write_text(yaml.safe_dump(data, sort_keys=False).replace(marker, written))
+        with pytest.raises(SpecError) as e:
+            spec.load(p)
+    msg = str(e.value)
+    assert "\n" not in msg and p.name in msg and path in msg and "finite" in msg, msg
+
+
+def _option_floats():
+    from runbook.core import registry
+
+    for stage in registry.stages():
+        for name, f in stage.options.model_fields.items():
+            kind = spec._unwrap(f.annotation)
+            if kind is float or kind == ("list", float):
+                yield stage.options, name, kind is not float
+
+
+OPTION_FLOATS = sorted(_option_floats(), key=lambda t: (t[0].__name__, t[1]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(OPTION_FLOATS), st.sampled_from(["inf", "-inf", "nan", "NaN", "1e400", float("inf"), float("nan")]))
+def test_every_float_flag_must_be_finite(option, value):
+    """Every stage's float flag (and notebook parameter): the same model the CLI's flags are generated from."""
+    from runbook.core import options
+    from runbook.core.errors import InputError
+
+    model, name, is_list = option
+    with pytest.raises(InputError) as e:
+        options.validate(model, {name: [0.5, value] if is_list else value}, cli=True)
+    assert options.flag(model, name) in str(e.value) and "finite" in str(e.value), str(e.value)
+
+
+# ---- where the model is, and whether SGLang would start it ---------------------------------------
+
+@pytest.mark.parametrize("make, what", [
+    (lambda d: None, "does not exist"),
+    (lambda d: (d / "cards").mkdir() or (d / "cards" / "nope").write_text("{}"), "is a file, not a directory"),
+])
+def test_a_relative_model_card_that_is_not_there_names_the_card_and_where_it_resolved(cli, tmp_path, make, what):
+    """The card is what the user pointed at: the line names model.card, as written and as resolved against
+    the spec's folder (not only model.path, which is a repo id nobody expects to be local)."""
+    (tmp_path / "specs").mkdir()
+    make(tmp_path)
+    p = _spec_file(tmp_path / "specs", lambda t: re.sub(r"(?m)^(\s*card:) \S+", r"\1 ../cards/nope", t))
+    cp = cli("kv", "--deployment", p, timeout=60)
+    _assert_one_line_error(cp, f"model.card ../cards/nope (resolved to {tmp_path / 'cards' / 'nope'}) {what}")
+    assert p.name in cp.stderr and "point model.card at the directory holding config.json" in cp.stderr
+
+
+@pytest.mark.parametrize("verb", ["kv", "quant"])
+def test_a_file_given_as_model_dir_is_called_a_file(cli, tmp_path, verb):
+    f = tmp_path / "config.json"
+    f.write_text("{}")
+    cp = cli(verb, f, timeout=60)
+    _assert_one_line_error(cp, f"{f}: a file, not a directory")
+    assert "no such directory" not in cp.stderr
+
+
+def test_service_check_carries_kvs_refusal(cli, tmp_path):
+    """TP 3 on the story's 32-head model: kv says SGLang refuses to start; service check's cross-check against the
+    KV plan (every other check passing or warning: a context that fits, idle GPUs) must fail on the same refusal."""
+    from runbook import service
+
+    p = _spec_file(tmp_path, lambda t: _sub("context-length: 262144", "context-length: 8192")(_sub("  tp: 8\n", "  tp: 3\n")(t)))
+    kv = cli("kv", "--deployment", p, "--json", timeout=120)
+    assert kv.returncode == 1 and "kv.refused" in {f["id"] for f in json.loads(kv.stdout)["findings"]}, kv.stderr
+    d = spec.load(p)
+    found = service.cross_checks(d, service.render(d)[0])
+    refused = [f for f in found if f.id == "service.kv_refused"]
+    assert len(refused) == 1 and refused[0].status == "fail" and "32 is not divisible by 3" in refused[0].title, found
+    assert not [f for f in found if f.status == "fail" and f.id != "service.kv_refused"], found   # the refusal alone fails it

@@ -3,23 +3,23 @@ inputs that were silently ignored (a missing tokenizer or workload, a missing en
 run's in-progress files; what counts as a server; the deployment lock for `push`; the readiness probe;
 what `service check` redacts.
 
-Read-only directories do not stop root, so those cases run the real CLI as `nobody` (setpriv), in a
-directory root owns: the error path is the one a real operator meets.
+Read-only directories do not stop root, so those cases run the real CLI without the privilege to write
+there (tests/unprivileged.py: as root, uid 0 without capabilities in a directory `nobody` owns), wherever the
+checkout lives: the error path is the one a real operator meets.
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import unprivileged
 from conftest import DEFAULT_SPEC, REPO, RUNNER_PARAMS, make_notebook, spec_data
 from httpfake import serve
 
@@ -30,9 +30,6 @@ from runbook.endpoint import reach
 from runbook.runner.run import DeploymentLock, push
 
 DEAD_URL = "http://127.0.0.1:9"
-LIB = str(REPO / "lib")
-SETPRIV = shutil.which("setpriv")
-needs_setpriv = pytest.mark.skipif(SETPRIV is None or os.geteuid() != 0, reason="needs root and setpriv to run as nobody")
 
 
 def _one_line(cp: subprocess.CompletedProcess, names: str, code: int = 2) -> str:
@@ -47,20 +44,13 @@ def _one_line(cp: subprocess.CompletedProcess, names: str, code: int = 2) -> str
 
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
-    """A directory root owns, mode 0755: `nobody` can read it, not write it."""
-    d = Path(tempfile.mkdtemp(prefix="rb-edges-", dir="/tmp"))
-    os.chmod(d, 0o755)
-    try:
+    """A directory the unprivileged CLI can read, not write."""
+    with unprivileged.readonly_dir("rb-edges-") as d:
         yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
-def as_nobody(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    assert SETPRIV is not None
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONPATH": LIB, "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run([SETPRIV, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "runbook",
-                           *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env, cwd="/tmp")
+def as_unprivileged(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return unprivileged.run([sys.executable, "-m", "runbook", *args], timeout=timeout)
 
 
 # ---- tracebacks: output paths ------------------------------------------------------------------
@@ -74,10 +64,9 @@ def test_service_render_out_at_an_existing_directory(cli, tmp_path):
     assert sorted(p.name for p in d.iterdir()) == ["keep.txt"] and (d / "keep.txt").read_text() == "mine"
 
 
-@needs_setpriv
 def test_service_render_out_into_a_read_only_directory(shared_dir):
     target = shared_dir / "sglang.service"
-    line = _one_line(as_nobody("service", "render", "--deployment", DEFAULT_SPEC, "--out", target), str(target))
+    line = _one_line(as_unprivileged("service", "render", "--deployment", DEFAULT_SPEC, "--out", target), str(target))
     assert "--out" in line and "permission denied" in line.lower()
     assert list(shared_dir.iterdir()) == []
 
@@ -91,9 +80,8 @@ def test_run_out_at_a_regular_file(cli, tmp_path):
     assert f.read_text() == "not a folder"
 
 
-@needs_setpriv
 def test_run_out_in_a_read_only_directory(shared_dir):
-    line = _one_line(as_nobody("run", "--deployment", DEFAULT_SPEC, "--out", shared_dir, "--only", "environment"),
+    line = _one_line(as_unprivileged("run", "--deployment", DEFAULT_SPEC, "--out", shared_dir, "--only", "environment"),
                      str(shared_dir))
     assert "--out" in line and "permission denied" in line.lower()
     assert list(shared_dir.iterdir()) == []

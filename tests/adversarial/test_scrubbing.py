@@ -115,3 +115,70 @@ def test_end_to_end_secret_is_nowhere_in_archive_or_runner_output(tmp_path):
                 assert spelled.encode() not in p.read_bytes(), (form, p)
     summary = json.loads((out / "latest" / "summary.json").read_text())
     assert secrets.MASK in summary["notebooks"][0]["error"]
+
+
+TOKEN = "hf_PlantedTok3n/+=9xQ"        # / + = : base64 and URL encoders both change it
+
+
+def _leaked(files: list[Path], value: str) -> list[str]:
+    """Files holding the value raw, JSON-escaped, base64 (standard or URL-safe) or URL-encoded."""
+    import base64
+
+    forms = {value, json.dumps(value)[1:-1], base64.b64encode(value.encode()).decode(), base64.urlsafe_b64encode(value.encode()).decode(),
+             urllib.parse.quote(value, safe=""), urllib.parse.quote_plus(value)}
+    return [f"{p} ({f!r})" for p in files for f in forms if f.encode() in p.read_bytes()]
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("param, secret, env, spec_changes", [
+    # the HF token (a secret-named variable) in a URL's query
+    (f"url=http://127.0.0.1:9/v1?token={urllib.parse.quote(TOKEN, safe='')}", TOKEN, {"HF_TOKEN": TOKEN}, {}),
+    # the API key (the spec names its variable, whose name looks harmless) as an --arg what-if
+    (f'args=["api-key={TOKEN}"]', TOKEN, {"RB_CLIENT_KEY": TOKEN}, {"serving.api_key_env": "RB_CLIENT_KEY"}),
+    # a secret by its name only: the runner does not know the value, the name says it
+    ('args=["hf-token=hf_OnlyTheNameTellsIt"]', "hf_OnlyTheNameTellsIt", {}, {}),
+], ids=["hf-token-in-url", "api-key-as-arg", "secret-named-arg"])
+def test_a_sigkilled_run_leaves_no_secret_from_its_parameters(tmp_path, param, secret, env, spec_changes):
+    """A secret given as a notebook parameter used to be written into the in-progress notebook (and papermill's
+    command line) and stay there, unscrubbed, after a SIGKILL. Now it never reaches a parameter: kill -9 the run
+    while its notebook runs (if it runs at all) and no file anywhere under the test's folder holds it."""
+    import os
+    import signal
+    import time
+
+    import yaml
+    from conftest import spec_data
+
+    nbs, started, out = tmp_path / "nbs", tmp_path / "started", tmp_path / "out"
+    make_notebook(nbs / "00_params.ipynb", RUNNER_PARAMS + 'url: str = ""\nargs: list = []\n',
+                  f"import time\nopen({str(started)!r}, 'w').write('1')\ntime.sleep(300)")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(spec_data(**spec_changes)))
+    proc = subprocess.Popen([sys.executable, "-m", "runbook", "run", "--deployment", str(spec), "--out", str(out),
+                             "--notebooks", str(nbs), "--param", param],
+                            cwd=REPO, env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and not started.exists():
+            assert time.monotonic() < deadline, "the run neither refused nor started its notebook"
+            time.sleep(0.2)
+        if proc.poll() is None:
+            time.sleep(1.0)                 # papermill has saved the notebook with its parameters cell
+            proc.send_signal(signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    left = [p for p in tmp_path.rglob("*") if p.is_file() and p != spec]
+    assert not _leaked(left, secret), _leaked(left, secret)
+    assert proc.returncode == 2 and not started.exists(), (proc.returncode, stderr[-2000:])
+    assert len(stderr.strip().splitlines()) == 1 and "--param" in stderr and "secret" in stderr, stderr
+    assert secret not in stderr + stdout and not out.exists()
+
+
+def test_an_error_quoting_what_was_typed_never_shows_a_secret(cli, tmp_path):
+    """A one-line input error quotes the input (here a MODEL_DIR that is the token, pasted in the wrong place):
+    the environment's secrets are masked in it."""
+    cp = cli("kv", tmp_path / TOKEN, env={"HF_TOKEN": TOKEN}, timeout=60)
+    assert cp.returncode == 2 and "no such directory" in cp.stderr and secrets.MASK in cp.stderr, cp.stderr
+    assert not [f for f in spellings(TOKEN).values() if f in cp.stderr + cp.stdout], cp.stderr

@@ -18,7 +18,9 @@ import pytest
 import yaml
 from conftest import REPO, spec_data
 
-from .conftest import SECRET, promtool
+from runbook.alerts import metrics, textfile
+
+from .conftest import SECRET, promtool, write_run
 
 pytestmark = [pytest.mark.server, pytest.mark.notebook, pytest.mark.timeout(300)]
 LINK = "https://runbooks.example.com/fleet"
@@ -183,3 +185,28 @@ def test_a_run_killed_mid_way_leaves_the_previous_textfile(tmp_path, stack):
     # and Prometheus still serves the first run's series
     got = _until("series after the kill", lambda: stack.query("runbook_last_run_info"))
     assert got[0]["metric"]["run_id"] in before.decode()
+
+
+def test_silence_fires_with_the_real_programs(tmp_path, stack):
+    """A run's textfile that node_exporter says is old, a file next to it it cannot parse, then the run's file gone:
+    each fires its alert for the deployment (or the host), read back from the real Prometheus."""
+    run = write_run(tmp_path / "out")
+    m = metrics.collect(json.loads((run / "summary.json").read_text()), run, interval_s=60)
+    prom = textfile.write(stack.textfiles, "d1", m.registry)
+
+    def firing(name: str):
+        return [a for a in _get(f"{stack.api}/alerts")["data"]["alerts"] if a["labels"]["alertname"] == name and a["state"] == "firing"]
+
+    _until("the run's series", lambda: stack.query('runbook_run_interval_seconds{deployment="d1"}'))
+    assert not firing("RunbookTextfileStale") and not firing("RunbookTextfileMissing")
+    os.utime(prom, (time.time() - 3600, time.time() - 3600))         # written an hour ago: twice 60 s long past
+    stale = _until("RunbookTextfileStale firing", lambda: firing("RunbookTextfileStale"))[0]
+    assert stale["labels"]["deployment"] == "d1" and stale["labels"]["file"].endswith("/runbook_d1.prom")
+
+    (stack.textfiles / "other.prom").write_text("not_a_metric{{\n")
+    _until("RunbookTextfileScrapeError firing", lambda: firing("RunbookTextfileScrapeError"))
+
+    prom.unlink()
+    gone = _until("RunbookTextfileMissing firing", lambda: firing("RunbookTextfileMissing"))[0]
+    assert gone["labels"]["deployment"] == "d1" and gone["labels"]["instance"] == f"127.0.0.1:{stack.node_port}"
+    assert not stack.query('runbook_run_interval_seconds{deployment="d1"}')     # nothing left to fire the other alerts

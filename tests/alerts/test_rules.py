@@ -4,6 +4,7 @@ import json
 import re
 import shutil
 
+import pytest
 import yaml
 from conftest import REPO
 
@@ -15,6 +16,7 @@ from .conftest import promtool
 PROM = REPO / "deploy" / "prometheus"
 RULES = PROM / "runbook.rules.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "runbook.json"
+NODE_EXPORTER = {"node_textfile_mtime_seconds", "node_textfile_scrape_error"}   # what its textfile collector adds
 _FUNCS = {"time", "sum", "by", "on", "group_left", "count", "max", "min", "label_values", "and", "or", "unless"}
 
 
@@ -42,16 +44,36 @@ def test_the_unit_tests_catch_a_broken_rule(tmp_path):
     assert res.returncode != 0 and "RunbookCheckFailed" in res.stdout + res.stderr
 
 
+@pytest.mark.parametrize("alert, old, new", [
+    # the naive absent() fires only when no deployment of any host is left
+    ("RunbookTextfileMissing", "last_over_time(runbook_run_interval_seconds[7d]) unless on(instance, job, deployment) "
+     "runbook_run_interval_seconds", "absent(runbook_run_interval_seconds)"),
+    ("RunbookTextfileStale", "group_left() 2 * runbook_run_interval_seconds", "group_left() 20 * runbook_run_interval_seconds"),
+    ("RunbookTextfileScrapeError", "node_textfile_scrape_error == 1", "node_textfile_scrape_error > 1"),
+])
+def test_the_unit_tests_catch_a_rule_that_misses_silence(tmp_path, alert, old, new):
+    shutil.copytree(PROM, tmp_path / "prometheus")
+    rules = tmp_path / "prometheus" / "runbook.rules.yml"
+    assert old in rules.read_text()
+    rules.write_text(rules.read_text().replace(old, new))
+    res = promtool("test", "rules", "tests/runbook.test.yml", cwd=tmp_path / "prometheus")
+    assert res.returncode != 0 and alert in res.stdout + res.stderr
+
+
 def _rules() -> list[dict]:
     return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
 
 
 def test_every_rule_reads_metrics_the_exporter_writes_and_links_the_run():
+    """Each rule reads the exporter's metrics (node_exporter's own textfile metrics besides) and links the run; the
+    one rule about the host's textfile directory as a whole has no run to link."""
     known = {name for name, _, _ in metrics.GAUGES}
     for rule in _rules():
         used = metric_names(rule["expr"]) | set().union(*(metric_names(v) for v in rule["annotations"].values()))
-        assert used and used <= known, (rule["alert"], used - known)
-        assert {"summary", "description", "runbook_url"} <= set(rule["annotations"]), rule["alert"]
+        node = set(re.findall(r"\b(node_[a-z0-9_]+)\b", rule["expr"]))
+        assert node <= NODE_EXPORTER, (rule["alert"], node - NODE_EXPORTER)
+        assert used <= known and (used or node), (rule["alert"], used - known)
+        assert {"summary", "description"} | ({"runbook_url"} if used else set()) <= set(rule["annotations"]), rule["alert"]
         assert rule["labels"]["severity"] in ("page", "ticket")
 
 

@@ -1,13 +1,10 @@
 """Where the textfile goes (flag > env > spec) and how it is written: atomically, 0644, the old file whole on failure."""
 import os
-import shutil
 import stat
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
+import unprivileged
 from prometheus_client import CollectorRegistry, Gauge
 
 from runbook.alerts import publish, textfile
@@ -38,27 +35,15 @@ def test_a_directory_it_cannot_write_is_refused_before_the_run(tmp_path, make, w
     assert "\n" not in str(e.value)
 
 
-def test_an_unwritable_directory_is_refused(tmp_path):
-    """Root writes anywhere: as root, ask as `nobody` (setpriv) about a directory root owns."""
-    d = Path(tempfile.mkdtemp(prefix="rb-textfile-", dir="/tmp"))
-    os.chmod(d, 0o755 if os.geteuid() == 0 else 0o555)
+def test_an_unwritable_directory_is_refused():
+    """Root writes anywhere: ask without the privilege to write (tests/unprivileged.py), wherever the checkout is."""
     probe = ("import pathlib, sys\nfrom runbook.alerts import textfile\ntry:\n"
              "    textfile.check_dir(pathlib.Path(sys.argv[1]), '--textfile-dir X')\n"
              "except Exception as e:\n    print(type(e).__name__, e)")
-    argv = [sys.executable, "-c", probe, str(d)]
-    if os.geteuid() == 0:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("as root, needs setpriv to ask as nobody")
-        argv = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/tmp",
-                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(textfile.__file__).parents[2])}).stdout
-        assert out.startswith("SpecError") and "not writable" in out, out
+    with unprivileged.readonly_dir("rb-textfile-") as d:
+        cp = unprivileged.run([sys.executable, "-c", probe, d], timeout=60)
+        assert cp.stdout.startswith("SpecError") and "not writable" in cp.stdout, (cp.stdout, cp.stderr)
         assert list(d.iterdir()) == []
-    finally:
-        os.chmod(d, 0o755)
-        shutil.rmtree(d)
 
 
 def _registry(value: float) -> CollectorRegistry:

@@ -319,6 +319,73 @@ def cases() -> list[dict]:  # noqa: C901  (one flat table, read top to bottom)
         if name in _QUANT_GENERATION_MODELS:
             for gpu in ("A100", "A6000", "L40S"):
                 add(name, d, info, gpu, _min_tp(info, gpu), [], "sm-generation")
+    # 12. An explicit --mem-fraction-static on GPUs given in decimal GiB, as specs give them (whole bytes on SGLang's side).
+    for name, gpu, tp, mfs in (("llama-3.1-70b", "H200-140.4", 2, "0.85"), ("llama-3.1-70b", "B200-179.06", 2, "0.85"),
+                               ("qwen3-vl-235b-a22b-thinking", "H200-140.4", 8, "0.85"),
+                               ("qwen3.5-397b-a17b-nvfp4", "RTX6000-95.59", 8, "0.88")):
+        d = os.path.join(FIXTURES, name)
+        if os.path.isfile(os.path.join(d, "config.json")):
+            info = _load(d)
+            out.append({"id": f"{name}|{gpu}|tp{tp}|mfs{mfs}", "model_dir": d, "gpu": dict(SWEEP_GPUS[gpu]),
+                        "argv": ["--tp-size", str(tp), *_quant_flag(info), "--mem-fraction-static", mfs],
+                        "weights_bytes_per_gpu": weights_per_gpu(info, tp, 1)})
+    # 13. The budget across GPU memory sizes, fractions, weights and world sizes (float32 free memory above one rank).
+    out += sweep_cases()
+    return out
+
+
+# GPUs of the memory sweep: the memory.total (MiB) each reports, beside GPUS and EXTRA_GPUS
+SWEEP_GPUS = {"A100-40": {"name": "NVIDIA A100-SXM4-40GB", "total_mib": 40960, "sm": "8.0"},
+              "H100": {"name": "NVIDIA H100 80GB HBM3", "total_mib": 81559, "sm": "9.0"},
+              "H100-NVL": {"name": "NVIDIA H100 NVL", "total_mib": 95830, "sm": "9.0"},
+              "L4": {"name": "NVIDIA L4", "total_mib": 23034, "sm": "8.9"},
+              "RTX4090": {"name": "NVIDIA GeForce RTX 4090", "total_mib": 24564, "sm": "8.9"},
+              # GPU memory as a spec author writes it, in decimal GiB: not a whole number of bytes, while the memory
+              # SGLang measures always is
+              "H200-140.4": {"name": "NVIDIA H200", "memory_gib": 140.4, "sm": "9.0"},
+              "B200-179.06": {"name": "NVIDIA B200", "memory_gib": 179.06, "sm": "10.0"},
+              "RTX6000-95.59": {"name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "memory_gib": 95.59, "sm": "12.0"},
+              "H100-79.6": {"name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.6, "sm": "9.0"}}
+# one model per budget path: GQA, hybrid linear attention (state pool, also multimodal), MLA, multimodal
+# reservation, and the FP4 checkpoint of the default deployment (SM100/SM120 only)
+_SWEEP_MODELS = ("llama-3.1-70b", "qwen3.5-27b", "glm-4.7-flash", "gemma-3-27b-it", "qwen3.5-397b-a17b-nvfp4")
+_SWEEP_FRACTIONS = (None, "0.5", "0.613", "0.7", "0.77", "0.837", "0.85", "0.88", "0.9", "0.93", "0.951")
+
+
+def sweep_cases(seed: int = 35, random_gpus: int = 14) -> list[dict]:
+    """The KV+state budget across GPU memory sizes: every GPU above (NVML totals, and decimal GiB figures as specs
+    give them) and `random_gpus` more of random size (16-200 GiB, by MiB or in decimal GiB), each with every sweep
+    model at a random TP/PP, memory fraction (None: SGLang's default) and weights per GPU (a random share of the
+    memory, not a round number of bytes). Seeded: the same cases every run."""
+    import random
+
+    rng = random.Random(seed)
+    gpus = {**GPUS, **EXTRA_GPUS, **SWEEP_GPUS}
+    for i in range(random_gpus):
+        sm = rng.choice(("8.0", "9.0", "10.0", "12.0"))
+        if i % 2:
+            mib = rng.randrange(16 * 1024, 200 * 1024)
+            gpus[f"sweep{i}"] = {"name": f"GPU with {mib} MiB", "total_mib": mib, "sm": sm}
+        else:
+            gib = round(rng.uniform(16, 200), rng.choice((1, 2, 3)))
+            gpus[f"sweep{i}"] = {"name": f"GPU with {gib} GiB", "memory_gib": gib, "sm": sm}
+    out = []
+    for gname, gpu in gpus.items():
+        for name in _SWEEP_MODELS:
+            d = os.path.join(FIXTURES, name)
+            if not os.path.isfile(os.path.join(d, "config.json")):
+                continue
+            info = _load(d)
+            if is_fp4_ckpt(info) and float(gpu["sm"]) < 10:
+                continue   # NVFP4 weights need Blackwell: a refusal, not a budget
+            for _ in range(2):
+                tp, pp = rng.choice(((1, 1), (2, 1), (4, 1), (8, 1), (2, 2), (4, 2)))
+                frac = rng.choice(_SWEEP_FRACTIONS)
+                weights = int((gpu.get("memory_gib") or gpu["total_mib"] / 1024) * GIB * rng.uniform(0.03, 0.6))
+                argv = (["--tp-size", str(tp)] + (["--pp-size", str(pp)] if pp > 1 else []) + _quant_flag(info)
+                        + (["--mem-fraction-static", frac] if frac else []))
+                cid = f"sweep|{name}|{gname}|tp{tp}" + (f"pp{pp}" if pp > 1 else "") + f"|mfs{frac or 'default'}|w{weights}"
+                out.append({"id": cid, "model_dir": d, "argv": argv, "gpu": dict(gpu), "weights_bytes_per_gpu": weights})
     return out
 
 

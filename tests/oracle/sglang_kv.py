@@ -4,9 +4,10 @@ Run in the serving venv (the one with the real sglang wheel)::
 
     .venv-serving/bin/python tests/oracle/sglang_kv.py < cases.json > results.json
 
-Input: a JSON list of cases ``{"id", "model_dir", "argv", "gpu": {"name", "total_mib", "sm"},
-"weights_bytes_per_gpu"}``. Output: a JSON list with one object per case (see ``_FIELDS``);
-nothing else is written to stdout (SGLang's logging goes to stderr).
+Input: a JSON list of cases ``{"id", "model_dir", "argv", "gpu": {"name", "total_mib" (or "memory_gib": a
+decimal GiB figure, the GPU then has int(memory_gib × 2**30) bytes), "sm"}, "weights_bytes_per_gpu"}``.
+Output: a JSON list with one object per case (see ``_FIELDS``); nothing else is written to stdout (SGLang's
+logging goes to stderr).
 
 How SGLang is driven (everything below is SGLang's own code, called in the order the
 launcher / scheduler / model runner call it):
@@ -85,13 +86,16 @@ Emulated GPU probes (only these; all read the case's ``gpu``):
   is_sm90_supported, is_hopper_with_cuda_12_3, is_sm100_supported, is_sm100_or_sm110_supported,
   is_sm110_supported, is_sm120_supported, is_blackwell_supported / is_blackwell, is_sm120,
   is_sm121, is_flashinfer_available (True), get_nvidia_driver_version_str ("580.95.05"),
-  get_available_gpu_memory (free GiB: total before weights are loaded, total - weights after).
+  get_available_gpu_memory (SGLang's own, over the torch.cuda probes below).
 * ``torch.cuda.get_device_capability`` (read directly by attention_hook / overrides /
   model_hook) -> (sm major, minor); ``torch.version.cuda`` -> "12.9" (read by attention_hook's
   FlashInfer-GDN CUDA-13 check).
 * ``sglang.srt.platforms.current_platform`` -> ``platforms.cuda.CudaSRTPlatform()`` (also rebound
   in modules that imported it by name).
-* ``pre_model_load_memory`` (bootstrap.measure_pre_model_load_memory) = total GiB.
+* ``torch.cuda.mem_get_info`` (with device_count, current_device, get_device_properties, empty_cache), only
+  inside SGLang's own ``get_available_gpu_memory``: free bytes = total before the weights load, total - weights
+  after. ``pre_model_load_memory`` is SGLang's ``bootstrap.measure_pre_model_load_memory``; with a world of more
+  than one rank both measurements go through SGLang's float32 all-reduce (emulated as identity: every rank alike).
 * ``torch.distributed.all_reduce`` for the PP MIN (above).
 """
 from __future__ import annotations
@@ -136,6 +140,7 @@ for _m in pkgutil.walk_packages(_AG.__path__, "sglang.srt.arg_groups."):
 from sglang.srt import runtime_context as _RC  # noqa: E402
 from sglang.srt.configs.load_config import LoadConfig  # noqa: E402
 from sglang.srt.configs.model_config import AttentionArch, ModelConfig  # noqa: E402
+from sglang.srt.distributed import bootstrap as _BOOT  # noqa: E402
 from sglang.srt.distributed.utils import get_pp_indices  # noqa: E402
 from sglang.srt.mem_cache import kv_cache_configurator as _KVC  # noqa: E402
 from sglang.srt.mem_cache import kv_cache_dtype as _KVD  # noqa: E402
@@ -182,7 +187,8 @@ _MIB = 1 << 20
 
 class _Gpu:
     sm = 90  # e.g. 90, 100, 120
-    total_mib = 143771
+    total_mib: float = 143771   # what nvidia-smi's memory.total says (SGLang parses it as a float)
+    total_bytes = 143771 << 20  # what torch.cuda.mem_get_info says: whole bytes
     weights_bytes = 0
     loaded = False  # weights loaded yet (free memory drops by weights_bytes)
 
@@ -194,9 +200,37 @@ def _cap(*_a, **_k):
     return (G.sm // 10, G.sm % 10)
 
 
-def _free_gib(*_a, **_k):
-    free = G.total_mib * _MIB - (G.weights_bytes if G.loaded else 0)
-    return free / _GIB
+def _free_bytes() -> int:
+    return G.total_bytes - (G.weights_bytes if G.loaded else 0)
+
+
+_sglang_available_gpu_memory = _C.get_available_gpu_memory
+
+
+@contextlib.contextmanager
+def _cuda_memory_probes():
+    """torch.cuda's memory probes as the emulated GPU answers them: mem_get_info gives integer free bytes."""
+    cuda = torch.cuda
+    saved = {k: getattr(cuda, k) for k in ("device_count", "current_device", "get_device_properties", "mem_get_info",
+                                           "empty_cache")}
+    cuda.device_count = lambda: 8
+    cuda.current_device = lambda: 0
+    cuda.get_device_properties = lambda *_a, **_k: SimpleNamespace(is_integrated=False, total_memory=G.total_bytes)
+    cuda.mem_get_info = lambda *_a, **_k: (_free_bytes(), G.total_bytes)
+    cuda.empty_cache = lambda: None
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(cuda, k, v)
+
+
+def _free_gib(device="cuda", gpu_id=0, distributed=False, empty_cache=True, cpu_group=None):
+    """SGLang's own get_available_gpu_memory (utils/common.py) on the emulated probes: a world of more than one
+    rank all-reduces the free bytes as a float32 tensor before dividing by 2**30."""
+    with _cuda_memory_probes():
+        return _sglang_available_gpu_memory("cuda", gpu_id, distributed=distributed, empty_cache=empty_cache,
+                                            cpu_group=cpu_group)
 
 
 _PROBES = {
@@ -318,7 +352,8 @@ _orig_all_reduce = torch.distributed.all_reduce
 
 
 def _fake_all_reduce(tensor, op=None, group=None, async_op=False):
-    if _PPR.target is not None:
+    # every emulated rank has the same free memory, so only PP's token capacity (an int64) changes
+    if _PPR.target is not None and not tensor.is_floating_point():
         tensor.fill_(min(int(tensor.item()), _PPR.target))
     return None
 
@@ -472,8 +507,10 @@ def _size_one_rank(server_args, model_config, quant_config, pp_rank, pp_size, sw
             memory_pool_config=None,
             draft_model_idx=None,
         )
+        G.loaded = False   # bootstrap measures free memory before the weights load
+        with _patched_all_reduce():
+            pre_model_load_memory = _BOOT.measure_pre_model_load_memory(device="cuda", is_draft_worker=False)
         G.loaded = True  # weights are resident when the pool is sized
-        pre_model_load_memory = G.total_mib * _MIB / _GIB
         _REC.clear()
         with _patched_all_reduce():
             try:
@@ -628,8 +665,24 @@ def _mamba_figures(out, kvc):
             stage_per_req = per_req
         state_bytes = (size + 1) * stage_per_req
         out["state_pool_bytes"] = state_bytes
+        out["state_bytes_per_slot"], out["state_pool_allocated_bytes"] = _mamba_pool_bytes(kvc, params, size)
         inter = int(round((before - after) * _GIB - state_bytes))
         out["intermediate_state_bytes"] = inter if inter > 0 else 0
+
+
+def _mamba_pool_bytes(kvc, params, size):
+    """What this rank's state pool holds: SGLang's MambaPool built on the meta device (no memory) for the layers
+    KVCacheConfigurator gives this rank: (one slot's conv + SSM bytes, the pool's at max_mamba_cache_size)."""
+    from sglang.srt.mem_cache.memory_pool import MambaPool, get_tensor_size_bytes
+
+    layer_ids = kvc._get_mamba_layer_ids_for_req_pool()
+    if not layer_ids:
+        return 0, 0
+    total = {}
+    for n in (1, 2, size):
+        pool = MambaPool(size=n, spec_state_size=0, cache_params=params, mamba_layer_ids=layer_ids, device="meta")
+        total[n] = int(get_tensor_size_bytes(pool.mamba_cache.conv) + get_tensor_size_bytes(pool.mamba_cache.temporal))
+    return total[2] - total[1], total[size]
 
 
 def _common_figures(server_args, model_config):
@@ -677,7 +730,9 @@ def _safe(fn):
 
 def run_case(case: dict) -> dict:
     G.sm = int(round(float(case["gpu"]["sm"]) * 10))
-    G.total_mib = int(case["gpu"]["total_mib"])
+    gib = case["gpu"].get("memory_gib")   # a GPU given by a decimal GiB figure: whole bytes below it
+    G.total_mib = gib * 1024 if gib is not None else int(case["gpu"]["total_mib"])
+    G.total_bytes = int(gib * _GIB) if gib is not None else int(case["gpu"]["total_mib"]) * _MIB
     G.weights_bytes = int(case["weights_bytes_per_gpu"])
     G.loaded = False
     _RC.reset_context()

@@ -116,13 +116,29 @@ def test_ctrl_c_while_waiting_for_readiness_tears_down(tmp_path):
 
 
 def test_signals_are_held_off_while_tearing_down():
-    from runbook.tune.launch import HeldSignals
+    from runbook.core import oscalls
 
-    with pytest.raises(KeyboardInterrupt), HeldSignals() as held:
+    with pytest.raises(KeyboardInterrupt), oscalls.held() as held:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.1)
-        assert held.pending == [signal.SIGINT]     # noted, not raised: the teardown goes on
+        assert held.received == [signal.SIGINT]     # noted, not raised: the teardown goes on
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_recorded_signal_ends_the_readiness_wait_and_tears_down(tmp_path):
+    """Inside tune's run a signal is recorded, not raised: the readiness wait sees it at once."""
+    from runbook.core import oscalls
+
+    pidfile = tmp_path / "pid"
+    argv = (sys.executable, "-c", f"import os,time; open({str(pidfile)!r},'w').write(str(os.getpid())); time.sleep(120)")
+    import threading
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    t0 = time.monotonic()
+    with oscalls.on_signals(), pytest.raises(oscalls.Interrupted) as e, \
+            launched(Launch(argv, tmp_path / "c.log", free_port(), ready_timeout_s=60)):
+        pytest.fail("never ready: the block must not run")
+    assert e.value.signum == signal.SIGTERM and time.monotonic() - t0 < 20
+    assert pid_gone(int(pidfile.read_text()))
 
 
 @pytest.mark.parametrize("argv, env, what", [

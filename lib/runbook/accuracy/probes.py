@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,27 +54,62 @@ def run_recall(url: str | None, lengths: Sequence[int], depths: Sequence[float],
     doc: dict[str, Any] = {"url": url, "lengths": list(lengths), "depths": list(depths), "seed": seed, "grid": recall.grid(res_a),
                            "exact_lengths": tok is not None, "results": res_a}
     ab = None
+    tested = None
     if compare_url:
         res_b = run_sync(recall.ask(compare_url, items, model, api_key=key))
         ab = recall.paired(res_a, res_b)
-        doc.update({"compare_url": compare_url, "grid_b": recall.grid(res_b), "ab": ab, "results_b": res_b})
+        ca, cb = identity.server_config(url, key), identity.server_config(compare_url, key)
+        diffs = identity.config_differences(ca, cb)
+        tested = identity.tested_difference(diffs, ca is not None and cb is not None)
+        doc.update({"compare_url": compare_url, "grid_b": recall.grid(res_b), "ab": ab, "results_b": res_b,
+                    "differences": diffs})
     if out:  # prompts are deterministic from the seed; archive them with the answers
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "recall_prompts.jsonl", "w") as f:
             for it in recall.item_dicts(items):
                 f.write(json.dumps(it) + "\n")
-    return doc, recall.findings(doc["grid"], ab, tok is not None, res_a)
+    return doc, recall.findings(doc["grid"], ab, tok is not None, res_a, tested)
 
 
-def run_identity(url: str | None, spec_off_url: str | None, n: int = 8, max_tokens: int = 64,
-                 tokenizer: str | None = None, model: str | None = None) -> tuple[list[dict[str, Any]], list[Finding]]:
-    if not (url and spec_off_url):
-        return [], [Finding("accuracy.identity.endpoint", "skip", "greedy-identity check skipped: needs two endpoints",
-                            remedy="Give url (speculative decoding on) and spec_off_url (the same model with it off).")]
+@dataclass
+class IdentityResult:
+    rows: list[dict[str, Any]]                 # A vs B, per prompt
+    batch: list[dict[str, Any]]                # url at concurrency 1 vs N, per prompt
+    differences: list[dict[str, Any]]          # what differs between A and B (identity.config_differences)
+    findings: list[Finding]
+
+
+def run_identity(url: str | None, compare_url: str | None, n: int = 8, max_tokens: int = 64,
+                 tokenizer: str | None = None, model: str | None = None, concurrency: int = 8,
+                 api_key: str | None = None) -> IdentityResult:
+    """Greedy identity between `url` (A) and `compare_url` (B), named by what differs between them, and batch
+    invariance of `url` (its prompts one at a time, then `concurrency` at once; 1: not checked)."""
+    if not url:
+        return IdentityResult([], [], [], [Finding("accuracy.identity.endpoint", "skip", "greedy-identity check skipped: no endpoint given",
+                                                   remedy="Give url and a second endpoint (compare_url; report: spec_off_url) "
+                                                          "that differs in the one setting to test.")])
     tok = load_tokenizer(tokenizer)
-    for u in (url, spec_off_url):
-        why = run_sync(reachable(u))
-        if why:
-            return [], [Finding("accuracy.identity.endpoint", "skip", f"greedy-identity check skipped: no server at {u}", evidence=why)]
     prompts = code_prompts()[:n]
-    return run_sync(identity.compare(url, spec_off_url, prompts, max_tokens, tok, model))
+    findings: list[Finding] = []
+    rows: list[dict[str, Any]] = []
+    diffs: list[dict[str, Any]] = []
+    why = run_sync(reachable(url))
+    if why:
+        return IdentityResult([], [], [], [Finding("accuracy.identity.endpoint", "skip",
+                                                   f"greedy-identity check skipped: no server at {url}", evidence=why)])
+    if not compare_url:
+        findings.append(Finding("accuracy.identity.endpoint", "skip", "greedy-identity check skipped: needs two endpoints",
+                                remedy="Give a second endpoint (compare_url; report: spec_off_url) that differs from url in "
+                                       "the one setting to test: speculative decoding, KV dtype, radix cache, version."))
+    elif (why := run_sync(reachable(compare_url))):
+        findings.append(Finding("accuracy.identity.endpoint", "skip", f"greedy-identity check skipped: no server at {compare_url}",
+                                evidence=why))
+    else:
+        c = run_sync(identity.compare_configs(url, compare_url, prompts, max_tokens, tok, model, api_key))
+        rows, diffs = c.rows, c.differences
+        findings.append(c.finding)
+    batch: list[dict[str, Any]] = []
+    if concurrency > 1:
+        batch, f = run_sync(identity.batch_invariance(url, prompts, max_tokens, concurrency, tok, model, api_key))
+        findings.append(f)
+    return IdentityResult(rows, batch, diffs, findings)

@@ -123,7 +123,8 @@ def paired(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> dict[str
 
 
 def findings(g: Sequence[dict[str, Any]], ab: dict[str, Any] | None = None, exact: bool = True,
-             results: Sequence[dict[str, Any]] = ()) -> list[Finding]:
+             results: Sequence[dict[str, Any]] = (), tested: str | None = None) -> list[Finding]:
+    """`tested`: what differs between A and B (identity.tested_difference), named in the A/B finding."""
     total = sum(c["total"] for c in g)
     correct = sum(c["correct"] for c in g)
     out = [Finding("accuracy.recall.score", "info", f"recall {correct}/{total} ({correct / total:.0%})" if total else "recall: no items",
@@ -143,7 +144,8 @@ def findings(g: Sequence[dict[str, Any]], ab: dict[str, Any] | None = None, exac
         lo, hi = ab["ci95"]
         sig = not (lo <= 0 <= hi)
         out.append(Finding("accuracy.recall.ab", "warn" if sig and ab["diff_b_minus_a"] < 0 else "info",
-                           f"A/B recall: B − A = {ab['diff_b_minus_a']:+.1%} (95% CI {lo:+.1%} … {hi:+.1%}) over {ab['pairs']} items",
+                           f"A/B recall: B − A = {ab['diff_b_minus_a']:+.1%} (95% CI {lo:+.1%} … {hi:+.1%}) over {ab['pairs']} items"
+                           + (f" — {tested}" if tested else ""),
                            detail="significant" if sig else "not distinguishable from zero at 95%"))
     return out
 

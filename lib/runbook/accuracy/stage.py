@@ -28,19 +28,23 @@ class AccuracyReport:
     identity: list[dict[str, Any]] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     toolcall: dict[str, Any] = field(default_factory=dict)     # accuracy.toolcall.ToolCallReport.data()
+    identity_batch: list[dict[str, Any]] = field(default_factory=list)         # url at concurrency 1 vs N
+    identity_differences: list[dict[str, Any]] = field(default_factory=list)   # what differs between identity's A and B
 
     def data(self) -> dict[str, Any]:
         return {"kvquant": {"rows": self.study.rows, "growth": self.study.growth, "source": self.study.source,
                             "active": list(self.active)},
-                "recall": dict(self.recall), "identity": self.identity, "toolcall": dict(self.toolcall)}
+                "recall": dict(self.recall), "identity": self.identity, "identity_batch": self.identity_batch,
+                "identity_differences": self.identity_differences, "toolcall": dict(self.toolcall)}
 
 
 def assess(spec: Deployment, url: str | None = None, compare_url: str | None = None, spec_off_url: str | None = None,
            lengths: Sequence[int] | None = None, depths: Sequence[float] | None = None,
            tokenizer: str | None = None, seed: int = 0, per_cell: int = 1, artifact_dir: str | Path | None = None,
            prompts: int = 8, max_tokens: int = 64, toolcall_max_tokens: int = 1024,
-           tool_choice: str = "auto") -> AccuracyReport:
-    """Empty or None arguments mean the spec's value (lengths up to its --context-length)."""
+           tool_choice: str = "auto", concurrency: int = 8) -> AccuracyReport:
+    """Empty or None arguments mean the spec's value (lengths up to its --context-length). Greedy identity compares
+    `url` with `spec_off_url`, else with `compare_url`: its findings name what differs between the two."""
     from runbook.accuracy import kvquant, probes, toolcall  # numeric and HTTP stacks: only when the stage runs
 
     active = probes.deployment_format(spec)
@@ -49,12 +53,13 @@ def assess(spec: Deployment, url: str | None = None, compare_url: str | None = N
                                              list(depths or spec.accuracy.recall_depths), tokenizer or None,
                                              compare_url or None, seed, per_cell, Path(artifact_dir) if artifact_dir else None,
                                              spec.serving.api_key_env)
-    rows, identity_findings = probes.run_identity(url or None, spec_off_url or None, prompts, max_tokens, tokenizer or None)
     env = spec.serving.api_key_env
-    tc = toolcall.run(url or None, api_key=(os.environ.get(env) or None) if env else None,
-                      max_tokens=toolcall_max_tokens, tool_choice=tool_choice)
-    return AccuracyReport(study, active, rec, rows, study.findings + recall_findings + identity_findings + tc.findings,
-                          tc.data())
+    key = (os.environ.get(env) or None) if env else None
+    ident = probes.run_identity(url or None, spec_off_url or compare_url or None, prompts, max_tokens, tokenizer or None,
+                                concurrency=concurrency, api_key=key)
+    tc = toolcall.run(url or None, api_key=key, max_tokens=toolcall_max_tokens, tool_choice=tool_choice)
+    return AccuracyReport(study, active, rec, ident.rows, study.findings + recall_findings + ident.findings + tc.findings,
+                          tc.data(), ident.batch, ident.differences)
 
 
 PROBES = ("kvquant", "recall", "identity", "report", "toolcall")
@@ -63,10 +68,12 @@ PROBES = ("kvquant", "recall", "identity", "report", "toolcall")
 class AccuracyOptions(Options):
     probe: Literal["kvquant", "recall", "identity", "report", "toolcall"] = Field(
         "report", description="report: all four, what 50_accuracy shows (live probes skip without --url)")
-    url: Url | None = Field(None, description="recall: the endpoint (default: the spec's); identity: speculative decoding on")
-    compare_url: Url | None = Field(None,
-                                    description="recall, report: A/B second endpoint (e.g. BF16 KV); identity: speculative decoding off")
-    spec_off_url: Url | None = Field(None, description="report: the same model with speculative decoding off (greedy identity)")
+    url: Url | None = Field(None, description="recall: the endpoint (default: the spec's); identity: A, and the server "
+                                              "checked for batch invariance")
+    compare_url: Url | None = Field(None, description="recall, report: A/B second endpoint (e.g. BF16 KV); identity: B, a "
+                                                      "server that differs from A in the setting to test")
+    spec_off_url: Url | None = Field(None, description="report, identity: B when it is not compare_url (e.g. the same model "
+                                                       "with speculative decoding off)")
     lengths: list[PosInt] | None = Field(None, description="recall: haystack token lengths (default: the spec's, up to --context-length)")
     depths: list[Fraction] | None = Field(None, description="recall: needle depths as fractions (default: the spec's)")
     per_cell: PosInt = Field(1, description="recall: needles per length × depth cell")
@@ -74,6 +81,8 @@ class AccuracyOptions(Options):
     seed: Integer = Field(0, description="the prompts are deterministic from this seed")
     prompts: PosInt = Field(8, description="identity: number of prompts")
     max_tokens: PosInt = Field(64, description="identity: greedy tokens per prompt")
+    concurrency: PosInt = Field(8, description="identity, report: the prompts sent this many at once, against their answers "
+                                               "one at a time (batch invariance; 1: not checked)")
     model: str | None = Field(None, description="toolcall: the served model name (default: the first /v1/models lists)")
     tool_choice: Literal["auto", "required"] = Field(
         "auto", description="toolcall, report: auto (default: what agent loops send) or required (the server must call a "
@@ -85,7 +94,7 @@ class AccuracyOptions(Options):
 def evaluate(spec: Deployment, options: AccuracyOptions) -> AccuracyReport:
     o = options
     return assess(spec, o.url, o.compare_url, o.spec_off_url, o.lengths, o.depths, o.tokenizer, o.seed, o.per_cell, o.out,
-                  o.prompts, o.max_tokens, o.toolcall_max_tokens, o.tool_choice)
+                  o.prompts, o.max_tokens, o.toolcall_max_tokens, o.tool_choice, o.concurrency)
 
 
 

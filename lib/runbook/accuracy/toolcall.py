@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -35,8 +35,14 @@ MAX_BODY_BYTES = 8 << 20          # one answer (or one whole stream) larger than
 MAX_EVENTS = 100_000
 LARGE_ARG_CHARS = 200             # a string argument at least this long should stream in pieces
 MIN_DELTAS = 3                    # "several" argument deltas before the end
+HEAD_CHARS = 60                   # of an answer without a call, shown as evidence
 PARSER_REMEDY = ("Start SGLang with the tool-call parser for this model family, e.g. `--tool-call-parser qwen3_coder` "
                  "(Qwen3-Coder), `qwen25`, `llama3`, `deepseekv3`, `glm45`, `kimi_k2`; check the chat template renders tools.")
+
+# SGLang constrains tool_choice=required (and a named function) with its grammar backend; without one it refuses.
+GRAMMAR_REMEDY = ("The server refused constrained decoding: tool_choice=required needs a grammar backend, and it was "
+                  "started with `--grammar-backend none`. Start it with one (xgrammar, SGLang's default), or probe with "
+                  "tool_choice auto.")
 
 _PATCH_FILE = """\
 def load_config(path):
@@ -157,6 +163,7 @@ class Case:
     in_content: bool = False          # call text left in content
     in_reasoning: bool = False        # call text left in reasoning_content
     content_chars: int = 0
+    content_head: str = ""            # what came back instead, when no call did (the first characters)
     arguments_valid: bool | None = None
     schema_errors: list[str] = field(default_factory=list)
     argument_deltas: int = 0          # streaming: chunks that carried argument text
@@ -167,6 +174,7 @@ class Case:
     def to_dict(self) -> dict[str, Any]:
         return {"tool": self.tool, "stream": self.stream, "called": self.called, "name": self.name,
                 "in_content": self.in_content, "in_reasoning": self.in_reasoning, "content_chars": self.content_chars,
+                "content_head": self.content_head,
                 "arguments_valid": self.arguments_valid, "schema_errors": self.schema_errors,
                 "arguments_chars": len(self.arguments), "argument_deltas": self.argument_deltas,
                 "last_delta_share": self.last_delta_share, "finish_reason": self.finish_reason, "error": self.error}
@@ -179,9 +187,10 @@ class ToolCallReport:
     cases: list[Case] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     tool_choice: str = "auto"
+    server: dict[str, Any] = field(default_factory=dict)     # what /server_info says of tool calls (SGLang)
 
     def data(self) -> dict[str, Any]:
-        return {"url": self.url, "model": self.model, "tool_choice": self.tool_choice,
+        return {"url": self.url, "model": self.model, "tool_choice": self.tool_choice, "server": dict(self.server),
                 "cases": [c.to_dict() for c in self.cases]}
 
     def to_json(self) -> dict[str, Any]:
@@ -250,6 +259,7 @@ async def _plain(s: aiohttp.ClientSession, url: str, headers: dict[str, str], ca
 
 def _text(case: Case, content: str, reasoning: str) -> None:
     case.content_chars = len(content)
+    case.content_head = content[:HEAD_CHARS]
     case.in_content = _looks_like_call(content)
     case.in_reasoning = _looks_like_call(reasoning)
 
@@ -354,6 +364,11 @@ async def probe(url: str, model: str | None = None, api_key: str | None = None, 
     return cases
 
 
+def _came_back(c: Case) -> str:
+    head = " ".join(c.content_head.split())[:40]
+    return repr(head + ("…" if c.content_chars > len(head) else "")) if head else "no text"
+
+
 def _label(c: Case) -> str:
     return f"{c.tool} ({'stream' if c.stream else 'non-stream'})"
 
@@ -375,10 +390,12 @@ def findings(cases: list[Case], tool_choice: str = "auto") -> list[Finding]:
     out: list[Finding] = []
     errs = [c for c in cases if c.error]
     if errs:
+        grammar = any("grammar" in (c.error or "").lower() for c in errs)
         out.append(Finding("accuracy.toolcall.requests", "fail", f"{len(errs)} of {len(cases)} tool-call requests failed",
                            evidence="; ".join(f"{_label(c)}: {c.error}" for c in errs)[:600],
-                           remedy="A 400 on `tools` means the server was started without a tool-call parser "
-                                  "or the chat template has no tools: " + PARSER_REMEDY))
+                           remedy=GRAMMAR_REMEDY if grammar else
+                           "A 400 on `tools` means the server was started without a tool-call parser "
+                           "or the chat template has no tools: " + PARSER_REMEDY))
     live = [c for c in cases if not c.error]
     parsed: list[tuple[Case, Status, str]] = []
     for c in live:
@@ -389,9 +406,10 @@ def findings(cases: list[Case], tool_choice: str = "auto") -> list[Finding]:
             parsed.append((c, "fail", f"call text left in {where}" + (" (beside tool_calls)" if c.called else "")))
         elif tool_choice == "required":
             parsed.append((c, "fail", f"no tool call although tool_choice=required ({c.content_chars} chars of prose, "
-                                      f"finish {c.finish_reason!r})"))
+                                      f"finish {c.finish_reason!r}: {_came_back(c)})"))
         else:
-            parsed.append((c, "warn", f"no tool call: the model answered in prose ({c.content_chars} chars)"))
+            parsed.append((c, "warn", f"no tool call: the model answered in prose ({c.content_chars} chars, "
+                                      f"finish {c.finish_reason!r}: {_came_back(c)})"))
     out.append(_agg("accuracy.toolcall.parsed", "tool calls parsed into tool_calls", parsed,
                     "Text left in content/reasoning_content is an unparsed call: " + PARSER_REMEDY
                     + " Prose without a call: the model did not use the tool (try a tool-trained model or tool_choice)."
@@ -448,4 +466,19 @@ def run(url: str | None, model: str | None = None, api_key: str | None = None, m
             tool_choice=tool_choice)
     model = model or run_sync(model_name(url, api_key))
     cases = run_sync(probe(url, model, api_key, max_tokens, timeout_s, tools, tool_choice))
-    return ToolCallReport(url, model, cases, findings(cases, tool_choice), tool_choice)
+    server = server_settings(url, api_key)
+    out = findings(cases, tool_choice)
+    if server:
+        said = "; ".join(f"{k}: {v}" for k, v in server.items())
+        out = [replace(f, detail=f"{f.detail + '; ' if f.detail else ''}server's {said}")
+               if f.id == "accuracy.toolcall.parsed" else f for f in out]
+    return ToolCallReport(url, model, cases, out, tool_choice, server)
+
+
+def server_settings(url: str, api_key: str | None = None) -> dict[str, Any]:
+    """The server's own tool-call settings from /server_info (SGLang): the parser the calls went through, the
+    grammar backend that tool_choice=required needs, the version; empty for a server without /server_info."""
+    from runbook.accuracy.identity import server_config
+
+    cfg = server_config(url, api_key) or {}
+    return {k: cfg[k] for k in ("version", "tool_call_parser", "grammar_backend") if k in cfg}

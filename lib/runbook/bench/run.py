@@ -151,9 +151,10 @@ async def run_async(o: BenchOptions, slo: Any = None, vocab_size: int | None = N
     runner.procs = workers.pool(o.workers) if o.workers > 1 else None     # before any level's clock starts
     try:
         search = await _levels(o, slo, wt.levels(o, wl), runner.measure)
-    finally:
-        if runner.procs is not None:
-            runner.procs.shutdown(cancel_futures=True)
+    except BaseException:
+        workers.close(runner.procs, at_once=True)    # cancelled (a signal): the workers' shares are not waited for
+        raise
+    workers.close(runner.procs)
     summaries = runner.summaries
     if search is not None:
         summaries.sort(key=lambda x: (x.get("concurrency") or 0, x.get("rate") or 0))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -48,6 +49,19 @@ def pool(workers: int) -> Pool:
     for f in [ex.submit(_ready) for _ in range(workers)]:
         f.result()
     return ex
+
+
+def close(ex: Pool | None, at_once: bool = False) -> None:
+    """Shut the pool down once its work is done; `at_once`: its workers are terminated first, so a run that was
+    cancelled does not wait for the shares still being sent. (ProcessPoolExecutor has terminate_workers() only
+    from Python 3.14; before that its process table is the only handle on the workers.)"""
+    if ex is None:
+        return
+    if at_once:
+        for proc in list((getattr(ex, "_processes", None) or {}).values()):
+            with contextlib.suppress(OSError, ValueError):
+                proc.terminate()
+    ex.shutdown(wait=True, cancel_futures=True)
 
 
 def _one(args: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,8 @@
      ├── SpecError        deployment spec or parameter invalid (CLI exit 2)
      ├── InputError       a model dir, config or file unreadable or unrecognised
      ├── EndpointError    a server unreachable or not ready in time
-     └── LockHeld         another run holds the deployment's lock (CLI exit 75)
+     ├── LockHeld         another run holds the deployment's lock (CLI exit 75)
+     └── SafetyStop       a change to what serves production that the operator has not allowed (CLI exit 77)
 """
 
 
@@ -26,3 +27,8 @@ class EndpointError(RunbookError):
 
 class LockHeld(RunbookError):
     """Another run of the same deployment holds the lock."""
+
+
+class SafetyStop(RunbookError):
+    """Stopped before changing what serves production, because the operator has not allowed it (e.g. without
+    `--yes`): not an error in the input, a stop on purpose."""

@@ -5,7 +5,6 @@ defaults into it in one function of its own. Field name = notebook parameter; `a
 where the two differ (`installed_unit` / `--installed`)."""
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
@@ -14,17 +13,17 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from runbook.core.errors import InputError
 
+# Every number a user gives (spec, flag, notebook parameter) is finite: nan compares false with every bound
+# and inf turns the arithmetic absurd. Models and adapters take this config; FiniteFloat carries it where
+# no model does.
+FINITE = ConfigDict(allow_inf_nan=False)
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
 
 class Options(BaseModel):
     """Base of every stage's options: unknown names refused, CLI flag or parameter name accepted."""
 
-    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True, frozen=True)
-
-
-def _finite(v: float) -> float:
-    if not math.isfinite(v):
-        raise ValueError("must be finite")
-    return v
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True, frozen=True, **FINITE)
 
 
 def _whole(v: Any) -> Any:
@@ -59,9 +58,9 @@ def _cc(v: str) -> str:
 Integer = Annotated[int, BeforeValidator(_whole)]
 PosInt = Annotated[Integer, Field(ge=1)]
 NonNegInt = Annotated[Integer, Field(ge=0)]
-PosFloat = Annotated[float, Field(gt=0), AfterValidator(_finite)]
-NonNegFloat = Annotated[float, Field(ge=0), AfterValidator(_finite)]
-Fraction = Annotated[float, Field(ge=0, le=1), AfterValidator(_finite)]   # 0..1 inclusive
+PosFloat = Annotated[FiniteFloat, Field(gt=0)]
+NonNegFloat = Annotated[FiniteFloat, Field(ge=0)]
+Fraction = Annotated[FiniteFloat, Field(ge=0, le=1)]   # 0..1 inclusive
 Url = Annotated[str, AfterValidator(_url)]
 ComputeCapability = Annotated[str, AfterValidator(_cc)]
 

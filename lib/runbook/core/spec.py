@@ -26,6 +26,7 @@ from pydantic import (
 from runbook.core import paths
 from runbook.core.errors import SpecError
 from runbook.core.fsutil import FileRefused, read_regular
+from runbook.core.options import FINITE
 from runbook.core.secrets import is_secret_key
 
 DEFAULT_SPEC = paths.default_deployment()   # the checkout's deployments/, or the wheel's packaged copy
@@ -96,7 +97,7 @@ def _unwrap(tp: Any) -> Any:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, **FINITE)
 
     @model_validator(mode="before")
     @classmethod
@@ -336,7 +337,8 @@ class Alerts(_Strict):
                                      "(node_exporter's --collector.textfile.directory); $RUNBOOK_TEXTFILE_DIR and "
                                      "--textfile-dir win over it")
     interval_s: int = Field(default=86400, gt=0, le=MAX_SECONDS,
-                            description="how often cron or the timer runs the runbook: the 'not run' alert fires after twice this")
+                            description="how often cron or the timer runs the runbook: the 'not run' and 'stale textfile' alerts "
+                            "fire after twice this")
     link_base: str | None = Field(default=None, description="where the archive is served (the fleet's --link-base): alerts "
                                   "link <link_base>/<host>/<run id>/summary.html")
 
@@ -408,6 +410,8 @@ def _describe(err: Mapping[str, Any], model: type[BaseModel]) -> str:
         hint = f" ({field.description})" if field is not None and field.description else ""
         return f"{loc}: missing required key{hint}"
     got = err.get("input")
+    if kind == "finite_number":
+        msg = "must be a finite number (YAML's .inf and .nan are not)"
     shown = "" if isinstance(got, (dict, list)) or NO_CREDENTIALS in msg else f" (got {got!r})"
     msg = msg.removeprefix("Value error, ")
     # A mapping's validator names the entry first ("context-length: must be ..."): make it part of the key path.

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from runbook.core import oscalls
 from runbook.core.errors import RunbookError
 from runbook.core.findings import Finding, Status
 from runbook.core.secrets import redact_text
@@ -318,7 +319,7 @@ def run_sync(coro: Any, fast_loop: bool = False) -> Any:
             pass
 
     def go() -> Any:
-        return run(coro)
+        return run(oscalls.interruptible(coro))     # inside tune's run, a signal cancels it through its own loop
 
     try:
         asyncio.get_running_loop()

@@ -7,6 +7,7 @@ bytes unless a name says gib or mib.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -152,6 +153,7 @@ class Result:
     spec_state_bytes_per_gpu: int = 0              # intermediate SSM state for draft tokens (hybrid)
     page_size: int = 1
     attention_backend: str | None = None
+    nvfp4_scale_layouts: int = 1                   # NVFP4 block-scale layouts the backends keep (1 for other dtypes)
     mem_fraction_detail: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
 
@@ -305,6 +307,7 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     heads_why = defaults.tp_refusal(arch, a_tp)
     explicit = inp.attention_backend or defaults.override_backend(arch, inp.compute_capability, spec)
     refused = defaults.refusals(arch, kv_dtype, backend, inp.compute_capability, explicit, inp.quantization)
+    fp4 = defaults.fp4_recipe(kv_dtype, explicit, inp.compute_capability)
     for why in refused + ([heads_why] if heads_why else []):
         findings.append(Finding("kv.refused", "fail", "SGLang refuses to start: " + why[0], detail=why[1], remedy=why[2]))
     stages: list[Stage] = []
@@ -314,8 +317,7 @@ def compute(arch: Arch, inp: Inputs) -> Result:
         nf = sum(1 for x in range(s, e) if x in full)
         ns = sum(1 for x in range(s, e) if x in swa)
         nl = sum(1 for x in range(s, e) if x in lin)
-        cell = cell_bytes(arch, kv_dtype, a_tp, nf, ns, inp.swa_full_tokens_ratio,
-                          *defaults.fp4_recipe(kv_dtype, explicit, inp.compute_capability),
+        cell = cell_bytes(arch, kv_dtype, a_tp, nf, ns, inp.swa_full_tokens_ratio, *fp4,
                           raw_dsa_layout=defaults.dsa_raw_layout(arch, inp.compute_capability))
         if spec is not None and spec.draft_kv_layers and nf + ns and not arch.hybrid_swa:
             # pool_configurator.py DefaultPoolConfigurator: the EAGLE/MTP draft shares the target's per-layer KV size
@@ -328,22 +330,22 @@ def compute(arch: Arch, inp: Inputs) -> Result:
             draft_budget = draft_bytes = max(draft_budget, extra)
         stages.append(Stage(i, s, e, nf + ns, nf, ns, nl, cell, state_bytes_per_request(arch, a_tp, nl, ssm_dtype)))
     if spec is not None and spec.own_mtp and arch.linear is not None:
-        draft_bytes = _own_draft_pool_bytes(arch, kv_dtype, a_tp, spec.draft_kv_layers or 1,
-                                            defaults.fp4_recipe(kv_dtype, explicit, inp.compute_capability))
+        draft_bytes = _own_draft_pool_bytes(arch, kv_dtype, a_tp, spec.draft_kv_layers or 1, fp4)
     heads = kv_heads_per_gpu(arch, a_tp)
     ctx = inp.context_len or arch.max_context or 2048
     overlap = inp.pp == 1 and not inp.disable_overlap_schedule
     slots = slots_per_request(arch, inp.disable_radix_cache, overlap)
-    per_slot = _stage_state_bytes(arch, a_tp, stages, ssm_dtype)
+    per_slot = _stage_state_bytes(arch, a_tp, stages, ssm_dtype)   # the budget's charge; slot_bytes: what a slot holds
+    slot_bytes = max(st.state_bytes_per_request for st in stages) if stages else 0
     page, page_why = defaults.page_size(arch, backend, inp.page_size, kv_dtype, inp.compute_capability)
     res = Result(kv_dtype=kv_dtype, kv_bytes_per_token_per_gpu=0, kv_layers=0, kv_heads_per_gpu=heads,
-                 kv_head_replication=replication(arch, a_tp), state_bytes_per_request_per_gpu=per_slot,
+                 kv_head_replication=replication(arch, a_tp), state_bytes_per_request_per_gpu=slot_bytes,
                  state_slots_per_request=slots, max_state_slots=None, kv_budget_bytes_per_gpu=None,
                  max_total_num_tokens=None, max_running_requests=None, requests_at_context={}, context_len=ctx,
                  weights_bytes_per_gpu=inp.weights_bytes_per_gpu, layout=layout_words(arch, a_tp),
                  stages=[asdict(s) for s in stages], speculative=spec.words if spec else None,
                  draft_kv_bytes_per_token_per_gpu=draft_bytes, draft_kv_budget_bytes_per_token_per_gpu=draft_budget,
-                 page_size=page, attention_backend=backend)
+                 page_size=page, attention_backend=backend, nvfp4_scale_layouts=fp4[0])
     if page_why:
         findings.append(Finding("kv.page_size", "info", f"page size {page}", detail=page_why))
     if slots == 3 and (inp.page_size not in (None, 1) or explicit == "trtllm_mha"):
@@ -388,8 +390,11 @@ def _own_draft_pool_bytes(arch: Arch, kv_dtype: str, a_tp: int, layers: int, fp4
 
 
 def _stage_state_bytes(arch: Arch, a_tp: int, stages: list[Stage], ssm_dtype: str | None) -> int:
-    """kv_cache_configurator.py _handle_max_mamba_cache: every rank is charged the largest stage share, as
-    int(all layers' bytes × (largest stage's layers / all layers)) — SGLang's float, truncated."""
+    """kv_cache_configurator.py:3233-3260 _handle_max_mamba_cache: every rank is charged the largest stage share, as
+    int(all layers' bytes × (largest stage's layers / all layers)) — SGLang's float, truncated, so a byte below what
+    one slot of that stage's pool holds where the float lands under the whole number (Qwen3.5-397B PP2 TP4:
+    48,015,360 × 23/45 = 24,541,183.99…). The pool itself allocates only the stage's layers
+    (kv_cache_configurator.py:1603-1610, memory_pool.py:722-751): the largest stage's state_bytes_per_request."""
     n_all = len(arch.linear_layer_ids)
     if len(stages) == 1 or not n_all:
         return stages[0].state_bytes_per_request if stages else 0
@@ -421,7 +426,8 @@ def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_a
     total = inp.gpu_mem_gib * GIB
     res.reserved_bytes_per_gpu = int(total * (1 - frac))
     rest_gib = budget_gib(inp.gpu_mem_gib, inp.weights_bytes_per_gpu, frac,
-                          defaults.multimodal_reservation_mib(arch, inp.compute_capability) if arch.multimodal else 0)
+                          defaults.multimodal_reservation_mib(arch, inp.compute_capability) if arch.multimodal else 0,
+                          world_size=inp.tp * inp.pp)
     if rest_gib <= 0:
         findings.append(Finding("kv.budget", "fail", "no memory left for the KV cache",
                                 detail=f"{inp.gpu_mem_gib:g} GiB × {frac} = {total * frac / GIB:.1f} GiB static, but weights take "
@@ -431,11 +437,25 @@ def _budget(arch: Arch, inp: Inputs, res: Result, findings: list[Finding], mrr_a
     return rest_gib
 
 
-def budget_gib(gpu_mem_gib: float, weights_bytes: int, fraction: float, reserved_mib: float = 0) -> float:
-    """kv_cache_configurator.py _profile_available_bytes, in SGLang's own GiB floats: free memory after the
-    weights minus pre_load_free × (1 − fraction) minus the multimodal reservation. The caller truncates
-    `× 2**30` to bytes as SGLang does (rounding first would land a byte above SGLang's budget)."""
-    return (gpu_mem_gib * GIB - weights_bytes) / GIB - gpu_mem_gib * (1 - fraction) - reserved_mib / 1024
+def free_gib(free_bytes: float, world_size: int = 1) -> float:
+    """utils/common.py:569-576 get_available_gpu_memory: with more than one rank the free bytes are all-reduced
+    (MIN) as a float32 tensor, which keeps 24 bits (a 100 GiB figure moves by up to 4 KiB), then divided by 2**30."""
+    if world_size > 1:
+        free_bytes = struct.unpack("f", struct.pack("f", free_bytes))[0]
+    return free_bytes / GIB
+
+
+def budget_gib(gpu_mem_gib: float, weights_bytes: int, fraction: float, reserved_mib: float = 0,
+               world_size: int = 1) -> float:
+    """kv_cache_configurator.py:2990-3060 _profile_available_bytes, in SGLang's own GiB floats: free memory after
+    the weights minus pre_load_free × (1 − fraction) minus the multimodal reservation, both free figures measured
+    as `free_gib` does over the launch world (tp × pp; bootstrap.py:207-212, kv_cache_configurator.py:3000-3004).
+    The caller truncates `× 2**30` to bytes as SGLang does (rounding first would land a byte above its budget)."""
+    # torch.cuda.mem_get_info counts whole bytes: a GiB figure like 140.4 is 150,752,040,550.4 of them, and the
+    # fraction of a byte would surface as one more byte of budget
+    total = int(gpu_mem_gib * GIB)
+    pre_load = free_gib(total, world_size)
+    return free_gib(total - weights_bytes, world_size) - pre_load * (1 - fraction) - reserved_mib / 1024
 
 
 def _state_pool(inp: Inputs, rest_gib: float, slots: int, per_slot: int, spec: defaults.Speculative | None,
@@ -478,9 +498,10 @@ def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest_gib: 
                                            "or use --mamba-ssm-dtype bfloat16."))
             return
         res.spec_state_bytes_per_gpu = int(inter)
-        res.state_pool_bytes_per_gpu = (max_mamba + 1) * per_slot
-        # _handle_max_mamba_cache subtracts both in GiB; the budget is truncated to bytes after
-        kv_avail = int((rest_gib - inter / GIB - res.state_pool_bytes_per_gpu / GIB) * GIB)
+        # the pool holds max_mamba + 1 slots (memory_pool.py:722-751); _handle_max_mamba_cache charges them at per_slot
+        # and subtracts both in GiB, the budget truncated to bytes after (kv_cache_configurator.py:3405-3409)
+        res.state_pool_bytes_per_gpu = (max_mamba + 1) * res.state_bytes_per_request_per_gpu
+        kv_avail = int((rest_gib - inter / GIB - (max_mamba + 1) * per_slot / GIB) * GIB)
         res.max_state_slots = max_mamba
     res.kv_pool_bytes_per_gpu = kv_avail
     page = res.page_size

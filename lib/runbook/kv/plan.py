@@ -93,7 +93,8 @@ class Plan:
 
     def data(self) -> dict[str, Any]:
         d = self.result.to_json()
-        d["inputs"] = asdict(self.inputs)
+        # derived from the backends and GPU since it stopped being an input; kept where `kv --json` always had it
+        d["inputs"] = {**asdict(self.inputs), "nvfp4_scale_layouts": d.pop("nvfp4_scale_layouts")}
         d["weights_source"] = self.weights_source
         d["candidates"] = [{k: c.to_json()[k] for k in ("kv_dtype", "kv_bytes_per_token_per_gpu", "max_total_num_tokens",
                                                          "max_running_requests", "requests_at_context")} for c in self.candidates]

@@ -22,7 +22,7 @@ class KvOptions(Options):
                                                       "(default: the spec's --kv-cache-dtype)")
     gpu_mem_gib: PosFloat | None = Field(None, description="memory per GPU (default: the spec's hardware)")
     weights_gib: PosFloat | None = Field(None, description="weights per GPU (default: from the checkpoint)")
-    mem_fraction_static: float | None = Field(None, gt=0, le=1, allow_inf_nan=False,
+    mem_fraction_static: float | None = Field(None, gt=0, le=1,
                                                  description="default: the spec's flag, else SGLang's heuristic")
     kv_budget_gib: PosFloat | None = Field(None, description="KV+state budget per GPU, skipping the memory arithmetic")
     page_size: PosInt | None = Field(None, description="SGLang --page-size")

@@ -337,6 +337,9 @@ def resolve_dir(model: str | os.PathLike) -> Path:
                          "(download it first: `hf download {model}`; this tool never downloads)".replace("{model}", str(model)))
     if p.is_symlink():
         _stat(p)    # a loop or a dangling link says so
+    if p.exists():
+        raise InputError(f"{model}: {'a file, not' if p.is_file() else 'not'} a directory; give the checkpoint's directory "
+                         "(the one holding config.json)")
     raise InputError(f"{model}: no such directory")
 
 
@@ -347,7 +350,9 @@ def for_spec(spec: Any, model_dir: str | os.PathLike | None = None) -> tuple[Che
         return load(model_dir), ""
     loc = locate(spec)
     if loc.path is None:
-        raise InputError(f"{spec.source}: model.path: {loc.note}; add model.card or download the checkpoint")
+        fix = ("point model.card at the directory holding config.json (a relative path is relative to the spec file)"
+               if spec.model.card else "add model.card") + " or download the checkpoint"
+        raise InputError(f"{spec.source}: {loc.note}; {fix}")
     return load(loc.path), (loc.note if loc.kind == "card" else "")
 
 

@@ -51,9 +51,14 @@ def locate(spec: Deployment) -> ModelLocation:
         snap = hf_snapshot(m.path, m.revision)
         if snap is not None:
             return ModelLocation(snap, "hf-snapshot", f"Hugging Face snapshot of {m.path} at {snap}")
+    missing = f"{m.path} is neither a local directory nor a cached Hugging Face snapshot"
     if m.card:
         card = spec.resolve_path(m.card)
         if card.is_dir():
             return ModelLocation(card, "card",
                                  f"{m.path} is not on this machine; inspecting the model card {card} (configs only, no weights)")
-    return ModelLocation(None, "missing", f"{m.path} is neither a local directory nor a cached Hugging Face snapshot")
+        # the card is what the user pointed at: name it and where a relative one landed
+        where = m.card if str(card) == m.card else f"{m.card} (resolved to {card})"
+        return ModelLocation(None, "missing", f"model.card {where} {'is a file, not a directory' if card.exists() else 'does not exist'}, "
+                                              f"and model.path {missing}")
+    return ModelLocation(None, "missing", f"model.path {missing}")

@@ -2,7 +2,7 @@
 
     python guard.py RUNNER_PID -- COMMAND...
 
-Run by the runner as a script (it imports nothing of runbook) in a new session. It
+Run by the runner as a script in a new session (its signals and prctl calls are core/oscalls.py's). It
 
 - becomes a child subreaper (Linux), so the kernel that papermill starts in a session of its own
   is re-parented to the guard, not to init, if papermill dies first;
@@ -21,20 +21,7 @@ import sys
 import threading
 import time
 
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def _prctl(option: int, arg: int) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(option, arg, 0, 0, 0) == 0
-    except (OSError, AttributeError):  # pragma: no cover
-        return False
+from runbook.core import oscalls
 
 
 def _descendants() -> list:
@@ -77,7 +64,7 @@ def _watch_parent(runner_pid: int) -> None:
 
 
 def _child_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    oscalls.prctl(oscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def main(argv: list[str]) -> int:
@@ -85,17 +72,16 @@ def main(argv: list[str]) -> int:
         print("usage: guard.py RUNNER_PID -- COMMAND...", file=sys.stderr)
         return 2
     runner_pid, cmd = int(argv[0]), argv[2:]
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(s, _on_signal)
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != runner_pid:  # the runner died before the line above took effect
-        return 128 + signal.SIGTERM
-    proc = subprocess.Popen(cmd, preexec_fn=_child_setup)  # noqa: S603,PLW1509 - no other thread yet
-    threading.Thread(target=_watch_parent, args=(runner_pid,), daemon=True).start()
-    rc = proc.wait()
-    kill_descendants()  # an orphaned kernel, if papermill left one
-    return rc if rc >= 0 else 128 - rc
+    with oscalls.handling(_on_signal):
+        oscalls.prctl(oscalls.PR_SET_CHILD_SUBREAPER, 1)
+        oscalls.prctl(oscalls.PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != runner_pid:  # the runner died before the line above took effect
+            return 128 + signal.SIGTERM
+        proc = subprocess.Popen(cmd, preexec_fn=_child_setup)  # noqa: S603,PLW1509 - no other thread yet
+        threading.Thread(target=_watch_parent, args=(runner_pid,), daemon=True).start()
+        rc = proc.wait()
+        kill_descendants()  # an orphaned kernel, if papermill left one
+        return rc if rc >= 0 else 128 - rc
 
 
 if __name__ == "__main__":

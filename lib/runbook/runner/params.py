@@ -8,14 +8,19 @@ from __future__ import annotations
 import ast
 import io
 import json
+import re
 import tokenize
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 from pydantic import TypeAdapter, ValidationError
 
+from runbook.core import secrets
 from runbook.core.errors import SpecError
+from runbook.core.options import FINITE, describe
 from runbook.core.secrets import is_secret_key
 
 # Names a parameters cell may use in annotations; anything else is passed as a string.
@@ -93,10 +98,9 @@ def coerce(key: str, raw: str, type_name: str | None, where: str) -> Any:
     except json.JSONDecodeError as e:
         raise SpecError(f"--param {key}={raw}: not valid JSON for {type_name} ({e.msg})") from None
     try:
-        return TypeAdapter(typ).validate_python(value)
+        return TypeAdapter(typ, config=FINITE).validate_python(value)
     except ValidationError as e:
-        msg = e.errors()[0]["msg"]
-        raise SpecError(f"--param {key}={raw}: {where} declares {key}: {type_name}; {msg}") from None
+        raise SpecError(f"--param {key}={raw}: {where} declares {key}: {type_name}; the value {describe(e.errors()[0])}") from None
 
 
 def parse_pairs(pairs: list[str]) -> dict[str, str]:
@@ -117,9 +121,54 @@ def parse_pairs(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def resolve(pairs: list[str], notebooks: list[Path]) -> dict[Path, dict[str, Any]]:
-    """Typed parameters per notebook; every key must be declared by at least one selected notebook."""
+_SECRET_WHERE = ("notebooks read secrets at run time from the environment or serving.env_file (papermill writes "
+                 "parameters into the notebook and onto its command line)")
+
+
+def _secret_inside(value: Any) -> str | None:
+    """What in a typed parameter value is a secret by its name: a dict key, a NAME=VALUE item (an --arg
+    what-if such as api-key=...), a URL's password. None when nothing is."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if is_secret_key(str(k)):
+                return f"key {k!r}"
+            inner = _secret_inside(v)
+            if inner:
+                return inner
+    elif isinstance(value, (list, tuple)):
+        return next((w for w in map(_secret_inside, value) if w), None)
+    elif isinstance(value, str):
+        name = re.match(r"\s*-*([A-Za-z_][\w.-]*)\s*[=:]", value)
+        if name and is_secret_key(name.group(1)):
+            return f"{name.group(1)}=…"
+        try:
+            if urlsplit(value.strip()).password:
+                return "a URL with a password"
+        except ValueError:
+            pass
+    return None
+
+
+def refuse_secrets(values: dict[str, Any], scrub: Iterable[str]) -> None:
+    """No secret reaches a notebook parameter: a value holding a known secret (any spelling the scrubber knows),
+    or a secret by its name inside the value, is refused before anything is written. The message names the
+    parameter, never the value."""
+    known = secrets.expand(scrub)
+    for where, v in values.items():
+        text = v if isinstance(v, str) else json.dumps(v)
+        if any(s in text for s in known):
+            raise SpecError(f"{where}: holds the value of a secret (a secret-named environment variable, the API key "
+                            f"or a serving.env_file value); {_SECRET_WHERE}")
+        inner = _secret_inside(v)
+        if inner:
+            raise SpecError(f"{where}: holds a secret ({inner}); {_SECRET_WHERE}")
+
+
+def resolve(pairs: list[str], notebooks: list[Path], scrub: Iterable[str] = ()) -> dict[Path, dict[str, Any]]:
+    """Typed parameters per notebook; every key must be declared by at least one selected notebook, and no value
+    may hold a secret (`scrub`: the run's secret values)."""
     raw = parse_pairs(pairs)
+    refuse_secrets({f"--param {k}": v for k, v in raw.items()}, scrub)   # before a type error could echo the value
     per_nb: dict[Path, dict[str, Any]] = {nb: {} for nb in notebooks}
     if not raw:
         return per_nb
@@ -131,4 +180,5 @@ def resolve(pairs: list[str], notebooks: list[Path]) -> dict[Path, dict[str, Any
             raise SpecError(f"--param {k}: no selected notebook has a parameter {k!r} (known: {', '.join(known)})")
         for nb in takers:
             per_nb[nb][k] = coerce(k, v, declared[nb][k].get("inferred_type_name"), nb.name)
+            refuse_secrets({f"--param {k}": per_nb[nb][k]}, scrub)
     return per_nb

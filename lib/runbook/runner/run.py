@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from runbook import alerts
-from runbook.core import paths, registry, secrets
+from runbook.core import oscalls, paths, registry, secrets
 from runbook.core import spec as spec_mod
 from runbook.core.errors import LockHeld, SpecError
 from runbook.core.findings import STATUSES, counts, exit_code_for
@@ -177,8 +177,7 @@ def _kill_tree(pid: int) -> None:
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)  # the guard leads its session: anything else left in it
+    oscalls.kill_group(pid, signal.SIGKILL)  # the guard leads its session: anything else left in it
     psutil.wait_procs(procs, timeout=10)
 
 
@@ -192,21 +191,6 @@ def _on_signal(signum: int, _frame: Any) -> None:
         print(f"runbook: stopped by signal {signum}; the running notebook and its kernel were killed", file=sys.stderr, flush=True)
     finally:
         os._exit(128 + signum)
-
-
-class _SignalsKillChildren:
-    def __enter__(self) -> _SignalsKillChildren:
-        import threading
-
-        self.saved: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                self.saved[s] = signal.signal(s, _on_signal)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for s, h in self.saved.items():
-            signal.signal(s, h)
 
 
 def _error_line(stderr: str) -> str:
@@ -229,10 +213,10 @@ def execute(nb: Path, out_nb: Path, parameters: dict[str, Any], cwd: Path, timeo
            "--cwd", str(cwd), "--no-progress-bar", "--log-output", "--execution-timeout", str(int(max(1, timeout)))]
     if kernel:
         cmd += ["-k", kernel]
-    env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline", PYTHONUNBUFFERED="1")
+    lib = os.pathsep.join(p for p in (str(oscalls.lib_root()), os.environ.get("PYTHONPATH", "")) if p)   # the guard's import
+    env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline", PYTHONUNBUFFERED="1", PYTHONPATH=lib)
     with open(log_path, "w", encoding="utf-8") as logf:  # inside the 0700 in-progress folder
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env, cwd=str(cwd))
+        proc = oscalls.start_session(cmd, stdout=logf, stderr=oscalls.STDOUT, env=env, cwd=str(cwd))
         _CHILDREN.add(proc.pid)
         try:
             rc = proc.wait(timeout=timeout + 30)  # papermill's per-cell bound fires first; this catches the rest
@@ -514,11 +498,13 @@ def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
     if textfile_dir:
         alerts.textfile.check_dir(textfile_dir, where)
     nbs = discover(Path(opts.notebooks_dir), only)
-    per_nb = params_mod.resolve(opts.params, nbs)
     scrub = _run_secrets(spec)
     log.secrets |= scrub
+    per_nb = params_mod.resolve(opts.params, nbs, scrub)
+    # The runner's own parameters are paths: one that holds a secret would be written into every notebook too.
+    params_mod.refuse_secrets({"--deployment": spec.source, "--out": str(Path(opts.out).resolve())}, scrub)
     out_dir = output_dir(Path(opts.out).resolve())
-    with DeploymentLock(out_dir, spec.name), _SignalsKillChildren(), _UmaskRestored() as umask:
+    with DeploymentLock(out_dir, spec.name), oscalls.handling(_on_signal), _UmaskRestored() as umask:
         archive.clean_stale(out_dir, spec.name)
         started = dt.datetime.now(dt.timezone.utc)
         stamp = f"{started:%Y%m%dT%H%M%SZ}"

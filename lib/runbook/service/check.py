@@ -154,6 +154,12 @@ def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[F
                               loaded=quant_rep.loaded if quant_rep is not None else None)
     except (InputError, SpecError) as e:
         return out + [Finding("service.capacity", "skip", "KV capacity not cross-checked", detail=str(e))]
+    # A unit SGLang will not start (heads TP cannot split, a KV dtype the backend lacks) must not pass here
+    # while the KV stage fails it: the same refusal, under this stage's name.
+    for f in p.findings:
+        if f.id == "kv.refused":
+            out.append(Finding("service.kv_refused", "fail", f"{f.title} ({registry.notebook('kv_memory')})", detail=f.detail,
+                               evidence=f.evidence, remedy=f.remedy))
     res = p.result
     ctx = r.flags.get("context-length")
     if res.max_total_num_tokens is not None and ctx is not None:

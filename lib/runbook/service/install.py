@@ -10,14 +10,11 @@ when the install had restarted it. The finding then says which unit is installed
 """
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
-import threading
 import time
 import urllib.error
 from collections.abc import Callable, Sequence
@@ -25,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runbook.core import oscalls
 from runbook.core.findings import Finding
+from runbook.core.oscalls import CommandFailed, Interrupted
 from runbook.core.spec import Deployment
 from runbook.endpoint import reach
 from runbook.service.render import Rendered
@@ -44,14 +43,6 @@ class InstallResult:
     interrupted: bool = False                 # Ctrl-C / SIGTERM / SIGHUP arrived during the install
     installed: str | None = None           # after the call: "new", "previous", "none" or "unknown"
     service_state: str | None = None       # `systemctl is-active` after a rollback (active, inactive, failed, …)
-
-
-class _Interrupted(BaseException):
-    """SIGTERM/SIGHUP during an install: handled like Ctrl-C (roll back, report)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
 
 
 class _StepFailed(Exception):
@@ -87,15 +78,12 @@ def _tail(text: str | None) -> str:
     return lines[-1][:_STDERR_TAIL] if lines else ""
 
 
-def _run_ctl(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """One systemctl call, bounded in time; raises _StepFailed with a one-line reason."""
+def _run_ctl(argv: list[str], timeout: float) -> oscalls.Completed[str]:
+    """One systemctl call, bounded in time; raises _StepFailed with a one-line reason when it cannot run."""
     try:
-        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise _StepFailed(f"timed out after {timeout:g} s") from None
-    except OSError as e:
-        raise _StepFailed(f"cannot run {argv[0]}: {e.strerror or e}") from None
-    return cp
+        return oscalls.call(argv, timeout=timeout)
+    except CommandFailed as e:
+        raise _StepFailed(e.reason) from None
 
 
 def _write_bytes(path: Path, data: bytes, mode: int) -> None:
@@ -130,46 +118,6 @@ def _backup_name(path: Path) -> Path:
         cand = path.with_name(f"{path.name}.bak-{stamp}.{n}")
         n += 1
     return cand
-
-
-class _Signals:
-    """Turn SIGTERM/SIGHUP into _Interrupted while installing; hold SIGINT/SIGTERM/SIGHUP off while rolling back.
-    Only in the main thread (signal handlers cannot be set elsewhere)."""
-
-    SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
-
-    def __init__(self) -> None:
-        self.main = threading.current_thread() is threading.main_thread()
-        self.saved: dict[int, Any] = {}
-        self.pending: list[int] = []
-
-    def _raise(self, signum: int, _frame: Any) -> None:
-        raise _Interrupted(signum)
-
-    def _note(self, signum: int, _frame: Any) -> None:
-        self.pending.append(signum)
-
-    def _set(self, handler: Callable[[int, Any], None], sigs: Sequence[int]) -> None:
-        if not self.main:
-            return
-        for s in sigs:
-            try:
-                prev = signal.signal(s, handler)
-            except (OSError, ValueError):
-                continue
-            self.saved.setdefault(s, prev)
-
-    def guard(self) -> None:
-        self._set(self._raise, self.SIGNALS)
-
-    def defer(self) -> None:
-        self._set(self._note, self.SIGNALS + (signal.SIGINT,))
-
-    def restore(self) -> None:
-        for s, h in self.saved.items():
-            with contextlib.suppress(OSError, ValueError, TypeError):
-                signal.signal(s, h)
-        self.saved.clear()
 
 
 @dataclass
@@ -212,7 +160,7 @@ class _Install:
         entry["status"] = "ok"
         return out
 
-    def query(self, *a: str) -> subprocess.CompletedProcess:
+    def query(self, *a: str) -> oscalls.Completed[str]:
         return _run_ctl(self.sysctl + list(a), self.ctl_timeout)
 
     def ctl(self, *a: str) -> None:
@@ -321,37 +269,33 @@ def _write_reload_restart_wait(ins: _Install, url: str, timeout: float, interval
 def _apply(ins: _Install, url: str, timeout: float, interval: float, ready_cmd: str) -> None:
     """Carry the install out; any failure once the unit may have changed rolls back, signals held off meanwhile."""
     res, path = ins.res, ins.path
-    sig = _Signals()
-    sig.guard()
     try:
-        try:
+        # SIGTERM/SIGHUP surface where the install is, like Ctrl-C: plain synchronous steps, no event loop
+        with oscalls.handling(oscalls.raise_interrupted, (signal.SIGTERM, signal.SIGHUP)):
             _write_reload_restart_wait(ins, url, timeout, interval, ready_cmd)
-        except _StepFailed as e:
-            why = str(e)
-            if ins.stage == "write unit" and _unchanged(path, ins.prev):
-                # The write is atomic (temp file + rename): a failed write left the old state.
-                res.installed = "previous" if ins.prev is not None else "none"
-                res.findings.append(Finding("service.install", "fail", f"cannot write {path}: nothing changed", detail=why,
-                                            evidence=f"backup {ins.backup}" if ins.backup else "",
-                                            remedy="Check that the unit's directory is writable (root for /etc/systemd) and not full."))
-                return
-        except (KeyboardInterrupt, _Interrupted) as e:
-            res.interrupted = True
-            name = signal.Signals(e.signum).name if isinstance(e, _Interrupted) else "SIGINT (Ctrl-C)"
-            why = f"interrupted by {name} during {ins.stage}"
-        except Exception as e:  # noqa: BLE001 - anything else after the write must still roll back
-            why = f"{ins.stage}: {type(e).__name__}" + (f": {' '.join(str(e).split())}" if str(e) else "")
-        else:
-            res.installed = "new"
-            res.findings.append(Finding("service.install", "pass", f"installed {path} and the server is ready", evidence=url))
+    except _StepFailed as e:
+        why = str(e)
+        if ins.stage == "write unit" and _unchanged(path, ins.prev):
+            # The write is atomic (temp file + rename): a failed write left the old state.
+            res.installed = "previous" if ins.prev is not None else "none"
+            res.findings.append(Finding("service.install", "fail", f"cannot write {path}: nothing changed", detail=why,
+                                        evidence=f"backup {ins.backup}" if ins.backup else "",
+                                        remedy="Check that the unit's directory is writable (root for /etc/systemd) and not full."))
             return
-        sig.restore()
-        sig.defer()         # a second Ctrl-C must not stop the rollback half way
+    except (KeyboardInterrupt, Interrupted) as e:
+        res.interrupted = True
+        name = e.name if isinstance(e, Interrupted) else "SIGINT (Ctrl-C)"
+        why = f"interrupted by {name} during {ins.stage}"
+    except Exception as e:  # noqa: BLE001 - anything else after the write must still roll back
+        why = f"{ins.stage}: {type(e).__name__}" + (f": {' '.join(str(e).split())}" if str(e) else "")
+    else:
+        res.installed = "new"
+        res.findings.append(Finding("service.install", "pass", f"installed {path} and the server is ready", evidence=url))
+        return
+    with oscalls.on_signals() as held:      # a second Ctrl-C must not stop the rollback half way
         _roll_back(ins, why)
-        if sig.pending:
-            res.interrupted = True
-    finally:
-        sig.restore()
+    if held.received:
+        res.interrupted = True
 
 
 def _roll_back(ins: _Install, why: str) -> None:
@@ -437,7 +381,7 @@ def _rollback_finding(ins: _Install, why: str, problems: list[str]) -> Finding:
     return Finding("service.install", "fail", title, detail=detail, evidence=f"backup {backup}" if backup else "", remedy=remedy)
 
 
-def _is_active(query: Callable[..., subprocess.CompletedProcess], cmd: Callable[..., str], unit: str,
+def _is_active(query: Callable[..., oscalls.Completed[str]], cmd: Callable[..., str], unit: str,
                record: Callable[[str, str], dict[str, str]]) -> str:
     """`systemctl is-active UNIT`: its one-word answer (active, inactive, failed, activating, …), or why there is none."""
     entry = record("is it running", cmd("is-active", unit))

@@ -24,6 +24,13 @@ def _candidate(r: dict[str, Any], plan_only: bool) -> Finding:
         return Finding("tune.not_run", "skip", f"{name}: not run: {r.get('reason')}", remedy="--resume RUN continues the run.")
     if plan_only or st == "planned":
         caps = f"{pred.get('max_total_num_tokens') or '?'} tokens, {pred.get('max_running_requests') or '?'} running requests"
+        unchecked = next((d for d in r.get("precheck_details") or [] if d.get("id") == "service.parser"
+                          and d.get("status") == "skip"), None)
+        if unchecked is not None:     # a pass would claim the flags are accepted: nothing has looked at them
+            return Finding("tune.precheck", "warn", f"{name}: its flags were NOT checked: no SGLang parser here ({caps})",
+                           detail=str(unchecked.get("title") or ""),
+                           remedy="Set RUNBOOK_SERVING_PYTHON to an interpreter with SGLang (`make serving-env` builds a "
+                                  "CPU copy of its parser), or run tune on the serving host.")
         return Finding("tune.precheck", "pass", f"{name}: passes the pre-check ({caps})")
     g = r.get("guard") or {}
     if g.get("status") == "fail":

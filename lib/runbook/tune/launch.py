@@ -13,29 +13,26 @@ the process exits (kind "exited", with its exit code and log tail) or the deadli
 On leaving the block — normally, by an exception or Ctrl-C — the whole process group gets SIGTERM, then
 SIGKILL after a grace period (systemd: `systemctl stop`, then `systemctl kill --signal=SIGKILL`), and the
 block waits until the port is free. Ctrl-C, SIGTERM and SIGHUP are held off while tearing down, so a second
-Ctrl-C cannot leave the server half stopped. Values of `env` are never written to any message or log of ours;
-the log tail shown in an error has secret values scrubbed.
+Ctrl-C cannot leave the server half stopped; inside tune's run (core/oscalls.on_signals) a signal ends the
+readiness wait at once. The OS calls (the child's session, systemctl, systemd-run) are core/oscalls.py's.
+Values of `env` are never written to any message or log of ours; the log tail shown in an error has secret
+values scrubbed.
 """
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from runbook.core import oscalls
 from runbook.core.errors import RunbookError
+from runbook.core.oscalls import CommandFailed, pid_running, port_free
 from runbook.core.secrets import redact_text, secret_values
 from runbook.endpoint import reach
 from runbook.tune.watchdog import Watchdog, WatchdogFailed
@@ -51,16 +48,6 @@ UNIT_PREFIX = "runbook-tune-"   # transient candidate units: the watchdog stops 
 UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\@][A-Za-z0-9:_.\\@-]{0,199}$")   # systemd's unit-name characters; no leading "-"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SYSTEMD_MIN = 236         # StandardOutput=file:
-
-# Runs between fork and the server's exec: the kernel kills the server when tune dies (PR_SET_PDEATHSIG = 1,
-# SIGKILL = 9), and a tune that died before that took effect is noticed. A separate interpreter rather than
-# preexec_fn, which is unsafe once tune has threads.
-_SHIM = ("import ctypes,os,sys\n"
-         "try: ctypes.CDLL(None).prctl(1,9,0,0,0)\n"
-         "except (OSError,AttributeError): pass\n"
-         "if os.getppid()!=int(sys.argv[1]): os._exit(137)\n"
-         "try: os.execv(sys.argv[2],sys.argv[3:])\n"
-         "except OSError as e: sys.stderr.write('cannot execute %s: %s\\n'%(sys.argv[2],e.strerror)); os._exit(127)\n")
 
 
 class LaunchFailed(RunbookError):
@@ -98,49 +85,6 @@ class Running:
         if self._alive is not None:
             return self._alive()
         return self.pid is not None and pid_running(self.pid)
-
-
-def port_free(host: str, port: int) -> bool:
-    """Nothing listens on host:port (a bind with SO_REUSEADDR succeeds, as the server's own bind would).
-    OSError for a host that does not resolve or is not an address of this machine."""
-    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-        except OSError as e:
-            if e.errno in (errno.EADDRINUSE, errno.EACCES):
-                return False
-            raise
-    return True
-
-
-def pid_running(pid: int) -> bool:
-    """pid exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-
-def _wait_port_free(host: str, port: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if port_free(host, port):
-                return True
-        except OSError:
-            return True    # cannot bind there at all: nothing of ours holds it
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL_S)
 
 
 def log_tail(path: Path, secrets: set[str], lines: int = TAIL_LINES) -> str:
@@ -191,91 +135,19 @@ def _open_log(path: Path) -> int:
     return fd
 
 
-class HeldSignals:
-    """Hold Ctrl-C, SIGTERM and SIGHUP off while tearing down (main thread only); re-deliver afterwards."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.saved: dict[int, Any] = {}
-        self.pending: list[int] = []
-
-    def __enter__(self) -> HeldSignals:
-        if threading.current_thread() is threading.main_thread():
-            for s in self.SIGNALS:
-                with contextlib.suppress(OSError, ValueError):
-                    self.saved[s] = signal.signal(s, lambda n, _f: self.pending.append(n))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, h in self.saved.items():
-            with contextlib.suppress(OSError, ValueError, TypeError):
-                signal.signal(s, h)
-        for s in dict.fromkeys(self.pending):
-            if exc[0] is None or s != signal.SIGINT:   # a Ctrl-C would only replace the exception already on its way
-                signal.raise_signal(s)   # the previous handler sees it now (Ctrl-C -> KeyboardInterrupt)
-
-
 class _Child:
     """A server started as a child process in its own session; killed by the kernel if tune dies."""
 
     def __init__(self, launch: Launch, env: dict[str, str], exe: str) -> None:
         fd = _open_log(launch.log_path)
         try:
-            self.proc = subprocess.Popen(  # noqa: S603 - argv, no shell
-                [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()), exe, *launch.argv],
-                stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.proc = oscalls.SessionChild(exe, launch.argv, fd, env)
         except OSError as e:
             raise LaunchFailed("spawn", f"cannot start {launch.argv[0]}: {e.strerror or e}") from None
         finally:
             os.close(fd)
-        self.pid = self.proc.pid
-
-    def _status(self) -> tuple[int, int] | None:
-        """(si_code, si_status) once the leader has exited, without reaping it (its pid stays the group's id)."""
-        try:
-            r = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            rc = self.proc.returncode
-            return (os.CLD_EXITED, rc) if rc is not None and rc >= 0 else (os.CLD_KILLED, -(rc or 9))
-        return None if r is None else (r.si_code, r.si_status)
-
-    def exited(self) -> str | None:
-        st = self._status()
-        if st is None:
-            return None
-        code, status = st
-        if code == os.CLD_EXITED:
-            return f"exited with code {status}"
-        with contextlib.suppress(ValueError):
-            return f"was killed by {signal.Signals(status).name}"
-        return f"was killed by signal {status}"
-
-    def alive(self) -> bool:
-        return self._status() is None
-
-    def _wait(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self._status() is None:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-        return True
-
-    def _killpg(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
-
-    def stop(self, grace: float) -> None:
-        """SIGTERM to the group, SIGKILL after `grace`, SIGKILL to any straggler of the group, then reap."""
-        if self.proc.returncode is None:
-            self._killpg(signal.SIGTERM)
-            if not self._wait(grace):
-                self._killpg(signal.SIGKILL)
-                self._wait(10.0)
-            self._killpg(signal.SIGKILL)    # the leader is not reaped yet: its pid is still this group's id
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5.0)
+        self.pid: int | None = self.proc.pid
+        self.exited, self.alive, self.stop = self.proc.exited, self.proc.alive, self.proc.stop
 
 
 class _Unit:
@@ -294,20 +166,22 @@ class _Unit:
             self.watchdog = Watchdog(self.ctl, stop_units=(self.unit,))
         except WatchdogFailed as e:
             raise LaunchFailed("spawn", f"{e}: unit {self.unit} not started; launch without systemd") from None
-        cp = _ctl(argv, env)
-        if cp is None or cp.returncode != 0:
+        try:
+            oscalls.call(argv, timeout=CTL_TIMEOUT_S, env=env, check=True)
+        except CommandFailed as e:
             self.stop(GRACE_S)      # a systemd-run that timed out may still have started it
-            why = "timed out" if cp is None else _last_line(redact_text(cp.stderr or cp.stdout or "", secret_values(env)))
+            why = redact_text(e.reason, secret_values(env))
             raise LaunchFailed("spawn", f"systemd-run could not start unit {self.unit}: {why}; "
                                         f"see `systemctl status {self.unit}`, or launch without systemd",
-                               log_tail(launch.log_path, secret_values(env)))
+                               log_tail(launch.log_path, secret_values(env))) from None
         main = self._show().get("MainPID", "")
         self.pid: int | None = int(main) if main.isdigit() and int(main) > 0 else None
 
     def _show(self) -> dict[str, str]:
-        cp = _ctl(self.ctl + ["show", self.unit, "--property=LoadState,ActiveState,SubState,MainPID,ExecMainStatus"],
-                  self.env)
-        if cp is None or cp.returncode != 0:
+        try:
+            cp = oscalls.systemctl(self.ctl, "show", self.unit, "--property=LoadState,ActiveState,SubState,MainPID,ExecMainStatus",
+                                   timeout=CTL_TIMEOUT_S, env=self.env, check=True)
+        except CommandFailed:
             return {}
         return dict(line.split("=", 1) for line in cp.stdout.splitlines() if "=" in line)
 
@@ -326,9 +200,14 @@ class _Unit:
 
     def stop(self, grace: float) -> None:
         """`systemctl stop` (systemd sends SIGTERM, then SIGKILL after TimeoutStopSec); SIGKILL if that fails."""
-        cp = _ctl(self.ctl + ["stop", self.unit], self.env, timeout=grace + CTL_TIMEOUT_S)
-        if cp is None or cp.returncode != 0 or self.alive():
-            _ctl(self.ctl + ["kill", "--signal=SIGKILL", self.unit], self.env)
+        try:
+            oscalls.systemctl(self.ctl, "stop", self.unit, timeout=grace + CTL_TIMEOUT_S, env=self.env, check=True)
+            stopped = not self.alive()
+        except CommandFailed:
+            stopped = False
+        if not stopped:
+            with contextlib.suppress(CommandFailed):     # the unit gone meanwhile: nothing to kill
+                oscalls.systemctl(self.ctl, "kill", "--signal=SIGKILL", self.unit, timeout=CTL_TIMEOUT_S, env=self.env)
         deadline = time.monotonic() + 10.0
         while self.alive() and time.monotonic() < deadline:
             time.sleep(POLL_S)
@@ -344,15 +223,6 @@ def systemd_run_argv(launch: Launch, exe: str, unit: str, user: bool) -> list[st
              "--property=SendSIGKILL=yes"] +
             [f"--setenv={k}" for k in sorted(launch.env)] +   # the value comes from systemd-run's environment
             ["--", exe, *(a.replace("$", "$$") for a in launch.argv[1:])])  # $ is systemd's variable syntax
-
-
-def _ctl(argv: list[str], env: Mapping[str, str], timeout: float = CTL_TIMEOUT_S) -> subprocess.CompletedProcess | None:
-    """One systemd-run / systemctl call, bounded; None when it timed out or could not run."""
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,  # noqa: S603
-                              env=dict(env))
-    except (subprocess.TimeoutExpired, OSError):
-        return None
 
 
 def _unit_name(launch: Launch) -> str:
@@ -372,8 +242,11 @@ def _check_log_path(path: Path) -> None:
 
 def _check_systemd(ctl: list[str], env: Mapping[str, str]) -> None:
     """systemd is there and new enough for StandardOutput=file: (236)."""
-    cp = _ctl([ctl[0], "--version"], env)
-    m = re.match(r"systemd (\d+)", cp.stdout if cp is not None and cp.returncode == 0 else "")
+    try:
+        said = oscalls.call([ctl[0], "--version"], timeout=CTL_TIMEOUT_S, env=env, check=True).stdout
+    except CommandFailed:
+        said = ""
+    m = re.match(r"systemd (\d+)", said)
     if m is None:
         raise LaunchFailed("spawn", "systemctl --version did not answer: systemd is not available here; launch without systemd")
     if int(m.group(1)) < SYSTEMD_MIN:
@@ -384,9 +257,11 @@ def _check_systemd(ctl: list[str], env: Mapping[str, str]) -> None:
 def _wait_ready(launch: Launch, server: _Child | _Unit, url: str, t0: float, secrets: set[str]) -> float:
     """Seconds from t0 until GET url answers 200; LaunchFailed when the server exits first or the deadline passes."""
     deadline = t0 + launch.ready_timeout_s
+    shutdown = oscalls.current()
     last = "no answer yet"
     name = Path(launch.argv[0]).name
     while True:
+        shutdown.check()
         why = server.exited()
         if why is not None:
             tail = log_tail(launch.log_path, secrets)
@@ -407,7 +282,7 @@ def _wait_ready(launch: Launch, server: _Child | _Unit, url: str, t0: float, sec
             last = e.reason
         except OSError as e:
             last = " ".join(str(getattr(e, "reason", e) or type(e).__name__).split())[:200]
-        time.sleep(max(0.0, min(POLL_S, deadline - time.monotonic())))
+        shutdown.sleep(max(0.0, min(POLL_S, deadline - time.monotonic())))
 
 
 def _refuse_taken_port(launch: Launch) -> None:
@@ -438,9 +313,9 @@ def launched(launch: Launch) -> Iterator[Running]:
         yield Running(url, ready_s, launch.log_path, server.pid, server.alive)
         ok = True
     finally:
-        with HeldSignals():
+        with oscalls.held():      # a second Ctrl-C or SIGTERM must not leave the server half stopped
             server.stop(GRACE_S)
-            freed = _wait_port_free(launch.host, launch.port, PORT_FREE_S)
+            freed = oscalls.wait_port_free(launch.host, launch.port, PORT_FREE_S, POLL_S)
         if ok and not freed:
             raise LaunchFailed("port", f"port {launch.port} on {launch.host} is still in use {PORT_FREE_S:g} s after the "
                                        "server was stopped: see what listens there (ss -ltnp)")

@@ -2,7 +2,12 @@
 passed, one at a time on the deployment's port, with the production unit paused around them (production.py);
 read each one's start-up log, benchmark it, guard its accuracy against the reference, take it down, check the
 GPU memory is free, and archive its result before the next one starts. `resume` continues an archived run,
-skipping the candidates it finished."""
+skipping the candidates it finished.
+
+SIGINT, SIGTERM and SIGHUP are recorded for the whole run (core/oscalls.on_signals), never raised into whatever
+frame runs: each step checks for one (the readiness wait and every sleep at once, the benchmark and the guard
+through their event loop, which cancels them), and the run unwinds with `oscalls.Interrupted` — the candidate
+taken down, production restored — carrying the run id and the production findings for the CLI to report."""
 from __future__ import annotations
 
 import datetime as dt
@@ -15,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runbook.core import paths
+from runbook.core import oscalls, paths
 from runbook.core.errors import InputError, RunbookError
 from runbook.core.findings import Finding
 from runbook.core.fsutil import atomic_write_json
@@ -28,6 +33,16 @@ from runbook.tune.recommend import recommend
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 DONE = ("done", "failed", "skipped")     # a candidate in one of these states is not run again on --resume
+
+
+class Stopped(oscalls.Interrupted):
+    """A signal stopped the run after the candidate was taken down and production restored: `run_id` (None when
+    no run folder was made yet) continues it with --resume; `findings` say how production was left."""
+
+    def __init__(self, signum: int, run_id: str | None, findings: list[Finding]) -> None:
+        super().__init__(signum)
+        self.run_id = run_id
+        self.findings = findings
 
 
 @dataclass
@@ -53,6 +68,7 @@ class Ctx:
     baseline_gpu: list[float] | None = None
     reference: dict[str, Any] | None = None     # the reference's recorded guard outputs
     gpu_held: bool = False                      # a candidate's GPU memory was not given back: launch no more
+    pause: Any = None                           # production.Pause while the production unit is paused
 
 
 def tune_dir(archive: Path | None) -> Path:
@@ -111,6 +127,7 @@ def precheck_all(ctx: Ctx, cands: list[Candidate]) -> list[tuple[Candidate, PreC
     longest = t.longest_context or max(t.buckets)
     out = []
     for c in cands:
+        oscalls.current().check()
         t0 = time.monotonic()
         if c.python and not (os.path.isfile(c.python) and os.access(c.python, os.X_OK)):
             # an upgrade canary's interpreter must be here: its parser is the check, and tune launches it here
@@ -121,6 +138,7 @@ def precheck_all(ctx: Ctx, cands: list[Candidate]) -> list[tuple[Candidate, PreC
         row = _row(c, pre)
         row["precheck_s"] = round(time.monotonic() - t0, 3)
         out.append((c, pre, row))
+    oscalls.current().check()       # before production is touched
     return out
 
 
@@ -150,17 +168,22 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / (_file_name(c.name)[:-5] + ".log")
     row["log"] = str(log_path)
+    shutdown = oscalls.current()
     try:
         with launched(_launch(ctx, cspec, log_path)) as srv:
             row["ready_s"] = round(srv.ready_s, 2)
             st = ctx.engine.startup(cspec, log_path, pre)
             row.update(observed=st.observed, startup=st.details)
+            shutdown.check()
+            _log(ctx, f"{c.name}: ready in {srv.ready_s:.1f} s; benchmarking")
             t_bench = time.monotonic()
             deadline = t_start + min(ctx.spec.tune.budget_per_candidate_s, max(0.0, _left(ctx)))
             row["bench"] = measure.run(cspec, srv.url, nvml=ctx.settings.nvml, deadline=deadline)
             row["bench_s"] = round(time.monotonic() - t_bench, 2)
+            shutdown.check()
             t_guard = time.monotonic()
             if time.monotonic() < deadline or c.name == ctx.spec.tune.reference:   # the others need the reference's
+                _log(ctx, f"{c.name}: accuracy guard")
                 _guard(ctx, cspec, c, row, srv.url)
             else:
                 row["guard"] = {"status": "skip", "checks": [], "title": "the candidate's time budget was spent"}
@@ -201,9 +224,12 @@ def _launch_all(ctx: Ctx, todo: list[tuple[Candidate, PreCheck, dict[str, Any]]]
     unit = spec.systemd.unit_name      # the production server on this port (not active: nothing is stopped)
     ready = spec.serving.local_url + spec.systemd.ready_path
     ctx.baseline_gpu = energy.gpu_memory_used(ctx.settings.nvml)
+    shutdown = oscalls.current()
     with production.paused(unit, yes=ctx.settings.yes, ready_url=ready, ready_timeout_s=float(spec.systemd.timeout_start_sec),
                            systemctl=ctx.settings.systemctl) as pause:
+        ctx.pause = pause
         for c, pre, row in todo:
+            shutdown.check()
             if _left(ctx) <= 0:
                 row.update(status="not_run", reason=f"the run's budget of {ctx.settings.budget_s or spec.tune.budget_s:g} s was spent")
             elif ctx.gpu_held:
@@ -215,7 +241,15 @@ def _launch_all(ctx: Ctx, todo: list[tuple[Candidate, PreCheck, dict[str, Any]]]
                 _log(ctx, f"{c.name}: {row['status']}" + (f" ({row.get('reason')})" if row["status"] != "done" else ""))
             rows[c.name] = row
             archive_candidate(ctx, row)
+        shutdown.check()
     findings += pause.findings
+
+
+def _consent(ctx: Ctx) -> None:
+    """The safety stop before anything is made or launched: production active and no --yes."""
+    from runbook.tune import production
+
+    production.require_consent(ctx.spec.systemd.unit_name, yes=ctx.settings.yes, systemctl=ctx.settings.systemctl)
 
 
 def _log(ctx: Ctx, msg: str) -> None:
@@ -224,13 +258,36 @@ def _log(ctx: Ctx, msg: str) -> None:
 
 
 def tune(spec: Deployment, s: Settings) -> dict[str, Any]:
-    """The whole run: its rows (one per candidate), the recommendation, the run folder and findings."""
+    """The whole run: its rows (one per candidate), the recommendation, the run folder and findings.
+    oscalls.Interrupted (with `run_id` and `findings`) when a signal stopped it; production is restored first."""
     cands = cands_mod.select(cands_mod.expand(spec), s.names)
     ctx = Ctx(spec, engines.get(spec.tune.engine), None, s)
+    with oscalls.on_signals() as shutdown:
+        try:
+            res = _run(ctx, cands)
+            shutdown.check()      # a signal during the final restore: the run still ends as the operator asked
+            return res
+        except Stopped:
+            raise
+        except oscalls.Interrupted as e:
+            raise Stopped(e.signum, ctx.run_dir.name if ctx.run_dir else None,
+                          list(ctx.pause.findings) if ctx.pause else []) from None
+
+
+def _run(ctx: Ctx, cands: list[Candidate]) -> dict[str, Any]:
+    spec, s = ctx.spec, ctx.settings
     root = tune_dir(s.archive)
     done: dict[str, dict[str, Any]] = {}
     if s.resume:
         ctx.run_dir, done = _resumed(root, s.resume, spec)
+        _log(ctx, f"run {ctx.run_dir.name}: resumed ({ctx.run_dir})")
+    elif not s.plan_only:        # the run id first: an interrupt during the pre-check can be resumed too
+        _consent(ctx)
+        ctx.run_dir = _new_run(root, spec)
+        _log(ctx, f"run {ctx.run_dir.name}: started ({ctx.run_dir})")
+    if ctx.run_dir is not None:
+        atomic_write_json(ctx.run_dir / "run.json", {"deployment": spec.name, "engine": spec.tune.engine,
+                                                     "candidates": [c.name for c in cands]})
     checked = precheck_all(ctx, [c for c in cands if c.name not in done])
     _log(ctx, f"pre-check: {sum(p.status == 'ok' for _, p, _ in checked)} of {len(checked)} candidates pass"
          + (f" ({len(done)} finished in {s.resume})" if done else ""))
@@ -239,10 +296,7 @@ def tune(spec: Deployment, s: Settings) -> dict[str, Any]:
     if s.plan_only:
         rows.update({c.name: row for c, _, row in checked})
     else:
-        if ctx.run_dir is None:
-            ctx.run_dir = _new_run(root, spec)
-        atomic_write_json(ctx.run_dir / "run.json", {"deployment": spec.name, "engine": spec.tune.engine,
-                                                     "candidates": [c.name for c in cands]})
+        assert ctx.run_dir is not None
         ref = done.get(spec.tune.reference)
         ctx.reference = ref.get("guard_outputs") if ref else None
         for _, pre, row in checked:

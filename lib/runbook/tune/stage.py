@@ -19,11 +19,12 @@ class TuneOptions(Options):
     plan_only: bool = Field(False, description="pre-check only: launch nothing; the table of predicted tokens and "
                                                "running-request caps")
     yes: bool = Field(False, description="stop the production unit when it is active (restored at the end); "
-                                         "without it tune refuses")
-    resume: str | None = Field(None, description="continue this tune run (a folder under ARCHIVE/tune/), skipping its "
-                                                 "finished candidates")
+                                         "without it tune makes a safety stop (exit 77)")
+    resume: str | None = Field(None, description="continue this tune run (a folder under DIR/tune/), skipping its "
+                                                 "finished candidates", json_schema_extra={"metavar": "RUN_ID"})
     budget_s: PosFloat | None = Field(None, description="the whole run's time bound, seconds (default: the spec's tune.budget_s)")
-    archive: str | None = Field(None, description="archive root; runs go to ARCHIVE/tune/<run id>/ (default: outputs/)")
+    archive: str | None = Field(None, description="archive root; runs go to DIR/tune/<run id>/ (default: outputs/)",
+                                json_schema_extra={"metavar": "DIR"})
 
     @field_validator("candidates")
     @classmethod

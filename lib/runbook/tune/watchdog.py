@@ -20,14 +20,14 @@ import argparse
 import contextlib
 import datetime as dt
 import os
-import select
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from runbook.core import oscalls
 from runbook.core.errors import RunbookError
+from runbook.core.oscalls import CommandFailed
 
 POLL_S = 1.0
 ARM_TIMEOUT_S = 30.0       # the watchdog's interpreter starting on a loaded host
@@ -47,23 +47,22 @@ class Watchdog:
         os.close(fd)
         self.log = Path(log)
         read, self.write = os.pipe()     # not inheritable (PEP 446): no server tune starts gets the write end
-        lib = str(Path(__file__).resolve().parents[2])     # runbook importable however this process found it
+        lib = str(oscalls.lib_root())     # runbook importable however this process found it
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (lib, os.environ.get("PYTHONPATH", "")) if p))
         argv = [sys.executable, "-m", "runbook.tune.watchdog", f"--pid={os.getpid()}", f"--log={log}",   # NAME=VALUE:
                 *(f"--stop={u}" for u in stop_units), *([f"--unit={restore_unit}"] if restore_unit else []),   # a value
                 *([f"--ready-url={ready_url}"] if ready_url else []), f"--ready-timeout={ready_timeout_s:g}",  # is never
                 "--", *systemctl]                                                                          # an option
         try:
-            self.proc = subprocess.Popen(argv, stdin=read, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,  # noqa: S603
-                                         cwd="/", start_new_session=True)
+            self.proc = oscalls.start_session(argv, stdin=read, stdout=oscalls.PIPE, stderr=oscalls.DEVNULL, env=env,
+                                              cwd="/")
         except OSError as e:
             os.close(self.write)
             raise WatchdogFailed(f"cannot start the watchdog ({sys.executable}): {e.strerror or e}") from None
         finally:
             os.close(read)
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], ARM_TIMEOUT_S)
-        line = self.proc.stdout.readline() if ready else b""
+        line = self.proc.stdout.readline() if oscalls.readable(self.proc.stdout, ARM_TIMEOUT_S) else b""
         self.proc.stdout.close()
         if line.strip() != b"armed":
             self.disarm()
@@ -79,23 +78,20 @@ class Watchdog:
         with contextlib.suppress(OSError):
             os.close(self.write)
         self.write = -1
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        with contextlib.suppress(oscalls.TimeoutExpired):
             self.proc.wait(10.0)
 
 
 def wait_for_tune(pid: int) -> bool:
     """True when tune said "done"; False when it died without saying it."""
-    from runbook.tune.launch import pid_running
-
     while True:
-        ready, _, _ = select.select([0], [], [], POLL_S)
-        if ready:
+        if oscalls.readable(0, POLL_S):
             data = os.read(0, 64)
             if DONE in data:
                 return True
             if not data:
                 return False
-        elif not pid_running(pid):
+        elif not oscalls.pid_running(pid):
             return False
 
 
@@ -114,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.log, "a", encoding="utf-8") as fh:
             fh.write(f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} {msg}\n")
 
-    from runbook.tune.production import ctl, restore
+    from runbook.tune.production import restore
 
     log(f"armed for tune pid {a.pid}: stops {', '.join(a.stop) or 'nothing'}; restores {a.unit or 'nothing'}")
     print("armed", flush=True)
@@ -125,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     log(f"tune (pid {a.pid}) ended without undoing what it changed")
     ok = True
     for unit in a.stop:
-        code, said = ctl(a.systemctl, "stop", unit)
-        ok &= code == 0
-        log(f"stop {unit}: exit {code} {said}".rstrip())
+        try:
+            oscalls.systemctl(a.systemctl, "stop", unit, check=True)
+            log(f"stop {unit}: exit 0")
+        except CommandFailed as e:
+            ok = False
+            log(f"stop {unit}: {e.reason}")
     if a.unit:
         restored, finding = restore(a.unit, a.systemctl, a.ready_url, a.ready_timeout)
         ok &= restored

@@ -9,13 +9,13 @@ from __future__ import annotations
 import datetime as dt
 import re
 import shutil
-import subprocess
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runbook.core import oscalls
 from runbook.core.findings import Finding
+from runbook.core.oscalls import CommandFailed
 from runbook.verify.logparse import MAX_LINE
 
 READ_LIMIT = MAX_LINE * 4      # bytes read per line before the rest of the line is skipped
@@ -107,12 +107,11 @@ def unit_start(unit: str, systemctl: str = "systemctl", timeout: float = 15.0) -
     if not exe:
         return None
     try:
-        cp = subprocess.run([exe, "show", "-p", "ExecMainStartTimestamp", "--value", "--", unit],
-                            capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.SubprocessError):
-        return None
+        cp = oscalls.call([exe, "show", "-p", "ExecMainStartTimestamp", "--value", "--", unit], timeout=timeout, check=True)
+    except CommandFailed:
+        return None     # no start time: the whole journal of this boot is read instead
     v = cp.stdout.strip()
-    return v if cp.returncode == 0 and v and v != "n/a" else None
+    return v if v and v != "n/a" else None
 
 
 def journal_argv(unit: str, since: str | None, journalctl: str = "journalctl") -> list[str]:
@@ -132,40 +131,21 @@ def from_journal(unit: str, since: str | None = None, journalctl: Sequence[str] 
         return LogSource(src, findings=[Finding("verify.log", "skip", f"journalctl not installed: the journal of {unit} was not read",
                                                 remedy="Give a saved server log with --log FILE.")])
     start = since or unit_start(unit, systemctl)
-    argv = [exe, *cmd[1:], *journal_argv(unit, start)[1:]]
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    except OSError as e:
-        return LogSource(src, findings=[Finding("verify.log", "skip", "journalctl could not run", evidence=str(e),
+        stream = oscalls.journal([exe, *cmd[1:], *journal_argv(unit, start)[1:]], timeout, READ_LIMIT)
+    except CommandFailed as e:
+        return LogSource(src, findings=[Finding("verify.log", "skip", "journalctl could not run", evidence=e.reason,
                                                 remedy="Give a saved server log with --log FILE.")])
-    src_obj = LogSource(src)
-    killed: list[bool] = []
-
-    def _kill() -> None:
-        killed.append(True)
-        proc.kill()
-
-    timer = threading.Timer(timeout, _kill)
-    err_box: list[bytes] = []
-    reader = threading.Thread(target=lambda: err_box.append(proc.stderr.read(65536) if proc.stderr else b""), daemon=True)
+    out = LogSource(src)
 
     def gen() -> Iterator[str]:
-        timer.start()
-        reader.start()
         try:
-            assert proc.stdout is not None
-            yield from _lines(proc.stdout)
+            for chunk in stream.lines:
+                yield chunk.decode("utf-8", errors="replace")
         finally:
-            timer.cancel()
-            if proc.poll() is None:
-                proc.kill()
-            rc = proc.wait()
-            reader.join(5)
-            tail = (err_box[0] if err_box else b"").decode("utf-8", errors="replace").strip().splitlines()[-1:]
-            if killed:
-                src_obj.errors.append(f"journalctl passed its {timeout:g} s deadline and was stopped")
-            elif rc != 0:
-                src_obj.errors.append(f"journalctl exited {rc}" + (f": {tail[0]}" if tail else ""))
+            stream.close()                # a reader that stopped early: journalctl is stopped now
+            if stream.failure is not None:
+                out.errors.append(f"journalctl {stream.failure.reason}")
 
-    src_obj.lines = gen()
-    return src_obj
+    out.lines = gen()
+    return out

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import functools
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
+from runbook.core import oscalls
 from runbook.core.errors import InputError
 from runbook.core.spec import Deployment
 from runbook.core.units import MIB
@@ -37,9 +37,9 @@ def binary(spec: Deployment) -> Path:
 def flag_table(exe: str) -> dict[str, dict[str, Any]]:
     """llama-server's flags from its own --help: name -> {"removed": message | None, "allowed": [values]}."""
     try:
-        out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60).stdout
-    except OSError as e:
-        raise InputError(f"tune.llama_server: {exe}: cannot run it ({e.strerror or e}); build it with `make demo`") from None
+        out = oscalls.call([exe, "--help"], timeout=60).stdout
+    except oscalls.CommandFailed as e:
+        raise InputError(f"tune.llama_server: {exe}: {e.reason}; build it with `make demo`") from None
     table: dict[str, dict[str, Any]] = {}
     names: list[str] = []
     text: list[str] = []

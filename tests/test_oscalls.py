@@ -1,0 +1,94 @@
+"""The OS layer's one failure model (CommandFailed: the command, its exit code, its stderr's tail) and its signal
+save/restore, on real commands and real signals."""
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from runbook.core import oscalls
+from runbook.core.errors import RunbookError
+
+
+def _script(tmp_path, body: str) -> str:
+    p = tmp_path / "tool"
+    p.write_text(f"#!/bin/sh\n{body}\n")
+    p.chmod(0o755)
+    return str(p)
+
+
+def test_a_command_that_cannot_run_times_out_or_fails_is_one_error(tmp_path):
+    with pytest.raises(oscalls.CommandFailed) as e:
+        oscalls.call([str(tmp_path / "no-such-systemctl"), "is-active", "x"])
+    assert e.value.code is None and e.value.reason.startswith("cannot run") and isinstance(e.value, RunbookError)
+    with pytest.raises(oscalls.CommandFailed) as e:
+        oscalls.call([_script(tmp_path, "sleep 5")], timeout=0.3)
+    assert e.value.code is None and e.value.reason == "timed out after 0.3 s"
+    tool = _script(tmp_path, "echo noise >&2; echo 'Job for x.service failed.' >&2; exit 5")
+    assert oscalls.call([tool]).returncode == 5          # without check: the caller reads the answer
+    with pytest.raises(oscalls.CommandFailed) as e:
+        oscalls.call([tool, "start", "x.service"], check=True)
+    assert (e.value.argv, e.value.code, e.value.stderr_tail) == ([tool, "start", "x.service"], 5, "Job for x.service failed.")
+    assert str(e.value) == f"`{tool} start x.service`: exit 5: Job for x.service failed." and "\n" not in str(e.value)
+
+
+def test_is_active_reads_the_word_or_says_unknown_without_systemd(tmp_path):
+    assert oscalls.is_active([_script(tmp_path, "echo inactive; exit 3")], "x") == "inactive"
+    no_bus = _script(tmp_path, "echo 'Failed to connect to bus: Host is down' >&2; exit 1")
+    assert oscalls.is_active([no_bus], "x") == "unknown"
+    with pytest.raises(oscalls.CommandFailed):
+        oscalls.is_active([_script(tmp_path, "echo '<html>'")], "x")
+
+
+def test_a_journal_stream_reports_its_exit_after_the_lines(tmp_path):
+    tool = _script(tmp_path, "echo one; echo two; echo 'No journal files' >&2; exit 1")
+    s = oscalls.journal([tool], timeout=30, limit=1024)
+    assert list(s.lines) == [b"one\n", b"two\n"] and s.failure is not None
+    assert s.failure.code == 1 and s.failure.reason == "exit 1: No journal files"
+    slow = oscalls.journal([_script(tmp_path, "echo first; sleep 30")], timeout=0.5, limit=1024)
+    t0 = time.monotonic()
+    assert list(slow.lines) == [b"first\n"] and time.monotonic() - t0 < 10
+    assert slow.failure is not None and "deadline" in slow.failure.reason
+
+
+def test_handlers_come_back_however_the_block_ends():
+    before = signal.getsignal(signal.SIGHUP)
+    with pytest.raises(ZeroDivisionError), oscalls.handling(lambda *a: None, (signal.SIGHUP,)):
+        assert signal.getsignal(signal.SIGHUP) is not before
+        raise ZeroDivisionError
+    assert signal.getsignal(signal.SIGHUP) == before
+
+
+def test_a_second_signal_is_recorded_and_the_first_one_counts():
+    with oscalls.on_signals() as sd:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 5
+        while len(sd.received) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with oscalls.on_signals() as inner:             # nested: the same record
+            assert inner is sd
+        assert sd.received == [signal.SIGTERM, signal.SIGINT] and sd.signum == signal.SIGTERM
+        t0 = time.monotonic()
+        with pytest.raises(oscalls.Interrupted):
+            sd.sleep(30)                                # a pause ends at once once a signal is in
+        assert time.monotonic() - t0 < 1
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_session_child_is_stopped_with_its_group(tmp_path):
+    kid = tmp_path / "kid"
+    code = (f"import signal,subprocess,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            f"p=subprocess.Popen([sys.executable,'-c','import time; time.sleep(300)']); open({str(kid)!r},'w').write(str(p.pid)); "
+            f"time.sleep(300)")
+    fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
+    child = oscalls.SessionChild(sys.executable, [sys.executable, "-c", code], fd, os.environ)
+    os.close(fd)
+    deadline = time.monotonic() + 20
+    while not kid.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert child.alive() and os.getpgid(child.pid) == child.pid != os.getpgid(0)
+    child.stop(grace=0.5)                                # SIGTERM ignored: SIGKILL to the whole group
+    assert not child.alive() and child.exited() == "was killed by SIGKILL"
+    assert not oscalls.pid_running(int(kid.read_text()))

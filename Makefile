@@ -40,7 +40,7 @@ venv: $(RUNTIME)
 # - torchvision --no-deps: only CUDA builds are on the index; SGLang imports it unconditionally, and
 #   deploy/serving/torchvision_cpu.pth skips the one module whose C ops fail on CPU torch.
 TORCHVISION_VERSION := 0.29.1
-$(SERVING_STAMP): requirements-serving.txt deploy/serving/torchvision_cpu.pth lib/runbook/core/__init__.py
+$(SERVING_STAMP): requirements-serving.txt deploy/serving/torchvision_cpu.pth
 	@test -x $(SERVING)/bin/python || $(PYTHON) -m venv $(SERVING)
 	$(SERVING)/bin/python -m pip install -q --upgrade pip
 	$(SERVING)/bin/python -m pip install -q -r requirements-serving.txt

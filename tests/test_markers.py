@@ -15,7 +15,7 @@ SIGNS = {
     "serving": re.compile(r'"RUNBOOK_SERVING_PYTHON"|"\.venv-serving"'),      # the variable or the path, not prose
     "notebook": re.compile(r'"runbook", "run"|\bcli\("run"|papermill\.execute'),
     "llama": re.compile(r"start_llama_server|llama_server_path"),
-    "sglang": re.compile(r"\bsglang\.(start|tiny_model|check_engine)\("),
+    "sglang": re.compile(r"\bsglang\.(start|launch|tiny_model|check_engine)\("),
     "browser": re.compile(r"\bchromium\b", re.I),
     "server": re.compile(r'S3Server\(|"-m", "pip"|"-m", "venv"|venv\.create\('),
 }

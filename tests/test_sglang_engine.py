@@ -129,3 +129,42 @@ def test_broken_engine_is_one_line_naming_interpreter_and_target(tmp_path, case)
 
 def test_the_real_interpreter_passes_the_check():
     assert sglang.check_engine() == SGLANG_VERSION and sys.executable != str(sglang.serving_python())
+
+
+def test_the_tiny_model_is_built_the_same_every_time(tmp_path, sglang_server):
+    """Built again from nothing, it is the cached model byte for byte: weights, tokenizer and chat template."""
+    import hashlib
+
+    fresh = sglang.tiny_model(tmp_path / "model")
+    names = sorted(p.name for p in sglang_server.model_dir.iterdir())
+    assert names == sorted(p.name for p in fresh.iterdir()) and "model.safetensors" in names
+    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()   # noqa: E731
+    assert {n: digest(fresh / n) for n in names} == {n: digest(sglang_server.model_dir / n) for n in names}
+    assert "tools" in (fresh / "chat_template.jinja").read_text()
+
+
+def test_a_server_outlives_no_killed_parent(tmp_path):
+    """The process that started SGLang is SIGKILLed (a test run killed, `serve` stopped): the server in its own session
+    gets SIGTERM from the kernel and every process of that session exits."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    code = ("import sys, time; from runbook.demo import sglang; "
+            f"s = sglang.start(log_path=sglang.Path({str(tmp_path / 'server.log')!r})); print(s.pid, flush=True); time.sleep(600)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pid = int(parent.stdout.readline())
+        assert len(sglang.session_pids(pid)) >= 3
+    finally:
+        parent.kill()
+        parent.wait(10)
+    deadline = time.monotonic() + 60
+    while sglang.session_pids(pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = sglang.session_pids(pid)
+    for p in left:                      # never leave one behind, even when the test fails
+        os.kill(p, signal.SIGKILL)
+    assert not left

@@ -231,6 +231,7 @@ class SGLangServer:
     model_dir: Path
     log: Path
     spec: Deployment
+    launched: float = 0.0                                   # time.monotonic() at launch
     startup_s: float = 0.0                                  # launch -> /health 200
     seen: set[int] = field(default_factory=set)            # every PID of its session seen while it ran
 
@@ -310,10 +311,24 @@ def launch_argv(dep: Deployment) -> list[str]:
 
 def start(dep: Deployment | None = None, *, port: int | None = None, flags: Mapping[str, Any] | None = None,
           log_path: Path | None = None, ready_timeout: float = 240.0, env: Mapping[str, str] | None = None,
-          argv: Sequence[str] | None = None) -> SGLangServer:
+          argv: Sequence[str] | None = None, host_free_gib: float | None = None) -> SGLangServer:
     """Start SGLang on CPU as the deployment's unit would (`dep`, else the demo spec on `port` with `flags`
     changed) and wait, at most `ready_timeout`, until /health answers 200. `argv`: another command line
-    serving on the deployment's port (e.g. one read back from an installed unit)."""
+    serving on the deployment's port (e.g. one read back from an installed unit). `host_free_gib`: the free
+    memory SGLang reads from the host, pinned (pinned_meminfo) so that its pool follows from known inputs."""
+    srv = launch(dep, port=port, flags=flags, log_path=log_path, env=env, argv=argv, host_free_gib=host_free_gib)
+    try:
+        wait_ready(srv, ready_timeout)
+    except BaseException:
+        srv.stop()
+        raise
+    return srv
+
+
+def launch(dep: Deployment | None = None, *, port: int | None = None, flags: Mapping[str, Any] | None = None,
+           log_path: Path | None = None, env: Mapping[str, str] | None = None, argv: Sequence[str] | None = None,
+           host_free_gib: float | None = None) -> SGLangServer:
+    """start() without the wait: the server is starting when this returns (wait_ready, stop)."""
     if dep is None:
         dep = deployment(port or free_port(), flags=flags)
     port = dep.serving.port
@@ -327,23 +342,44 @@ def start(dep: Deployment | None = None, *, port: int | None = None, flags: Mapp
         fd, name = tempfile.mkstemp(prefix="sglang-", suffix=".log")
         os.close(fd)
         log_path = Path(name)
+    if host_free_gib is not None:
+        cmd = pinned_meminfo(cmd, host_free_gib, log_path.with_suffix(".meminfo"))
     run_env = dict(os.environ, PYTHONUNBUFFERED="1", **dep.serving.env, **(env or {}))
     run_env.pop("PYTHONPATH", None)             # the runbook's lib/ is no business of the server's
-    t0 = time.monotonic()
     with open(log_path, "w") as logf:           # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=run_env)
-    srv = SGLangServer(proc, dep.serving.local_url, port, cmd, Path(dep.model.path), log_path, dep)
-    try:
-        wait_ready(srv, ready_timeout)
-    except BaseException:
-        srv.stop()
-        raise
-    srv.startup_s = time.monotonic() - t0
-    return srv
+                                start_new_session=True, env=run_env, preexec_fn=_die_with_parent)
+    return SGLangServer(proc, dep.serving.local_url, port, cmd, Path(dep.model.path), log_path, dep,
+                        launched=time.monotonic())
 
 
-def wait_ready(srv: SGLangServer, timeout: float) -> None:
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started it dies, however it dies (a test run killed,
+    `serve` stopped by SIGTERM), so the server in its own session is never left behind. Linux's PR_SET_PDEATHSIG."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def pinned_meminfo(cmd: Sequence[str], free_gib: float, path: Path) -> list[str]:
+    """`cmd` in a mount namespace of its own where /proc/meminfo says `free_gib` are available. On CPU SGLang sizes
+    its pool from the host's available memory (psutil, /proc/meminfo's MemAvailable), which other processes move
+    from one reading to the next; pinned, the pool follows from known inputs. Needs root (CAP_SYS_ADMIN), as the
+    tests run; `unshare` execs the command, so the server keeps the PID it was started with."""
+    if not shutil.which("unshare"):
+        raise EngineError("pinning the free memory SGLang sees needs util-linux's unshare, which is not on PATH")
+    lines = Path("/proc/meminfo").read_text().splitlines()
+    kib = int(free_gib * 2**20)
+    if kib * 1024 != int(free_gib * 2**30):
+        raise EngineError(f"host_free_gib {free_gib} is not a whole number of KiB (/proc/meminfo counts kB)")
+    path.write_text("\n".join(f"MemAvailable:   {kib} kB" if ln.startswith("MemAvailable:") else ln for ln in lines) + "\n")
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount --bind "$0" /proc/meminfo && exec "$@"', str(path), *cmd]
+
+
+def wait_ready(srv: SGLangServer, timeout: float = 240.0) -> None:
+    """Until /health answers 200 (then srv.startup_s is set), at most `timeout`; the server exiting first, or the
+    time running out, is an EngineError with the end of its log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         srv.pids()
@@ -353,6 +389,7 @@ def wait_ready(srv: SGLangServer, timeout: float) -> None:
         try:
             with urllib.request.urlopen(srv.url + "/health", timeout=5) as r:
                 if r.status == 200:
+                    srv.startup_s = time.monotonic() - srv.launched
                     return
         except OSError:
             pass

@@ -353,12 +353,14 @@ def launch(dep: Deployment | None = None, *, port: int | None = None, flags: Map
                         launched=time.monotonic())
 
 
+PR_SET_PDEATHSIG = 1
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the process that started it dies, however it dies (a test run killed,
-    `serve` stopped by SIGTERM), so the server in its own session is never left behind. Linux's PR_SET_PDEATHSIG."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    `serve` stopped by SIGTERM), so the server in its own session is never left behind. Linux's PR_SET_PDEATHSIG;
+    SIGTERM rather than the OS layer's SIGKILL so SGLang still stops its scheduler and detokenizer."""
+    oscalls.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def pinned_meminfo(cmd: Sequence[str], free_gib: float, path: Path) -> list[str]:

@@ -28,7 +28,7 @@ def _workload(name, tmp_path):
     if name == "file":
         p = tmp_path / "prompts.jsonl"
         p.write_text("".join(json.dumps(r) + "\n" for r in (
-            {"prompt": "def add(a, b):", "max_tokens": 6}, {"messages": [{"role": "user", "content": "Sort a list."}], "max_tokens": 6},
+            {"prompt": "def add(a, b):", "max_tokens": 6}, {"prompt": "Sort a list.", "max_tokens": 6},
             {"prompt": "class Stack:", "max_tokens": 6}, {"prompt": [17, 99, 311, 20, 41], "max_tokens": 6})))
         return str(p)
     return name
@@ -87,22 +87,18 @@ def test_ttft_and_tpot_beside_the_servers_own_histograms(sglang_server):
 
 
 def test_output_rate_beside_sglangs_own_client(sglang_server):
-    """`sglang.benchmark.serving` and our bench on the same server, same lengths, alternating A B B A: the same
-    tokens counted, and output tok/s within 0.8–1.25 of each other (pooled over the runs; on a busy 2-core machine
-    one more B A A B block when the first misses). A client that miscounted tokens or mistimed its window is off by
-    more than that."""
-    tok = sglang_server.model_dir
-    with reference.SGLangClient() as sg:
-        rows = reference.side_by_side(sglang_server.url, tok, [4], requests=12, input_len=128, output_len=32, client=sg)
-        (r,) = rows
-        if not 0.8 <= r.ratio() <= 1.25:
-            (more,) = reference.side_by_side(sglang_server.url, tok, [4], requests=12, input_len=128, output_len=32,
-                                             client=sg, seed=1)
-            r = reference.SideBySide(4, r.ours + more.ours, r.theirs + more.theirs, r.order + "+" + more.order)
-    row = r.row()
-    assert row["ours_output_tokens"] == [12 * 32] * len(r.ours)
-    assert row["sglang_output_tokens"] == [12 * 32] * len(r.theirs)
-    assert 0.8 <= row["ratio"] <= 1.25, row
+    """`sglang.benchmark.serving` and our bench on the same server at the same time, the same work at concurrency 4
+    each: the same tokens counted, and output tok/s within 0.8–1.25 of each other (the median of three such runs).
+    Run alone, one after the other, the two vary several-fold on a busy 2-core machine; run together, the
+    machine's load falls on both. A client that miscounted tokens, or timed its window wrong, is off by more."""
+    with reference.SGLangClient(sglang_server.spec.serving.python) as sg:
+        runs = [reference.side_by_side(sg, sglang_server.url, sglang_server.model_dir, [4], requests=12, input_len=128,
+                                       output_len=32, seed=k, together=True)[0] for k in range(3)]
+    rows = [r.row() for r in runs]
+    for row in rows:
+        assert row["ours_output_tokens"] == [12 * 32] and row["sglang_output_tokens"] == [12 * 32], row
+    ratios = sorted(row["ratio"] for row in rows)
+    assert 0.8 <= ratios[1] <= 1.25, rows
 
 
 def test_cache_hits_per_turn_from_sglangs_cached_tokens(sglang_server):

@@ -43,7 +43,8 @@ def test_the_benchmark_reports_queueing(small_pool):
     f = next(f for f in res.findings if f.id == "bench.queue.c8")
     assert "waited in the server's queue" in f.title
     row = report.queue_frame(res.summary).loc["c8"]
-    assert row["queue p99 ms"] > 100 and row["waiting (max)"] >= 1 and row["retracted"] == 0
+    assert row["queue p99 ms"] > 100 and row["waiting (max)"] >= 1
+    assert not s["server_side"].get("retracted_requests")     # SGLang shows the counter once it first counts
 
 
 def test_retractions_reported_by_the_benchmark_and_read_by_verify_from_the_log(small_pool):

@@ -15,6 +15,7 @@ import os
 import select
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,11 +50,8 @@ class ReferenceError_(RunbookError):
 class SGLangClient:
     """`sglang.benchmark.serving` kept imported in a child process of its own (its own session, waited for on close)."""
 
-    def __init__(self, python: str | Path | None = None, start_timeout_s: float = 300.0):
-        if python is None:
-            from runbook.demo.sglang import serving_python
-
-            python = serving_python()
+    def __init__(self, python: str | Path, start_timeout_s: float = 300.0):
+        """`python`: an interpreter with SGLang installed (the deployment's serving.python)."""
         self.python = str(python)
         self._dir = tempfile.TemporaryDirectory(prefix="sglang-bench-")
         self._err = open(Path(self._dir.name) / "stderr.log", "w+")  # noqa: SIM115 - closed in close()
@@ -73,7 +71,7 @@ class SGLangClient:
             self.close()
             raise
 
-    def _tail(self) -> str:
+    def tail(self) -> str:
         self._err.flush()
         lines = [ln.strip() for ln in Path(self._err.name).read_text(errors="replace").splitlines() if ln.strip()]
         return " | ".join(lines[-3:]) or "(no output)"
@@ -83,16 +81,16 @@ class SGLangClient:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
         line = self.proc.stdout.readline() if ready else None
         if line is None:
-            raise ReferenceError_(f"SGLang's benchmark client: {what} took over {timeout_s:.0f} s: {self._tail()}")
+            raise ReferenceError_(f"SGLang's benchmark client: {what} took over {timeout_s:.0f} s: {self.tail()}")
         if not line:
             rc = self.proc.wait(10)
-            raise ReferenceError_(f"SGLang's benchmark client exited with {rc} during {what}: {self._tail()}")
+            raise ReferenceError_(f"SGLang's benchmark client exited with {rc} during {what}: {self.tail()}")
         return json.loads(line)
 
-    def run(self, url: str, model: str, tokenizer: str | Path, concurrency: int, requests: int, input_len: int,
-            output_len: int, seed: int = 0, warmup: int = 1, timeout_s: float = 900.0) -> dict[str, Any]:
-        """One run of SGLang's client (sglang-oai backend: streamed /v1/completions, ignore_eos): its result
-        line (`completed`, `duration`, `total_output_tokens`, `output_throughput`, `median_ttft_ms`, …)."""
+    def submit(self, url: str, model: str, tokenizer: str | Path, concurrency: int, requests: int, input_len: int,
+               output_len: int, seed: int = 0, warmup: int = 1) -> None:
+        """Start one run of SGLang's client (sglang-oai backend: streamed /v1/completions, ignore_eos); `result()`
+        waits for it."""
         self.runs += 1
         out = Path(self._dir.name) / f"run{self.runs}.jsonl"
         argv = ["--backend", "sglang-oai", "--base-url", url, "--model", model, "--tokenizer", str(tokenizer),
@@ -104,12 +102,21 @@ class SGLangClient:
             self.proc.stdin.write(json.dumps({"argv": argv, "out": str(out)}) + "\n")
             self.proc.stdin.flush()
         except BrokenPipeError:
-            raise ReferenceError_(f"SGLang's benchmark client is gone: {self._tail()}") from None
-        res = self._read(timeout_s, f"a run at concurrency {concurrency}")
+            raise ReferenceError_(f"SGLang's benchmark client is gone: {self.tail()}") from None
+
+    def result(self, timeout_s: float = 900.0) -> dict[str, Any]:
+        """The submitted run's result line (`completed`, `duration`, `total_output_tokens`, `output_throughput`,
+        `median_ttft_ms`, …)."""
+        res = self._read(timeout_s, f"run {self.runs}")
         if "failed" in res:
-            raise ReferenceError_(f"SGLang's benchmark client failed at concurrency {concurrency}: {res['failed']}; "
-                                  f"{self._tail()}")
+            raise ReferenceError_(f"SGLang's benchmark client failed in run {self.runs}: {res['failed']}; {self.tail()}")
         return res
+
+    def run(self, url: str, model: str, tokenizer: str | Path, concurrency: int, requests: int, input_len: int,
+            output_len: int, seed: int = 0, warmup: int = 1, timeout_s: float = 900.0) -> dict[str, Any]:
+        """One run of SGLang's client, waited for."""
+        self.submit(url, model, tokenizer, concurrency, requests, input_len, output_len, seed, warmup)
+        return self.result(timeout_s)
 
     def close(self, timeout_s: float = 15.0) -> None:
         """End its input and wait for it; SIGKILL to its session if it outlives `timeout_s`. Idempotent."""
@@ -166,35 +173,57 @@ class SideBySide:
                 "sglang_tpot_ms_p50": [r["median_tpot_ms"] for r in self.theirs]}
 
 
-def side_by_side(url: str, tokenizer: str | Path, concurrency: list[int], requests: int, input_len: int, output_len: int,
-                 model: str | None = None, client: SGLangClient | None = None, seed: int = 0) -> list[SideBySide]:
-    """Per concurrency: ours, SGLang's, SGLang's, ours (A B B A) on the same server, same lengths and request count.
-    `client`: an SGLangClient to reuse (else one is started and closed here)."""
+def _ours(url: str, model: str, tokenizer: str | Path, c: int, requests: int, input_len: int, output_len: int, seed: int,
+          warmup: int) -> dict[str, Any]:
     from runbook.bench import run as bench
+
+    o = bench.BenchOptions(url=url, model=model, concurrency=[c], requests=requests, workload="random", input_len=input_len,
+                           output_len=output_len, tokenizer=str(tokenizer), warmup=warmup, seed=seed, telemetry=False)
+    res = bench.run(o)
+    if not res.summary["levels"] or not res.summary["levels"][0]["completed"]:
+        raise ReferenceError_(f"our benchmark at concurrency {c} measured nothing: "
+                              + "; ".join(f.title for f in res.findings if f.status in ("fail", "skip")))
+    return res.summary["levels"][0]
+
+
+def _running(url: str) -> float:
+    from runbook.bench.sweep import parse_prometheus
+    from runbook.bench.telemetry import pick_gauges
+    from runbook.endpoint.reach import get
+
+    _, body = get(url + "/metrics", timeout=10, max_bytes=64 << 20)
+    return pick_gauges(parse_prometheus(body.decode("utf-8", "replace"))).get("num_running_reqs", 0.0)
+
+
+def side_by_side(client: SGLangClient, url: str, tokenizer: str | Path, concurrency: list[int], requests: int, input_len: int,
+                 output_len: int, model: str | None = None, seed: int = 0, together: bool = False,
+                 start_timeout_s: float = 120.0) -> list[SideBySide]:
+    """Per concurrency, the same work from both clients on the same server. Alternating (default): ours, SGLang's,
+    SGLang's, ours (A B B A), each alone. `together`: both at once, each at that concurrency (the server sees twice
+    it), ours started as soon as the server runs SGLang's first request — the machine's load, whatever it does,
+    falls on both alike, so the ratio holds on a busy machine where runs alone vary several-fold. Needs the server's
+    /metrics (num_running_reqs). `client`: SGLang's client, started by the caller and reused level after level."""
     from runbook.endpoint.reach import model_name, run_sync
 
     model = model or run_sync(model_name(url, None))
-    own = client is None
-    sg = client or SGLangClient()
     out = []
-    try:
-        for c in concurrency:
-            ours: list[dict[str, Any]] = []
-            theirs: list[dict[str, Any]] = []
-            for k, who in enumerate("OSSO"):
-                if who == "O":
-                    o = bench.BenchOptions(url=url, model=model, concurrency=[c], requests=requests, workload="random",
-                                           input_len=input_len, output_len=output_len, tokenizer=str(tokenizer), warmup=1,
-                                           seed=seed * 100 + c * 10 + k, telemetry=False)
-                    res = bench.run(o)
-                    if not res.summary["levels"] or not res.summary["levels"][0]["completed"]:
-                        raise ReferenceError_(f"our benchmark at concurrency {c} measured nothing: "
-                                              + "; ".join(f.title for f in res.findings if f.status in ("fail", "skip")))
-                    ours += res.summary["levels"]
-                else:
-                    theirs.append(sg.run(url, model, tokenizer, c, requests, input_len, output_len, seed=seed * 100 + c * 10 + k))
-            out.append(SideBySide(c, ours, theirs, "OSSO"))
-    finally:
-        if own:
-            sg.close()
+    for c in concurrency:
+        k0 = seed * 100 + c * 10
+        if together:
+            client.submit(url, model, tokenizer, c, requests, input_len, output_len, seed=k0, warmup=0)
+            deadline = time.monotonic() + start_timeout_s
+            while _running(url) < 1:
+                if time.monotonic() > deadline:
+                    raise ReferenceError_(f"SGLang's client sent nothing within {start_timeout_s:.0f} s: {client.tail()}")
+                time.sleep(0.05)
+            ours = [_ours(url, model, tokenizer, c, requests, input_len, output_len, k0 + 1, warmup=0)]
+            out.append(SideBySide(c, ours, [client.result()], "together"))
+            continue
+        ours, theirs = [], []
+        for k, who in enumerate("OSSO"):
+            if who == "O":
+                ours.append(_ours(url, model, tokenizer, c, requests, input_len, output_len, k0 + k, warmup=1))
+            else:
+                theirs.append(client.run(url, model, tokenizer, c, requests, input_len, output_len, seed=k0 + k))
+        out.append(SideBySide(c, ours, theirs, "OSSO"))
     return out

@@ -118,3 +118,17 @@ def test_cache_hits_per_turn_from_sglangs_cached_tokens(sglang_server):
     (lv,) = res.levels
     assert s["server_side"]["cached_tokens"] == sum(r.cached_tokens or 0 for r in lv.records) > 0
     assert turns[3]["input_tokens"]["mean"] > turns[2]["input_tokens"]["mean"] > turns[1]["input_tokens"]["mean"]
+
+
+def test_cli_json_and_text_carry_the_servers_figures(sglang_server, cli, tmp_path):
+    args = ("bench", "--url", sglang_server.url, "--workload", "random", "--concurrency", "2", "--requests", "4",
+            "--input-len", "64", "--output-len", "8", "--tokenizer", sglang_server.model_dir, "--archive", "")
+    j = json.loads(cli(*args, "--json").stdout)
+    (lv,) = j["levels"]
+    srv = lv["server_side"]
+    assert {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"} <= set(srv)
+    assert set(srv["ttft_ms"]) == {"mean", "p50", "p90", "p99", "n"} and srv["requests"] == 4
+    assert srv["generation_tokens"] == 4 * 8                 # ignore_eos: every request its 8 tokens
+    assert any(f["id"] == "bench.server_side.c2" for f in j["findings"])
+    text = cli(*args).stdout
+    assert "Ours beside the server's own figures" in text and "server_mean_ms" in text and "TPOT" in text

@@ -68,7 +68,7 @@ class SGLangClient:
         try:
             self._read(start_timeout_s, "import sglang.benchmark.serving")
         except BaseException:
-            self.close()
+            self.close(timeout_s=2)      # it never got going: nothing to let finish
             raise
 
     def tail(self) -> str:

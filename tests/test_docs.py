@@ -45,6 +45,7 @@ ORIGINAL_README_FLAGS = ["--archive", "--archive-url", "--arg", "--attention-bac
 SGLANG = "SGLang's server (sglang.launch_server)"
 SGLANG_LOGGING = "SGLang's configure_logging client (python -m sglang.srt.managers.configure_logging)"
 CLIENT_CEILING = "benchmarks/client_ceiling.py"
+SGLANG_BENCH = "SGLang's benchmark client (python -m sglang.benchmark.serving)"
 # Other programs' flags the docs quote, with their owner.
 EXTERNAL = {
     "--kv-cache-dtype": SGLANG, "--quantization": SGLANG, "--tool-call-parser": SGLANG, "--model-path": SGLANG,
@@ -52,6 +53,8 @@ EXTERNAL = {
     "--crash-dump-folder": SGLANG, "--dp-size": SGLANG, "--enable-dp-attention": SGLANG,
     "--device": SGLANG, "--sampling-backend": SGLANG, "--grammar-backend": SGLANG, "--dtype": SGLANG,
     "--model-impl": SGLANG, "--sleep-on-idle": SGLANG, "--no-deps": "pip",
+    "--enable-metrics": SGLANG, "--enable-cache-report": SGLANG, "--schedule-conservativeness": SGLANG,
+    "--random-range-ratio": SGLANG_BENCH,
     "--lag": CLIENT_CEILING, "--send-overhead": CLIENT_CEILING,
     "--jinja": "llama.cpp's llama-server",
     "--retry": "curl", "--retry-all-errors": "curl",

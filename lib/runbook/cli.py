@@ -184,7 +184,14 @@ def _verify_text(rep: Any) -> str:
 
 
 def _bench_text(rep: Any) -> str:
-    return bench.frame(rep.summary).to_string() if rep.summary.get("levels") else ""
+    if not rep.summary.get("levels"):
+        return ""
+    text = bench.frame(rep.summary).to_string()
+    srv = bench.server_frame(rep.summary)
+    if not srv.empty:
+        cols = ["ours_mean_ms", "server_mean_ms", "ratio_mean", "ours_p50_ms", "server_p50_ms", "ours_p99_ms", "server_p99_ms"]
+        text += "\n\nOurs beside the server's own figures (its /metrics; percentiles within its buckets):\n" + srv[cols].to_string()
+    return text
 
 
 def _tune_text(rep: Any) -> str:

@@ -26,6 +26,36 @@ def frame(summary: dict[str, Any]):
     return df.set_index("level").round(2) if not df.empty else df
 
 
+def server_frame(summary: dict[str, Any]):
+    """Ours beside the server's own figures (SGLang's /metrics histograms), per level and metric: mean, p50 and p99
+    each way and the ratio of the means. Empty when the server exposed none (no --enable-metrics)."""
+    import pandas as pd
+
+    from runbook.bench.server_side import beside
+
+    rows = [r for s in summary.get("levels", []) for r in beside(s)]
+    df = pd.DataFrame(rows)
+    return df.set_index(["level", "metric"]).round(2) if not df.empty else df
+
+
+def queue_frame(summary: dict[str, Any]):
+    """Per level, how the server held the load: its queue time (SGLang's queue_time_seconds), the most requests
+    waiting and running (telemetry), and the requests it retracted or aborted over the level."""
+    import pandas as pd
+
+    rows = []
+    for s in summary.get("levels", []):
+        srv, tel = s.get("server_side") or {}, s.get("telemetry") or {}
+        q = srv.get("queue_ms") or {}
+        rows.append({"level": s["label"], "queue p50 ms": q.get("p50"), "queue p99 ms": q.get("p99"),
+                     "queue mean ms": q.get("mean"), "waiting (max)": (tel.get("num_queue_reqs") or {}).get("max"),
+                     "running (max)": (tel.get("num_running_reqs") or {}).get("max"),
+                     "KV usage (max)": (tel.get("kv_token_usage") or {}).get("max"),
+                     "retracted": srv.get("retracted_requests"), "aborted": srv.get("aborted_requests")})
+    df = pd.DataFrame(rows)
+    return df.set_index("level").round(2) if not df.empty else df
+
+
 def _conc(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in summary.get("levels", []) if s.get("concurrency") and s["completed"]]
 

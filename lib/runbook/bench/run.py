@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from runbook.bench import metrics, workers, workloads
+from runbook.bench import metrics, server_side, workers, workloads
 from runbook.bench.sweep import Level, LevelResult, cache_hit_from_metrics, run_level
 from runbook.core import registry
 from runbook.core.errors import InputError
@@ -114,6 +114,7 @@ def level_summary(lr: LevelResult, slo: Any = None) -> dict[str, Any]:
     if lr.workers_lost:
         s["workers_lost"] = lr.workers_lost
     s["cache_hit_rate"], s["cache_hit_source"] = cache_hit(lr)
+    s["server_side"] = server_side.level(lr.server)
     return s
 
 
@@ -434,6 +435,7 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
         if q is not None and q > 5.0:
             out.append(Finding(f"bench.client_queue.{tag}", "info", f"{tag}: requests waited up to {q:.1f} ms (p99) for a connection",
                                detail="The wait is measured apart (client_queue_ms) and is not part of TTFT."))
+    out += server_findings(levels)
     tel = [s for s in levels if s.get("telemetry")]
     for s in tel:
         t = s["telemetry"]
@@ -462,6 +464,47 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
                            f"SLOs met up to {meeting[-1]['label']}" if meeting else "no level meets the SLOs",
                            detail=f"ttft p99 ≤ {slo.ttft_ms_p99} ms, tpot p99 ≤ {slo.tpot_ms_p99} ms",
                            remedy="" if meeting else "Lower concurrency, or revisit the deployment's flags."))
+    return out
+
+
+QUEUE_WARN_MS = 1000.0     # a p99 wait in the server's queue beyond this: the level is past what the server admits at once
+
+
+def server_findings(levels: list[dict[str, Any]]) -> list[Finding]:
+    """Per level, what the server itself measured (bench/server_side.py): its TTFT and TPOT beside ours, how long
+    requests waited in its queue, and requests it retracted (KV pool full) or aborted."""
+    out: list[Finding] = []
+    for s in levels:
+        srv, tag = s.get("server_side") or {}, s["label"]
+        rows = {r["metric"]: r for r in server_side.beside(s)}
+        if rows:
+            out.append(Finding(f"bench.server_side.{tag}", "info", f"{tag}: " + "; ".join(
+                f"{m} mean ours {r['ours_mean_ms']:.1f} ms, server {r['server_mean_ms']:.1f} ms"
+                for m, r in rows.items() if m in ("TTFT", "TPOT")),
+                detail="The server's figures are SGLang's own histograms (/metrics, --enable-metrics) over the level; "
+                       "our TTFT adds the network, HTTP and the client to the server's."))
+        q = srv.get("queue_ms")
+        peak = ((s.get("telemetry") or {}).get("num_queue_reqs") or {}).get("max")
+        if q and q.get("p99") is not None and (q["p99"] > QUEUE_WARN_MS or peak):
+            st: Status = "warn" if q["p99"] > QUEUE_WARN_MS else "info"
+            out.append(Finding(f"bench.queue.{tag}", st, f"{tag}: requests waited in the server's queue: p50 {q['p50']:.0f} ms, "
+                               f"p99 {q['p99']:.0f} ms" + (f", up to {peak:.0f} waiting" if peak else ""),
+                               detail="SGLang's queue_time_seconds (a retracted request queues again) and num_queue_reqs; "
+                                      "the wait is part of TTFT on both sides.",
+                               remedy="More concurrency than the pool or --max-running-requests admits at once: lower the "
+                                      "load, or give the server a larger KV pool." if st == "warn" else ""))
+        rt, ab = srv.get("retracted_requests"), srv.get("aborted_requests")
+        if rt:
+            out.append(Finding(f"bench.retracted.{tag}", "warn", f"{tag}: the server retracted {rt} running requests (KV pool full)",
+                               detail="A retracted request is put back in the queue and its prefill recomputed: its TTFT "
+                                      "and E2E include the lost work (SGLang's num_retracted_requests_total).",
+                               remedy="A larger KV pool (memory fraction, --max-total-tokens), fewer requests at once "
+                                      "(--max-running-requests), or shorter outputs; verify reads the same events from the log."))
+        if ab:
+            out.append(Finding(f"bench.aborted.{tag}", "warn", f"{tag}: the server aborted {ab} requests",
+                               detail="SGLang's num_aborted_requests_total over the level (out of KV memory, a client "
+                                      "that went away, or a request it refused)",
+                               remedy="Read the failed records and the server log (`runbook verify` reads its memory lines)."))
     return out
 
 

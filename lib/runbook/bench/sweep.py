@@ -115,10 +115,14 @@ async def flush_cache(session: aiohttp.ClientSession, base: str) -> bool:
 
 def server_deltas(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any]:
     """Counters as deltas (labelled series too; one first seen during the level counts from 0), gauges as
-    their value after; spec-decoding acceptance picked out."""
+    their value after; spec-decoding acceptance picked out; the server's own latency histograms and request
+    counters over the level (bench/server_side.py)."""
     if not before or not after:
         return {}
-    out: dict[str, Any] = {"deltas": {}, "after": {}}
+    from runbook.bench import server_side
+
+    out: dict[str, Any] = {"deltas": {}, "after": {}, "histograms": server_side.histogram_deltas(before, after),
+                           "counters": server_side.counter_deltas(before, after)}
     for k, v in after.items():
         base = k.split("{")[0]
         if base.endswith(("_total", "_count", "_sum")):

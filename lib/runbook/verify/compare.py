@@ -173,13 +173,7 @@ def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> lis
                            detail=ca.groups[0][1] if ca.groups else "", evidence=ca.lines[0],
                            remedy="Expected on more than two PCIe-only GPUs; pass --disable-custom-all-reduce to say so, and keep "
                                   f"NCCL_P2P_LEVEL right for the topology ({registry.notebook('environment')})."))
-    rt = w.get("retraction")
-    if rt:
-        reqs = sum(int(g[0]) for g in rt.groups if g and g[0].isdigit())
-        out.append(Finding("verify.retraction", "warn", f"the KV pool filled up {rt.count}× and SGLang retracted running requests",
-                           detail=f"{reqs} requests retracted in the first {len(rt.groups)} events", evidence=rt.lines[0],
-                           remedy="Fewer long requests at once (--max-running-requests), a larger pool (BF16 → FP8 only with "
-                                  "scales, more memory), or a shorter --context-length; retraction recomputes their prefill."))
+    out += load_findings(facts)
     oomg = w.get("oom_graph_capture")
     if oomg:
         out.append(Finding("verify.oom_graph_capture", "fail", "out of memory while capturing CUDA graphs: the KV pool took their room",
@@ -205,6 +199,50 @@ def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> lis
                            evidence=jit.lines[0],
                            remedy="Precompile once (`python3 -m sglang.compile_deep_gemm` with the unit's flags) and keep "
                                   "SGLANG_DG_CACHE_DIR on persistent disk, so a restart does not recompile."))
+    return out
+
+
+def load_findings(facts: Facts) -> list[Finding]:
+    """What SGLang logged under load: retractions when the KV pool filled, the pool's own out-of-memory lines,
+    requests aborted under memory pressure, no request slot left, a pool below one request at the context length."""
+    out: list[Finding] = []
+    w = facts.warnings
+    rt = w.get("retraction")
+    if rt:
+        reqs = sum(int(g[0]) for g in rt.groups if g and g[0].isdigit())
+        out.append(Finding("verify.retraction", "warn", f"the KV pool filled up {rt.count}× and SGLang retracted running requests",
+                           detail=f"{reqs} requests retracted in the first {len(rt.groups)} events", evidence=rt.lines[0],
+                           remedy="Fewer long requests at once (--max-running-requests), a larger pool (BF16 → FP8 only with "
+                                  "scales, more memory), or a shorter --context-length; retraction recomputes their prefill."))
+    small = w.get("pool_below_context")
+    if small:
+        tokens, ctx = small.groups[0] if small.groups else ("?", "?")
+        out.append(Finding("verify.pool_below_context", "warn", f"the KV pool ({tokens} tokens) holds less than one request "
+                           f"at the context length ({ctx})", evidence=small.lines[0],
+                           detail="SGLang refuses or truncates the longest requests; under load it queues and retracts early",
+                           remedy="A larger pool (--mem-fraction-static, --max-total-tokens) or a shorter --context-length "
+                                  "(SGLang's own advice)."))
+    pool = w.get("kv_pool_oom")
+    if pool:
+        phases = sorted({(g[0] or "").lower() for g in pool.groups if g} - {""})
+        out.append(Finding("verify.kv_pool_oom", "fail", f"the KV pool had no room for a batch ({pool.count}×"
+                           + (f", {' and '.join(phases)}" if phases else "") + "): SGLang's scheduler raises on it",
+                           evidence=pool.lines[0],
+                           remedy="A larger pool (--mem-fraction-static, --max-total-tokens) or less admitted at once "
+                                  "(--max-running-requests, --chunked-prefill-size, a higher --schedule-conservativeness); "
+                                  f"re-plan it in {registry.notebook('kv_memory')}."))
+    abort = w.get("oom_abort")
+    if abort:
+        out.append(Finding("verify.oom_abort", "warn", f"SGLang aborted {abort.count} requests under KV memory pressure",
+                           detail="retract_decode aborts a request it cannot retract, or the last one when even it alone "
+                                  "does not fit; the client gets an error instead of an answer",
+                           evidence=abort.lines[0],
+                           remedy="A larger KV pool, shorter --context-length or fewer long requests at once "
+                                  "(--max-running-requests)."))
+    slots = w.get("req_slots_oom")
+    if slots:
+        out.append(Finding("verify.req_slots_oom", "fail", "SGLang ran out of request slots", evidence=slots.lines[0],
+                           remedy="Set a smaller --max-running-requests (SGLang's own advice)."))
     return out
 
 

@@ -73,8 +73,18 @@ WARNINGS: tuple[tuple[str, re.Pattern], ...] = (
      re.compile(r"Using default MoE kernel config\. Performance might be sub-optimal! Config file not found at (\S+?),? ")),
     # distributed/device_communicators/custom_all_reduce_utils.py ({cls_name} is disabled ...)
     ("custom_allreduce_disabled", re.compile(r"\b(CustomAllreduce|CustomAllReduceV2) is disabled (?:because|due to) (.*)$")),
-    # managers/scheduler.py (decode retraction when the KV pool is full)
+    # managers/scheduler.py (decode retraction when the KV pool is full; 0.5.23 appends ", #new_token_ratio: a -> b")
     ("retraction", re.compile(r"KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+), #new_tokens_gained: (-?\d+)")),
+    # managers/tp_worker.py (0.5.23): a pool smaller than one request at the context length
+    ("pool_below_context", re.compile(r"KV pool holds (\d+) tokens, fewer than --context-length (\d+)\.")),
+    # mem_cache/allocation.py (0.5.23): the token pool had no room for a batch ("Out of memory." in alloc_token_slots,
+    # "Prefill out of memory." / "Decode out of memory." in the paged allocators); the scheduler raises after the line
+    ("kv_pool_oom", re.compile(r"\b(?:(Prefill|Decode) out|Out) of memory\. Try to lower your batch size\.")),
+    # managers/schedule_batch.py retract_decode (0.5.23): a request aborted under decode memory pressure, the last one
+    # after every other was retracted, or one that cannot be retracted (no KV backup)
+    ("oom_abort", re.compile(r"retract_decode: aborted (?:last )?request (\S+?)(?::? due to OOM$|: (.*))")),
+    # mem_cache/allocation.py alloc_req_slots: no request slot left (--max-running-requests)
+    ("req_slots_oom", re.compile(r"alloc_req_slots runs out of memory\.")),
     # runner/*_cuda_graph_runner.py wraps torch's error; torch: "CUDA out of memory. Tried to allocate ..."
     ("oom_graph_capture", re.compile(r"Capture (?:prefill )?(?:cuda|CUDA) graph failed: .*(?:out of memory|OutOfMemory)", re.I)),
     ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory", re.I)),

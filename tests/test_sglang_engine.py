@@ -78,7 +78,7 @@ def _alive(pid: int) -> bool:
 def test_stop_waits_for_every_process_of_its_session(tmp_path, sglang_server):
     """A second server, at a larger memory fraction: its pool is larger, and stopping it leaves none of its
     processes (the server, its scheduler and detokenizer, multiprocessing's resource tracker)."""
-    srv = sglang.start(flags={"mem-fraction-static": 0.03}, log_path=tmp_path / "server.log")
+    srv = sglang.start(flags={"mem-fraction-static": 0.1}, log_path=tmp_path / "server.log")
     try:
         pids = srv.pids()
         assert srv.pid in pids and len(pids) >= 3, [psutil.Process(p).name() for p in pids]

@@ -44,11 +44,11 @@ UNEXPLAINED_LAZY: dict[str, int] = {
     "bench/workers.py": 3, "bench/workloads/agentic.py": 2, "bench/workloads/file.py": 1,
     "bench/workloads/random.py": 1, "bench/workloads/registry.py": 1, "bench/workloads/trace.py": 2,
     "endpoint/reach.py": 2,
-    "runner/archive.py": 3, "runner/guard.py": 3, "runner/notebook.py": 3, "runner/params.py": 2, "runner/run.py": 3,
+    "runner/archive.py": 3, "runner/guard.py": 2, "runner/notebook.py": 3, "runner/params.py": 2, "runner/run.py": 2,
     "runner/upload.py": 1,
     "service/check.py": 1, "service/render.py": 1, "service/sglang_probe.py": 2, "service/stage.py": 1,
     "tune/energy.py": 1, "tune/engines/gguf.py": 1, "tune/engines/llama.py": 1, "tune/production.py": 1,
-    "tune/report.py": 2, "tune/run.py": 3, "tune/stage.py": 4, "tune/watchdog.py": 2,
+    "tune/report.py": 2, "tune/run.py": 3, "tune/stage.py": 4, "tune/watchdog.py": 1,
     "verify/replan.py": 1, "verify/report.py": 4,
 }
 

@@ -21,7 +21,7 @@ from pydantic import Field, TypeAdapter, ValidationError, create_model
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict, SettingsError
 
 from runbook import accuracy, alerts, bench, fleet, kv, service, tune, verify
-from runbook.core import registry
+from runbook.core import registry, secrets
 from runbook.core.errors import InputError, LockHeld, RunbookError, SafetyStop
 from runbook.core.findings import exit_code, format_text
 from runbook.core.fsutil import write_output
@@ -473,8 +473,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runbook {args.verb}: safety stop: {e}", file=sys.stderr)
         return EXIT_SAFETY_STOP
     except RunbookError as e:
-        from runbook.core import secrets
-
         # an error may quote what the user typed (--param KEY=VALUE): the environment's secrets never reach stderr
         print(f"runbook: error: {secrets.redact_text(str(e), secrets.secret_values())}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from runbook.core.findings import Finding, Status
 from runbook.core.secrets import MASK, is_secret_key
 from runbook.endpoint.client import Client, RequestSpec
 from runbook.endpoint.reach import BadResponse, fetch_json
+from runbook.service import redact_server_info
 
 
 def first_difference(a: str, b: str, tokenizer: Any = None) -> int | None:
@@ -133,9 +134,7 @@ def server_config(url: str, api_key: str | None = None, timeout: float = 10.0) -
         except (OSError, BadResponse, ValueError):
             return None
         if isinstance(info, dict):
-            from runbook.service import redact_server_info  # also launch_command's --api-key value
-
-            out = redact_server_info(info, api_key)
+            out = redact_server_info(info, api_key)     # also launch_command's --api-key value
             bpt = kv_bytes_per_token(info)
             if bpt is not None:
                 out["kv_bytes_per_token"] = bpt

@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 
+from runbook.accuracy.identity import server_config
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding, Status
 from runbook.core.secrets import redact_text
@@ -478,7 +479,5 @@ def run(url: str | None, model: str | None = None, api_key: str | None = None, m
 def server_settings(url: str, api_key: str | None = None) -> dict[str, Any]:
     """The server's own tool-call settings from /server_info (SGLang): the parser the calls went through, the
     grammar backend that tool_choice=required needs, the version; empty for a server without /server_info."""
-    from runbook.accuracy.identity import server_config
-
     cfg = server_config(url, api_key) or {}
     return {k: cfg[k] for k in ("version", "tool_call_parser", "grammar_backend") if k in cfg}

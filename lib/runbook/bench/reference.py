@@ -20,7 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runbook.bench import run as bench
+from runbook.bench.sweep import parse_prometheus
+from runbook.bench.telemetry import pick_gauges
 from runbook.core.errors import RunbookError
+from runbook.endpoint.reach import get, model_name, run_sync
 
 # Run in the serving interpreter: one job (SGLang's argv and its output file) per stdin line, one JSON result per
 # stdout line. SGLang's client prints its report on stdout: that goes to stderr, so stdout carries only results.
@@ -175,8 +179,6 @@ class SideBySide:
 
 def _ours(url: str, model: str, tokenizer: str | Path, c: int, requests: int, input_len: int, output_len: int, seed: int,
           warmup: int) -> dict[str, Any]:
-    from runbook.bench import run as bench
-
     o = bench.BenchOptions(url=url, model=model, concurrency=[c], requests=requests, workload="random", input_len=input_len,
                            output_len=output_len, tokenizer=str(tokenizer), warmup=warmup, seed=seed, telemetry=False)
     res = bench.run(o)
@@ -187,10 +189,6 @@ def _ours(url: str, model: str, tokenizer: str | Path, c: int, requests: int, in
 
 
 def _running(url: str) -> float:
-    from runbook.bench.sweep import parse_prometheus
-    from runbook.bench.telemetry import pick_gauges
-    from runbook.endpoint.reach import get
-
     _, body = get(url + "/metrics", timeout=10, max_bytes=64 << 20)
     return pick_gauges(parse_prometheus(body.decode("utf-8", "replace"))).get("num_running_reqs", 0.0)
 
@@ -203,8 +201,6 @@ def side_by_side(client: SGLangClient, url: str, tokenizer: str | Path, concurre
     it), ours started as soon as the server runs SGLang's first request — the machine's load, whatever it does,
     falls on both alike, so the ratio holds on a busy machine where runs alone vary several-fold. Needs the server's
     /metrics (num_running_reqs). `client`: SGLang's client, started by the caller and reused level after level."""
-    from runbook.endpoint.reach import model_name, run_sync
-
     model = model or run_sync(model_name(url, None))
     out = []
     for c in concurrency:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from runbook.bench import metrics
+from runbook.bench.server_side import beside
 from runbook.core.plots import figure
 from runbook.endpoint.client import RequestRecord
 
@@ -29,9 +30,7 @@ def frame(summary: dict[str, Any]):
 def server_frame(summary: dict[str, Any]):
     """Ours beside the server's own figures (SGLang's /metrics histograms), per level and metric: mean, p50 and p99
     each way and the ratio of the means. Empty when the server exposed none (no --enable-metrics)."""
-    import pandas as pd
-
-    from runbook.bench.server_side import beside
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
 
     rows = [r for s in summary.get("levels", []) for r in beside(s)]
     df = pd.DataFrame(rows)
@@ -41,7 +40,7 @@ def server_frame(summary: dict[str, Any]):
 def queue_frame(summary: dict[str, Any]):
     """Per level, how the server held the load: its queue time (SGLang's queue_time_seconds), the most requests
     waiting and running (telemetry), and the requests it retracted or aborted over the level."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
 
     rows = []
     for s in summary.get("levels", []):

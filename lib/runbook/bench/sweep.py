@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from runbook.bench import metrics
+from runbook.bench import metrics, server_side
 from runbook.endpoint.client import Client, RequestRecord, RequestSpec
 
 LAG_BOUND_MS = 25.0      # event-loop lag p99 above this: the client, not the server, sets the pace
@@ -119,8 +119,6 @@ def server_deltas(before: dict[str, float] | None, after: dict[str, float] | Non
     counters over the level (bench/server_side.py)."""
     if not before or not after:
         return {}
-    from runbook.bench import server_side
-
     out: dict[str, Any] = {"deltas": {}, "after": {}, "histograms": server_side.histogram_deltas(before, after),
                            "counters": server_side.counter_deltas(before, after)}
     for k, v in after.items():

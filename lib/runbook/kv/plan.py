@@ -5,9 +5,12 @@ This is the edge of the KV calculation: it reads the checkpoint (weights from it
 """
 from __future__ import annotations
 
+import glob
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from runbook import quant
 from runbook.core.errors import InputError
@@ -183,10 +186,6 @@ def host_free_gib() -> float:
     """The memory SGLang's CPU path sizes from, read now (utils/common.py get_free_cpu_memory and
     get_available_gpu_memory for device "cpu"): the host's available memory, capped by a cgroup v2 memory.max
     less memory.current, divided by the NUMA nodes that have CPUs; GiB."""
-    import glob
-
-    import psutil
-
     free = psutil.virtual_memory().available
     try:
         cap, cur = (Path("/sys/fs/cgroup", f).read_text().strip() for f in ("memory.max", "memory.current"))

@@ -38,12 +38,13 @@ def test_the_benchmark_reports_queueing(small_pool):
     assert s["completed"] == 8, s["errors"]
     q = s["server_side"]["queue_ms"]
     assert q["n"] == 8 and q["p99"] > 100 and q["mean"] > 10, q          # some waited for a whole request to finish
-    assert s["telemetry"]["num_queue_reqs"]["max"] >= 1 and s["telemetry"]["queued"] is True
+    # The queue gauge is sampled (telemetry's interval) and a short queue can fall between two samples: the
+    # histogram above is the evidence; the gauge, where it caught the queue, must agree with it.
     assert s["telemetry"]["num_running_reqs"]["max"] <= POOL // (192 + 64)
     f = next(f for f in res.findings if f.id == "bench.queue.c8")
     assert "waited in the server's queue" in f.title
     row = report.queue_frame(res.summary).loc["c8"]
-    assert row["queue p99 ms"] > 100 and row["waiting (max)"] >= 1
+    assert row["queue p99 ms"] > 100 and row["waiting (max)"] == s["telemetry"]["num_queue_reqs"]["max"]
     assert not s["server_side"].get("retracted_requests")     # SGLang shows the counter once it first counts
 
 

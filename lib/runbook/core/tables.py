@@ -14,6 +14,7 @@ MISSING = "—"
 # Column-name words -> decimals. Latencies and token rates carry a tenth; ratios, shares and request rates
 # two places; first match wins, so "tok/s" is tried before "/s".
 _DECIMALS: tuple[tuple[tuple[str, ...], int], ...] = (
+    (("fraction",), 3),   # --mem-fraction-static is set to the thousandth
     (("tok/s", " ms", "_ms", "ms)"), 1),
     (("ratio", "rate", "hit", "usage", "share", "req/s", "/chunk", "per chunk", "accept"), 2),
     (("gib", "gb", "seconds", " s)", "(s)"), 2),

@@ -9,6 +9,7 @@ import pandas as pd
 from runbook.bench import report
 from runbook.core import tables
 from runbook.core.findings import Finding, format_text, grouped, styled, to_json
+from runbook.runner import notebook
 
 TOKEN_COUNT = [Finding(f"bench.token_count.c{c}", "warn", f"c{c}: server and client token counts differ by {g}%",
                        detail=f"server usage {c * 100}, client {c * 103}", remedy="Give --tokenizer the model's tokenizer.")
@@ -87,3 +88,10 @@ def test_tables_show_missing_as_a_dash_and_figures_to_their_precision():
 def test_integer_columns_with_gaps_stay_integers():
     df = pd.DataFrame({"retracted": [3.0, np.nan], "KV usage (max)": [0.91234, None]}, index=["c1", "c8"])
     assert tables.text(df).split() == ["retracted", "KV", "usage", "(max)", "c1", "3", "0.91", "c8", "—", "—"]
+
+
+def test_notebook_table_prints_the_same_text_outside_jupyter_and_skips_nothing_to_show(capsys):
+    throughput, latency = report.frames(SUMMARY)
+    notebook.table(None, pd.DataFrame(), throughput, latency)
+    assert capsys.readouterr().out == tables.text(throughput) + "\n" + tables.text(latency) + "\n"
+    assert report.frames({"levels": []}) == []

@@ -10,6 +10,7 @@ from runbook.bench import report
 from runbook.core import tables
 from runbook.core.findings import Finding, format_text, grouped, styled, to_json
 from runbook.runner import notebook
+from runbook.runner import run as runner
 
 TOKEN_COUNT = [Finding(f"bench.token_count.c{c}", "warn", f"c{c}: server and client token counts differ by {g}%",
                        detail=f"server usage {c * 100}, client {c * 103}", remedy="Give --tokenizer the model's tokenizer.")
@@ -95,3 +96,16 @@ def test_notebook_table_prints_the_same_text_outside_jupyter_and_skips_nothing_t
     notebook.table(None, pd.DataFrame(), throughput, latency)
     assert capsys.readouterr().out == tables.text(throughput) + "\n" + tables.text(latency) + "\n"
     assert report.frames({"levels": []}) == []
+
+
+def test_the_runs_summary_and_last_screen_fold_per_level_findings_and_summary_json_keeps_them(tmp_path):
+    failed = [f.to_dict() for f in TOKEN_COUNT]
+    s = {"run_id": "r1", "deployment": "d", "deployment_file": "d.yaml", "git_commit": None, "started": "t",
+         "duration_s": 1.0, "exit_code": 0, "verdict": "ok", "archive": None,
+         "notebooks": [{"name": "40_benchmark", "html": "40_benchmark.html", "status": "ok", "duration_s": 1.0, "error": None,
+                        "findings": {"fail": 0, "warn": 4, "skip": 0, "pass": 0, "info": 0}, "failed_findings": failed}]}
+    md = runner._summary_md(s)
+    assert md.count("bench.token_count") == 1 and "`bench.token_count (c1, c2, c4, c8)` (40_benchmark)" in md
+    screen = runner.one_screen(s, tmp_path)
+    assert "  WARN c1, c2, c4, c8: server and client token counts differ by 1.2–3.4%" in screen.splitlines()
+    assert screen.count("fix:") == 1 and s["notebooks"][0]["failed_findings"] == failed

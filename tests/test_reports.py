@@ -86,6 +86,12 @@ def test_tables_show_missing_as_a_dash_and_figures_to_their_precision():
     assert "white-space: normal" in html   # headers wrap instead of widening the table
 
 
+def test_precision_follows_the_column_name():
+    assert [tables.decimals(c) for c in ("output tok/s", "TTFT p99 ms", "ratio_mean", "mem fraction", "k_rel_err %",
+                                         "sglang:spec_accepted_tokens_total", ("TTFT", "ours_mean_ms"), "KV usage (max)")] \
+        == [1, 1, 2, 3, 3, 0, 1, 2]
+
+
 def test_integer_columns_with_gaps_stay_integers():
     df = pd.DataFrame({"retracted": [3.0, np.nan], "KV usage (max)": [0.91234, None]}, index=["c1", "c8"])
     assert tables.text(df).split() == ["retracted", "KV", "usage", "(max)", "c1", "3", "0.91", "c8", "—", "—"]
@@ -93,7 +99,8 @@ def test_integer_columns_with_gaps_stay_integers():
 
 def test_notebook_table_prints_the_same_text_outside_jupyter_and_skips_nothing_to_show(capsys):
     throughput, latency = report.frames(SUMMARY)
-    notebook.table(None, pd.DataFrame(), throughput, latency)
+    gaps = pd.DataFrame({"queue p99 ms": [None, None]}, index=["c1", "c8"])
+    notebook.table(None, pd.DataFrame(), throughput, gaps, latency)
     assert capsys.readouterr().out == tables.text(throughput) + "\n" + tables.text(latency) + "\n"
     assert report.frames({"levels": []}) == []
 

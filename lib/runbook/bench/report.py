@@ -128,9 +128,10 @@ def plot_cdf(records: list[RequestRecord]):
 def spec_decoding_frame(summary: dict[str, Any]):
     import pandas as pd
 
-    return pd.DataFrame([{"level": s["label"], "tokens per chunk": s["tokens_per_chunk"], "TPOT p50 ms": s["tpot_ms"]["p50"],
-                          "accept length (per request)": s.get("spec_accept_length_mean"), **s.get("spec_accept", {})}
-                         for s in summary.get("levels", [])])
+    df = pd.DataFrame([{"level": s["label"], "tokens per chunk": s["tokens_per_chunk"], "TPOT p50 ms": s["tpot_ms"]["p50"],
+                        "accept length (per request)": s.get("spec_accept_length_mean"), **s.get("spec_accept", {})}
+                       for s in summary.get("levels", [])])
+    return df.set_index("level") if not df.empty else df
 
 
 def turns_frame(summary: dict[str, Any]):

@@ -14,7 +14,9 @@ MISSING = "—"
 # Column-name words -> decimals. Latencies and token rates carry a tenth; ratios, shares and request rates
 # two places; first match wins, so "tok/s" is tried before "/s".
 _DECIMALS: tuple[tuple[tuple[str, ...], int], ...] = (
+    (("_total",), 0),     # a Prometheus counter
     (("fraction",), 3),   # --mem-fraction-static is set to the thousandth
+    ((" %",), 3),         # small errors in percent: 0.004 % is not 0
     (("tok/s", " ms", "_ms", "ms)"), 1),
     (("ratio", "rate", "hit", "usage", "share", "req/s", "/chunk", "per chunk", "accept"), 2),
     (("gib", "gb", "seconds", " s)", "(s)"), 2),
@@ -22,9 +24,10 @@ _DECIMALS: tuple[tuple[tuple[str, ...], int], ...] = (
     (("completed", "failed", "retracted", "aborted", "waiting", "running", "requests", "turn", "tokens", "count",
       "samples"), 0),
 )
-_HEADER_CSS = [{"selector": "th", "props": "white-space: normal; max-width: 8em; text-align: right; vertical-align: bottom"},
-               {"selector": "td", "props": "white-space: nowrap; text-align: right"},
-               {"selector": "", "props": "max-width: 100%; overflow-x: auto; display: block"}]
+# Headers wrap (they are what makes a table of figures wide); text cells wrap too, figures never do.
+_CSS = [{"selector": "th", "props": "white-space: normal; max-width: 8em; vertical-align: bottom"},
+        {"selector": "td", "props": "white-space: normal; max-width: 40em; text-align: left; vertical-align: top"},
+        {"selector": "", "props": "max-width: 100%; overflow-x: auto; display: block"}]
 
 
 def decimals(column: Any) -> int:
@@ -68,7 +71,9 @@ def formatters(df: pd.DataFrame) -> dict[Any, Callable[[Any], str]]:
 def style(df: pd.DataFrame):
     """The frame as a notebook shows it: formatted cells, headers that wrap."""
     st = df.style.format(formatters(df), na_rep=MISSING).format_index(lambda v: MISSING if _missing(v) else str(v))
-    return st.set_table_styles(_HEADER_CSS)
+    figures = [c for c in df.columns if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])]
+    st = st.set_table_styles(_CSS)
+    return st.set_properties(subset=figures, **{"text-align": "right", "white-space": "nowrap"}) if figures else st
 
 
 def text(df: pd.DataFrame) -> str:

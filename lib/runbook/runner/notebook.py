@@ -47,11 +47,11 @@ def show(findings: Iterable[Finding]):
 
 def table(*frames: Any) -> None:
     """Display each frame formatted for a reader ("—" for missing, figures to their precision, headers that
-    wrap); printed as text outside Jupyter. None and empty frames are skipped."""
+    wrap); printed as text outside Jupyter. None, empty frames and frames with no value at all are skipped."""
     from runbook.core import tables  # lazy: pandas (~0.35 s); notebooks import this module before any table
 
     for df in frames:
-        if df is None or df.empty:
+        if df is None or df.empty or df.isna().all().all():   # a table of gaps says nothing its heading does not
             continue
         if _ipython():
             from IPython.display import display  # lazy: IPython only inside a kernel

@@ -186,11 +186,13 @@ def _verify_text(rep: Any) -> str:
 def _bench_text(rep: Any) -> str:
     if not rep.summary.get("levels"):
         return ""
-    text = bench.frame(rep.summary).to_string()
+    from runbook.core import tables  # lazy: pandas (~0.35 s), only when a table is printed
+
+    text = "\n\n".join(tables.text(df) for df in bench.frames(rep.summary))
     srv = bench.server_frame(rep.summary)
     if not srv.empty:
         cols = ["ours_mean_ms", "server_mean_ms", "ratio_mean", "ours_p50_ms", "server_p50_ms", "ours_p99_ms", "server_p99_ms"]
-        text += "\n\nOurs beside the server's own figures (its /metrics; percentiles within its buckets):\n" + srv[cols].to_string()
+        text += "\n\nOurs beside the server's own figures (its /metrics; percentiles within its buckets):\n" + tables.text(srv[cols])
     return text
 
 

@@ -5,7 +5,7 @@ from runbook.bench.stage import STAGE, BenchStageOptions, evaluate
 from runbook.core.lazy import exports
 
 # Imported on first use (core/lazy.py): the registry imports this package to read its contract.
-__getattr__, __dir__ = exports(__name__, {"frame": "report", "plot_cdf": "report", "plot_latency": "report",
+__getattr__, __dir__ = exports(__name__, {"frame": "report", "frames": "report", "plot_cdf": "report", "plot_latency": "report",
     "plot_slo_search": "report", "plot_telemetry": "report", "plot_throughput": "report", "plot_turns": "report",
     "spec_decoding_frame": "report", "turns_frame": "report", "server_frame": "report", "queue_frame": "report",
     "BenchOptions": "run", "BenchResult": "run",
@@ -13,5 +13,5 @@ __getattr__, __dir__ = exports(__name__, {"frame": "report", "plot_cdf": "report
     "stats": "metrics", "tpot_s": "metrics", "ttft_s": "metrics"})
 
 __all__ = ["STAGE", "BenchOptions", "BenchResult", "BenchStageOptions", "measure", "compare_previous", "evaluate",
-           "frame", "options_from", "plot_cdf", "plot_latency", "plot_slo_search", "plot_telemetry", "plot_throughput",
+           "frame", "frames", "options_from", "plot_cdf", "plot_latency", "plot_slo_search", "plot_telemetry", "plot_throughput",
            "plot_turns", "queue_frame", "server_frame", "spec_decoding_frame", "stats", "tpot_s", "ttft_s", "turns_frame"]

@@ -5,6 +5,7 @@ from typing import Any, cast
 
 from runbook.bench import metrics
 from runbook.bench.server_side import beside
+from runbook.core import tables
 from runbook.core.plots import figure
 from runbook.endpoint.client import RequestRecord
 
@@ -25,6 +26,18 @@ def frame(summary: dict[str, Any]):
                      "client-bound": s["client_bound"], "loop lag p99 ms": s["lag_ms"]["p99"]})
     df = pd.DataFrame(rows)
     return df.set_index("level").round(2) if not df.empty else df
+
+
+# The level table is too wide for a page: what the level delivered, then how long it took.
+THROUGHPUT_COLUMNS = ["completed", "failed", "output tok/s", "total tok/s", "req/s", "tokens/chunk", "cache hit",
+                      "client-bound", "loop lag p99 ms"]
+LATENCY_COLUMNS = ["TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "ITL p50 ms", "ITL p99 ms", "E2E p99 ms"]
+
+
+def frames(summary: dict[str, Any]) -> list[Any]:
+    """The level table as two that fit a page: throughput, then latency (empty list without levels)."""
+    df = frame(summary)
+    return tables.split(df, THROUGHPUT_COLUMNS, LATENCY_COLUMNS) if not df.empty else []
 
 
 def server_frame(summary: dict[str, Any]):
@@ -115,9 +128,10 @@ def plot_cdf(records: list[RequestRecord]):
 def spec_decoding_frame(summary: dict[str, Any]):
     import pandas as pd
 
-    return pd.DataFrame([{"level": s["label"], "tokens per chunk": s["tokens_per_chunk"], "TPOT p50 ms": s["tpot_ms"]["p50"],
-                          "accept length (per request)": s.get("spec_accept_length_mean"), **s.get("spec_accept", {})}
-                         for s in summary.get("levels", [])])
+    df = pd.DataFrame([{"level": s["label"], "tokens per chunk": s["tokens_per_chunk"], "TPOT p50 ms": s["tpot_ms"]["p50"],
+                        "accept length (per request)": s.get("spec_accept_length_mean"), **s.get("spec_accept", {})}
+                       for s in summary.get("levels", [])])
+    return df.set_index("level") if not df.empty else df
 
 
 def turns_frame(summary: dict[str, Any]):

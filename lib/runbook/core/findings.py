@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -74,6 +75,70 @@ def sort(findings: Iterable[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: STATUSES.index(f.status))
 
 
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def _per_item(f: Finding) -> tuple[str, str] | None:
+    """(family, item) for a per-level or per-item finding: its id ends with `.ITEM` and its title opens with
+    `ITEM: ` (bench's `bench.token_count.c8`, "c8: ..."). Items may hold dots (a rate level `r0.5`)."""
+    item, sep, _ = f.title.partition(": ")
+    if sep and item and " " not in item and f.id.endswith("." + item) and len(f.id) > len(item) + 1:
+        return f.id[: -len(item) - 1], item
+    return None
+
+
+def _ranges(texts: list[str]) -> str:
+    """Texts that differ only in their figures as one text with each figure as its range (min–max)."""
+    slots = [_NUMBER.findall(t) for t in texts]
+    out = _NUMBER.split(texts[0])
+    merged = []
+    for col in zip(*slots, strict=True):
+        lo, hi = (min(col, key=lambda x: float(x.replace(",", ""))), max(col, key=lambda x: float(x.replace(",", ""))))
+        merged.append(lo if float(lo.replace(",", "")) == float(hi.replace(",", "")) else f"{lo}–{hi}")
+    return "".join(p + (merged[i] if i < len(merged) else "") for i, p in enumerate(out))
+
+
+def _joined(items: list[str], texts: list[str]) -> str:
+    if len(set(texts)) <= 1:
+        return texts[0]
+    return "; ".join(f"{i}: {t}" for i, t in zip(items, texts, strict=True) if t)
+
+
+def grouped(findings: Iterable[Finding]) -> list[Finding]:
+    """For display only: per-level findings that say the same thing (same family, same words, figures aside)
+    become one row naming the items, the worst status, each figure as its range. The JSON keeps every finding;
+    a finding with no siblings is shown as it is."""
+    findings = list(findings)
+    groups: dict[tuple[str, str], list[tuple[str, Finding]]] = {}
+    order: list[tuple[str, str] | Finding] = []
+    for f in findings:
+        fam = _per_item(f)
+        if fam is None:
+            order.append(f)
+            continue
+        key = (fam[0], _NUMBER.sub("#", f.title[len(fam[1]) + 2:]))
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append((fam[1], f))
+    out: list[Finding] = []
+    for k in order:
+        if isinstance(k, Finding):
+            out.append(k)
+            continue
+        members = groups[k]
+        if len(members) == 1:
+            out.append(members[0][1])
+            continue
+        items = [i for i, _ in members]
+        fs = [f for _, f in members]
+        worst = min((f.status for f in fs), key=STATUSES.index)
+        out.append(Finding(f"{k[0]} ({', '.join(items)})", worst, _ranges([f.title[len(i) + 2:] for i, f in members]),
+                           detail=_joined(items, [f.detail for f in fs]), evidence=_joined(items, [f.evidence for f in fs]),
+                           remedy=_joined(items, [f.remedy for f in fs])))
+    return out
+
+
 def to_frame(findings: Iterable[Finding]):
     import pandas as pd  # lazy: pandas (~0.35 s); every CLI verb imports this module
 
@@ -83,7 +148,7 @@ def to_frame(findings: Iterable[Finding]):
 
 def styled(findings: Iterable[Finding]):
     """A pandas Styler: status cells coloured, long text wrapped, remedies visible."""
-    df = to_frame(sort(findings))
+    df = to_frame(sort(grouped(findings)))
     return (
         df.style.hide(axis="index")
         .map(lambda s: f"background-color: {_COLOURS.get(s, '')}; font-weight: bold", subset=["status"])
@@ -96,7 +161,7 @@ def format_text(findings: Iterable[Finding], colour: bool = False) -> str:
     """Plain-text listing for the CLI: one line per finding, remedy indented below."""
     findings = list(findings)
     lines = []
-    for f in sort(findings):
+    for f in sort(grouped(findings)):
         tag = f"[{f.status.upper():4}]"
         if colour:
             tag = f"\033[{_ANSI[f.status]}m{tag}\033[0m"

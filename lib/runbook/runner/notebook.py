@@ -45,6 +45,30 @@ def show(findings: Iterable[Finding]):
     return None
 
 
+def table(*frames: Any) -> None:
+    """Display each frame formatted for a reader ("—" for missing, figures to their precision, headers that
+    wrap); printed as text outside Jupyter. None, empty frames and frames with no value at all are skipped."""
+    from runbook.core import tables  # lazy: pandas (~0.35 s); notebooks import this module before any table
+
+    for df in frames:
+        if df is None or df.empty or df.isna().all().all():   # a table of gaps says nothing its heading does not
+            continue
+        if _ipython():
+            from IPython.display import display  # lazy: IPython only inside a kernel
+
+            display(tables.style(df))
+        else:
+            print(tables.text(df))
+
+
+def _ipython() -> bool:
+    try:
+        from IPython import get_ipython  # lazy: IPython only inside a kernel
+    except ImportError:  # pragma: no cover
+        return False
+    return get_ipython() is not None
+
+
 def finish(notebook: str, findings: Iterable[Finding], results_path: str = "", deployment: str | None = None,
            data: dict[str, Any] | None = None) -> list[Finding]:
     """Show the findings and, when the runner gave a results path, record them with the data."""

@@ -31,7 +31,7 @@ from runbook import alerts
 from runbook.core import oscalls, paths, registry, secrets
 from runbook.core import spec as spec_mod
 from runbook.core.errors import LockHeld, SpecError
-from runbook.core.findings import STATUSES, counts, exit_code_for
+from runbook.core.findings import STATUSES, Finding, counts, exit_code_for, grouped
 from runbook.core.fsutil import atomic_write_json, atomic_write_text, current_umask, output_dir
 from runbook.runner import archive, figures, results, upload
 from runbook.runner import params as params_mod
@@ -316,7 +316,7 @@ def _summary_md(s: dict[str, Any]) -> str:
     for n in s["notebooks"]:
         link = f"[{n['name']}]({n['html']})" if n.get("html") else n["name"]
         lines.append(f"| {link} | {n['status']} | {n['duration_s']:.1f} s | " + " | ".join(str(n["findings"][k]) for k in STATUSES) + " |")
-    att = [(n["name"], f) for n in s["notebooks"] for f in n.get("failed_findings", [])]
+    att = _attention(s["notebooks"])
     up = (s.get("archive") or {}).get("finding")
     if up and up["status"] != "pass":
         att.append(("archive", up))
@@ -328,6 +328,13 @@ def _summary_md(s: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _attention(notebooks: list[dict[str, Any]]) -> list[tuple[str, dict[str, str]]]:
+    """Each notebook's warn and fail findings as a person reads them: per-level ones folded into one per kind
+    (summary.json keeps every finding)."""
+    return [(n["name"], g.to_dict()) for n in notebooks
+            for g in grouped(Finding.from_dict(f) for f in n.get("failed_findings", []))]
+
+
 def one_screen(summary: dict[str, Any], run_dir: Path, max_items: int = 12) -> str:
     """What `make run` prints at the end: one screen, worst first, and where the archive is."""
     out = [f"Run {summary['run_id']}: {summary['verdict']} (exit {summary['exit_code']})"]
@@ -335,7 +342,7 @@ def one_screen(summary: dict[str, Any], run_dir: Path, max_items: int = 12) -> s
         c = n["findings"]
         tally = ", ".join(f"{c[k]} {k}" for k in STATUSES if c[k])
         out.append(f"  {n['status']:7} {n['name']:24} {n['duration_s']:6.1f} s  {tally}" + (f"  [{n['error']}]" if n["error"] else ""))
-    att = [f for n in summary["notebooks"] for f in n.get("failed_findings", [])]
+    att = [f for _, f in _attention(summary["notebooks"])]
     up = (summary.get("archive") or {}).get("finding")
     if up and up["status"] != "pass":
         att.append(up)
@@ -343,7 +350,8 @@ def one_screen(summary: dict[str, Any], run_dir: Path, max_items: int = 12) -> s
     if att:
         out.append("Needs attention:")
         for f in att[:max_items]:
-            out.append(f"  {f['status'].upper():4} {f['title']}")
+            levels = f["id"].partition(" (")[2].rstrip(")")   # a folded kind names its levels, as one level's title does
+            out.append(f"  {f['status'].upper():4} {levels + ': ' if levels else ''}{f['title']}")
             if f.get("remedy"):
                 out.append(f"       fix: {f['remedy'][:160]}")
         if len(att) > max_items:

@@ -1,0 +1,118 @@
+"""What a person reads: per-level findings folded into one row per kind, tables with "—" and figures to
+their precision. Rendering only: the JSON keeps every finding."""
+import json
+import re
+
+import numpy as np
+import pandas as pd
+
+from runbook.bench import report
+from runbook.core import tables
+from runbook.core.findings import Finding, format_text, grouped, styled, to_json
+from runbook.runner import notebook
+from runbook.runner import run as runner
+
+TOKEN_COUNT = [Finding(f"bench.token_count.c{c}", "warn", f"c{c}: server and client token counts differ by {g}%",
+                       detail=f"server usage {c * 100}, client {c * 103}", remedy="Give --tokenizer the model's tokenizer.")
+               for c, g in ((1, "1.2"), (2, "3.4"), (4, "2.0"), (8, "2.5"))]
+SOURCE = [Finding("bench.token_source.c1", "info", "c1: per-token ITL and TPOT rest on an approximate token count (usage_spread)",
+                  detail="usage_spread: the server's count arrived late"),
+          Finding("bench.token_source.r0.5", "warn", "r0.5: per-token ITL and TPOT rest on an approximate token count (usage_spread)",
+                  detail="usage_spread: the server's count arrived late")]
+
+
+def test_per_level_findings_become_one_row_per_kind_with_levels_ranges_and_worst_status():
+    text = format_text(TOKEN_COUNT + SOURCE + [Finding("bench.peak", "info", "peak output 12.3 tok/s at c8")])
+    lines = text.splitlines()
+    assert lines[0] == ("[WARN] bench.token_count (c1, c2, c4, c8): server and client token counts differ by 1.2–3.4% — "
+                        "c1: server usage 100, client 103; c2: server usage 200, client 206; c4: server usage 400, client 412; "
+                        "c8: server usage 800, client 824")
+    assert lines[1] == "         fix: Give --tokenizer the model's tokenizer."   # one remedy, not four
+    # a dotted rate label is one item; the worst status of the kind is shown; the shared detail once
+    assert lines[2] == ("[WARN] bench.token_source (c1, r0.5): per-token ITL and TPOT rest on an approximate token count "
+                        "(usage_spread) — usage_spread: the server's count arrived late")
+    assert sum("bench.token_count" in x for x in lines) == 1 and lines[-1] == "5 warn, 2 info"   # counts stay per finding
+
+
+def test_findings_that_say_different_things_stay_apart_and_a_single_one_renders_as_before():
+    differ = [Finding("bench.client_bound.c2", "fail", "c2: 3 load-generator workers did not report: a worker process died"),
+              Finding("bench.client_bound.c4", "warn", "c4: the client, not the server, limited this level")]
+    assert grouped(differ) == differ
+    one = [TOKEN_COUNT[1], Finding("env.serving.sglang", "pass", "sglang 0.5.2")]
+    assert grouped(one) == one
+    assert format_text(one).splitlines()[0] == ("[WARN] bench.token_count.c2: c2: server and client token counts differ "
+                                                "by 3.4% — server usage 200, client 206")
+    # ids whose suffix is not the title's item (packages, flags) are not folded
+    pkgs = [Finding("env.serving.sglang", "pass", "sglang 0.5.2"), Finding("env.serving.torch", "pass", "torch 2.8")]
+    assert grouped(pkgs) == pkgs
+
+
+def test_json_keeps_every_finding_and_the_notebook_shows_the_same_rows_as_the_cli():
+    fs = TOKEN_COUNT + SOURCE
+    assert [d["id"] for d in json.loads(to_json(fs))] == [f.id for f in fs]
+    html = styled(fs).to_html()
+    assert "bench.token_count (c1, c2, c4, c8)" in html and "bench.token_count.c1" not in html
+    assert html.count("<tr>") - 1 == len(grouped(fs)) == 2
+
+
+SUMMARY = {"levels": [
+    {"label": "c1", "completed": 1234, "failed": 0, "output_tok_s": 142.068306, "total_tok_s": 1500.55555, "request_s": 0.123456,
+     "ttft_ms": {"p50": 12.3456, "p99": None}, "tpot_ms": {"p50": 7.77777, "p99": float("nan")}, "itl_ms": {"p50": 1.0, "p99": 2.0},
+     "e2e_ms": {"p99": 1234.5678}, "tokens_per_chunk": 1.0, "cache_hit_rate": None, "client_bound": False,
+     "lag_ms": {"p99": None}},
+    {"label": "c8", "completed": 64, "failed": 2, "output_tok_s": 900.0, "total_tok_s": 2000.0, "request_s": 4.0,
+     "ttft_ms": {"p50": None, "p99": None}, "tpot_ms": {"p50": None, "p99": None}, "itl_ms": {"p50": None, "p99": None},
+     "e2e_ms": {"p99": None}, "tokens_per_chunk": None, "cache_hit_rate": 0.5, "client_bound": True, "lag_ms": {"p99": 3.25}}]}
+FLOAT = re.compile(r"\d\.(\d+)")
+
+
+def _rendered(df: pd.DataFrame) -> list[str]:
+    return [tables.text(df), tables.style(df).to_html()]
+
+
+def test_tables_show_missing_as_a_dash_and_figures_to_their_precision():
+    throughput, latency = report.frames(SUMMARY)
+    assert "TTFT p50 ms" in latency.columns and "TTFT p50 ms" not in throughput.columns   # split: fits a page
+    for df in (throughput, latency):
+        for out in _rendered(df):
+            assert not re.search(r"\b(NaN|nan|None|<NA>)\b", out), out
+            assert "—" in out
+    t = tables.text(throughput)
+    assert "142.1" in t and "142.07" not in t and "1,234" in t and "1,500.6" in t and "0.12" in t and "0.123" not in t
+    lat = tables.text(latency)
+    assert "12.3" in lat and "1,234.6" in lat and all(len(d) == 1 for d in FLOAT.findall(lat)), lat
+    html = tables.style(latency).to_html()
+    assert all(len(d) <= 1 for d in FLOAT.findall(re.sub(r"<style.*?</style>", "", html, flags=re.S))), html
+    assert "white-space: normal" in html   # headers wrap instead of widening the table
+
+
+def test_precision_follows_the_column_name():
+    assert [tables.decimals(c) for c in ("output tok/s", "TTFT p99 ms", "ratio_mean", "mem fraction", "k_rel_err %",
+                                         "sglang:spec_accepted_tokens_total", ("TTFT", "ours_mean_ms"), "KV usage (max)")] \
+        == [1, 1, 2, 3, 3, 0, 1, 2]
+
+
+def test_integer_columns_with_gaps_stay_integers():
+    df = pd.DataFrame({"retracted": [3.0, np.nan], "KV usage (max)": [0.91234, None]}, index=["c1", "c8"])
+    assert tables.text(df).split() == ["retracted", "KV", "usage", "(max)", "c1", "3", "0.91", "c8", "—", "—"]
+
+
+def test_notebook_table_prints_the_same_text_outside_jupyter_and_skips_nothing_to_show(capsys):
+    throughput, latency = report.frames(SUMMARY)
+    gaps = pd.DataFrame({"queue p99 ms": [None, None]}, index=["c1", "c8"])
+    notebook.table(None, pd.DataFrame(), throughput, gaps, latency)
+    assert capsys.readouterr().out == tables.text(throughput) + "\n" + tables.text(latency) + "\n"
+    assert report.frames({"levels": []}) == []
+
+
+def test_the_runs_summary_and_last_screen_fold_per_level_findings_and_summary_json_keeps_them(tmp_path):
+    failed = [f.to_dict() for f in TOKEN_COUNT]
+    s = {"run_id": "r1", "deployment": "d", "deployment_file": "d.yaml", "git_commit": None, "started": "t",
+         "duration_s": 1.0, "exit_code": 0, "verdict": "ok", "archive": None,
+         "notebooks": [{"name": "40_benchmark", "html": "40_benchmark.html", "status": "ok", "duration_s": 1.0, "error": None,
+                        "findings": {"fail": 0, "warn": 4, "skip": 0, "pass": 0, "info": 0}, "failed_findings": failed}]}
+    md = runner._summary_md(s)
+    assert md.count("bench.token_count") == 1 and "`bench.token_count (c1, c2, c4, c8)` (40_benchmark)" in md
+    screen = runner.one_screen(s, tmp_path)
+    assert "  WARN c1, c2, c4, c8: server and client token counts differ by 1.2–3.4%" in screen.splitlines()
+    assert screen.count("fix:") == 1 and s["notebooks"][0]["failed_findings"] == failed

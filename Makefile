@@ -31,14 +31,23 @@ $(DEV): $(RUNTIME) requirements-dev.txt
 
 venv: $(RUNTIME)
 
-# A second venv with the real SGLang argument parser (CPU torch, no GPU packages), used to validate
-# flags when the deployment's own serving interpreter is not on this machine. Kept out of
-# requirements.txt: the runbook's environment stays light.
-$(SERVING_STAMP): requirements-serving.txt
+# The serving interpreter (.venv-serving): SGLang itself on CPU torch, no GPU packages. It validates flags with
+# SGLang's own parser where the deployment's interpreter is not on this machine, and runs SGLang's real server
+# on CPU (runbook.demo.sglang: the `sglang` tests and `make demo`). Kept out of requirements.txt: the runbook's
+# environment stays light. Work-arounds (docs/testing.md, "The SGLang CPU engine"):
+# - sglang --no-deps: its own requirements are CUDA kernels (flashinfer, sgl-kernel, cutlass, ...) that the CPU
+#   path never imports; requirements-serving.txt lists what it does import.
+# - torchvision --no-deps: only CUDA builds are on the index; SGLang imports it unconditionally, and
+#   deploy/serving/torchvision_cpu.pth skips the one module whose C ops fail on CPU torch.
+TORCHVISION_VERSION := 0.29.1
+$(SERVING_STAMP): requirements-serving.txt deploy/serving/torchvision_cpu.pth
 	@test -x $(SERVING)/bin/python || $(PYTHON) -m venv $(SERVING)
 	$(SERVING)/bin/python -m pip install -q --upgrade pip
 	$(SERVING)/bin/python -m pip install -q -r requirements-serving.txt
-	$(SERVING)/bin/python -m pip install -q --no-deps sglang==$(SGLANG_VERSION)
+	$(SERVING)/bin/python -m pip install -q --no-deps sglang==$(SGLANG_VERSION) torchvision==$(TORCHVISION_VERSION)
+	cp deploy/serving/torchvision_cpu.pth "$$($(SERVING)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+	$(SERVING)/bin/python -c 'import sglang.launch_server, sglang.benchmark.serving' \
+	  || { echo "serving-env: SGLang $(SGLANG_VERSION) does not import in $(SERVING)" >&2; exit 1; }
 	@touch $@
 
 serving-env: $(SERVING_STAMP)
@@ -56,7 +65,7 @@ $(LLAMA_SERVER): $(RUNTIME)
 	$(PY) -m runbook.demo build
 
 # The whole runbook with the benchmark notebook pointed at a tiny CPU model served by llama-server.
-demo: $(RUNTIME) $(LLAMA_SERVER)
+demo: $(RUNTIME) $(SERVING_STAMP) $(LLAMA_SERVER)
 	@if [ -x $(SERVING)/bin/python ]; then export RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python; fi; \
 	$(PY) -m runbook.demo runbook
 

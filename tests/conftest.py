@@ -72,13 +72,25 @@ def llama():
     srv.stop()
 
 
+@pytest.fixture(scope="session")
+def sglang_server(tmp_path_factory):
+    """The real SGLang server on CPU serving the tiny HF model (runbook.demo.sglang), shared by the session.
+    `make test` builds its interpreter (.venv-serving), so it runs rather than skips: a missing engine fails
+    with the one line that names the make target."""
+    from runbook.demo import sglang as demo
+
+    srv = demo.start(log_path=tmp_path_factory.mktemp("sglang") / "server.log")   # kept with pytest's tmp dirs
+    yield srv
+    srv.stop()
+
+
 # ---------------------------------------------------------------- markers: what `make test-fast` leaves out
 # A reason marker (pyproject's `markers`) implies `slow`; a test that takes one of these fixtures, directly or
 # through another fixture, gets the fixture's reason. tests/test_markers.py checks that every test whose source
 # shows a reason (running the serving interpreter, `runbook run`, llama-server, chromium) carries it.
-SLOW_REASONS = ("serving", "llama", "browser", "notebook", "server")
-SLOW_FIXTURES = {"llama": "llama", "browser": "browser", "lab": "browser", "default_run": "notebook", "s3": "server",
-                 "wheel_venv": "server"}
+SLOW_REASONS = ("serving", "llama", "sglang", "browser", "notebook", "server")
+SLOW_FIXTURES = {"llama": "llama", "sglang_server": "sglang", "browser": "browser", "lab": "browser", "default_run": "notebook",
+                 "s3": "server", "wheel_venv": "server"}
 
 
 def slow_reasons(item) -> set[str]:

@@ -50,6 +50,8 @@ EXTERNAL = {
     "--kv-cache-dtype": SGLANG, "--quantization": SGLANG, "--tool-call-parser": SGLANG, "--model-path": SGLANG,
     "--context-length": SGLANG, "--speculative-draft-model-path": SGLANG, "--dump-requests-folder": SGLANG_LOGGING,
     "--crash-dump-folder": SGLANG, "--dp-size": SGLANG, "--enable-dp-attention": SGLANG,
+    "--device": SGLANG, "--sampling-backend": SGLANG, "--grammar-backend": SGLANG, "--dtype": SGLANG,
+    "--model-impl": SGLANG, "--sleep-on-idle": SGLANG, "--no-deps": "pip",
     "--lag": CLIENT_CEILING, "--send-overhead": CLIENT_CEILING,
     "--jinja": "llama.cpp's llama-server",
     "--retry": "curl", "--retry-all-errors": "curl",

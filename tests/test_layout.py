@@ -17,7 +17,8 @@ STAGES = tuple(s.package for s in registry.stages())      # the registry says wh
 SHARED = ("core", "model", "endpoint", "corpus")
 # The layers above the stages, and the other layers each may use besides the shared ones. None of them
 # imports a stage: they reach stages only through the registry.
-UPPER = {"alerts": (), "runner": ("alerts",), "fleet": ("runner",), "demo": ("cli",)}  # demo runs the whole runbook through the CLI
+# demo runs the whole runbook through the CLI, and starts SGLang with the command line of the unit service renders.
+UPPER = {"alerts": (), "runner": ("alerts",), "fleet": ("runner",), "demo": ("cli", "service")}
 
 
 def _sources(pkg: str) -> list[Path]:

@@ -15,6 +15,7 @@ SIGNS = {
     "serving": re.compile(r'"RUNBOOK_SERVING_PYTHON"|"\.venv-serving"'),      # the variable or the path, not prose
     "notebook": re.compile(r'"runbook", "run"|\bcli\("run"|papermill\.execute'),
     "llama": re.compile(r"start_llama_server|llama_server_path"),
+    "sglang": re.compile(r"\bsglang\.(start|launch|tiny_model|check_engine)\("),
     "browser": re.compile(r"\bchromium\b", re.I),
     "server": re.compile(r'S3Server\(|"-m", "pip"|"-m", "venv"|venv\.create\('),
 }
@@ -106,7 +107,8 @@ PLANTED = {
     "module fixture builds a wheel": (
         '@pytest.fixture(scope="module")\ndef whl(tmp_path_factory):\n    subprocess.run([sys.executable, "-m", "pip", "wheel", REPO])\n'
         "def test_g(whl):\n    pass\n", {("test_g", "server")}),
-    "shared fixture is marked by conftest": ("def test_d(llama, s3):\n    llama.url\n", set()),
+    "shared fixture is marked by conftest": ("def test_d(llama, s3, sglang_server):\n    llama.url\n", set()),
+    "starts SGLang itself": ("def test_h(tmp_path):\n    sglang.start(port=1)\n", {("test_h", "sglang")}),
     "prose naming the interpreter is no sign": (
         '@pytest.mark.skipif(SRT is None, reason="no .venv-serving")\ndef test_f():\n    assert SRT.is_dir()\n', set()),
     "pure unit test": ("def test_e():\n    assert 1 + 1 == 2\n", set()),

@@ -321,3 +321,16 @@ def test_drift_redacts_launch_command_in_every_shape(launch):
     assert "SECRET" not in json.dumps(out) and out["tp_size"] == 8
     # the key itself, wherever it appears, when the runbook knows it
     assert "SECRET" not in json.dumps(redact_server_info({"note": "key sk-live-SECRET-123456"}, "sk-live-SECRET-123456"))
+
+
+def test_drift_keeps_numbers_under_secret_like_names_and_masks_the_rest():
+    """SGLang's memory_usage.token_capacity is named like a secret (token_…) but is a count; a string, list or object
+    under such a name is still masked."""
+    from runbook.core.secrets import MASK
+    from runbook.service import redact_server_info
+
+    out = redact_server_info({"internal_states": [{"memory_usage": {"token_capacity": 214182, "token_capacity_swa": None}}],
+                              "api_key": "sk-live-SECRET-123456", "api_keys": ["sk-live-SECRET-123456"],
+                              "hf_token": {"v": "sk-live-SECRET-123456"}})
+    assert out["internal_states"][0]["memory_usage"]["token_capacity"] == 214182
+    assert out["api_key"] == out["api_keys"] == out["hf_token"] == MASK and "SECRET" not in json.dumps(out)

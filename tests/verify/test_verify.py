@@ -418,6 +418,19 @@ def test_arithmetic_off_is_told_from_the_host(tmp_path):
     assert rows["max_total_num_tokens"]["replanned"] == document(rep)["replanned"]["max_total_num_tokens"]
 
 
+def test_an_older_log_without_load_weight_begin_is_replanned_from_load_weight_end(tmp_path):
+    """Older SGLang logs only `Load weight end … avail mem=A GB, mem usage=U GB`: the free memory before loading is A + U,
+    and the re-plan from it tells the host from the arithmetic as with the newer line."""
+    lines = [ln for ln in startup(free=GPU_GIB - 6, tokens=_replanned_tokens(GPU_GIB - 6, 29.3)) if "Load weight begin" not in ln]
+    rep = run_log(tmp_path, lines)
+    rp = document(rep)["replanned"]
+    assert rp["free_before_from"].startswith("Load weight end") and rp["verdict"] == "memory_not_free"
+    assert rp["free_before_weights_gib"] == pytest.approx(GPU_GIB - 6, abs=0.01) and rp["weights_gib"] == pytest.approx(29.3)
+    assert abs(rp["max_total_num_tokens"] - rep.observed["max_total_num_tokens"]) / rep.observed["max_total_num_tokens"] < 0.01
+    rows = {r["quantity"]: r for r in document(rep)["rows"]}
+    assert rows["max_total_num_tokens"]["replanned"] == rp["max_total_num_tokens"]
+
+
 def test_a_clean_start_replans_to_the_log(tmp_path):
     rep = run_log(tmp_path, startup())
     assert document(rep)["replanned"]["verdict"] == "agrees" and ids(rep.findings)["verify.tokens"].status == "pass"

@@ -6,6 +6,7 @@ This is the edge of the KV calculation: it reads the checkpoint (weights from it
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from runbook import quant
@@ -136,6 +137,9 @@ def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrid
     if overrides.get("context_len") is not None:
         inp = replace(inp, context_len_explicit=True)
     findings: list[Finding] = []
+    if str(flags.get("device", "")).lower() == "cpu":
+        inp, cpu_finding = _cpu_memory(inp, given=overrides.get("gpu_mem_gib") is not None)
+        findings.append(cpu_finding)
     inp, source = _weights(inp, ck, spec, weights_gib, note)
     auto, auto_why = _auto_kv_dtype(a, qrep.kv_cache.auto_resolves_to, inp.compute_capability)
     inp = replace(inp, kv_dtype=auto if kv_flag == "auto" else kvmem.normalise_dtype(kv_flag),
@@ -161,6 +165,37 @@ def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrid
                             detail=(auto_why + "; " if auto_why and kv_flag == "auto" else "") + f"weights per GPU: {source}"))
     findings += result.findings
     return Plan(a, inp, result, cands, findings, auto, source, scen)
+
+
+def _cpu_memory(inp: kvmem.Inputs, given: bool) -> tuple[kvmem.Inputs, Finding]:
+    """--device cpu: the memory the pool comes from is the host's free memory, not hardware.gpu_memory_gib."""
+    if not given:
+        inp = replace(inp, gpu_mem_gib=host_free_gib())
+    assert inp.gpu_mem_gib is not None
+    return inp, Finding("kv.cpu_memory", "info", f"--device cpu: the pool is sized from the host's free memory, "
+                        f"{inp.gpu_mem_gib:.2f} GiB " + ("(given)" if given else "now"),
+                        detail="SGLang reads the host's available memory (per NUMA node, capped by a cgroup v2 memory.max) "
+                               "when it starts, not hardware.gpu_memory_gib: a server started later sizes its pool from "
+                               "what is free then")
+
+
+def host_free_gib() -> float:
+    """The memory SGLang's CPU path sizes from, read now (utils/common.py get_free_cpu_memory and
+    get_available_gpu_memory for device "cpu"): the host's available memory, capped by a cgroup v2 memory.max
+    less memory.current, divided by the NUMA nodes that have CPUs; GiB."""
+    import glob
+
+    import psutil
+
+    free = psutil.virtual_memory().available
+    try:
+        cap, cur = (Path("/sys/fs/cgroup", f).read_text().strip() for f in ("memory.max", "memory.current"))
+        if cap != "max":
+            free = min(free, max(0, int(cap) - int(cur)))
+    except (OSError, ValueError):
+        pass
+    nodes = [n for n in glob.glob("/sys/devices/system/node/node[0-9]*/cpulist") if Path(n).read_text().strip()]
+    return free / max(1, len(nodes)) / GIB
 
 
 def _auto_kv_dtype(a: arch_mod.Arch, from_checkpoint: str, cc: str | None) -> tuple[str, str]:

@@ -62,7 +62,8 @@ def redact_server_info(info: dict[str, Any], api_key: str | None = None) -> dict
     whitespace, or as an argv list) has secret options' values and the API key itself masked."""
     out: dict[str, Any] = {}
     for k, v in info.items():
-        if is_secret_key(k) or "password" in k:
+        # a number is no secret: SGLang's memory_usage.token_capacity is named like one
+        if (is_secret_key(k) or "password" in k) and not isinstance(v, (int, float)):
             out[k] = MASK if v else v
         else:
             out[k] = _redact_value(v, api_key)
@@ -134,6 +135,10 @@ def drift(spec: Deployment, url: str | None = None, args: dict[str, Any] | None 
                                                        "max_total_num_tokens", "max_running_requests", "version",
                                                        "launch_command") if k in info}
     subset.update({k: v for k, v in state.items() if subset.get(k) is None})
+    states = info.get("internal_states")
+    mem = states[0].get("memory_usage") if isinstance(states, list) and states and isinstance(states[0], dict) else None
+    if isinstance(mem, dict):
+        subset["memory_usage"] = mem     # SGLang's own account: weight, kvcache, token_capacity, startup_available (GiB)
     subset["served_models"] = served
     return rows, findings, subset
 

@@ -93,14 +93,18 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
         flags = dict(service.build(spec).unit.flags)
     except (InputError, SpecError) as e:
         findings.append(Finding("verify.unit", "skip", "the unit could not be built; the spec's flags are used", detail=str(e)))
-    p, pred, bpt_pred = _plan(spec, flags, findings)
-    plan_frac = p.result.mem_fraction_static if p is not None else None
     unit_name = unit or spec.systemd.unit_name
     src = logsource.from_file(log, since_dt) if log else logsource.from_journal(unit_name, since, journalctl, systemctl)
     parser = logparse.Parser(None if log else unit_name)
     for ln in src.lines:
         parser.feed(ln)
     facts = parser.facts
+    cpu = str(flags.get("device", "")).lower() == "cpu"
+    # On CPU the pool follows the host's free memory when the server started, which its log tells; memory read now
+    # would count the running server's own pool as taken.
+    seen = replan.observed_inputs(facts) if cpu else None
+    p, pred, bpt_pred = _plan(spec, flags, findings, seen["free_before_weights_gib"] if seen else None)
+    plan_frac = p.result.mem_fraction_static if p is not None else None
     findings += src.findings
     rep = VerifyReport(findings, src.source, facts, unit={k: flags.get(k) for k in ("kv-cache-dtype", "context-length",
                                                                                     "mem-fraction-static")})
@@ -108,7 +112,7 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
     rep.observed = compare.observed(facts)
     rep.bytes_per_token = {**bpt_pred, "observed": compare.bytes_per_token(facts),
                            "observed_draft": compare.bytes_per_token(facts, draft=True)}
-    rep.replanned = replan.replan(p, facts, spec.hardware.gpu_memory_gib) if p is not None else None
+    rep.replanned = replan.replan(p, facts, spec.hardware.gpu_memory_gib, cpu=cpu) if p is not None else None
     if rep.replanned:
         rep.replanned["verdict"] = replan.verdict(rep.replanned, pred.get("weights_gib_per_gpu"),
                                                   rep.observed.get("max_total_num_tokens"),
@@ -141,7 +145,8 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
                 findings.append(Finding("verify.started", "pass", "the server started and logged that it is ready",
                                         detail=f"ready at {facts.ready_time}" if facts.ready_time else ""))
             if pred:
-                findings += compare.compare(pred, rep.observed, facts, flags, "log", spec.hardware.gpu_memory_gib, plan_frac,
+                findings += compare.compare(pred, rep.observed, facts, flags, "log", None if cpu else spec.hardware.gpu_memory_gib,
+                                            plan_frac,
                                             replanned=rep.replanned)
             findings += compare.pool_findings({"draft": bpt_pred["predicted_draft"]}, facts)
             findings += compare.log_findings(pred, rep.observed, facts)
@@ -150,10 +155,13 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
     return _scrub(rep, spec)
 
 
-def _plan(spec: Deployment, flags: dict[str, Any], findings: list[Finding]) -> tuple[Any, dict[str, Any], dict[str, int | None]]:
-    """The plan for the unit (kv.plan_pools), its predicted figures and bytes per token (target, draft)."""
+def _plan(spec: Deployment, flags: dict[str, Any], findings: list[Finding],
+          host_free_gib: float | None = None) -> tuple[Any, dict[str, Any], dict[str, int | None]]:
+    """The plan for the unit (kv.plan_pools), its predicted figures and bytes per token (target, draft).
+    `host_free_gib`: a CPU server's free host memory at its start."""
     try:
-        p = kv.plan_pools(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": flags})}))
+        unit_spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": flags})})
+        p = kv.plan_pools(unit_spec, **({"gpu_mem_gib": host_free_gib} if host_free_gib is not None else {}))
     except (InputError, SpecError) as e:
         findings.append(Finding("verify.plan", "skip", f"no plan to compare with: {registry.notebook('kv_memory')} could not run",
                                 detail=str(e),
@@ -174,18 +182,34 @@ def _server(spec: Deployment, url: str, rep: VerifyReport, flags: dict[str, Any]
         f = dfind[0] if dfind else Finding("verify.server", "skip", f"no answer from {url}")
         return [Finding("verify.server", "fail" if f.status == "fail" else "skip", f.title, f.detail, f.evidence, f.remedy)]
     rep.server = {k: info.get(k) for k in ("kv_cache_dtype", "context_length", "max_total_num_tokens", "max_running_requests",
-                                           "version", "served_models") if k in info}
+                                           "version", "served_models", "memory_usage") if k in info}
+    mem = info.get("memory_usage")
     obs = {"kv_dtype": info.get("kv_cache_dtype") if info.get("kv_cache_dtype") not in (None, "auto") else rep.observed.get("kv_dtype"),
            "context_len": info.get("context_length"), "max_total_num_tokens": info.get("max_total_num_tokens"),
            "max_running_requests": info.get("max_running_requests")}
-    out = compare.compare(rep.predicted, obs, rep.facts, flags, "/server_info", spec.hardware.gpu_memory_gib, plan_frac,
+    cpu = str(flags.get("device", "")).lower() == "cpu"
+    out = compare.compare(rep.predicted, obs, rep.facts, flags, "/server_info", None if cpu else spec.hardware.gpu_memory_gib,
+                          plan_frac,
                           id_prefix="verify.server", replanned=rep.replanned) if rep.predicted else []
+    if isinstance(mem, dict) and mem.get("token_capacity") is not None:
+        out.append(_memory_usage(mem, info.get("max_total_num_tokens")))
     lt, st = rep.observed.get("max_total_num_tokens"), info.get("max_total_num_tokens")
     if lt is not None and st is not None and int(lt) != int(st):
         out.append(Finding("verify.server.restarted", "warn", f"/server_info reports {int(st):,} tokens, the log's last start {int(lt):,}",
                            detail="the log read is not this server's current run (another start, another host, or an old file)",
                            remedy="Read the journal of the unit that serves this URL, or a log of its current start."))
     return out or [Finding("verify.server", "info", f"/server_info read from {url}")]
+
+
+def _memory_usage(mem: dict[str, Any], tokens: Any) -> Finding:
+    """SGLang's own account of its memory (/server_info internal_states[0].memory_usage, GiB with 3 decimals)."""
+    cap = mem.get("token_capacity")
+    words = (f"weights {mem.get('weight')} GiB, KV cache {mem.get('kvcache')} GiB for {cap:,} tokens, "
+             f"{mem.get('startup_available')} GiB free after start-up")
+    if tokens is not None and cap != tokens:
+        return Finding("verify.server.memory", "warn", f"/server_info's memory_usage holds {cap:,} tokens, its pool {tokens:,}",
+                       detail=words, remedy="Read /server_info again: the two come from one scheduler and should agree.")
+    return Finding("verify.server.memory", "info", f"SGLang's memory account: {words}")
 
 
 class VerifyOptions(Options):

@@ -1,4 +1,4 @@
-"""The tune run as one table (candidate × pre-check, ready time, predicted/observed tokens, load within
+"""The tune run as one table (candidate × pre-check, start-up time (launch to ready), predicted/observed tokens, load within
 the SLOs, throughput, TTFT/TPOT per context-length bucket, acceptance, J/token, guard, verdict), a Pareto
 plot (throughput against latency, accuracy failures marked) and the recommendation's text."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
         pred, obs, b = r.get("predicted") or {}, r.get("observed") or {}, r.get("bench") or {}
         row = {"candidate": r["name"], "pre-check": r.get("precheck"), "KV dtype": pred.get("kv_dtype"),
                "KV B/token": pred.get("kv_bytes_per_token"),
-               "ready s": r.get("ready_s"), "tokens predicted": pred.get("max_total_num_tokens"),
+               "start-up s": r.get("ready_s"), "tokens predicted": pred.get("max_total_num_tokens"),
                "tokens observed": obs.get("max_total_num_tokens"), "running cap": pred.get("max_running_requests"),
                "load within SLO": b.get("slo_limit"), "tok/s": round(b["output_tok_s"], 1) if b.get("output_tok_s") else None}
         for k in b.get("buckets", []):
@@ -51,7 +51,7 @@ def buckets_frame(data: dict[str, Any]):
 def text_table(rep: Any) -> str:
     """Plain text for the CLI: the table's main columns, then the recommendation."""
     data = rep.data()
-    cols = ["candidate", "pre-check", "tokens predicted", "running cap", "ready s", "tokens observed", "load within SLO",
+    cols = ["candidate", "pre-check", "tokens predicted", "running cap", "start-up s", "tokens observed", "load within SLO",
             "tok/s", "acceptance", "J/token", "guard", "verdict"]
     if data.get("plan_only"):
         cols = ["candidate", "pre-check", "KV dtype", "KV B/token", "tokens predicted", "running cap", "reason"]

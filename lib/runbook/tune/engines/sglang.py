@@ -106,4 +106,26 @@ class SGLang:
                        [f.to_dict() for f in rep.findings], failure)
 
 
+    def live(self, spec: Deployment, url: str) -> dict[str, Any]:
+        """/server_info as SGLang itself reports it: version, the pool, its KV dtype and memory (GB), its own
+        start-up timestamp; {} when it does not answer (the row then says so by its absence)."""
+        from runbook.endpoint.reach import BadResponse, fetch_json
+
+        try:
+            info = fetch_json(url.rstrip("/") + "/server_info", timeout=10.0)
+        except (OSError, BadResponse, ValueError):
+            return {}
+        states = info.get("internal_states")
+        first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+        out = {k: info.get(k) for k in SERVER_INFO if k in info}
+        out.update({k: first.get(k) for k in STATE_KEYS if k in first})
+        return out
+
+
+# What a candidate's row keeps of SGLang's /server_info (its 556 keys are every server argument and more).
+SERVER_INFO = ("version", "max_total_num_tokens", "kv_cache_dtype", "chunked_prefill_size", "max_running_requests",
+               "schedule_policy", "disable_radix_cache", "context_length", "startup_time")
+STATE_KEYS = ("memory_usage", "effective_max_running_requests_per_dp")
+
+
 ENGINE = SGLang()

@@ -258,3 +258,16 @@ def test_the_guard_names_the_difference_it_tested_and_its_remedy():
     assert row["verdict"].startswith("not recommended: accuracy guard failed (greedy outputs diverge")
     assert "tested KV cache dtype: bfloat16 vs fp8_e4m3" in row["verdict"]
     assert row["verdict"].endswith("start-up log check failed (FP8 KV cache without scaling factors)")
+
+
+def test_each_launch_shows_its_start_up_time_and_what_sglang_reported():
+    ran = {**_row("fp8-kv"), "ready_s": 37.0, "verdict": "not recommended: x",
+           "guard": {"status": "fail", "checks": [], "tested": "KV cache dtype: bfloat16 vs fp8_e4m3"},
+           "server_info": {"version": "0.5.23", "kv_cache_dtype": "fp8_e4m3", "max_total_num_tokens": 411513,
+                           "memory_usage": {"kvcache": 0.39}, "chunked_prefill_size": 4096, "max_running_requests": 4096}}
+    data = {"candidates": [ran, _row("old-flag", status="skipped")]}
+    got = report.launches(data)
+    assert got == [{"candidate": "fp8-kv", "start-up s": 37.0, "version": "0.5.23", "KV dtype": "fp8_e4m3",
+                    "token pool": 411513, "KV GB": 0.39, "chunked prefill": 4096, "running cap": 4096,
+                    "tested against the reference": "KV cache dtype: bfloat16 vs fp8_e4m3", "verdict": "not recommended: x"}]
+    assert report.rows(data)[0]["start-up s"] == 37.0 and report.rows(data)[1]["start-up s"] is None

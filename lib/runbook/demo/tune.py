@@ -61,7 +61,6 @@ SGLANG_CANDIDATES: dict[str, dict[str, Any]] = {
     "no-radix": {"description": "radix (prefix) cache off", "flags": {"disable-radix-cache": True}},
     "chunked-512": {"description": "chunked prefill of 512 tokens, 8 running requests",
                     "flags": {"chunked-prefill-size": 512, "max-running-requests": 8}},
-    "lpm": {"description": "longest-prefix-match scheduling", "flags": {"schedule-policy": "lpm"}},
     "fp8-kv": {"description": "FP8 KV cache without scaling factors (the checkpoint has none)",
                "flags": {"kv-cache-dtype": "fp8_e4m3"}},
     "old-flag": {"description": "a flag this SGLang does not have", "flags": {"enable-dp-lm-head-typo": True}},

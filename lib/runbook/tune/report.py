@@ -48,6 +48,31 @@ def buckets_frame(data: dict[str, Any]):
     return pd.DataFrame(recs).set_index(["candidate", "bucket"]) if recs else pd.DataFrame()
 
 
+def launches(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per launched candidate: its start-up time, what the server reported about itself (SGLang's /server_info), the
+    difference its guard tested, and its verdict."""
+    out = []
+    for r in data.get("candidates", []):
+        if r.get("ready_s") is None:
+            continue
+        si, mem = r.get("server_info") or {}, (r.get("server_info") or {}).get("memory_usage") or {}
+        out.append({"candidate": r["name"], "start-up s": r["ready_s"], "version": si.get("version"),
+                    "KV dtype": si.get("kv_cache_dtype") or (r.get("observed") or {}).get("kv_dtype"),
+                    "token pool": si.get("max_total_num_tokens", (r.get("observed") or {}).get("max_total_num_tokens")),
+                    "KV GB": mem.get("kvcache"), "chunked prefill": si.get("chunked_prefill_size"),
+                    "running cap": si.get("max_running_requests"),
+                    "tested against the reference": (r.get("guard") or {}).get("tested"),
+                    "verdict": r.get("verdict") or r.get("status")})
+    return out
+
+
+def launches_frame(data: dict[str, Any]):
+    import pandas as pd
+
+    recs = launches(data)
+    return pd.DataFrame(recs).set_index("candidate") if recs else pd.DataFrame()
+
+
 def text_table(rep: Any) -> str:
     """Plain text for the CLI: the table's main columns, then the recommendation."""
     data = rep.data()

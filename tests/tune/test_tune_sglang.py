@@ -94,9 +94,9 @@ def test_tune_launches_sglang_candidates_and_restores_the_sglang_production_unit
         assert startup and startup[0].status == "fail" and "without scaling factors" in startup[0].title
         assert fp8["guard"]["tested"].startswith("KV cache dtype: bfloat16 vs fp8_e4m3")
         assert fp8["verdict"].startswith("not recommended: ")
-        assert "start-up log check failed (FP8 KV cache without scaling factors" in fp8["verdict"]
+        assert "start-up log check failed — FP8 KV cache without scaling factors" in fp8["verdict"]
         if fp8["guard"]["status"] == "fail":
-            assert "accuracy guard failed (greedy outputs diverge" in fp8["verdict"]
+            assert "accuracy guard failed — greedy outputs diverge" in fp8["verdict"]
             assert "FP8 KV cache without calibrated k/v scales" in ids["tune.guard"].remedy
             assert "peculative" not in ids["tune.guard"].remedy
         assert rep.recommendation["name"] != "fp8-kv"

@@ -119,7 +119,7 @@ def test_recommendation_is_the_highest_load_within_slo_then_throughput_among_gua
             _row("fp8", limit=16, tps=90), _row("skipped", status="skipped"), _row("more-tps", limit=8, tps=500)]
     rec = recommend.recommend(dep, rows)
     assert rec["name"] == "fp8" and not rec["is_reference"]
-    assert [r["verdict"] for r in rows] == ["ran, not the best", "not recommended: accuracy guard failed ()", "recommended",
+    assert [r["verdict"] for r in rows] == ["ran, not the best", "not recommended: accuracy guard failed — ", "recommended",
                                             "skipped", "ran, not the best"]
     assert rec["command"].startswith("python -m runbook service install --deployment ")
     assert "--arg kv-cache-dtype=fp8_e4m3 --yes" in rec["command"]
@@ -131,7 +131,7 @@ def test_recommendation_is_the_highest_load_within_slo_then_throughput_among_gua
     # started, but not as planned: not a configuration to serve
     bad_start = {**_row("fp8", limit=64, tps=900), "startup": [{"id": "verify.kv_dtype", "status": "fail", "title": "x"}]}
     assert recommend.recommend(dep, [close[0], bad_start])["is_reference"]
-    assert bad_start["verdict"] == "not recommended: start-up log check failed (x)"
+    assert bad_start["verdict"] == "not recommended: start-up log check failed — x"
 
 
 def test_pareto_front_and_plot_mark_guard_failures():
@@ -255,9 +255,9 @@ def test_the_guard_names_the_difference_it_tested_and_its_remedy():
     row = {**_row("fp8-kv"), "guard": g, "startup": [{"id": "verify.fp8_kv_scales", "status": "fail",
                                                        "title": "FP8 KV cache without scaling factors"}]}
     recommend.recommend(dep, [_row("reference", guard="reference"), row])
-    assert row["verdict"].startswith("not recommended: accuracy guard failed (greedy outputs diverge")
-    assert "tested KV cache dtype: bfloat16 vs fp8_e4m3" in row["verdict"]
-    assert row["verdict"].endswith("start-up log check failed (FP8 KV cache without scaling factors)")
+    assert row["verdict"].startswith("not recommended: accuracy guard failed — greedy outputs diverge")
+    assert ", testing KV cache dtype: bfloat16 vs fp8_e4m3" in row["verdict"]
+    assert row["verdict"].endswith("; start-up log check failed — FP8 KV cache without scaling factors")
 
 
 def test_each_launch_shows_its_start_up_time_and_what_sglang_reported():

@@ -42,10 +42,10 @@ def _why_not(row: dict[str, Any]) -> list[str]:
     g = row.get("guard") or {}
     if g.get("status") == "fail":
         bad = "; ".join(c["title"] for c in g.get("checks", []) if c.get("status") == "fail")
-        why.append(f"accuracy guard failed ({bad}" + (f"; tested {g['tested']}" if g.get("tested") else "") + ")")
+        why.append(f"accuracy guard failed — {bad}" + (f", testing {g['tested']}" if g.get("tested") else ""))
     bad_log = [d for d in row.get("startup") or [] if d.get("status") == "fail"]
     if bad_log:
-        why.append("start-up log check failed (" + "; ".join(str(d.get("title")) for d in bad_log[:3]) + ")")
+        why.append("start-up log check failed — " + "; ".join(str(d.get("title")) for d in bad_log[:3]))
     return why
 
 

@@ -99,7 +99,7 @@ def test_reference_and_q4_kv_compared_by_the_identity_guard(tmp_path):
     assert q4["status"] == ("fail" if min(diverged) < 8 else "pass")
     if q4["status"] == "fail":      # the reason, with the difference tested: the KV cache type, not speculation
         assert rows["q4-kv"]["verdict"].startswith("not recommended: accuracy guard failed — greedy outputs diverge")
-        assert "testing KV cache dtype: --cache-type-k (default) vs q4_0 (--cache-type-v (default) vs q4_0)" in rows["q4-kv"]["verdict"]
+        assert "testing KV cache dtype: K f16, V f16 vs K q4_0, V q4_0 (--cache-type-k (default) vs q4_0" in rows["q4-kv"]["verdict"]
     # the table, the buckets and the Pareto plot come from the same rows
     from runbook.tune import report
     data = rep.data()

@@ -45,8 +45,9 @@ def run(out: str, llama: bool = True) -> int:
         return 2
     _log(f"SGLang {srv.url} ready in {srv.startup_s:.0f} s (log {log}): a tiny random-weight CPU model")
     try:
-        # 40/50 against the spec's own address (the live server); 35 reads this start's log and /server_info
-        params = ["--param", f"log_file={log}", "--param", f"tokenizer={dep.model.path}",
+        # 30/35 check the live server at the spec's address (drift, /server_info), 35 reads this start's log; 40 and
+        # 50 are given it (50's live probes run only with a url)
+        params = ["--param", f"url={srv.url}", "--param", f"log_file={log}", "--param", f"tokenizer={dep.model.path}",
                   "--param", "concurrency=1,2,4", "--param", "requests=8", "--param", "output_len=32",
                   "--param", "input_len=256", "--param", "lengths=512,1024", "--param", "toolcall_max_tokens=64"]
         code = cli(["run", "--deployment", str(spec), "--out", out, *params])

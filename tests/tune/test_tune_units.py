@@ -271,3 +271,19 @@ def test_each_launch_shows_its_start_up_time_and_what_sglang_reported():
                     "token pool": 411513, "KV GB": 0.39, "chunked prefill": 4096, "running cap": 4096,
                     "tested against the reference": "KV cache dtype: bfloat16 vs fp8_e4m3", "verdict": "not recommended: x"}]
     assert report.rows(data)[0]["start-up s"] == 37.0 and report.rows(data)[1]["start-up s"] is None
+
+
+def test_a_failed_sglang_start_is_told_in_sglangs_own_words(tmp_path):
+    from runbook.tune.engines import PreCheck, sglang
+
+    log = tmp_path / "c.log"
+    log.write_text("[2026-12-05 08:18:40] Load weight end. elapsed=0.04 s\nTraceback (most recent call last):\n"
+                   '  File "kv_cache_configurator.py", line 3050, in _profile_available_bytes\n    raise ValueError(\n'
+                   "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.02. "
+                   "Raise --mem-fraction-static above 0.033\n[2026-12-05 08:18:43] Received sigquit from a child process.\n"
+                   "[2026-12-05 08:18:43] kill_process_tree called: parent_pid=1, include_parent=True, pid=1\n")
+    st = sglang.ENGINE.startup(spec_mod.load(DEFAULT), log, PreCheck("ok"))
+    assert st.failure == ("ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.02. "
+                          "Raise --mem-fraction-static above 0.033")
+    log.write_text("[2026-12-05 08:18:40] Load weight end. elapsed=0.04 s\n")
+    assert sglang.ENGINE.startup(spec_mod.load(DEFAULT), log, PreCheck("ok")).failure is None

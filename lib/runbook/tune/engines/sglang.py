@@ -63,6 +63,23 @@ def _plan(spec: Deployment, longest: int, buckets: list[int]) -> tuple[str | Non
     return None, pred, found
 
 
+# The exception a failed start ends with ("ValueError: Loaded weights leave no GPU memory for the KV cache ..."):
+# SGLang's own words beat "killed by SIGKILL" (its kill_process_tree) when stage 35 has no finding for it.
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception)): .+")
+
+
+def _raised(log_path: Any) -> str | None:
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - (256 << 10)))
+            lines = fh.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    hits = [ln.strip() for ln in lines if _RAISED.match(ln.strip())]
+    return hits[-1][:400] if hits else None
+
+
 class SGLang:
     name = "sglang"
 
@@ -100,7 +117,7 @@ class SGLang:
     def startup(self, spec: Deployment, log_path: Any, pre: PreCheck) -> Startup:
         rep = verify.inspect(spec, log=str(log_path))
         bad = [f for f in rep.findings if f.id in FAILURES and f.status == "fail"]
-        failure = f"{bad[0].title}; {bad[0].remedy}" if bad else None
+        failure = f"{bad[0].title}; {bad[0].remedy}" if bad else _raised(log_path)
         return Startup({k: rep.observed.get(k) for k in ("kv_dtype", "max_total_num_tokens", "max_running_requests",
                                                          "context_len")},
                        [f.to_dict() for f in rep.findings], failure)

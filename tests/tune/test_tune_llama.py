@@ -106,6 +106,7 @@ def test_reference_and_q4_kv_compared_by_the_identity_guard(tmp_path):
     assert [r["candidate"] for r in report.rows(data)] == ["reference", "q4-kv", "q8-kv"]
     assert report.plot_pareto(data) is not None and "Recommended:" in report.recommendation_text(data)
     assert all(r["bench"]["buckets"] for r in rows.values())
+    assert all(0 < r["teardown_s"] < 30 for r in rows.values())
 
 
 def _row_files(arch: Path) -> dict[str, Path]:

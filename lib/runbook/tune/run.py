@@ -191,6 +191,8 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
             row["guard_s"] = round(time.monotonic() - t_guard, 2)
             if not srv.alive():
                 raise LaunchFailed("exited", "the server died while it was measured; see its log")
+            t_down = time.monotonic()
+        row["teardown_s"] = round(time.monotonic() - t_down, 2)    # SIGTERM until every process is gone, port free
         row["status"] = "done"
     except LaunchFailed as e:
         st = ctx.engine.startup(cspec, log_path, pre)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from runbook.core import paths
+from runbook.core import spec as spec_mod
 from runbook.core.errors import RunbookError
 
 
@@ -35,7 +36,7 @@ def run(out: str, llama: bool = True) -> int:
     cache = paths.cache_dir()
     port = sglang.free_port()
     spec = write_sglang_spec(cache / "demo-sglang.yaml", port)
-    dep = sglang.deployment(port)
+    dep = spec_mod.load(spec)             # the server runs what the notebooks check (30's drift, 35's plan)
     log = Path(out) / "demo-sglang-server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     try:

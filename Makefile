@@ -64,7 +64,8 @@ run: $(RUNTIME)
 $(LLAMA_SERVER): $(RUNTIME)
 	$(PY) -m runbook.demo build
 
-# The whole runbook with the benchmark notebook pointed at a tiny CPU model served by llama-server.
+# The whole runbook against the real SGLang server on CPU (the serving env), tune on SGLang candidates, then tune
+# on llama-server candidates (runbook/demo/runbook.py).
 demo: $(RUNTIME) $(SERVING_STAMP) $(LLAMA_SERVER)
 	@if [ -x $(SERVING)/bin/python ]; then export RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python; fi; \
 	$(PY) -m runbook.demo runbook

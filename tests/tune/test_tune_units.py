@@ -119,8 +119,8 @@ def test_recommendation_is_the_highest_load_within_slo_then_throughput_among_gua
             _row("fp8", limit=16, tps=90), _row("skipped", status="skipped"), _row("more-tps", limit=8, tps=500)]
     rec = recommend.recommend(dep, rows)
     assert rec["name"] == "fp8" and not rec["is_reference"]
-    assert [r["verdict"] for r in rows] == ["ran, not the best", "accuracy guard failed", "recommended", "skipped",
-                                            "ran, not the best"]
+    assert [r["verdict"] for r in rows] == ["ran, not the best", "not recommended: accuracy guard failed — ", "recommended",
+                                            "skipped", "ran, not the best"]
     assert rec["command"].startswith("python -m runbook service install --deployment ")
     assert "--arg kv-cache-dtype=fp8_e4m3 --yes" in rec["command"]
     assert recommend.recommend(dep, [_row("x", status="failed")]) is None
@@ -130,7 +130,8 @@ def test_recommendation_is_the_highest_load_within_slo_then_throughput_among_gua
     assert recommend.recommend(dep, [close[0], _row("fp8", limit=8, tps=106)])["name"] == "fp8"
     # started, but not as planned: not a configuration to serve
     bad_start = {**_row("fp8", limit=64, tps=900), "startup": [{"id": "verify.kv_dtype", "status": "fail", "title": "x"}]}
-    assert recommend.recommend(dep, [close[0], bad_start])["is_reference"] and bad_start["verdict"] == "start-up log check failed"
+    assert recommend.recommend(dep, [close[0], bad_start])["is_reference"]
+    assert bad_start["verdict"] == "not recommended: start-up log check failed — x"
 
 
 def test_pareto_front_and_plot_mark_guard_failures():
@@ -229,3 +230,60 @@ def test_start_up_log_findings_of_a_candidate_that_ran_reach_the_verdict():
            if f.id == "tune.startup"]
     assert len(got) == 1 and got[0].status == "fail" and "FP8 KV cache without scaling factors" in got[0].title
     assert got[0].evidence == "verify.fp8_kv_scales, verify.tokens" and got[0].remedy == "--kv-cache-dtype bf16"
+
+
+def test_the_guard_names_the_difference_it_tested_and_its_remedy():
+    from runbook.tune import guard
+
+    dep = spec_mod.load(DEFAULT)
+    ref = {"identity": ["a b c"], "setup": {"flags": {"dtype": "bfloat16"}, "python": "/py", "kv_dtype": "bfloat16"}}
+    fp8 = {"identity": ["x y z"], "setup": {"flags": {"dtype": "bfloat16", "kv-cache-dtype": "fp8_e4m3"}, "python": "/py",
+                                            "kv_dtype": "fp8_e4m3"}}
+    g = guard.compare(dep.model_copy(update={"tune": dep.tune.model_copy(update={"guard": dep.tune.guard.model_copy(
+        update={"min_identical_tokens": 8})})}), ref, fp8)
+    assert g["status"] == "fail"
+    assert g["tested"] == "KV cache dtype: bfloat16 vs fp8_e4m3 (--kv-cache-dtype (default) vs fp8_e4m3)"
+    assert "FP8 KV cache without calibrated k/v scales" in g["remedy"] and "peculative" not in g["remedy"]
+    # another difference, another remedy; two kinds at once: change one at a time
+    spec = {**fp8["setup"], "kv_dtype": "bfloat16", "flags": {"dtype": "bfloat16", "speculative-algorithm": "NGRAM"}}
+    assert guard.remedy(guard.differences(ref["setup"], spec)).startswith("Speculative decoding changed greedy output")
+    both = guard.differences(ref["setup"], {**spec, "flags": {**spec["flags"], "disable-radix-cache": True}})
+    assert guard.remedy(both).startswith("It differs from the reference in more than one way (speculative decoding, radix cache)")
+    assert guard.tested(guard.differences(ref["setup"], ref["setup"])) == "no difference from the reference in flags or interpreter"
+    assert guard.tested(guard.differences(None, fp8["setup"])).startswith("what differs from the reference is unknown")
+    # the verdict carries the reason, the finding the difference and its remedy
+    row = {**_row("fp8-kv"), "guard": g, "startup": [{"id": "verify.fp8_kv_scales", "status": "fail",
+                                                       "title": "FP8 KV cache without scaling factors"}]}
+    recommend.recommend(dep, [_row("reference", guard="reference"), row])
+    assert row["verdict"].startswith("not recommended: accuracy guard failed — greedy outputs diverge")
+    assert ", testing KV cache dtype: bfloat16 vs fp8_e4m3" in row["verdict"]
+    assert row["verdict"].endswith("; start-up log check failed — FP8 KV cache without scaling factors")
+
+
+def test_each_launch_shows_its_start_up_time_and_what_sglang_reported():
+    ran = {**_row("fp8-kv"), "ready_s": 37.0, "verdict": "not recommended: x",
+           "guard": {"status": "fail", "checks": [], "tested": "KV cache dtype: bfloat16 vs fp8_e4m3"},
+           "server_info": {"version": "0.5.23", "kv_cache_dtype": "fp8_e4m3", "max_total_num_tokens": 411513,
+                           "memory_usage": {"kvcache": 0.39}, "chunked_prefill_size": 4096, "max_running_requests": 4096}}
+    data = {"candidates": [ran, _row("old-flag", status="skipped")]}
+    got = report.launches(data)
+    assert got == [{"candidate": "fp8-kv", "start-up s": 37.0, "version": "0.5.23", "KV dtype": "fp8_e4m3",
+                    "token pool": 411513, "KV GB": 0.39, "chunked prefill": 4096, "running cap": 4096,
+                    "tested against the reference": "KV cache dtype: bfloat16 vs fp8_e4m3", "verdict": "not recommended: x"}]
+    assert report.rows(data)[0]["start-up s"] == 37.0 and report.rows(data)[1]["start-up s"] is None
+
+
+def test_a_failed_sglang_start_is_told_in_sglangs_own_words(tmp_path):
+    from runbook.tune.engines import PreCheck, sglang
+
+    log = tmp_path / "c.log"
+    log.write_text("[2026-12-05 08:18:40] Load weight end. elapsed=0.04 s\nTraceback (most recent call last):\n"
+                   '  File "kv_cache_configurator.py", line 3050, in _profile_available_bytes\n    raise ValueError(\n'
+                   "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.02. "
+                   "Raise --mem-fraction-static above 0.033\n[2026-12-05 08:18:43] Received sigquit from a child process.\n"
+                   "[2026-12-05 08:18:43] kill_process_tree called: parent_pid=1, include_parent=True, pid=1\n")
+    st = sglang.ENGINE.startup(spec_mod.load(DEFAULT), log, PreCheck("ok"))
+    assert st.failure == ("ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.02. "
+                          "Raise --mem-fraction-static above 0.033")
+    log.write_text("[2026-12-05 08:18:40] Load weight end. elapsed=0.04 s\n")
+    assert sglang.ENGINE.startup(spec_mod.load(DEFAULT), log, PreCheck("ok")).failure is None

@@ -1,5 +1,8 @@
+"""`python -m runbook.demo runbook [--out DIR] [--no-llama]`: the whole runbook on the real SGLang server on CPU
+(demo/runbook.py); `build` and `serve` are llama-server's (demo/llama.py)."""
 import sys
 
-from runbook.demo.llama import main
+from runbook.demo import llama, runbook
 
-sys.exit(main())
+args = sys.argv[1:]
+sys.exit(runbook.main(args[1:]) if args[:1] == ["runbook"] else llama.main(args))

@@ -25,10 +25,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from runbook.cli import main as cli
 from runbook.core import paths
 from runbook.corpus import code_prompts, code_text
-from runbook.demo.tune import write_spec
 
 LLAMA_CPP_PYTHON = "0.3.36"
 CACHE = paths.cache_dir()   # the checkout's .cache/ (the Makefile's LLAMA_SERVER), else $RUNBOOK_CACHE or ~/.cache/runbook
@@ -211,14 +209,13 @@ def start_llama_server(exe: Path | None = None, model_dir: Path | None = None, p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m runbook.demo build|serve|runbook`: build the engine, serve the tiny model, or run the
-    whole runbook with the benchmark (and accuracy) notebooks pointed at it, then the tune stage on llama-server
-    candidates (demo/tune.py)."""
+    """`python -m runbook.demo build|serve`: build llama-server, or serve the tiny model on it (`runbook`, the whole
+    runbook on SGLang, is demo/runbook.py's: demo/__main__.py dispatches)."""
+    args = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m runbook.demo")
-    ap.add_argument("action", choices=["build", "serve", "runbook"])
+    ap.add_argument("action", choices=["build", "serve"])
     ap.add_argument("--port", type=int)
-    ap.add_argument("--out", default=str(paths.outputs_dir()))
-    a = ap.parse_args(argv)
+    a = ap.parse_args(args)
     log = lambda m: print(f"demo: {m}", file=sys.stderr, flush=True)  # noqa: E731
     exe = build_llama_server(log=log)
     model = tiny_model()
@@ -226,24 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         log(f"llama-server at {exe}; tiny model at {model}")
         return 0
     srv = start_llama_server(exe, model, a.port, extra_args=["--jinja"])   # --jinja: tools for the tool-call probe
-    log(f"llama-server {srv.url} serving a tiny random-weight CPU model (figures say nothing about a deployment)")
+    log(f"llama-server {srv.url} serving a tiny random-weight CPU model (figures say nothing about a deployment); "
+        "Ctrl-C to stop")
     try:
-        if a.action == "serve":
-            log("Ctrl-C to stop")
-            srv.proc.wait()
-            return 0
-        params = ["--param", f"url={srv.url}", "--param", f"tokenizer={model}", "--param", "concurrency=1,2,4,8",
-                  "--param", "requests=16", "--param", "output_len=64", "--param", "input_len=256",
-                  "--param", "lengths=512,1024,2048",  # the tiny model's context is 4096 tokens
-                  "--param", "toolcall_max_tokens=64"]
-        code = cli(["run", "--out", a.out, *params])
-        srv.stop()
-        # tune is not part of a plain run (it takes the server down): run it on its own CPU deployment,
-        # llama-server candidates on a port of their own
-        spec = write_spec(CACHE / "tune-demo.yaml", exe, model, free_port())
-        log(f"tune: {spec} (llama-server candidates; a few minutes on 2 cores)")
-        tuned = cli(["run", "--only", "tune", "--deployment", str(spec), "--out", a.out])
-        return max((c if c not in (0, 1) else 0) for c in (code, tuned))
+        srv.proc.wait()
+        return 0
     except KeyboardInterrupt:
         return 130
     finally:

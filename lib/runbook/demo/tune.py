@@ -52,3 +52,51 @@ def write_spec(path: Path, exe: Path, model_dir: Path, port: int, **kw: Any) -> 
     atomic_write_text(path, "# written by runbook.demo: tune's CPU demo deployment\n"
                       + yaml.safe_dump(spec_data(exe, model_dir, port, **kw), sort_keys=False))
     return path
+
+
+# SGLang's own knobs on CPU (the real server, runbook.demo.sglang). `fp8-kv` is the story: an FP8 KV cache with
+# no scales, which SGLang's log flags and the guard compares with the BF16 reference; `old-flag` is a flag this
+# SGLang refuses, skipped by its own parser before anything is launched.
+SGLANG_CANDIDATES: dict[str, dict[str, Any]] = {
+    "no-radix": {"description": "radix (prefix) cache off", "flags": {"disable-radix-cache": True}},
+    "chunked-512": {"description": "chunked prefill of 512 tokens, 8 running requests",
+                    "flags": {"chunked-prefill-size": 512, "max-running-requests": 8}},
+    "fp8-kv": {"description": "FP8 KV cache without scaling factors (the checkpoint has none)",
+               "flags": {"kv-cache-dtype": "fp8_e4m3"}},
+    "old-flag": {"description": "a flag this SGLang does not have", "flags": {"enable-dp-lm-head-typo": True}},
+}
+
+SGLANG_TUNE: dict[str, Any] = {
+    "engine": "sglang", "workload": "code", "concurrency": [1, 2], "requests_per_level": 4, "turns": 1,
+    "input_len": 128, "output_len": 16, "slo_search": False, "buckets": [512, 1024], "longest_context": 1024,
+    "ready_timeout_s": 240, "budget_per_candidate_s": 600, "budget_s": 3600,
+    "guard": {"identity_prompts": 4, "identity_max_tokens": 24, "min_identical_tokens": 8, "recall_lengths": [512],
+              "toolcall": False},
+}
+
+
+# On CPU SGLang budgets its pool from the host's free memory before and after loading the weights: another process
+# allocating in between (a sibling server's pool) leaves "no memory for the KV cache" at a fraction of 0.02 (seen at
+# 0.033 needed). A larger fraction tolerates that; the token cap keeps what each launch allocates small (128 MiB).
+SGLANG_TUNE_FLAGS: dict[str, Any] = {"mem-fraction-static": 0.1, "max-total-tokens": 65536}
+
+
+def sglang_spec_data(port: int, candidates: dict[str, dict[str, Any]] | None = None, **tune: Any) -> dict[str, Any]:
+    """The SGLang demo deployment (deployments/tiny-llama-sglang-cpu.yaml, paths made absolute) on `port`, with a
+    tune section over SGLang's own knobs."""
+    from runbook.demo import sglang
+
+    src = sglang.spec_path()
+    data = yaml.safe_load(src.read_text(encoding="utf-8"))
+    dep = sglang.deployment(port)
+    data["serving"].update(python=dep.serving.python, port=port)
+    data["serving"]["flags"].update(SGLANG_TUNE_FLAGS)
+    data["model"]["path"] = dep.model.path
+    data["tune"] = {**SGLANG_TUNE, "candidates": SGLANG_CANDIDATES if candidates is None else candidates, **tune}
+    return data
+
+
+def write_sglang_spec(path: Path, port: int, **kw: Any) -> Path:
+    atomic_write_text(path, "# written by runbook.demo: tune on the real SGLang server on CPU\n"
+                      + yaml.safe_dump(sglang_spec_data(port, **kw), sort_keys=False))
+    return path

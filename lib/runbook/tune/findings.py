@@ -36,7 +36,8 @@ def _candidate(r: dict[str, Any], plan_only: bool) -> Finding:
     if g.get("status") == "fail":
         bad = "; ".join(c["title"] for c in g.get("checks", []) if c["status"] == "fail")
         return Finding("tune.guard", "fail", f"{name}: accuracy guard failed: {bad}",
-                       remedy="Do not serve this candidate: it changes the model's answers.")
+                       detail=f"tested: {g['tested']}" if g.get("tested") else "",
+                       remedy=g.get("remedy") or "Do not serve this candidate: it changes the model's answers.")
     return Finding("tune.ran", "pass" if r.get("verdict") != "failed" else "fail",
                    f"{name}: ran; {r.get('verdict')}", detail="; ".join(c["title"] for c in g.get("checks", [])))
 

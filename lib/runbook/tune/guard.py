@@ -2,7 +2,9 @@
 are recorded while it runs (candidates run one at a time on one port), then each candidate's are
 compared with them: greedy identity reporting where outputs first diverge (a divergence late in the
 output is what batched numerics legitimately do; one before `min_identical_tokens` fails), needle recall
-at the guard's lengths, and the tool-call probe."""
+at the guard's lengths, and the tool-call probe. Each comparison names the difference it actually tested —
+the flags, interpreter and start-up log KV dtype of the two servers — and its remedy follows from that
+difference, never from a guess (an FP8 KV cache is not speculative decoding)."""
 from __future__ import annotations
 
 from typing import Any
@@ -21,10 +23,95 @@ def _recall_lengths(spec: Deployment, context: int | None) -> list[int]:
     return [n for n in ls if context is None or n <= context]
 
 
-def record(spec: Deployment, url: str, context: int | None) -> dict[str, Any]:
-    """What the guard compares: greedy outputs, recall answers, tool-call cases passed."""
+# Flags that can change greedy tokens, by what a finding calls them, in the order a remedy names them; any other
+# flag that differs is named by itself.
+KINDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("KV cache dtype", ("kv-cache-dtype", "quantization-param-path", "cache-type-k", "cache-type-v"),
+     "The KV cache dtype changed greedy output. An FP8 KV cache without calibrated k/v scales runs at scale 1.0 (SGLang "
+     "logs \"no scaling factors provided\") and clips outliers: keep the BF16 KV cache (--kv-cache-dtype bf16, not "
+     "auto on an FP8 checkpoint), or serve a checkpoint with KV scales and guard it again."),
+    ("speculative decoding", ("speculative-", "model-draft", "spec-", "draft-"),
+     "Speculative decoding changed greedy output: check the draft/verify path (dtype, backend) before enabling it."),
+    ("weight dtype or quantization", ("dtype", "quantization"),
+     "Weight precision differs: different greedy output is expected; judge it by recall, not identity."),
+    ("radix cache", ("disable-radix-cache", "no-cache-prompt", "cache-prompt"),
+     "Prefix caching must not change greedy output: report it to the engine with these prompts."),
+    ("batching and chunking", ("chunked-prefill-size", "max-running-requests", "max-prefill-tokens", "schedule-policy",
+                               "page-size", "batch-size", "ubatch-size", "parallel"),
+     "Batch and chunk shapes change the order of reductions, and with it greedy output after a near-tie; an early "
+     "divergence is worth a recall check before serving it."),
+)
+
+
+def _kind(flag: str) -> tuple[str, str] | None:
+    for label, keys, remedy in KINDS:
+        if any(flag == k or (k.endswith("-") and flag.startswith(k)) for k in keys):
+            return label, remedy
+    return None
+
+
+def setup(spec: Deployment, observed: dict[str, Any] | None) -> dict[str, Any]:
+    """What a server ran with, for naming the difference a comparison tests: its flags, interpreter and the KV dtype
+    its start-up log reports (on SGLang `auto` resolves there: an FP8 checkpoint gives an FP8 KV cache)."""
+    return {"flags": {k: v for k, v in spec.serving.flags.items() if k not in ("port", "host")},
+            "python": spec.serving.python if spec.tune.engine == "sglang" else None,
+            "kv_dtype": (observed or {}).get("kv_dtype")}
+
+
+def differences(ref: dict[str, Any] | None, got: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+    """What differs between the reference's setup and the candidate's: [{what, flag, reference, candidate}], the
+    ones that can change output first; None when a setup was not recorded (a run archived before it was)."""
+    if not (ref and got):
+        return None
+    out = []
+    if ref.get("kv_dtype") and got.get("kv_dtype") and ref["kv_dtype"] != got["kv_dtype"]:
+        out.append({"what": "KV cache dtype", "flag": "kv_dtype", "reference": ref["kv_dtype"], "candidate": got["kv_dtype"]})
+    if ref.get("python") != got.get("python"):
+        out.append({"what": "serving interpreter (SGLang version)", "flag": "python", "reference": ref.get("python"),
+                    "candidate": got.get("python")})
+    fa, fb = ref.get("flags") or {}, got.get("flags") or {}
+    for k in sorted(set(fa) | set(fb)):
+        if fa.get(k) != fb.get(k):
+            kind = _kind(k)
+            out.append({"what": kind[0] if kind else k, "flag": k, "reference": fa.get(k, "(default)"),
+                        "candidate": fb.get(k, "(default)")})
+    order = [label for label, _, _ in KINDS]
+    return sorted(out, key=lambda d: order.index(d["what"]) if d["what"] in order else len(order))
+
+
+def tested(diffs: list[dict[str, Any]] | None) -> str:
+    """The difference in words: 'KV cache dtype bfloat16 vs fp8_e4m3 (--kv-cache-dtype (default) vs fp8_e4m3)'."""
+    if diffs is None:
+        return "what differs from the reference is unknown (its setup was not recorded)"
+    if not diffs:
+        return "no difference from the reference in flags or interpreter"
+    groups: dict[str, list[str]] = {}
+    for d in diffs:       # one entry per kind: the log's KV dtype, then the flags that set it
+        flag = "" if d["flag"] in ("kv_dtype", "python") else f"--{d['flag']} "
+        groups.setdefault(d["what"], []).append(f"{flag}{d['reference']} vs {d['candidate']}")
+    parts = [(f"{what}: " if what not in v[0] else "") + v[0] + (f" ({'; '.join(v[1:])})" if v[1:] else "")
+             for what, v in list(groups.items())[:4]]
+    return "; ".join(parts) + ("; …" if len(groups) > 4 else "")
+
+
+def remedy(diffs: list[dict[str, Any]] | None) -> str:
+    """What to do about a failed comparison, for the difference actually tested."""
+    if not diffs:
+        return ("Do not serve this candidate: it changes the model's answers"
+                + (", and nothing in its flags differs from the reference's: the serving path is not deterministic."
+                   if diffs == [] else "."))
+    kinds = list(dict.fromkeys(d["what"] for d in diffs))
+    rem = next((r for label, _, r in KINDS if label == kinds[0]), None)
+    text = rem or f"Do not serve this candidate: {', '.join('--' + d['flag'] for d in diffs[:4])} changed the model's answers."
+    if len(kinds) > 1:
+        text = f"It differs from the reference in more than one way ({', '.join(kinds)}): change one at a time. {text}"
+    return text
+
+
+def record(spec: Deployment, url: str, context: int | None, observed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the guard compares: greedy outputs, recall answers, tool-call cases passed; and the server's setup."""
     g = spec.tune.guard
-    out: dict[str, Any] = {"identity": [], "recall": None, "toolcall": None}
+    out: dict[str, Any] = {"identity": [], "recall": None, "toolcall": None, "setup": setup(spec, observed)}
     if g.identity_prompts:
         recs = run_sync(accuracy.greedy_outputs(url, code_prompts()[:g.identity_prompts], g.identity_max_tokens))
         out["identity"] = [r.text if r.error_kind in (None, "no_output") else None for r in recs]
@@ -57,8 +144,10 @@ def _identity(ref: list[str | None], got: list[str | None], min_tokens: int, tok
 
 
 def compare(spec: Deployment, ref: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
-    """The guard's verdict: pass / fail, one line per probe, the first divergence point per prompt."""
+    """The guard's verdict: pass / fail, one line per probe, the first divergence point per prompt, the difference
+    tested (`tested`, `differences`) and, on a failure, the remedy for that difference."""
     g = spec.tune.guard
+    diffs = differences(ref.get("setup"), got.get("setup"))
     checks: list[dict[str, Any]] = []
     if ref.get("identity") and got.get("identity"):
         tok = load_tokenizer(tokenizer_dir(spec))
@@ -74,4 +163,7 @@ def compare(spec: Deployment, ref: dict[str, Any], got: dict[str, Any]) -> dict[
         checks.append({"probe": "toolcall", "status": "fail" if c["failed"] > r["failed"] else "pass",
                        "title": f"tool-call probe: {c['failed']} failing checks (reference {r['failed']})"})
     status = "fail" if any(x["status"] == "fail" for x in checks) else ("pass" if checks else "skip")
-    return {"status": status, "checks": checks}
+    out: dict[str, Any] = {"status": status, "checks": checks, "tested": tested(diffs), "differences": diffs}
+    if status == "fail":
+        out["remedy"] = remedy(diffs)
+    return out

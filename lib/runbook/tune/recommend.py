@@ -35,14 +35,28 @@ def eligible(row: dict[str, Any]) -> bool:
             and not _startup_failed(row))
 
 
+def _why_not(row: dict[str, Any]) -> list[str]:
+    """Every reason a candidate that ran is not one to serve: the guard's failures with the difference they tested,
+    then what its start-up log says."""
+    why = []
+    g = row.get("guard") or {}
+    if g.get("status") == "fail":
+        bad = "; ".join(c["title"] for c in g.get("checks", []) if c.get("status") == "fail")
+        why.append(f"accuracy guard failed — {bad}" + (f", testing {g['tested']}" if g.get("tested") else ""))
+    bad_log = [d for d in row.get("startup") or [] if d.get("status") == "fail"]
+    if bad_log:
+        why.append("start-up log check failed — " + "; ".join(str(d.get("title")) for d in bad_log[:3]))
+    return why
+
+
 def verdict(row: dict[str, Any], best: str | None) -> str:
+    """`recommended`, `ran, not the best`, `not recommended: <every reason>`, or the status of one that did not run."""
     st = row.get("status")
     if st != "done":
         return {"skipped": "skipped", "failed": "failed", "not_run": "not run", "planned": "passed the pre-check"}.get(str(st), str(st))
-    if (row.get("guard") or {}).get("status") == "fail":
-        return "accuracy guard failed"
-    if _startup_failed(row):
-        return "start-up log check failed"
+    why = _why_not(row)
+    if why:
+        return "not recommended: " + "; ".join(why)
     return "recommended" if row["name"] == best else "ran, not the best"
 
 

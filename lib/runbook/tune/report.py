@@ -1,4 +1,4 @@
-"""The tune run as one table (candidate × pre-check, ready time, predicted/observed tokens, load within
+"""The tune run as one table (candidate × pre-check, start-up time (launch to ready), predicted/observed tokens, load within
 the SLOs, throughput, TTFT/TPOT per context-length bucket, acceptance, J/token, guard, verdict), a Pareto
 plot (throughput against latency, accuracy failures marked) and the recommendation's text."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
         pred, obs, b = r.get("predicted") or {}, r.get("observed") or {}, r.get("bench") or {}
         row = {"candidate": r["name"], "pre-check": r.get("precheck"), "KV dtype": pred.get("kv_dtype"),
                "KV B/token": pred.get("kv_bytes_per_token"),
-               "ready s": r.get("ready_s"), "tokens predicted": pred.get("max_total_num_tokens"),
+               "start-up s": r.get("ready_s"), "tokens predicted": pred.get("max_total_num_tokens"),
                "tokens observed": obs.get("max_total_num_tokens"), "running cap": pred.get("max_running_requests"),
                "load within SLO": b.get("slo_limit"), "tok/s": round(b["output_tok_s"], 1) if b.get("output_tok_s") else None}
         for k in b.get("buckets", []):
@@ -48,10 +48,35 @@ def buckets_frame(data: dict[str, Any]):
     return pd.DataFrame(recs).set_index(["candidate", "bucket"]) if recs else pd.DataFrame()
 
 
+def launches(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per launched candidate: its start-up time, what the server reported about itself (SGLang's /server_info), the
+    difference its guard tested, and its verdict."""
+    out = []
+    for r in data.get("candidates", []):
+        if r.get("ready_s") is None:
+            continue
+        si, mem = r.get("server_info") or {}, (r.get("server_info") or {}).get("memory_usage") or {}
+        out.append({"candidate": r["name"], "start-up s": r["ready_s"], "version": si.get("version"),
+                    "KV dtype": si.get("kv_cache_dtype") or (r.get("observed") or {}).get("kv_dtype"),
+                    "token pool": si.get("max_total_num_tokens", (r.get("observed") or {}).get("max_total_num_tokens")),
+                    "KV GB": mem.get("kvcache"), "chunked prefill": si.get("chunked_prefill_size"),
+                    "running cap": si.get("max_running_requests"),
+                    "tested against the reference": (r.get("guard") or {}).get("tested"),
+                    "verdict": r.get("verdict") or r.get("status")})
+    return out
+
+
+def launches_frame(data: dict[str, Any]):
+    import pandas as pd
+
+    recs = launches(data)
+    return pd.DataFrame(recs).set_index("candidate") if recs else pd.DataFrame()
+
+
 def text_table(rep: Any) -> str:
     """Plain text for the CLI: the table's main columns, then the recommendation."""
     data = rep.data()
-    cols = ["candidate", "pre-check", "tokens predicted", "running cap", "ready s", "tokens observed", "load within SLO",
+    cols = ["candidate", "pre-check", "tokens predicted", "running cap", "start-up s", "tokens observed", "load within SLO",
             "tok/s", "acceptance", "J/token", "guard", "verdict"]
     if data.get("plan_only"):
         cols = ["candidate", "pre-check", "KV dtype", "KV B/token", "tokens predicted", "running cap", "reason"]

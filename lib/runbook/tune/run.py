@@ -172,6 +172,7 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
     try:
         with launched(_launch(ctx, cspec, log_path)) as srv:
             row["ready_s"] = round(srv.ready_s, 2)
+            row["server_info"] = ctx.engine.live(cspec, srv.url)
             st = ctx.engine.startup(cspec, log_path, pre)
             row.update(observed=st.observed, startup=st.details)
             shutdown.check()
@@ -190,6 +191,8 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
             row["guard_s"] = round(time.monotonic() - t_guard, 2)
             if not srv.alive():
                 raise LaunchFailed("exited", "the server died while it was measured; see its log")
+            t_down = time.monotonic()
+        row["teardown_s"] = round(time.monotonic() - t_down, 2)    # SIGTERM until every process is gone, port free
         row["status"] = "done"
     except LaunchFailed as e:
         st = ctx.engine.startup(cspec, log_path, pre)
@@ -205,7 +208,7 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
 
 def _guard(ctx: Ctx, cspec: Deployment, c: Candidate, row: dict[str, Any], url: str) -> None:
     context = (row.get("observed") or {}).get("context_len") or (row.get("predicted") or {}).get("context_len")
-    got = guard.record(cspec, url, context)
+    got = guard.record(cspec, url, context, row.get("observed"))
     row["guard_outputs"] = got
     if c.name == ctx.spec.tune.reference:
         ctx.reference = got

@@ -42,6 +42,11 @@ class Engine(Protocol):
 
     def startup(self, spec: Deployment, log_path: Any, pre: PreCheck) -> Startup: ...
 
+    def live(self, spec: Deployment, url: str) -> dict[str, Any]:
+        """What the running server reports about itself (SGLang: /server_info's version, pool and memory), {} if
+        nothing; never raises."""
+        ...
+
 
 def get(name: str) -> Engine:
     mod = importlib.import_module(f"runbook.tune.engines.{'llama' if name == 'llama-server' else name}")

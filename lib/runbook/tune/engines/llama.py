@@ -168,5 +168,8 @@ class Llama:
         errors = [ln.strip() for ln in text.splitlines() if _ERROR_LINE.search(ln) and " W " not in ln]
         return Startup(out, details, errors[-1][:300] if errors and not kvm else None)
 
+    def live(self, spec: Deployment, url: str) -> dict[str, Any]:
+        return {}        # the start-up log already says what it allocated; /props repeats the flags
+
 
 ENGINE = Llama()

@@ -63,6 +63,23 @@ def _plan(spec: Deployment, longest: int, buckets: list[int]) -> tuple[str | Non
     return None, pred, found
 
 
+# The exception a failed start ends with ("ValueError: Loaded weights leave no GPU memory for the KV cache ..."):
+# SGLang's own words beat "killed by SIGKILL" (its kill_process_tree) when stage 35 has no finding for it.
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception)): .+")
+
+
+def _raised(log_path: Any) -> str | None:
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - (256 << 10)))
+            lines = fh.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    hits = [ln.strip() for ln in lines if _RAISED.match(ln.strip())]
+    return hits[-1][:400] if hits else None
+
+
 class SGLang:
     name = "sglang"
 
@@ -100,10 +117,32 @@ class SGLang:
     def startup(self, spec: Deployment, log_path: Any, pre: PreCheck) -> Startup:
         rep = verify.inspect(spec, log=str(log_path))
         bad = [f for f in rep.findings if f.id in FAILURES and f.status == "fail"]
-        failure = f"{bad[0].title}; {bad[0].remedy}" if bad else None
+        failure = f"{bad[0].title}; {bad[0].remedy}" if bad else _raised(log_path)
         return Startup({k: rep.observed.get(k) for k in ("kv_dtype", "max_total_num_tokens", "max_running_requests",
                                                          "context_len")},
                        [f.to_dict() for f in rep.findings], failure)
+
+
+    def live(self, spec: Deployment, url: str) -> dict[str, Any]:
+        """/server_info as SGLang itself reports it: version, the pool, its KV dtype and memory (GB), its own
+        start-up timestamp; {} when it does not answer (the row then says so by its absence)."""
+        from runbook.endpoint.reach import BadResponse, fetch_json
+
+        try:
+            info = fetch_json(url.rstrip("/") + "/server_info", timeout=10.0)
+        except (OSError, BadResponse, ValueError):
+            return {}
+        states = info.get("internal_states")
+        first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+        out = {k: info.get(k) for k in SERVER_INFO if k in info}
+        out.update({k: first.get(k) for k in STATE_KEYS if k in first})
+        return out
+
+
+# What a candidate's row keeps of SGLang's /server_info (its 556 keys are every server argument and more).
+SERVER_INFO = ("version", "max_total_num_tokens", "kv_cache_dtype", "chunked_prefill_size", "max_running_requests",
+               "schedule_policy", "disable_radix_cache", "context_length", "startup_time")
+STATE_KEYS = ("memory_usage", "effective_max_running_requests_per_dp")
 
 
 ENGINE = SGLang()

@@ -1,0 +1,77 @@
+"""`python -m runbook.demo runbook` (`make demo`): the whole runbook against the real SGLang server on CPU, then
+tune on SGLang's own knobs, then tune on llama-server where it adds something SGLang on CPU has not (GGUF KV cache
+types, its n-gram speculative decoding).
+
+1. SGLang (runbook.demo.sglang) serves the tiny HF Llama on a port of its own; every notebook runs on the SGLang
+   demo deployment (deployments/tiny-llama-sglang-cpu.yaml on that port): the plan, the unit, verify on the
+   server's own log and /server_info, the benchmark and accuracy against it.
+2. The server is stopped (tune takes the deployment's port), and stage 60 launches SGLang candidates for real
+   (demo/tune.py: radix cache off, chunked prefill, an FP8 KV cache without scales, a flag SGLang refuses).
+3. Stage 60 on llama-server candidates (its own CPU deployment).
+
+Each `runbook run` archives under --out; the figures come from tiny CPU models and say nothing about a deployment."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from runbook.cli import main as cli
+from runbook.core import paths
+from runbook.core import spec as spec_mod
+from runbook.core.errors import RunbookError
+from runbook.demo import llama as llama_demo
+from runbook.demo import sglang
+from runbook.demo.tune import write_sglang_spec, write_spec
+
+
+def _log(msg: str) -> None:
+    print(f"demo: {msg}", file=sys.stderr, flush=True)
+
+
+def run(out: str, llama: bool = True) -> int:
+    t0 = time.monotonic()
+    cache = paths.cache_dir()
+    port = sglang.free_port()
+    spec = write_sglang_spec(cache / "demo-sglang.yaml", port)
+    dep = spec_mod.load(spec)             # the server runs what the notebooks check (30's drift, 35's plan)
+    log = Path(out) / "demo-sglang-server.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        srv = sglang.start(dep, log_path=log)
+    except RunbookError as e:
+        _log(f"SGLang did not start: {e}")
+        return 2
+    _log(f"SGLang {srv.url} ready in {srv.startup_s:.0f} s (log {log}): a tiny random-weight CPU model")
+    try:
+        # 30/35 check the live server at the spec's address (drift, /server_info), 35 reads this start's log; 40 and
+        # 50 are given it (50's live probes run only with a url)
+        params = ["--param", f"url={srv.url}", "--param", f"log_file={log}", "--param", f"tokenizer={dep.model.path}",
+                  "--param", "concurrency=1,2,4", "--param", "requests=8", "--param", "output_len=32",
+                  "--param", "input_len=256", "--param", "lengths=512,1024", "--param", "toolcall_max_tokens=64"]
+        code = cli(["run", "--deployment", str(spec), "--out", out, *params])
+    finally:
+        srv.stop()
+    # tune is not part of a plain run (it takes the server down): its own run, SGLang candidates on that port
+    _log(f"tune on SGLang: {spec} (a launch takes 25-55 s here)")
+    tuned = cli(["run", "--only", "tune", "--deployment", str(spec), "--out", out])
+    codes = [code, tuned]
+    if llama:
+        exe, model = llama_demo.build_llama_server(log=_log), llama_demo.tiny_model()
+        lspec = write_spec(cache / "tune-demo.yaml", exe, model, llama_demo.free_port())
+        _log(f"tune on llama-server: {lspec} (GGUF KV cache types, n-gram speculative decoding)")
+        codes.append(cli(["run", "--only", "tune", "--deployment", str(lspec), "--out", out]))
+    _log(f"done in {time.monotonic() - t0:.0f} s")
+    return max((c if c not in (0, 1) else 0) for c in codes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m runbook.demo runbook")
+    ap.add_argument("--out", default=str(paths.outputs_dir()))
+    ap.add_argument("--no-llama", action="store_true", help="leave out the llama-server tune run")
+    a = ap.parse_args(argv)
+    try:
+        return run(a.out, llama=not a.no_llama)
+    except KeyboardInterrupt:
+        return 130

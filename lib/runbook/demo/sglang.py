@@ -14,6 +14,7 @@ multiprocessing's resource tracker exit 5-15 s after the main process), then kil
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -21,6 +22,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -32,8 +34,12 @@ from typing import Any
 import psutil
 
 from runbook.core import SGLANG_VERSION, oscalls, paths
+from runbook.core import spec as specmod
 from runbook.core.errors import RunbookError
 from runbook.core.spec import Deployment
+from runbook.demo.llama import train_tokenizer
+from runbook.endpoint.reach import fetch_json
+from runbook.service import build
 
 MODEL_VERSION = "tiny-llama-hf-v1"
 SERVED_NAME = "tiny-llama"
@@ -112,8 +118,6 @@ def serving_python() -> Path:
     env = os.environ.get("RUNBOOK_SERVING_PYTHON")
     if env:
         return Path(env)
-    from runbook.core import spec as specmod
-
     src = spec_path()
     return _beside(src, specmod.load(src).serving.python)
 
@@ -155,8 +159,6 @@ def tiny_model(dest: Path | None = None, python: Path | None = None, timeout: fl
         return d
     py = Path(python or serving_python())
     check_engine(py)
-    from runbook.demo.llama import train_tokenizer
-
     d.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{d.name}-", dir=d.parent))   # same filesystem: the rename is atomic
     try:
@@ -245,9 +247,7 @@ class SGLangServer:
         return live
 
     def server_info(self, timeout: float = 10.0) -> dict[str, Any]:
-        from runbook.endpoint.reach import fetch_json
-
-        return fetch_json(self.url + "/server_info", timeout=timeout)
+            return fetch_json(self.url + "/server_info", timeout=timeout)
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM to the server, then wait for every process of its session by PID; SIGKILL what outlives
@@ -291,8 +291,6 @@ def deployment(port: int = 30000, python: Path | None = None, model_dir: Path | 
                flags: Mapping[str, Any] | None = None, source: Path | None = None) -> Deployment:
     """The demo spec with absolute paths (the serving interpreter, the cached model), `port`, and `flags`
     changed (None removes one)."""
-    from runbook.core import spec as specmod
-
     src = Path(source or spec_path())
     dep = specmod.load(src)
     py = Path(python) if python else Path(os.environ.get("RUNBOOK_SERVING_PYTHON") or _beside(src, dep.serving.python))
@@ -304,8 +302,6 @@ def deployment(port: int = 30000, python: Path | None = None, model_dir: Path | 
 
 def launch_argv(dep: Deployment) -> list[str]:
     """The rendered unit's ExecStart, as systemd parses it back (runbook.service)."""
-    from runbook.service import build
-
     return list(build(dep).unit.argv)
 
 
@@ -406,9 +402,6 @@ def _as_interrupt(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m runbook.demo.sglang build|serve`: build the tiny model, or serve it until Ctrl-C."""
-    import argparse
-    import sys
-
     ap = argparse.ArgumentParser(prog="python -m runbook.demo.sglang")
     ap.add_argument("action", choices=["build", "serve"])
     ap.add_argument("--port", type=int)

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from runbook.core.fsutil import atomic_write_text
+from runbook.demo import sglang
 
 CANDIDATES: dict[str, dict[str, Any]] = {
     "q8-kv": {"description": "8-bit KV cache", "flags": {"cache-type-k": "q8_0", "cache-type-v": "q8_0"}},
@@ -84,8 +85,6 @@ SGLANG_TUNE_FLAGS: dict[str, Any] = {"mem-fraction-static": 0.1, "max-total-toke
 def sglang_spec_data(port: int, candidates: dict[str, dict[str, Any]] | None = None, **tune: Any) -> dict[str, Any]:
     """The SGLang demo deployment (deployments/tiny-llama-sglang-cpu.yaml, paths made absolute) on `port`, with a
     tune section over SGLang's own knobs."""
-    from runbook.demo import sglang
-
     src = sglang.spec_path()
     data = yaml.safe_load(src.read_text(encoding="utf-8"))
     dep = sglang.deployment(port)

@@ -35,14 +35,14 @@ def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def frame(data: dict[str, Any]):
-    import pandas as pd
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
 
     return pd.DataFrame(rows(data)).set_index("candidate")
 
 
 def buckets_frame(data: dict[str, Any]):
     """Per candidate and context-length bucket: requests, TTFT and TPOT p50/p99, acceptance length."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
 
     recs = [{"candidate": r["name"], **k} for r in data.get("candidates", []) for k in (r.get("bench") or {}).get("buckets", [])]
     return pd.DataFrame(recs).set_index(["candidate", "bucket"]) if recs else pd.DataFrame()
@@ -67,7 +67,7 @@ def launches(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def launches_frame(data: dict[str, Any]):
-    import pandas as pd
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
 
     recs = launches(data)
     return pd.DataFrame(recs).set_index("candidate") if recs else pd.DataFrame()

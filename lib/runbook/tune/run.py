@@ -26,9 +26,10 @@ from runbook.core.findings import Finding
 from runbook.core.fsutil import atomic_write_json
 from runbook.core.spec import Deployment
 from runbook.tune import candidates as cands_mod
-from runbook.tune import energy, engines, guard, measure
+from runbook.tune import energy, engines, guard, measure, production
 from runbook.tune.candidates import Candidate
 from runbook.tune.engines import Engine, PreCheck
+from runbook.tune.launch import Launch, LaunchFailed, launched
 from runbook.tune.recommend import recommend
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
@@ -148,8 +149,6 @@ def _left(ctx: Ctx) -> float:
 
 
 def _launch(ctx: Ctx, cspec: Deployment, log_path: Path) -> Any:
-    from runbook.tune.launch import Launch
-
     t = ctx.spec.tune
     argv, env = ctx.engine.launch_env(cspec)
     timeout = min(t.ready_timeout_s or float(ctx.spec.systemd.timeout_start_sec), t.budget_per_candidate_s, max(1.0, _left(ctx)))
@@ -160,8 +159,6 @@ def _launch(ctx: Ctx, cspec: Deployment, log_path: Path) -> Any:
 
 def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) -> dict[str, Any]:
     """Launch, read the start-up log, benchmark, guard, take down: the candidate's archived row."""
-    from runbook.tune.launch import LaunchFailed, launched
-
     cspec = cands_mod.apply(ctx.spec, c)
     t_start = time.monotonic()
     log_dir = (ctx.run_dir or Path(paths.outputs_dir())) / "logs"
@@ -221,8 +218,6 @@ def _guard(ctx: Ctx, cspec: Deployment, c: Candidate, row: dict[str, Any], url: 
 
 def _launch_all(ctx: Ctx, todo: list[tuple[Candidate, PreCheck, dict[str, Any]]], rows: dict[str, dict[str, Any]],
                 findings: list[Finding]) -> None:
-    from runbook.tune import production
-
     spec = ctx.spec
     unit = spec.systemd.unit_name      # the production server on this port (not active: nothing is stopped)
     ready = spec.serving.local_url + spec.systemd.ready_path
@@ -250,8 +245,6 @@ def _launch_all(ctx: Ctx, todo: list[tuple[Candidate, PreCheck, dict[str, Any]]]
 
 def _consent(ctx: Ctx) -> None:
     """The safety stop before anything is made or launched: production active and no --yes."""
-    from runbook.tune import production
-
     production.require_consent(ctx.spec.systemd.unit_name, yes=ctx.settings.yes, systemctl=ctx.settings.systemctl)
 
 

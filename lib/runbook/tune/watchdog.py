@@ -8,7 +8,7 @@ reach it), with stdin the read end of a pipe whose write end only tune holds, an
 "armed". `disarm()` writes the "done" byte and closes the pipe: the watchdog removes its log and exits.
 End-of-file without that byte, or tune's pid gone, means tune died: the watchdog stops the `--stop`
 units (the candidate transient units; a pattern such as runbook-tune-*.service is allowed, as systemctl
-allows it), then restores `--unit` as tune would have (production.restore: start once the port is free,
+allows it), then restores `--unit` as tune would have (restore.restore: start once the port is free,
 is-active, ready) and writes what it did to its log. Exit 0 when all went well, 1 when not.
 
 Used by production.paused() (stops candidates, restores the production unit) and by launch.launched() in
@@ -28,6 +28,7 @@ from pathlib import Path
 from runbook.core import oscalls
 from runbook.core.errors import RunbookError
 from runbook.core.oscalls import CommandFailed
+from runbook.tune.restore import restore
 
 POLL_S = 1.0
 ARM_TIMEOUT_S = 30.0       # the watchdog's interpreter starting on a loaded host
@@ -109,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         with open(a.log, "a", encoding="utf-8") as fh:
             fh.write(f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} {msg}\n")
-
-    from runbook.tune.production import restore
 
     log(f"armed for tune pid {a.pid}: stops {', '.join(a.stop) or 'nothing'}; restores {a.unit or 'nothing'}")
     print("armed", flush=True)

@@ -12,6 +12,7 @@ from runbook import kv, service, verify
 from runbook.core import secrets
 from runbook.core.errors import InputError, SpecError
 from runbook.core.spec import Deployment
+from runbook.endpoint.reach import BadResponse, fetch_json
 from runbook.tune.engines import PreCheck, Startup
 
 # kv findings that mean SGLang would refuse to start (tests/test_kv_vs_sglang.py's REFUSAL_IDS)
@@ -122,12 +123,9 @@ class SGLang:
                                                          "context_len")},
                        [f.to_dict() for f in rep.findings], failure)
 
-
     def live(self, spec: Deployment, url: str) -> dict[str, Any]:
         """/server_info as SGLang itself reports it: version, the pool, its KV dtype and memory (GB), its own
         start-up timestamp; {} when it does not answer (the row then says so by its absence)."""
-        from runbook.endpoint.reach import BadResponse, fetch_json
-
         try:
             info = fetch_json(url.rstrip("/") + "/server_info", timeout=10.0)
         except (OSError, BadResponse, ValueError):

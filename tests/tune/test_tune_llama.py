@@ -181,8 +181,10 @@ def test_an_active_production_unit_is_refused_without_yes(tmp_path, fake_systemd
 
 def test_budgets_bound_the_run_and_each_candidate(tmp_path):
     cands = {"q8-kv": {"flags": {"cache-type-k": "q8_0", "cache-type-v": "q8_0"}}}
-    # the fixed level alone takes seconds (8 requests × 64 tokens, one at a time); the server is ready well within 3 s
-    path = write_spec(tmp_path, cands, slo_search=True, budget_per_candidate_s=3, requests_per_level=8, output_len=64)
+    # the fixed level alone outlasts the 3 s budget (8 requests × 512 tokens, one at a time: 4,096 tokens, several
+    # seconds even on an idle machine; 8 × 64 finished within it there and let the SLO search run); the server is
+    # ready well within 3 s
+    path = write_spec(tmp_path, cands, slo_search=True, budget_per_candidate_s=3, requests_per_level=8, output_len=512)
     rep = run(path, tmp_path, budget_s=4)
     rows = {r["name"]: r for r in rep.rows}
     ref = rows["reference"]

@@ -468,6 +468,7 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
 
 
 QUEUE_WARN_MS = 1000.0     # a p99 wait in the server's queue beyond this: the level is past what the server admits at once
+QUEUE_INFO_MS = 100.0      # beyond this the wait is worth a line even when the sampled queue gauge never caught a queue
 
 
 def server_findings(levels: list[dict[str, Any]]) -> list[Finding]:
@@ -485,7 +486,7 @@ def server_findings(levels: list[dict[str, Any]]) -> list[Finding]:
                        "our TTFT adds the network, HTTP and the client to the server's."))
         q = srv.get("queue_ms")
         peak = ((s.get("telemetry") or {}).get("num_queue_reqs") or {}).get("max")
-        if q and q.get("p99") is not None and (q["p99"] > QUEUE_WARN_MS or peak):
+        if q and q.get("p99") is not None and (q["p99"] > QUEUE_INFO_MS or peak):
             st: Status = "warn" if q["p99"] > QUEUE_WARN_MS else "info"
             out.append(Finding(f"bench.queue.{tag}", st, f"{tag}: requests waited in the server's queue: p50 {q['p50']:.0f} ms, "
                                f"p99 {q['p99']:.0f} ms" + (f", up to {peak:.0f} waiting" if peak else ""),

@@ -26,10 +26,9 @@ from runbook.core.findings import Finding
 from runbook.core.fsutil import atomic_write_json
 from runbook.core.spec import Deployment
 from runbook.tune import candidates as cands_mod
-from runbook.tune import energy, engines, guard, measure, production
+from runbook.tune import energy, engines, guard, launch, measure, production
 from runbook.tune.candidates import Candidate
 from runbook.tune.engines import Engine, PreCheck
-from runbook.tune.launch import Launch, LaunchFailed, launched
 from runbook.tune.recommend import recommend
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
@@ -153,7 +152,7 @@ def _launch(ctx: Ctx, cspec: Deployment, log_path: Path) -> Any:
     argv, env = ctx.engine.launch_env(cspec)
     timeout = min(t.ready_timeout_s or float(ctx.spec.systemd.timeout_start_sec), t.budget_per_candidate_s, max(1.0, _left(ctx)))
     host = "127.0.0.1" if cspec.serving.host in ("0.0.0.0", "::", "") else cspec.serving.host
-    return Launch(tuple(argv), log_path, cspec.serving.port, host, env, ctx.engine.ready_path(cspec), timeout,
+    return launch.Launch(tuple(argv), log_path, cspec.serving.port, host, env, ctx.engine.ready_path(cspec), timeout,
                   systemd=t.systemd_run)
 
 
@@ -167,7 +166,7 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
     row["log"] = str(log_path)
     shutdown = oscalls.current()
     try:
-        with launched(_launch(ctx, cspec, log_path)) as srv:
+        with launch.launched(_launch(ctx, cspec, log_path)) as srv:   # by the module: tests stand in for it
             row["ready_s"] = round(srv.ready_s, 2)
             row["server_info"] = ctx.engine.live(cspec, srv.url)
             st = ctx.engine.startup(cspec, log_path, pre)
@@ -187,11 +186,11 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
                 row["guard"] = {"status": "skip", "checks": [], "title": "the candidate's time budget was spent"}
             row["guard_s"] = round(time.monotonic() - t_guard, 2)
             if not srv.alive():
-                raise LaunchFailed("exited", "the server died while it was measured; see its log")
+                raise launch.LaunchFailed("exited", "the server died while it was measured; see its log")
             t_down = time.monotonic()
         row["teardown_s"] = round(time.monotonic() - t_down, 2)    # SIGTERM until every process is gone, port free
         row["status"] = "done"
-    except LaunchFailed as e:
+    except launch.LaunchFailed as e:
         st = ctx.engine.startup(cspec, log_path, pre)
         row.update(status="failed", failure_kind=e.kind, observed=st.observed, startup=st.details,
                    reason=st.failure or str(e), log_tail=e.log_tail)

@@ -92,3 +92,22 @@ def test_a_session_child_is_stopped_with_its_group(tmp_path):
     child.stop(grace=0.5)                                # SIGTERM ignored: SIGKILL to the whole group
     assert not child.alive() and child.exited() == "was killed by SIGKILL"
     assert not oscalls.pid_running(int(kid.read_text()))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_foreground_server_is_stopped_by_the_signal_that_ends_its_wait(tmp_path, sig):
+    """`serve` of the demo engines: the signal ends the wait with 128+signal, and the server is stopped, not left."""
+    import subprocess
+
+    code = ("import subprocess, sys\nfrom runbook.core import oscalls\n"
+            "p = subprocess.Popen(['sleep', '60'])\nprint(p.pid, flush=True)\n"
+            "sys.exit(oscalls.serve_until_signalled(p, lambda: (p.kill(), p.wait(), print('stopped', flush=True))))\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    server = int(child.stdout.readline())
+    time.sleep(0.3)                      # the handlers are in place once the wait has begun
+    child.send_signal(sig)
+    assert child.wait(10) == 128 + sig
+    assert child.stdout.read().strip() == "stopped"
+    with pytest.raises(ProcessLookupError):
+        os.kill(server, 0)

@@ -216,6 +216,19 @@ def raise_interrupted(signum: int, _frame: Any) -> None:
     raise Interrupted(signum)
 
 
+def serve_until_signalled(proc: subprocess.Popen[Any], stop: Callable[[], None]) -> int:
+    """A foreground server: wait for `proc` until it exits (0) or Ctrl-C, SIGTERM or SIGHUP ends the wait
+    (128+signal); `stop` runs however the wait ends, so no server outlives its `serve` command."""
+    try:
+        with handling(raise_interrupted):
+            proc.wait()
+        return 0
+    except Interrupted as e:
+        return e.exit_code
+    finally:
+        stop()
+
+
 class Shutdown:
     """The signals received while `on_signals` is active: the first is `signum`; every one is in `received`. The
     handler only records and wakes (the event, then each registered wake-up, e.g. an event loop cancelling its

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from runbook.core import paths
+from runbook.core import oscalls, paths
 from runbook.corpus import code_prompts, code_text
 
 LLAMA_CPP_PYTHON = "0.3.36"
@@ -225,13 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     srv = start_llama_server(exe, model, a.port, extra_args=["--jinja"])   # --jinja: tools for the tool-call probe
     log(f"llama-server {srv.url} serving a tiny random-weight CPU model (figures say nothing about a deployment); "
         "Ctrl-C to stop")
-    try:
-        srv.proc.wait()
-        return 0
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        srv.stop()
+    return oscalls.serve_until_signalled(srv.proc, srv.stop)
 
 
 if __name__ == "__main__":

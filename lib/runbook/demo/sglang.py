@@ -395,11 +395,6 @@ def wait_ready(srv: SGLangServer, timeout: float = 240.0) -> None:
     raise EngineError(f"SGLang not ready within {timeout:.0f} s ({srv.log}): {log_tail(srv.log)}")
 
 
-def _as_interrupt(signum: int, frame: Any) -> None:
-    """A SIGTERM to `serve` ends it as Ctrl-C does: the server stops in the `finally` below."""
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m runbook.demo.sglang build|serve`: build the tiny model, or serve it until Ctrl-C."""
     ap = argparse.ArgumentParser(prog="python -m runbook.demo.sglang")
@@ -419,14 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sglang: {e}", file=sys.stderr)
         return 2
     print(f"SGLang {srv.url} ready in {srv.startup_s:.0f} s (log {srv.log}); Ctrl-C to stop", file=sys.stderr)
-    try:
-        with oscalls.handling(_as_interrupt, [signal.SIGTERM]):
-            srv.proc.wait()
-        return 0
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        srv.stop()
+    return oscalls.serve_until_signalled(srv.proc, srv.stop)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import pandas as pd
 from runbook.bench import report
 from runbook.core import tables
 from runbook.core.findings import Finding, format_text, grouped, styled, to_json
-from runbook.runner import notebook
+from runbook.runner import archive, notebook
 from runbook.runner import run as runner
 
 TOKEN_COUNT = [Finding(f"bench.token_count.c{c}", "warn", f"c{c}: server and client token counts differ by {g}%",
@@ -116,3 +116,107 @@ def test_the_runs_summary_and_last_screen_fold_per_level_findings_and_summary_js
     screen = runner.one_screen(s, tmp_path)
     assert "  WARN c1, c2, c4, c8: server and client token counts differ by 1.2–3.4%" in screen.splitlines()
     assert screen.count("fix:") == 1 and s["notebooks"][0]["failed_findings"] == failed
+    assert runner._attention(s["notebooks"]) == [("40_benchmark", grouped(TOKEN_COUNT)[0].to_dict())]   # summary.html's rows
+
+
+# tune's per-candidate findings share one id; each title opens with the candidate
+RAN = [Finding("tune.ran", "pass", "reference: ran; recommended"),
+       Finding("tune.ran", "pass", "np4: ran; ran, not the best", detail="identical on 4 prompts"),
+       Finding("tune.ran", "pass", "batch-128: ran; ran, not the best", detail="identical on 4 prompts"),
+       Finding("tune.ran", "fail", "big: ran; failed")]
+GUARD = [Finding("tune.guard", "fail", "q8-kv: accuracy guard failed: diverges early (prompt 1: token 8)", remedy="Do not serve it."),
+         Finding("tune.guard", "fail", "q4-kv: accuracy guard failed: diverges early (prompt 0: token 1, prompt 2: token 1)",
+                 remedy="Do not serve it.")]
+
+
+def test_findings_of_one_kind_and_status_are_one_row_even_when_their_words_differ():
+    shown = grouped(RAN + GUARD + [Finding("tune.energy", "skip", "energy per output token not measured: no GPU")])
+    assert [(f.id, f.status) for f in shown] == [("tune.ran (reference, np4, batch-128)", "pass"), ("tune.ran", "fail"),
+                                                 ("tune.guard (q8-kv, q4-kv)", "fail"), ("tune.energy", "skip")]
+    ran, failed, guard = shown[:3]
+    # one line per wording, naming its items; a detail some items lack is not given to them
+    assert ran.title == "reference: ran; recommended\nnp4, batch-128: ran; ran, not the best"
+    assert ran.detail == "np4, batch-128: identical on 4 prompts"
+    assert failed == RAN[3]          # the only one of its status stays as it is
+    assert guard.title.splitlines() == ["q8-kv: accuracy guard failed: diverges early (prompt 1: token 8)",
+                                        "q4-kv: accuracy guard failed: diverges early (prompt 0: token 1, prompt 2: token 1)"]
+    assert guard.remedy == "Do not serve it."
+    # the CLI indents a row's further lines under its first
+    lines = format_text(GUARD).splitlines()
+    assert lines[0].startswith("[FAIL] tune.guard (q8-kv, q4-kv): q8-kv: ") and lines[1].startswith(" " * 9 + "q4-kv: ")
+
+
+def test_the_runs_summary_and_screen_give_a_row_with_several_wordings_its_lines(tmp_path):
+    s = {"run_id": "r1", "deployment": "d", "deployment_file": "d.yaml", "git_commit": None, "started": "t",
+         "duration_s": 1.0, "exit_code": 1, "verdict": "checks failed", "archive": None,
+         "notebooks": [{"name": "60_tune", "html": "60_tune.html", "status": "ok", "duration_s": 1.0, "error": None,
+                        "findings": {"fail": 2, "warn": 0, "skip": 0, "pass": 0, "info": 0},
+                        "failed_findings": [f.to_dict() for f in GUARD]}]}
+    md = runner._summary_md(s)
+    assert "`tune.guard (q8-kv, q4-kv)` (60_tune): q8-kv: accuracy guard failed: diverges early (prompt 1: token 8); q4-kv: " in md
+    screen = runner.one_screen(s, tmp_path).splitlines()
+    i = screen.index("  FAIL q8-kv: accuracy guard failed: diverges early (prompt 1: token 8)")   # not "q8-kv, q4-kv: q8-kv: …"
+    assert screen[i + 1].startswith("       q4-kv: accuracy guard failed") and screen[i + 2].startswith("       fix: ")
+
+
+def test_figures_are_right_aligned_text_left_and_whole_numbers_beside_gaps_have_no_decimals():
+    df = pd.DataFrame({"KV B/token": [18432, None], "running cap": [2.0, np.nan], "start-up s": [0.2, None],
+                       "verdict": ["recommended", None]}, index=pd.Index(["reference", "old-flag"], name="candidate"))
+    assert tables.text(df).split() == ["KV", "B/token", "running", "cap", "start-up", "s", "verdict", "candidate", "reference",
+                                       "18,432", "2", "0.20", "recommended", "old-flag", "—", "—", "—", "—"]
+    html = tables.style(df).to_html()
+    css = dict(re.findall(r"(#T_\w+(?:, #T_\w+)*) \{\s*text-align: (\w+)", html))
+    right = " ".join(k for k, v in css.items() if v == "right")
+    left = " ".join(k for k, v in css.items() if v == "left")
+    for col in (0, 1, 2):      # cells and header of the figures (an object column of ints and None included)
+        assert f"_row0_col{col}" in right and f"_level0_col{col}" in right
+    assert "_row0_col3" in left and "_level0_col3" in left
+    assert not re.search(r"#T_\w+ td \{[^}]*text-align", html)   # a td rule would outrank the per-column alignment
+
+
+def test_archived_html_keeps_stderr_out_of_the_results_in_a_collapsed_log_at_the_end(tmp_path):
+    from nbformat import v4, write
+
+    progress = "10:00:01Z tune: reference: launching\n10:00:02Z tune: reference: ready in 0.2 s\n"
+    nb = v4.new_notebook(cells=[v4.new_markdown_cell("## Verdict"), v4.new_code_cell("run()", outputs=[
+        v4.new_output("stream", name="stderr", text=progress), v4.new_output("stream", name="stdout", text="Recommended: ref\n"),
+        v4.new_output("stream", name="stderr", text="warning: <slow> & late\n")]), v4.new_markdown_cell("## Candidates")])
+    write(nb, tmp_path / "n.ipynb")
+    before = (tmp_path / "n.ipynb").read_text()
+    html = archive.export_html(tmp_path / "n.ipynb", tmp_path / "n.html").read_text()
+    results, _, log = html.partition('<details class="rb-log" id="rb-log">')
+    assert 'data-mime-type="application/vnd.jupyter.stderr"' not in html
+    assert "tune: reference" not in results and "Recommended: ref" in results
+    assert "<summary>Log: what the cells wrote to stderr (3 lines)</summary>" in log
+    assert "10:00:02Z tune: reference: ready in 0.2 s\nwarning: &lt;slow&gt; &amp; late</pre>" in log
+    assert log.index("</details>") < log.index("</main>")           # inside the page's content, after the last cell
+    assert (tmp_path / "n.ipynb").read_text() == before              # the archived notebook keeps its outputs
+    nb.cells[1].outputs = nb.cells[1].outputs[1:2]
+    write(nb, tmp_path / "quiet.ipynb")
+    assert "rb-log" not in archive.export_html(tmp_path / "quiet.ipynb", tmp_path / "quiet.html").read_text().split("</style>")[-1]
+
+
+TUNE = {"candidates": [
+    {"name": "reference", "status": "done", "precheck": "ok", "ready_s": 0.2, "verdict": "recommended", "guard": {"status": "reference"},
+     "predicted": {"kv_dtype": "K f16, V f16", "kv_bytes_per_token": 18432, "max_total_num_tokens": 4096, "max_running_requests": 2},
+     "observed": {"max_total_num_tokens": 4096},
+     "bench": {"slo_limit": 4, "output_tok_s": 187.81234, "accept_length": None, "j_per_token": None,
+               "buckets": [{"bucket": "≤512", "requests": 12, "ttft_ms_p50": 67.013357, "ttft_ms_p99": 153.753862,
+                            "tpot_ms_p50": 4.08204, "tpot_ms_p99": 9.730141, "accept_length": None}]}},
+    {"name": "old-flag", "status": "skipped", "precheck": "skipped", "verdict": "skipped", "reason": "--draft-max: removed"}]}
+
+
+def test_tune_tables_fit_the_page_and_show_gaps_and_figures_as_a_reader_expects():
+    from runbook import tune
+
+    parts = tune.frames(TUNE)
+    assert [list(p.columns)[:2] for p in parts] == [["pre-check", "KV dtype"], ["load within SLO", "tok/s"], ["guard", "verdict"]]
+    assert sorted(c for p in parts for c in p.columns) == sorted(tune.frame(TUNE).columns)     # split, nothing lost
+    shown = [tables.text(p) for p in parts] + [tables.text(tune.buckets_frame(TUNE)), tables.text(tune.launches_frame(TUNE))]
+    for t in shown:
+        assert not re.search(r"\b(NaN|nan|None)\b", t) and not re.search(r"\d\.\d{3,}", t), t
+    plan, measured, _ = shown[:3]
+    assert "18,432" in plan and "4,096" in plan and "4,096.0" not in plan and "—" in plan
+    assert "187.8" in measured and "67/154" in measured
+    assert "67.0" in shown[3] and "153.8" in shown[3] and "9.7" in shown[3]
+    assert tune.frames({"candidates": []}) == []

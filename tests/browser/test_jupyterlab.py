@@ -15,9 +15,8 @@ import warnings
 import pytest
 from conftest import REPO
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+from .conftest import CHROMIUM
+
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="chromium not installed (.ci/run installs it)")]
 
@@ -25,16 +24,6 @@ pytestmark = [pytest.mark.browser,
 # The panel's first table (the selected configuration) once it differs from `b` and both tables are drawn.
 _CHANGED = ("(b) => { const t = document.querySelectorAll('.widget-vbox .jp-OutputArea table'); "
             "return t.length >= 2 && t[0].innerText !== b; }")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def _up(url: str, token: str) -> bool:

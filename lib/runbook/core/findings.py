@@ -79,12 +79,15 @@ _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 
 
 def _per_item(f: Finding) -> tuple[str, str] | None:
-    """(family, item) for a per-level or per-item finding: its id ends with `.ITEM` and its title opens with
-    `ITEM: ` (bench's `bench.token_count.c8`, "c8: ..."). Items may hold dots (a rate level `r0.5`)."""
+    """(family, item) for a per-level or per-item finding: its title opens with `ITEM: ` and its id either ends
+    with `.ITEM` (bench's `bench.token_count.c8`, "c8: ...": the family is the id without it) or is shared by
+    the items (tune's `tune.ran`, "np4: ..."). Items may hold dots (a rate level `r0.5`)."""
     item, sep, _ = f.title.partition(": ")
-    if sep and item and " " not in item and f.id.endswith("." + item) and len(f.id) > len(item) + 1:
+    if not sep or not item or " " in item:
+        return None
+    if f.id.endswith("." + item) and len(f.id) > len(item) + 1:
         return f.id[: -len(item) - 1], item
-    return None
+    return f.id, item
 
 
 def _ranges(texts: list[str]) -> str:
@@ -99,43 +102,62 @@ def _ranges(texts: list[str]) -> str:
 
 
 def _joined(items: list[str], texts: list[str]) -> str:
+    """One text when every item has it; else each distinct text once, prefixed with the items that have it."""
     if len(set(texts)) <= 1:
         return texts[0]
-    return "; ".join(f"{i}: {t}" for i, t in zip(items, texts, strict=True) if t)
+    by: dict[str, list[str]] = {}
+    for i, t in zip(items, texts, strict=True):
+        by.setdefault(t, []).append(i)
+    return "; ".join(f"{', '.join(its)}: {t}" for t, its in by.items() if t)
+
+
+def _row(family: str, subgroups: list[list[tuple[str, Finding]]]) -> Finding:
+    """One row for a family's findings of one status: each subgroup (same words) names its items when there are
+    several, one line each."""
+    members = [m for sub in subgroups for m in sub]
+    if len(members) == 1:
+        return members[0][1]
+    items = [i for i, _ in members]
+    fs = [f for _, f in members]
+
+    def rest(i: str, f: Finding) -> str:
+        return f.title[len(i) + 2:]
+
+    if len(subgroups) == 1:
+        title = _ranges([rest(i, f) for i, f in members])
+    else:
+        title = "\n".join(f"{', '.join(i for i, _ in sub)}: {_ranges([rest(i, f) for i, f in sub])}" for sub in subgroups)
+    worst = min((f.status for f in fs), key=STATUSES.index)
+    return Finding(f"{family} ({', '.join(items)})", worst, title, detail=_joined(items, [f.detail for f in fs]),
+                   evidence=_joined(items, [f.evidence for f in fs]), remedy=_joined(items, [f.remedy for f in fs]))
 
 
 def grouped(findings: Iterable[Finding]) -> list[Finding]:
-    """For display only: per-level findings that say the same thing (same family, same words, figures aside)
-    become one row naming the items, the worst status, each figure as its range. The JSON keeps every finding;
-    a finding with no siblings is shown as it is."""
+    """For display only: one row per kind of per-item finding and status. Its items' findings that say the same
+    thing (figures aside) become one line naming the items, the worst status, each figure as its range; those
+    that say different things with the same status become one line each in that row. The JSON keeps every
+    finding; a finding with no siblings is shown as it is."""
     findings = list(findings)
-    groups: dict[tuple[str, str], list[tuple[str, Finding]]] = {}
-    order: list[tuple[str, str] | Finding] = []
+    families: dict[str, dict[str, list[tuple[str, Finding]]]] = {}   # family -> words -> (item, finding)
+    order: list[str | Finding] = []
     for f in findings:
         fam = _per_item(f)
         if fam is None:
             order.append(f)
             continue
-        key = (fam[0], _NUMBER.sub("#", f.title[len(fam[1]) + 2:]))
-        if key not in groups:
-            groups[key] = []
-            order.append(key)
-        groups[key].append((fam[1], f))
+        if fam[0] not in families:
+            families[fam[0]] = {}
+            order.append(fam[0])
+        families[fam[0]].setdefault(_NUMBER.sub("#", f.title[len(fam[1]) + 2:]), []).append((fam[1], f))
     out: list[Finding] = []
     for k in order:
         if isinstance(k, Finding):
             out.append(k)
             continue
-        members = groups[k]
-        if len(members) == 1:
-            out.append(members[0][1])
-            continue
-        items = [i for i, _ in members]
-        fs = [f for _, f in members]
-        worst = min((f.status for f in fs), key=STATUSES.index)
-        out.append(Finding(f"{k[0]} ({', '.join(items)})", worst, _ranges([f.title[len(i) + 2:] for i, f in members]),
-                           detail=_joined(items, [f.detail for f in fs]), evidence=_joined(items, [f.evidence for f in fs]),
-                           remedy=_joined(items, [f.remedy for f in fs])))
+        by_status: dict[str, list[list[tuple[str, Finding]]]] = {}
+        for sub in families[k].values():
+            by_status.setdefault(min((f.status for _, f in sub), key=STATUSES.index), []).append(sub)
+        out.extend(_row(k, subs) for subs in by_status.values())
     return out
 
 
@@ -153,6 +175,8 @@ def styled(findings: Iterable[Finding]):
         df.style.hide(axis="index")
         .map(lambda s: f"background-color: {_COLOURS.get(s, '')}; font-weight: bold", subset=["status"])
         .set_properties(**{"text-align": "left", "white-space": "pre-wrap", "vertical-align": "top"})
+        # a log tail or a path is one long word: break it rather than widen the table past the page
+        .set_properties(subset=["detail", "evidence", "remedy"], **{"overflow-wrap": "anywhere"})
         .set_table_styles([{"selector": "th", "props": "text-align: left"}])
     )
 
@@ -165,7 +189,7 @@ def format_text(findings: Iterable[Finding], colour: bool = False) -> str:
         tag = f"[{f.status.upper():4}]"
         if colour:
             tag = f"\033[{_ANSI[f.status]}m{tag}\033[0m"
-        line = f"{tag} {f.id}: {f.title}"
+        line = f"{tag} {f.id}: " + f.title.replace("\n", "\n" + " " * 9)   # a folded row's lines, indented
         if f.detail:
             line += f" — {f.detail}"
         lines.append(line)

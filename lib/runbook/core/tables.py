@@ -24,20 +24,24 @@ _DECIMALS: tuple[tuple[tuple[str, ...], int], ...] = (
     (("completed", "failed", "retracted", "aborted", "waiting", "running", "requests", "turn", "tokens", "count",
       "samples"), 0),
 )
-# Headers wrap (they are what makes a table of figures wide); text cells wrap too, figures never do.
-_CSS = [{"selector": "th", "props": "white-space: normal; max-width: 8em; vertical-align: bottom"},
-        {"selector": "td", "props": "white-space: normal; max-width: 40em; text-align: left; vertical-align: top"},
+# Headers wrap (they are what makes a table of figures wide); text cells wrap too (a long word where it must),
+# figures never do. Alignment is set per column in `style`: a rule on `td` here would outrank it.
+_CSS = [{"selector": "thead th", "props": "white-space: normal; max-width: 8em; vertical-align: bottom"},
+        {"selector": "tbody th", "props": "max-width: 8em; vertical-align: top"},
+        {"selector": "td", "props": "white-space: normal; overflow-wrap: break-word; max-width: 40em; vertical-align: top"},
         {"selector": "", "props": "max-width: 100%; overflow-x: auto; display: block"}]
 
 
-def decimals(column: Any) -> int:
-    """Decimals shown for a float column, read from its name (2 when the name says nothing)."""
+def decimals(column: Any, values: Any = ()) -> int:
+    """Decimals shown for a float column, read from its name; when the name says nothing, none for a column of
+    whole numbers (a count or cap stored as float beside a gap), else 2."""
     name = " ".join(str(c) for c in column) if isinstance(column, tuple) else str(column)
     name = name.lower()
     for words, n in _DECIMALS:
         if any(w in name for w in words):
             return n
-    return 2
+    figures = [float(v) for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool) and not _missing(v)]
+    return 0 if figures and all(math.isfinite(f) and f.is_integer() for f in figures) else 2
 
 
 def _missing(v: Any) -> bool:
@@ -63,17 +67,35 @@ def formatters(df: pd.DataFrame) -> dict[Any, Callable[[Any], str]]:
     out: dict[Any, Callable[[Any], str]] = {}
     for col in df.columns:
         ser = df[col]
-        places = 0 if pd.api.types.is_integer_dtype(ser) else decimals(col)
+        places = 0 if pd.api.types.is_integer_dtype(ser) else decimals(col, ser.tolist())
         out[col] = functools.partial(cell, places=places)
     return out
 
 
+def _figures(ser: pd.Series) -> bool:
+    """A column of figures (right-aligned): numbers, gaps aside; an object column of numbers and None too."""
+    if pd.api.types.is_bool_dtype(ser):
+        return False
+    if pd.api.types.is_numeric_dtype(ser):
+        return True
+    vals = [v for v in ser.tolist() if not _missing(v)]
+    return bool(vals) and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in vals)
+
+
 def style(df: pd.DataFrame):
-    """The frame as a notebook shows it: formatted cells, headers that wrap."""
+    """The frame as a notebook shows it: formatted cells, headers that wrap, figures right-aligned and text left,
+    each header as its column."""
     st = df.style.format(formatters(df), na_rep=MISSING).format_index(lambda v: MISSING if _missing(v) else str(v))
-    figures = [c for c in df.columns if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])]
+    figures = [c for c in df.columns if _figures(df[c])]
+    text = [c for c in df.columns if c not in figures]
     st = st.set_table_styles(_CSS)
-    return st.set_properties(subset=figures, **{"text-align": "right", "white-space": "nowrap"}) if figures else st
+    multi = isinstance(df.columns, pd.MultiIndex)   # a header cell per level: the innermost names the column
+    heads = {c[-1] for c in figures} if multi else set(figures)
+    st = st.map_index(lambda c: f"text-align: {'right' if c in heads else 'left'}", axis="columns",
+                      level=df.columns.nlevels - 1 if multi else None)
+    if figures:
+        st = st.set_properties(subset=figures, **{"text-align": "right", "white-space": "nowrap"})
+    return st.set_properties(subset=text, **{"text-align": "left"}) if text else st
 
 
 def text(df: pd.DataFrame) -> str:

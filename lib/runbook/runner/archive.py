@@ -21,7 +21,9 @@ _TEMPLATES = jinja2.Environment(
 # Code input is hidden in archived HTML; the button shows it. Kept small and self-contained.
 _TOGGLE = """<style>body.rb-hide-input .jp-CodeCell .jp-Cell-inputWrapper{display:none}
 #rb-toggle{position:fixed;top:8px;right:12px;z-index:100;font:13px sans-serif;padding:4px 10px}
-.rb-banner{font:14px sans-serif;padding:10px 14px;margin:8px;border-radius:4px;background:#f8d7da;color:#58151c}</style>
+.rb-banner{font:14px sans-serif;padding:10px 14px;margin:8px;border-radius:4px;background:#f8d7da;color:#58151c}
+.rb-log{margin:24px 0 8px;font:13px sans-serif}.rb-log summary{cursor:pointer;color:#555}
+.rb-log pre{font-size:12px;background:#f5f5f5;padding:8px;white-space:pre-wrap;overflow-wrap:anywhere}</style>
 <script>document.addEventListener('DOMContentLoaded',function(){document.body.classList.add('rb-hide-input');
 var b=document.createElement('button');b.id='rb-toggle';b.textContent='Show code';
 b.onclick=function(){var h=document.body.classList.toggle('rb-hide-input');b.textContent=h?'Show code':'Hide code'};
@@ -29,19 +31,43 @@ document.body.appendChild(b);});</script>"""
 
 
 def export_html(ipynb: Path, out: Path, banner: str | None = None) -> Path:
-    """nbconvert's lab HTML without the injected-parameters cell, input hidden behind a toggle."""
+    """nbconvert's lab HTML without the injected-parameters cell, input hidden behind a toggle, and what the
+    cells wrote to stderr (progress lines, warnings) in a collapsed log at the end instead of in red among the
+    results; the archived notebook keeps it where it was written."""
     import nbformat
     from nbconvert import HTMLExporter
     from nbconvert.preprocessors import TagRemovePreprocessor
 
     nb = nbformat.read(str(ipynb), as_version=4)
+    log = _take_stderr(nb)
     exporter = HTMLExporter(template_name="lab")
     exporter.register_preprocessor(TagRemovePreprocessor(remove_cell_tags=("injected-parameters",)), enabled=True)
     body, _ = exporter.from_notebook_node(nb)
     body = body.replace("</head>", _TOGGLE + "</head>", 1)
     if banner:
         body = _insert_after_body_tag(body, f'<div class="rb-banner">{html.escape(banner)}</div>')
+    if log:
+        n = log.count("\n") + 1
+        section = (f'<details class="rb-log" id="rb-log"><summary>Log: what the cells wrote to stderr ({n} line'
+                   f'{"s" if n != 1 else ""})</summary><pre>{html.escape(log)}</pre></details>')
+        body = body.replace("</main>", section + "</main>", 1) if "</main>" in body else body.replace("</body>", section + "</body>", 1)
     return atomic_write_text(out, body)
+
+
+def _take_stderr(nb: Any) -> str:
+    """Remove the code cells' stderr stream outputs from `nb`; their text, in order."""
+    parts: list[str] = []
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        keep = []
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream" and o.get("name") == "stderr":
+                parts.append(o.get("text", "") if isinstance(o.get("text"), str) else "".join(o.get("text", [])))
+            else:
+                keep.append(o)
+        cell["outputs"] = keep
+    return "".join(parts).rstrip("\n")
 
 
 def _insert_after_body_tag(doc: str, snippet: str) -> str:
@@ -50,8 +76,9 @@ def _insert_after_body_tag(doc: str, snippet: str) -> str:
     return doc if j < 0 else doc[: j + 1] + snippet + doc[j + 1:]
 
 
-def write_summary_html(run_dir: Path, summary: dict[str, Any]) -> Path:
-    page = _TEMPLATES.get_template("summary.html.j2").render(s=summary)
+def write_summary_html(run_dir: Path, summary: dict[str, Any], attention: list[tuple[str, dict[str, str]]]) -> Path:
+    """The run's page; `attention`: (notebook, finding) to list under "Needs attention", per-level ones folded."""
+    page = _TEMPLATES.get_template("summary.html.j2").render(s=summary, att=attention)
     return atomic_write_text(run_dir / "summary.html", page)
 
 

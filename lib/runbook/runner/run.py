@@ -323,7 +323,8 @@ def _summary_md(s: dict[str, Any]) -> str:
     if att:
         lines += ["", "## Needs attention", ""]
         for name, f in sorted(att, key=lambda x: STATUSES.index(x[1]["status"])):
-            lines.append(f"- **{f['status'].upper()}** `{f['id']}` ({name}): {f['title']}"
+            oneline = f["title"].replace("\n", "; ")
+            lines.append(f"- **{f['status'].upper()}** `{f['id']}` ({name}): {oneline}"
                          + (f" — fix: {f['remedy']}" if f.get("remedy") else ""))
     return "\n".join(lines) + "\n"
 
@@ -351,7 +352,11 @@ def one_screen(summary: dict[str, Any], run_dir: Path, max_items: int = 12) -> s
         out.append("Needs attention:")
         for f in att[:max_items]:
             levels = f["id"].partition(" (")[2].rstrip(")")   # a folded kind names its levels, as one level's title does
-            out.append(f"  {f['status'].upper():4} {levels + ': ' if levels else ''}{f['title']}")
+            if "\n" in f["title"]:      # a folded row with one line per wording names its items on each line
+                levels, title = "", f["title"].replace("\n", "\n" + " " * 7)
+            else:
+                title = f["title"]
+            out.append(f"  {f['status'].upper():4} {levels + ': ' if levels else ''}{title}")
             if f.get("remedy"):
                 out.append(f"       fix: {f['remedy'][:160]}")
         if len(att) > max_items:
@@ -431,7 +436,7 @@ def _record_upload(run_dir: Path, summary: dict[str, Any], fnd: dict[str, str], 
     summary["archive"] = {"url": secrets.redact_text(url, scrub), "status": fnd["status"], "finding": fnd}
     atomic_write_json(run_dir / "summary.json", summary)
     atomic_write_text(run_dir / "summary.md", _summary_md(summary))
-    archive.write_summary_html(run_dir, summary)
+    archive.write_summary_html(run_dir, summary, _attention(summary["notebooks"]))
 
 
 def _upload(out_dir: Path, run_ids: list[str], url: str, scrub: set[str], log: Log, by: str | None = None,
@@ -546,7 +551,7 @@ def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
         }
         atomic_write_json(tmp / "summary.json", summary)
         atomic_write_text(tmp / "summary.md", _summary_md(summary))
-        archive.write_summary_html(tmp, summary)
+        archive.write_summary_html(tmp, summary, _attention(summary["notebooks"]))
         # Scrub secret values the notebooks may have printed before anything becomes visible.
         secrets.redact_tree(tmp, scrub)
         archive.unmark_inprogress(tmp)

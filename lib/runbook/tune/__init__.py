@@ -7,8 +7,8 @@ from runbook.core.lazy import exports
 from runbook.tune.stage import STAGE, TuneOptions, TuneReport, evaluate
 
 # Imported on first use (core/lazy.py): the registry imports this package to read its contract.
-__getattr__, __dir__ = exports(__name__, {"frame": "report", "plot_pareto": "report", "text_table": "report",
+__getattr__, __dir__ = exports(__name__, {"frame": "report", "frames": "report", "plot_pareto": "report", "text_table": "report",
     "recommendation_text": "report", "buckets_frame": "report", "launches_frame": "report"})
 
-__all__ = ["STAGE", "TuneOptions", "TuneReport", "buckets_frame", "evaluate", "frame", "launches_frame", "plot_pareto",
+__all__ = ["STAGE", "TuneOptions", "TuneReport", "buckets_frame", "evaluate", "frame", "frames", "launches_frame", "plot_pareto",
            "recommendation_text", "text_table"]

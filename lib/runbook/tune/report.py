@@ -40,6 +40,23 @@ def frame(data: dict[str, Any]):
     return pd.DataFrame(rows(data)).set_index("candidate")
 
 
+# The candidates table as three that fit a page: what was planned and launched, what was measured, the verdict.
+PLAN_COLUMNS = ["pre-check", "KV dtype", "KV B/token", "tokens predicted", "tokens observed", "running cap", "start-up s"]
+VERDICT_COLUMNS = ["guard", "verdict", "reason"]
+
+
+def frames(data: dict[str, Any]) -> list[Any]:
+    """`frame` split by PLAN_COLUMNS, the measured figures (load, throughput, the per-bucket latencies,
+    acceptance, energy) and VERDICT_COLUMNS; an empty list without candidates."""
+    from runbook.core import tables  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
+
+    if not data.get("candidates"):
+        return []
+    df = frame(data)
+    measured = [c for c in df.columns if c not in PLAN_COLUMNS + VERDICT_COLUMNS]
+    return tables.split(df, PLAN_COLUMNS, measured, VERDICT_COLUMNS)
+
+
 def buckets_frame(data: dict[str, Any]):
     """Per candidate and context-length bucket: requests, TTFT and TPOT p50/p99, acceptance length."""
     import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)

@@ -77,7 +77,7 @@ def test_archived_report_reads_as_a_report(archived, browser, tmp_path, name):
     assert sum(s["stderr"] for s in sections.values()) == 0     # anywhere: it is in the collapsed log at the end
     if name == "60_tune":                                        # its progress lines went there
         log = page.locator("details#rb-log")
-        assert log.count() == 1 and not log.evaluate("e => e.open") and "tune: " in log.inner_text()
+        assert log.count() == 1 and not log.evaluate("e => e.open") and "tune: " in log.text_content()
 
     # one row per finding kind and status: a per-level or per-candidate family is not repeated
     assert verdict["rows"], f"{name}: no findings table in the verdict"

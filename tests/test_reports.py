@@ -157,6 +157,8 @@ def test_the_runs_summary_and_screen_give_a_row_with_several_wordings_its_lines(
     screen = runner.one_screen(s, tmp_path).splitlines()
     i = screen.index("  FAIL q8-kv: accuracy guard failed: diverges early (prompt 1: token 8)")   # not "q8-kv, q4-kv: q8-kv: …"
     assert screen[i + 1].startswith("       q4-kv: accuracy guard failed") and screen[i + 2].startswith("       fix: ")
+    page = archive.write_summary_html(tmp_path, s, runner._attention(s["notebooks"])).read_text()
+    assert page.count("<code>tune.guard") == 1 and '<td class="title">q8-kv: accuracy guard failed' in page   # one row
 
 
 def test_figures_are_right_aligned_text_left_and_whole_numbers_beside_gaps_have_no_decimals():

@@ -222,3 +222,20 @@ def test_tune_tables_fit_the_page_and_show_gaps_and_figures_as_a_reader_expects(
     assert "187.8" in measured and "67/154" in measured
     assert "67.0" in shown[3] and "153.8" in shown[3] and "9.7" in shown[3]
     assert tune.frames({"candidates": []}) == []
+
+
+def test_the_tool_call_cases_are_two_tables_with_headers_that_wrap():
+    from runbook import accuracy
+
+    case = {"tool": "read_file", "stream": True, "called": True, "name": "read_file", "in_content": False, "in_reasoning": False,
+            "content_chars": 0, "arguments_valid": False, "schema_errors": ["path: missing", "n: not an integer"],
+            "arguments_chars": 1234, "argument_deltas": 7, "last_delta_share": 0.123456, "finish_reason": "tool_calls", "error": None}
+    answer, arguments = accuracy.toolcall_frames([case, {**case, "stream": False, "called": False, "name": None, "schema_errors": [],
+                                                         "arguments_valid": None, "last_delta_share": None}])
+    assert all("_" not in c for c in list(answer.columns) + list(arguments.columns))   # words: a header can wrap
+    assert len(answer.columns) + len(arguments.columns) == len(case) - 2              # tool and stream are the index
+    a, b = tables.text(answer), tables.text(arguments)
+    assert "streamed" in a and "not streamed" in a and "—" in a
+    assert "path: missing; n: not an integer" in b and "1,234" in b and "0.12" in b and "0.123" not in b
+    assert not re.search(r"\b(NaN|nan|None|\[\])", a + b)
+    assert accuracy.toolcall_frames([]) == []

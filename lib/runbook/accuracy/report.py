@@ -20,6 +20,28 @@ def kv_table(rows: Sequence[dict[str, Any]]):
     return (agg * 100).round(3).rename(columns=lambda c: c + " %")
 
 
+# The tool-call cases as two tables that fit a page, one row per tool and mode: what came back, then the arguments.
+TOOLCALL_ANSWER = ["called", "name", "in_content", "in_reasoning", "content_chars", "finish_reason", "error"]
+TOOLCALL_ARGUMENTS = ["arguments_valid", "schema_errors", "arguments_chars", "argument_deltas", "last_delta_share"]
+
+
+def toolcall_frames(cases: Sequence[dict[str, Any]]) -> list[Any]:
+    """The probe's cases indexed by tool and streamed or not, split by TOOLCALL_ANSWER and TOOLCALL_ARGUMENTS, with
+    headers in words (a snake_case header cannot wrap); an empty list without cases."""
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
+
+    from runbook.core import tables  # lazy: pandas, as above
+
+    if not cases:
+        return []
+    df = pd.DataFrame(cases)
+    if "schema_errors" in df:
+        df["schema_errors"] = df["schema_errors"].map(lambda e: "; ".join(e) if e else None)
+    df["stream"] = df["stream"].map(lambda s: "streamed" if s else "not streamed")
+    df = df.set_index(["tool", "stream"])
+    return [f.rename(columns=lambda c: c.replace("_", " ")) for f in tables.split(df, TOOLCALL_ANSWER, TOOLCALL_ARGUMENTS)]
+
+
 def plot_growth(growth: Sequence[dict[str, Any]]):
     import pandas as pd
 

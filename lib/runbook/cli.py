@@ -316,7 +316,7 @@ def _add_stage(sub: Any, stage: Stage) -> None:
     _add_deployment(p)
     if "args" in fields:
         p.add_argument("--arg", dest="args", action="append", default=[], metavar="NAME=VALUE", help=fields["args"].description)
-    source: CliSettingsSource[Any] = CliSettingsSource(_flags_model(stage), root_parser=p, cli_kebab_case=True, cli_implicit_flags="toggle",
+    source: CliSettingsSource[Any] = CliSettingsSource(_flags_model(stage), root_parser=p, cli_kebab_case=True, cli_implicit_flags="dual",
                                cli_hide_none_type=True)
     _tidy_help(p, stage.options)
     _add_output(p)

@@ -107,7 +107,9 @@ def _problem(model: type[BaseModel], e: ValidationError, cli: bool) -> str:
     where = flag(model, field) if cli else field
     msg = describe(err)
     got = err.get("input")
-    if not isinstance(got, (dict, BaseModel)) and got is not None and "got " not in msg:
+    extra = model.model_fields[field].json_schema_extra
+    echo = not isinstance(extra, dict) or extra.get("echo", True)     # "echo": False, a value that may hold credentials
+    if echo and not isinstance(got, (dict, BaseModel)) and got is not None and "got " not in msg:
         msg += f" (got {got!r})" if isinstance(got, str) and not got.strip().lstrip("-").replace(".", "", 1).isdigit() else f" (got {got})"
     return f"{where} {msg}" if msg.startswith("must ") else f"{where}: {msg}"
 

@@ -11,8 +11,8 @@ from runbook.env.check import EnvReport, check
 
 
 class EnvOptions(Options):
-    require_gpus: bool | None = Field(None, description="a missing NVIDIA driver fails the run (default: the spec's "
-                                                        "hardware.require_gpus)")
+    require_gpus: bool | None = Field(default=None, description="a missing NVIDIA driver fails the run (default: the "
+                                                                "spec's hardware.require_gpus)")
 
 
 def resolved(spec: Deployment, options: EnvOptions) -> Deployment:

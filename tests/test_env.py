@@ -68,6 +68,28 @@ def test_no_driver_is_skip_unless_required(dep):
     assert gpus.check(strict, FakeNVML(no_driver=True)).findings[0].status == "fail"
 
 
+def test_a_spec_s_require_gpus_is_turned_off_from_the_cli_and_the_notebook(dep):
+    """hardware.require_gpus: true, checked once on a machine without a driver: --no-require-gpus and the
+    notebook's require_gpus=False make it a skip; no flag and the parameter's None keep the spec's true."""
+    from runbook import cli
+    from runbook.env.stage import resolved
+    from runbook.runner import notebook
+
+    strict = dep.model_copy(update={"hardware": dep.hardware.model_copy(update={"require_gpus": True})})
+
+    def flags(*argv):
+        return cli._options("env", cli.build_parser().parse_args(["env", *argv]))
+
+    def status(spec_, options):
+        return gpus.check(resolved(spec_, options), FakeNVML(no_driver=True)).findings[0].status
+
+    assert status(strict, flags()) == status(strict, notebook.options("environment", require_gpus=None)) == "fail"
+    assert status(strict, flags("--no-require-gpus")) == "skip"
+    assert status(strict, notebook.options("environment", require_gpus=False)) == "skip"
+    assert status(dep, flags("--require-gpus")) == status(dep, notebook.options("environment", require_gpus=True)) == "fail"
+    assert resolved(strict, flags()) is strict and strict.hardware.require_gpus is True     # the spec itself unchanged
+
+
 def test_real_nvml_on_this_machine_does_not_raise(dep):
     rep = gpus.check(dep)  # the real nvidia-ml-py; on a GPU-less machine: one skip finding
     assert rep.findings and all(f.status in ("pass", "warn", "fail", "skip", "info") for f in rep.findings)

@@ -182,15 +182,21 @@ def test_notebook_leads_with_the_verdict_and_says_when_cost_side_effects(nb):
     assert not casts, f"{nb.name}: a cell casts a parameter"
 
 
-def test_notebook_options_drop_only_the_unset_sentinels():
+def test_notebook_options_drop_only_none():
+    from runbook.core.errors import InputError
     from runbook.runner import notebook
 
-    assert notebook.options("kv_memory", tp=0, kv_dtype="", contexts=[], mem_fraction_static=0.0, model_dir="").model_dump(
-        exclude_none=True) == {}
+    assert notebook.options("kv_memory", tp=None, kv_dtype=None, contexts=None, mem_fraction_static=None,
+                            model_dir=None).model_dump(exclude_none=True) == {}
     o = notebook.options("kv_memory", tp=8, kv_dtype="bf16", contexts=[8192], mem_fraction_static=0.88)
     assert (o.tp, o.kv_dtype, o.contexts, o.mem_fraction_static) == (8, "bf16", [8192], 0.88)
     o = notebook.options("benchmark", chat=True, interactive=True, artifact_dir="/x")
     assert o.model_dump(include={"chat", "progress", "out"}) == {"chat": True, "progress": True, "out": "/x"}
+    # 0, False, "" and [] are values: a 0 is checked as one, a False kept (it turns a spec's true off)
+    with pytest.raises(InputError, match="tp must be at least 1"):
+        notebook.options("kv_memory", tp=0)
+    assert notebook.options("environment", require_gpus=False).require_gpus is False
+    assert notebook.options("benchmark", archive_root="").archive == ""     # '' is bench's "no regression check"
 
 
 @pytest.mark.parametrize("nb", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)

@@ -1,10 +1,12 @@
 """Committed notebooks: no outputs, a runner-compatible parameters cell, the project's kernel."""
+import ast
 import json
 
 import pytest
 from conftest import REPO
 
-from runbook.runner import params
+from runbook.core import registry
+from runbook.runner import notebook, params
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
@@ -33,3 +35,35 @@ def test_parameters_cell_declares_runner_parameters(path):
     first_code = next(c for c in nb["cells"] if c["cell_type"] == "code")
     assert "parameters" in first_code["metadata"].get("tags", [])
     assert nb["cells"][0]["cell_type"] == "markdown" and "".join(nb["cells"][0]["source"]).startswith("# ")
+
+
+# Set by the runner, not stage settings: what they take when a notebook runs by hand is their own.
+_NOT_STAGE = ("deployment", "results_path", "interactive")
+
+
+@pytest.mark.parametrize("stage", registry.stages(), ids=lambda s: s.name)
+def test_stage_parameters_default_to_none(stage):
+    """A stage parameter is `T | None = None` with a comment saying what None takes (the spec's value, the stage's
+    default), or holds the option's own default (seed 0, plan_only False); the cell as it stands gives exactly the
+    options model's defaults: None is unset, as an absent flag."""
+    declared = params.inspect(REPO / "notebooks" / f"{stage.notebook}.ipynb")
+    fields = stage.options.model_fields
+    values = {}
+    for name, d in declared.items():
+        if name in _NOT_STAGE:
+            continue
+        f = fields[stage.runner_params.get(name, name)]
+        values[name] = ast.literal_eval(d["default"])
+        if values[name] is None:
+            assert d["inferred_type_name"].endswith(" | None"), (name, d)
+            assert "None" in d["help"] or "set by the runner" in d["help"], (name, d["help"])
+        else:
+            assert f.default is not None and values[name] == f.get_default(call_default_factory=True), (name, d)
+    assert notebook.options(stage.name, **values) == stage.options()
+
+
+def test_none_parameters_need_no_sentinel():
+    """What papermill injects for a None parameter is Python's None, and the CLI's absent flag is the same None."""
+    from papermill.translators import PythonTranslator
+
+    assert PythonTranslator.codify({"tp": None, "require_gpus": False}).splitlines()[1:] == ["tp = None", "require_gpus = False"]

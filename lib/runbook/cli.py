@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, cast
 
-from pydantic import Field, TypeAdapter, ValidationError, create_model
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, create_model
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict, SettingsError
 
 from runbook import accuracy, alerts, bench, fleet, kv, service, tune, verify
@@ -25,7 +25,7 @@ from runbook.core import registry, secrets
 from runbook.core.errors import InputError, LockHeld, RunbookError, SafetyStop
 from runbook.core.findings import exit_code, format_text
 from runbook.core.fsutil import write_output
-from runbook.core.options import FINITE, FiniteFloat, PosFloat, PosInt, Url, describe, flag, validate
+from runbook.core.options import FINITE, FiniteFloat, PosInt, Url, describe, flag, validate
 from runbook.core.oscalls import Interrupted
 from runbook.core.registry import Stage, document
 from runbook.core.spec import archive_url_problem
@@ -46,9 +46,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _typed(tp: Any, name: str) -> Callable[[str], Any]:
+def _typed(tp: Any, name: str, echo: bool = True) -> Callable[[str], Any]:
     """An argparse type from one of the stages' value types (core/options.py: one table of bounds), for
-    the verbs outside the registry; its error in the same words as the stages' flags."""
+    the verbs outside the registry; its error in the same words as the stages' flags (echo=False: without
+    the value, which may hold credentials)."""
     adapter: TypeAdapter[Any] = TypeAdapter(tp)
 
     def parse(s: str) -> Any:
@@ -56,21 +57,14 @@ def _typed(tp: Any, name: str) -> Callable[[str], Any]:
             return adapter.validate_python(s.strip())
         except ValidationError as e:
             msg = describe(e.errors()[0])
-            raise argparse.ArgumentTypeError(msg if "(got " in msg else f"{msg} (got {s!r})") from None
+            raise argparse.ArgumentTypeError(msg if "(got " in msg or not echo else f"{msg} (got {s!r})") from None
     parse.__name__ = name
     return parse
 
 
 _POS_INT = _typed(PosInt, "int")
-_POS_FLOAT = _typed(PosFloat, "float")
 _URL = _typed(Url, "url")
 _LINK_LIFETIME = _typed(Annotated[FiniteFloat, Field(ge=1, le=7 * 86400)], "float")
-
-
-def _names(s: str) -> str:
-    if not _csv(s):
-        raise argparse.ArgumentTypeError(f"must name at least one notebook (got {s!r})")
-    return s
 
 
 def _add_deployment(p: argparse.ArgumentParser) -> None:
@@ -100,19 +94,34 @@ def _textfile(a: argparse.Namespace, spec: Any) -> Any:
     return directory
 
 
-def _csv(s: str) -> list[str]:
-    return [x.strip() for x in s.split(",") if x.strip()]
-
-
 def _cmd_run(a: argparse.Namespace) -> int:
-    only = [n for chunk in a.only for n in _csv(chunk)]
-    opts = RunOptions(deployment=a.deployment, only=only, params=a.param, out=Path(a.out), timeout=a.timeout,
-                      run_timeout=a.run_timeout, keep=a.keep, strict=a.strict, kernel=a.kernel, archive_url=a.archive_url,
-                      textfile_dir=a.textfile_dir)
-    if a.notebooks:
-        opts.notebooks_dir = Path(a.notebooks)
-    code, _ = run(opts)
+    code, _ = run(validate(RunOptions, {name: getattr(a, name) for name in RunOptions.model_fields}, cli=True))
     return code
+
+
+# The `run` flags the verbs share, added by their own helpers (_add_deployment, _add_textfile).
+_SHARED = ("deployment", "textfile_dir")
+
+
+def _add_model_flags(p: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+    """A verb's flags from its settings model (runner/run.RunOptions): flag, metavar and help from the field, each
+    value checked by the field's own type and bounds; an absent flag is None, so the model's default applies."""
+    for name, f in model.model_fields.items():
+        if name in _SHARED:
+            continue
+        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+        kw: dict[str, Any] = {"dest": name, "default": None, "help": f.description or argparse.SUPPRESS}
+        if isinstance(f.default, (int, float)) and not isinstance(f.default, bool):
+            kw["help"] += f" (default {f.default:g})"
+        if f.annotation is bool:
+            kw["action"] = "store_true"
+        else:
+            parts = (f.annotation, *f.metadata)
+            tp: Any = Annotated[parts] if f.metadata else f.annotation  # type: ignore[valid-type]
+            if typing.get_origin(f.annotation) is list:
+                tp, kw["action"] = typing.get_args(f.annotation)[0], "append"
+            kw["type"], kw["metavar"] = _typed(tp, name, echo=extra.get("echo", True) is True), extra.get("metavar")
+        p.add_argument(flag(model, name), **kw)
 
 
 def _archive_url(s: str) -> str:
@@ -316,7 +325,7 @@ def _add_stage(sub: Any, stage: Stage) -> None:
     _add_deployment(p)
     if "args" in fields:
         p.add_argument("--arg", dest="args", action="append", default=[], metavar="NAME=VALUE", help=fields["args"].description)
-    source: CliSettingsSource[Any] = CliSettingsSource(_flags_model(stage), root_parser=p, cli_kebab_case=True, cli_implicit_flags="toggle",
+    source: CliSettingsSource[Any] = CliSettingsSource(_flags_model(stage), root_parser=p, cli_kebab_case=True, cli_implicit_flags="dual",
                                cli_hide_none_type=True)
     _tidy_help(p, stage.options)
     _add_output(p)
@@ -360,20 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="execute the notebooks with papermill and archive the run")
     _add_deployment(r)
-    r.add_argument("--only", action="append", default=[], type=_names, metavar="NAME[,NAME]",
-                   help="run only these notebooks (e.g. environment,kv_memory)")
-    r.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="set a notebook parameter, typed by its parameters cell")
-    r.add_argument("--out", default=str(OUTPUTS), metavar="DIR", help="archive root (default: outputs/)")
-    r.add_argument("--timeout", type=_POS_FLOAT, default=1800, metavar="SECONDS", help="bound per notebook (default 1800)")
-    r.add_argument("--run-timeout", type=_POS_FLOAT, default=7200, metavar="SECONDS", help="bound for the whole run (default 7200)")
-    r.add_argument("--keep", type=_POS_INT, default=None, metavar="N", help="keep only this deployment's N newest runs")
-    r.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
-    r.add_argument("--notebooks", default=None, metavar="DIR", help=argparse.SUPPRESS)
-    r.add_argument("--kernel", default=None, help="Jupyter kernel name (default: the notebook's, run in this venv)")
-    r.add_argument("--archive-url", type=_archive_url, default=None, metavar="URL",
-                   help="also upload the run to s3://BUCKET/PREFIX/<host>/<run id>/ (default: $RUNBOOK_ARCHIVE_URL, "
-                        "else the spec's archive.url)")
+    _add_model_flags(r, RunOptions)
     _add_textfile(r, "runbook_<deployment>.prom")
     r.set_defaults(fn=_cmd_run)
 

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DEFAULT_SPEC, REPO, RUNNER_PARAMS, make_notebook, record
+from conftest import DEFAULT_SPEC, REPO, RUNNER_PARAMS, make_notebook, record, spec_data
+from pydantic import ValidationError
 
-from runbook.core.errors import SpecError
+from runbook.core.errors import InputError, SpecError
+from runbook.core.options import validate
 from runbook.runner import archive, params
-from runbook.runner.run import DeploymentLock, RunOptions, run, validate_options
+from runbook.runner.run import DeploymentLock, RunOptions
 
 pytestmark = pytest.mark.notebook
 
@@ -181,17 +183,38 @@ def test_bad_run_options_are_one_line_exit_2(quick, tmp_path, args, option):
     ({"run_timeout": 0}, "--run-timeout"), ({"run_timeout": float("inf")}, "--run-timeout"),
     ({"keep": 0}, "--keep"), ({"keep": -1}, "--keep"), ({"keep": 1.5}, "--keep"),
     ({"only": [""]}, "--only"), ({"only": [",", " "]}, "--only"),
+    ({"archive_url": "s3://key:SECRETvalue@bucket/x"}, "--archive-url"),
 ])
-def test_runner_validates_options_itself(quick, tmp_path, change, option):
-    out = tmp_path / "out"
-    opts = RunOptions(out=out, notebooks_dir=quick, **change)
-    with pytest.raises(SpecError, match=re.escape(option)) as e:
-        run(opts)
-    assert "\n" not in str(e.value) and not out.exists()
+def test_run_options_are_checked_by_their_model(change, option):
+    """A caller of run() cannot pass what the flag refuses: the bounds are RunOptions' own, and a bad value is
+    one line naming the flag (never the credentials of an archive URL)."""
+    with pytest.raises(ValidationError):
+        RunOptions(**change)
+    with pytest.raises(InputError, match=re.escape(option)) as e:
+        validate(RunOptions, change, cli=True)
+    assert "\n" not in str(e.value) and "SECRET" not in str(e.value)
 
 
-def test_good_options_pass_validation(quick):
-    assert validate_options(RunOptions(only=["quick, first", "x"], timeout=0.5, run_timeout=1, keep=1)) == ["quick", "first", "x"]
+def test_good_options_pass_validation():
+    opts = RunOptions(only=["quick, first", "x"], timeout=0.5, run_timeout=1, keep=1)
+    assert opts.only == ["quick", "first", "x"] and (opts.timeout, opts.run_timeout, opts.keep) == (0.5, 1.0, 1)
+    assert RunOptions().model_dump(include={"timeout", "run_timeout", "keep", "only"}) == \
+        {"timeout": 1800.0, "run_timeout": 7200.0, "keep": None, "only": []}
+
+
+def test_the_run_flags_are_the_model_s():
+    """`runbook run`'s parser is built from RunOptions: an absent flag is the model's default, a given one its value."""
+    from runbook import cli
+
+    def opts(*argv: str) -> RunOptions:
+        a = cli.build_parser().parse_args(["run", *argv])
+        return validate(RunOptions, {name: getattr(a, name) for name in RunOptions.model_fields}, cli=True)
+
+    assert opts() == RunOptions()
+    assert opts("--only", "environment,kv_memory", "--only", "tune", "--param", "tp=4", "--timeout", "60", "--keep", "3",
+                "--strict", "--notebooks", "/nb", "--archive-url", "s3://b/p") == \
+        RunOptions(only=["environment", "kv_memory", "tune"], params=["tp=4"], timeout=60, keep=3, strict=True,
+                   notebooks_dir=Path("/nb"), archive_url="s3://b/p")
 
 
 # 5. The service notebook's documented `args: list[str]` parameter through --param.
@@ -213,3 +236,38 @@ def test_service_notebook_takes_args_through_param(tmp_path):
     argv = doc["data"]["units"][0]["argv"]
     i = argv.index("--kv-cache-dtype")
     assert argv[i + 1] == "bf16"
+
+
+# 6. None means unset: a `T | None` parameter through --param, and a spec's true turned off for one run.
+
+def test_optional_parameters_are_typed_and_none_is_unset():
+    kv = params.inspect(REPO / "notebooks" / "20_kv_memory.ipynb")
+    assert (kv["tp"]["inferred_type_name"], kv["tp"]["default"]) == ("int | None", "None")
+    assert params.coerce("tp", "4", "int | None", "20_kv_memory.ipynb") == 4
+    assert params.coerce("contexts", "8192,32768", "list[int] | None", "20_kv_memory.ipynb") == [8192, 32768]
+    assert params.coerce("require_gpus", "false", "bool | None", "00_environment.ipynb") is False
+    for raw in ("none", "None", "null", " NULL "):
+        assert params.coerce("tp", raw, "int | None", "20_kv_memory.ipynb") is None
+        assert params.coerce("since", raw, "str | None", "35_verify.ipynb") is None
+    assert params.coerce("name", "none", "str", "x.ipynb") == "none"       # not optional: the text as written
+    with pytest.raises(SpecError, match=re.escape("declares tp: int | None")):
+        params.coerce("tp", "four", "int | None", "20_kv_memory.ipynb")
+
+
+@pytest.mark.parametrize("value, status", [("false", "skip"), ("none", "fail")])
+def test_a_spec_s_true_is_turned_off_through_param(tmp_path, value, status):
+    """hardware.require_gpus: true in the spec; `--param require_gpus=false` checks it for one run as if it were
+    false (no driver here: skip, not fail), `=none` leaves the spec's true."""
+    import yaml
+
+    dep = tmp_path / "strict.yaml"
+    dep.write_text(yaml.safe_dump(spec_data(**{"hardware.require_gpus": True})))
+    out = tmp_path / "out"
+    cp = _run("--deployment", dep, "--only", "environment", "--param", f"require_gpus={value}", "--out", out)
+    assert cp.returncode in (0, 1), cp.stderr
+    nb = (out / "latest" / "00_environment.ipynb").read_text()
+    assert ("require_gpus = False" if value == "false" else "require_gpus = None") in nb
+    found = {f["id"]: f["status"] for f in json.loads((out / "latest" / "00_environment.results.json").read_text())["findings"]}
+    if "env.gpu.driver" not in found:
+        pytest.skip("this machine has an NVIDIA driver: no driver finding to turn into a skip")
+    assert found["env.gpu.driver"] == status

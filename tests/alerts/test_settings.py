@@ -48,15 +48,16 @@ def test_a_missing_textfile_dir_stops_the_run_before_anything_is_written(tmp_pat
     from runbook.runner.run import Log, RunOptions, run
 
     missing = tmp_path / "no-such-dir"
-    opts = RunOptions(only=["environment"], out=tmp_path / "out")
+    given: dict = {}
     monkeypatch.delenv("RUNBOOK_TEXTFILE_DIR", raising=False)
     if where == "flag":
-        opts.textfile_dir = str(missing)
+        given["textfile_dir"] = str(missing)
     elif where == "env":
         monkeypatch.setenv("RUNBOOK_TEXTFILE_DIR", str(missing))
     else:
         (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec_data(alerts={"textfile_dir": str(missing)})))
-        opts.deployment = str(tmp_path / "spec.yaml")
+        given["deployment"] = str(tmp_path / "spec.yaml")
+    opts = RunOptions(only=["environment"], out=tmp_path / "out", **given)
     with pytest.raises(SpecError, match="not a directory; create it") as e:
         run(opts, Log(io.StringIO()))
     assert "\n" not in str(e.value)

@@ -34,7 +34,7 @@ def test_resume_command_repeats_the_flags_and_replaces_a_resume():
 def test_an_interrupt_prints_how_production_was_left_and_the_resume_command(monkeypatch, capsys):
     from runbook.core.findings import Finding
 
-    def stopped(spec, s):
+    def stopped(spec, s, **hooks):
         raise tune_run.Stopped(signal.SIGTERM, "20260101T000000Z-demo", [
             Finding("tune.production.restored", "pass", "production unit demo.service restored: active and ready")])
 

@@ -1,8 +1,10 @@
 """Stage settings, declared once: each stage's pydantic options model holds every setting's type,
 bound, default and help. The CLI's flags are generated from it (cli.py, through pydantic-settings),
 the notebooks' parameters are validated through it (`from_params`), and the stage merges the spec's
-defaults into it in one function of its own. Field name = notebook parameter; `alias` = the CLI flag
-where the two differ (`installed_unit` / `--installed`)."""
+defaults into it in one function of its own. None means unset everywhere (an absent flag, a parameter
+left at None): the spec's value; a bool with a spec counterpart is `bool | None`, so --no-X turns a spec's
+true off. Field name = notebook parameter; `alias` = the CLI flag where the two differ (`installed_unit` /
+`--installed`)."""
 from __future__ import annotations
 
 import re
@@ -73,12 +75,6 @@ def flag(model: type[BaseModel], name: str) -> str:
     return "--" + (f.alias or name).replace("_", "-")
 
 
-def unset(value: Any) -> bool:
-    """A notebook parameter left at its "the spec's value" sentinel: None, 0, 0.0, "", [] or False
-    (papermill cannot inject None into a typed parameter)."""
-    return value is None or value is False or (not isinstance(value, bool) and value == 0) or value == "" or value == []
-
-
 # pydantic's error types in the CLI's own words ("--tp must be at least 1 (got 0)").
 _WORDS = {
     "int_parsing": "must be an integer", "int_from_float": "must be an integer", "int_type": "must be an integer",
@@ -111,7 +107,9 @@ def _problem(model: type[BaseModel], e: ValidationError, cli: bool) -> str:
     where = flag(model, field) if cli else field
     msg = describe(err)
     got = err.get("input")
-    if not isinstance(got, (dict, BaseModel)) and got is not None and "got " not in msg:
+    extra = model.model_fields[field].json_schema_extra
+    echo = not isinstance(extra, dict) or extra.get("echo", True)     # "echo": False, a value that may hold credentials
+    if echo and not isinstance(got, (dict, BaseModel)) and got is not None and "got " not in msg:
         msg += f" (got {got!r})" if isinstance(got, str) and not got.strip().lstrip("-").replace(".", "", 1).isdigit() else f" (got {got})"
     return f"{where} {msg}" if msg.startswith("must ") else f"{where}: {msg}"
 
@@ -126,7 +124,8 @@ def validate(model: type[OptionsT], values: dict[str, Any], cli: bool = False) -
 
 
 def from_params(model: type[OptionsT], params: dict[str, Any], runner_params: dict[str, str] | None = None) -> OptionsT:
-    """A notebook's options: its parameters with the sentinels dropped, runner-set parameters renamed
-    onto their options field (artifact_dir -> out), validated through the stage's model."""
+    """A notebook's options: its parameters with the unset ones (None) dropped, as an absent flag; 0, False,
+    "" and [] are values. Runner-set parameters are renamed onto their options field (artifact_dir -> out);
+    validated through the stage's model."""
     names = runner_params or {}
-    return validate(model, {names.get(k, k): v for k, v in params.items() if not unset(v)})
+    return validate(model, {names.get(k, k): v for k, v in params.items()})

@@ -20,9 +20,9 @@ def load_spec(deployment: str) -> spec_mod.Deployment:
 
 def options(stage: str, **params: Any) -> Any:
     """The notebook's parameters as its stage's options, validated by the same model the CLI's flags
-    come from. 0, 0.0, "", [] and False mean "the spec's value" in a parameters cell (papermill cannot
-    inject None into a typed parameter), so they are dropped, exactly as an absent flag; the runner's
-    own parameters map onto their option (artifact_dir -> out)."""
+    come from. None means "the spec's value" (papermill injects None as None), so it is dropped, exactly
+    as an absent flag; 0, False, "" and [] are values. The runner's own parameters map onto their option
+    (artifact_dir -> out)."""
     st = registry.get(stage)
     return from_params(st.options, params, st.runner_params)
 

@@ -1,7 +1,8 @@
 """--param KEY=VALUE: typed and validated against each notebook's `parameters` cell.
 
 papermill's own `-p` guesses types from the text ("12.10" becomes 12.1, "true" stays a string);
-here the annotation in the parameters cell (`tp: int = 8`) decides, through pydantic.
+here the annotation in the parameters cell (`tp: int | None = None`) decides, through pydantic. A stage
+parameter is `T | None`, None meaning the spec's value; `--param tp=none` (or null) passes None.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import io
 import json
 import re
 import tokenize
+import types
 import typing
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,6 +35,7 @@ _TYPES: dict[str, Any] = {
 # folder in the run for raw records; archive_root: the archive (earlier runs, for regression checks;
 # the run being written is hidden until it completes); interactive: False under the runner.
 RESERVED = ("deployment", "results_path", "artifact_dir", "archive_root", "interactive")
+NONE = ("none", "null")   # --param values that mean None for a `T | None` parameter
 
 
 def _type(name: str | None) -> Any:
@@ -48,7 +51,8 @@ def inspect(notebook: Path) -> dict[str, dict[str, Any]]:
     """The notebook's parameters: name -> {inferred_type_name, default, help}.
 
     Read with Python's own parser: papermill's line regex skips any line with a second '=' (such as
-    `args: list[str] = []  # e.g. ["kv-cache-dtype=bf16"]`), which hid that parameter from --param."""
+    `args: list[str] = []  # e.g. ["kv-cache-dtype=bf16"]`) or a `T | None` annotation (its pattern has no
+    `|`), which hid those parameters from --param."""
     import nbformat
 
     nb = nbformat.read(str(notebook), as_version=4)
@@ -86,6 +90,12 @@ def inspect(notebook: Path) -> dict[str, dict[str, Any]]:
 
 def coerce(key: str, raw: str, type_name: str | None, where: str) -> Any:
     typ = _type(type_name)
+    args = typing.get_args(typ)
+    if typing.get_origin(typ) in (typing.Union, types.UnionType) and type(None) in args:
+        if raw.strip().lower() in NONE:      # `tp: int | None`: none means unset, as an absent flag
+            return None
+        rest = [a for a in args if a is not type(None)]
+        typ = rest[0] if len(rest) == 1 else typ
     if typ is None or typ is str:
         return raw
     origin = typing.get_origin(typ) or typ

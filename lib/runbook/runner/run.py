@@ -15,7 +15,6 @@ import contextlib
 import datetime as dt
 import fcntl
 import json
-import math
 import os
 import re
 import signal
@@ -25,7 +24,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Annotated, Any, TextIO
+
+from pydantic import AfterValidator, Field, field_validator
 
 from runbook import alerts
 from runbook.core import oscalls, paths, registry, secrets
@@ -33,6 +34,7 @@ from runbook.core import spec as spec_mod
 from runbook.core.errors import LockHeld, SpecError
 from runbook.core.findings import STATUSES, Finding, counts, exit_code_for, grouped
 from runbook.core.fsutil import atomic_write_json, atomic_write_text, current_umask, output_dir
+from runbook.core.options import Options, PosFloat, PosInt
 from runbook.runner import archive, figures, results, upload
 from runbook.runner import params as params_mod
 
@@ -46,20 +48,49 @@ _GUARD = Path(__file__).with_name("guard.py")
 _CHILDREN: set[int] = set()
 
 
-@dataclass
-class RunOptions:
-    deployment: str | None = None
-    only: list[str] = field(default_factory=list)
-    params: list[str] = field(default_factory=list)
-    out: Path = OUTPUTS
-    timeout: float = 1800.0        # per notebook, seconds
-    run_timeout: float = 7200.0    # whole run, seconds
-    keep: int | None = None
-    strict: bool = False
-    notebooks_dir: Path = NOTEBOOKS
-    kernel: str | None = None
-    archive_url: str | None = None   # else $RUNBOOK_ARCHIVE_URL, else the spec's archive.url
-    textfile_dir: str | None = None  # else $RUNBOOK_TEXTFILE_DIR, else the spec's alerts.textfile_dir
+def _names(chunk: str) -> str:
+    if not any(x.strip() for x in chunk.split(",")):
+        raise ValueError("must name at least one notebook (e.g. environment,kv_memory; leave --only out to run every notebook)")
+    return chunk
+
+
+def _archive_url(url: str) -> str:
+    problem = spec_mod.archive_url_problem(url)
+    if problem:
+        raise ValueError(problem)
+    return url
+
+
+ArchiveUrl = Annotated[str, AfterValidator(_archive_url)]
+
+
+class RunOptions(Options):
+    """The `run` verb's settings, declared once: cli.py builds its flags from these fields (flag, metavar, help,
+    the per-value check; a number's default is added to its help), and a caller of `run` cannot pass a bad one."""
+
+    deployment: str | None = None     # --deployment and --textfile-dir: flags every verb shares (cli.py)
+    only: list[Annotated[str, AfterValidator(_names)]] = Field(
+        default_factory=list, description="run only these notebooks (e.g. environment,kv_memory)",
+        json_schema_extra={"metavar": "NAME[,NAME]"})
+    params: list[str] = Field(default_factory=list, alias="param", description="set a notebook parameter, typed by its "
+                              "parameters cell", json_schema_extra={"metavar": "KEY=VALUE"})
+    out: Path = Field(OUTPUTS, description="archive root (default: outputs/)", json_schema_extra={"metavar": "DIR"})
+    timeout: PosFloat = Field(1800.0, description="bound per notebook", json_schema_extra={"metavar": "SECONDS"})
+    run_timeout: PosFloat = Field(7200.0, description="bound for the whole run", json_schema_extra={"metavar": "SECONDS"})
+    keep: PosInt | None = Field(None, description="keep only this deployment's N newest runs", json_schema_extra={"metavar": "N"})
+    strict: bool = Field(False, description="warn and skip findings also give exit 1")
+    notebooks_dir: Path = Field(NOTEBOOKS, alias="notebooks", json_schema_extra={"metavar": "DIR"})   # tests: no help
+    kernel: str | None = Field(None, description="Jupyter kernel name (default: the notebook's, run in this venv)")
+    archive_url: ArchiveUrl | None = Field(None, description="also upload the run to s3://BUCKET/PREFIX/<host>/<run id>/ "
+                                           "(default: $RUNBOOK_ARCHIVE_URL, else the spec's archive.url)",
+                                           json_schema_extra={"metavar": "URL", "echo": False})   # may hold credentials
+    textfile_dir: str | None = None   # else $RUNBOOK_TEXTFILE_DIR, else the spec's alerts.textfile_dir
+
+    @field_validator("only")
+    @classmethod
+    def _flat(cls, chunks: list[str]) -> list[str]:
+        """--only environment,kv_memory --only tune: the names, in order."""
+        return [n.strip() for chunk in chunks for n in chunk.split(",") if n.strip()]
 
 
 @dataclass
@@ -368,32 +399,6 @@ def one_screen(summary: dict[str, Any], run_dir: Path, max_items: int = 12) -> s
     return "\n".join(out)
 
 
-def _bad_number(v: Any, integer: bool = False) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
-        return True
-    return not math.isfinite(v) or v <= 0
-
-
-def validate_options(opts: RunOptions) -> list[str]:
-    """Check the run options before anything is written; returns --only as a list of names.
-
-    Raises SpecError naming the option and the fix (the CLI prints one line and exits 2)."""
-    if _bad_number(opts.timeout):
-        raise SpecError(f"--timeout {opts.timeout}: must be a number of seconds above 0 (e.g. --timeout 1800)")
-    if _bad_number(opts.run_timeout):
-        raise SpecError(f"--run-timeout {opts.run_timeout}: must be a number of seconds above 0 (e.g. --run-timeout 7200)")
-    if opts.keep is not None and _bad_number(opts.keep, integer=True):
-        raise SpecError(f"--keep {opts.keep}: must be a whole number of runs, 1 or more (leave it out to keep every run)")
-    only: list[str] = []
-    for chunk in opts.only:
-        names = [x.strip() for x in str(chunk).split(",")]
-        if not any(names):
-            raise SpecError(f"--only {chunk!r}: names no notebook; give one or more names (e.g. --only environment,kv_memory) "
-                            "or leave --only out to run every notebook")
-        only += [n for n in names if n]
-    return only
-
-
 def _run_secrets(spec: spec_mod.Deployment) -> set[str]:
     """Secret values to scrub (core/secrets.of_spec: the environment's, the API key's, serving.env_file's)."""
     return secrets.of_spec(spec)
@@ -504,13 +509,12 @@ def push(out_dir: Path, url: str | None, deployment: str | None = None, run_ids:
 def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
     """Execute and archive; returns (exit code, run directory)."""
     log = log or Log()
-    only = validate_options(opts)
     spec = spec_mod.load(opts.deployment)
     archive_url = upload.resolve_url(opts.archive_url, spec.archive.url)
     textfile_dir, where = alerts.textfile.resolve_dir(opts.textfile_dir, spec.alerts.textfile_dir)
     if textfile_dir:
         alerts.textfile.check_dir(textfile_dir, where)
-    nbs = discover(Path(opts.notebooks_dir), only)
+    nbs = discover(opts.notebooks_dir, opts.only)
     scrub = _run_secrets(spec)
     log.secrets |= scrub
     per_nb = params_mod.resolve(opts.params, nbs, scrub)

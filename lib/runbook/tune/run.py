@@ -30,8 +30,8 @@ from runbook.tune import energy, engines, guard, launch, measure, production
 from runbook.tune.candidates import Candidate
 from runbook.tune.engines import Engine, PreCheck
 from runbook.tune.recommend import recommend
+from runbook.tune.settings import TuneSettings
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 DONE = ("done", "failed", "skipped")     # a candidate in one of these states is not run again on --resume
 
 
@@ -46,24 +46,14 @@ class Stopped(oscalls.Interrupted):
 
 
 @dataclass
-class Settings:
-    names: list[str] | None = None
-    plan_only: bool = False
-    yes: bool = False
-    resume: str | None = None
-    budget_s: float | None = None
-    archive: Path | None = None
-    systemctl: Sequence[str] = ("systemctl",)
-    nvml: Any = None
-    log: Any = None
-
-
-@dataclass
 class Ctx:
     spec: Deployment
     engine: Engine
     run_dir: Path | None
-    settings: Settings
+    settings: TuneSettings
+    systemctl: Sequence[str] = ("systemctl",)     # the hooks tests and the notebook give evaluate
+    nvml: Any = None
+    log: Any = None
     t0: float = field(default_factory=time.monotonic)
     baseline_gpu: list[float] | None = None
     reference: dict[str, Any] | None = None     # the reference's recorded guard outputs
@@ -71,8 +61,8 @@ class Ctx:
     pause: Any = None                           # production.Pause while the production unit is paused
 
 
-def tune_dir(archive: Path | None) -> Path:
-    return (archive or paths.outputs_dir()) / "tune"
+def tune_dir(archive: str) -> Path:
+    return Path(archive) / "tune"
 
 
 def _new_run(root: Path, spec: Deployment) -> Path:
@@ -86,8 +76,6 @@ def _new_run(root: Path, spec: Deployment) -> Path:
 
 def _resumed(root: Path, run: str, spec: Deployment) -> tuple[Path, dict[str, dict[str, Any]]]:
     """The archived run's folder and its finished candidates; a one-line InputError when it is not one."""
-    if not _RUN_ID.match(run):
-        raise InputError(f"--resume {run!r}: a run id is a folder name under {root} (letters, digits, . _ -)")
     d = root / run
     try:
         meta = json.loads((d / "run.json").read_text(encoding="utf-8"))
@@ -143,8 +131,7 @@ def precheck_all(ctx: Ctx, cands: list[Candidate]) -> list[tuple[Candidate, PreC
 
 
 def _left(ctx: Ctx) -> float:
-    budget = ctx.settings.budget_s or ctx.spec.tune.budget_s
-    return budget - (time.monotonic() - ctx.t0)
+    return ctx.settings.budget_s - (time.monotonic() - ctx.t0)
 
 
 def _launch(ctx: Ctx, cspec: Deployment, log_path: Path) -> Any:
@@ -175,7 +162,7 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
             _log(ctx, f"{c.name}: ready in {srv.ready_s:.1f} s; benchmarking")
             t_bench = time.monotonic()
             deadline = t_start + min(ctx.spec.tune.budget_per_candidate_s, max(0.0, _left(ctx)))
-            row["bench"] = measure.run(cspec, srv.url, nvml=ctx.settings.nvml, deadline=deadline)
+            row["bench"] = measure.run(cspec, srv.url, nvml=ctx.nvml, deadline=deadline)
             row["bench_s"] = round(time.monotonic() - t_bench, 2)
             shutdown.check()
             t_guard = time.monotonic()
@@ -196,7 +183,7 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
                    reason=st.failure or str(e), log_tail=e.log_tail)
     except RunbookError as e:       # the benchmark or a probe refused its inputs: this candidate, not the run
         row.update(status="failed", failure_kind="measure", reason=" ".join(str(e).split()))
-    ok, how = energy.wait_memory_free(ctx.baseline_gpu, nvml=ctx.settings.nvml)
+    ok, how = energy.wait_memory_free(ctx.baseline_gpu, nvml=ctx.nvml)
     row["gpu_memory_freed"] = {"ok": ok, "detail": how}
     row["total_s"] = round(time.monotonic() - t_start, 2)      # launch to result, teardown and memory check included
     return row
@@ -220,15 +207,15 @@ def _launch_all(ctx: Ctx, todo: list[tuple[Candidate, PreCheck, dict[str, Any]]]
     spec = ctx.spec
     unit = spec.systemd.unit_name      # the production server on this port (not active: nothing is stopped)
     ready = spec.serving.local_url + spec.systemd.ready_path
-    ctx.baseline_gpu = energy.gpu_memory_used(ctx.settings.nvml)
+    ctx.baseline_gpu = energy.gpu_memory_used(ctx.nvml)
     shutdown = oscalls.current()
     with production.paused(unit, yes=ctx.settings.yes, ready_url=ready, ready_timeout_s=float(spec.systemd.timeout_start_sec),
-                           systemctl=ctx.settings.systemctl) as pause:
+                           systemctl=ctx.systemctl) as pause:
         ctx.pause = pause
         for c, pre, row in todo:
             shutdown.check()
             if _left(ctx) <= 0:
-                row.update(status="not_run", reason=f"the run's budget of {ctx.settings.budget_s or spec.tune.budget_s:g} s was spent")
+                row.update(status="not_run", reason=f"the run's budget of {ctx.settings.budget_s:g} s was spent")
             elif ctx.gpu_held:
                 row.update(status="not_run", reason="GPU memory was not freed after the previous candidate")
             else:
@@ -244,19 +231,20 @@ def _launch_all(ctx: Ctx, todo: list[tuple[Candidate, PreCheck, dict[str, Any]]]
 
 def _consent(ctx: Ctx) -> None:
     """The safety stop before anything is made or launched: production active and no --yes."""
-    production.require_consent(ctx.spec.systemd.unit_name, yes=ctx.settings.yes, systemctl=ctx.settings.systemctl)
+    production.require_consent(ctx.spec.systemd.unit_name, yes=ctx.settings.yes, systemctl=ctx.systemctl)
 
 
 def _log(ctx: Ctx, msg: str) -> None:
-    if ctx.settings.log is not None:
-        ctx.settings.log(msg)
+    if ctx.log is not None:
+        ctx.log(msg)
 
 
-def tune(spec: Deployment, s: Settings) -> dict[str, Any]:
+def tune(spec: Deployment, s: TuneSettings, systemctl: Sequence[str] = ("systemctl",), nvml: Any = None,
+         log: Any = None) -> dict[str, Any]:
     """The whole run: its rows (one per candidate), the recommendation, the run folder and findings.
     oscalls.Interrupted (with `run_id` and `findings`) when a signal stopped it; production is restored first."""
-    cands = cands_mod.select(cands_mod.expand(spec), s.names)
-    ctx = Ctx(spec, engines.get(spec.tune.engine), None, s)
+    cands = cands_mod.select(cands_mod.expand(spec), s.candidates)
+    ctx = Ctx(spec, engines.get(spec.tune.engine), None, s, systemctl, nvml, log)
     with oscalls.on_signals() as shutdown:
         try:
             res = _run(ctx, cands)

@@ -1,38 +1,16 @@
-"""Stage 60's contract: its settings and `evaluate`, the tune run (pre-check, launches, recommendation)."""
+"""Stage 60's contract: its settings (settings.py) and `evaluate`, the tune run (pre-check, launches, recommendation)."""
 from __future__ import annotations
 
+import datetime as dt
+import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-from pydantic import Field, field_validator
 
 from runbook.core.archive import number
 from runbook.core.findings import Finding
-from runbook.core.options import Options, PosFloat
 from runbook.core.registry import Stage, register
 from runbook.core.spec import SLO, Deployment
-
-
-class TuneOptions(Options):
-    candidates: list[str] | None = Field(None, description="only these candidates, e.g. mtp,fp8-kv (the reference always runs)")
-    plan_only: bool = Field(False, description="pre-check only: launch nothing; the table of predicted tokens and "
-                                               "running-request caps")
-    yes: bool = Field(False, description="stop the production unit when it is active (restored at the end); "
-                                         "without it tune makes a safety stop (exit 77)")
-    resume: str | None = Field(None, description="continue this tune run (a folder under DIR/tune/), skipping its "
-                                                 "finished candidates", json_schema_extra={"metavar": "RUN_ID"})
-    budget_s: PosFloat | None = Field(None, description="the whole run's time bound, seconds (default: the spec's tune.budget_s)")
-    archive: str | None = Field(None, description="archive root; runs go to DIR/tune/<run id>/ (default: outputs/)",
-                                json_schema_extra={"metavar": "DIR"})
-
-    @field_validator("candidates")
-    @classmethod
-    def _names(cls, v: list[str] | None) -> list[str] | None:
-        names = [n.strip() for n in v or [] if n.strip()]
-        if v is not None and not names:
-            raise ValueError("must name at least one candidate")
-        return names or None
+from runbook.tune.settings import TuneOptions, TuneSettings
 
 
 @dataclass
@@ -54,21 +32,16 @@ class TuneReport:
 
 def _progress(msg: str) -> None:
     """One line per candidate on stderr: a tune run takes minutes to hours."""
-    import datetime as dt
-    import sys
-
     print(f"{dt.datetime.now(dt.timezone.utc):%H:%M:%SZ} tune: {msg}", file=sys.stderr, flush=True)
 
 
 def evaluate(spec: Deployment, options: TuneOptions, **hooks: Any) -> TuneReport:
     """The tune run under the options (`hooks`: systemctl, nvml, log — tests and the notebook's progress)."""
-    from runbook.tune.findings import findings
-    from runbook.tune.run import Settings, tune
+    from runbook.tune.findings import findings  # lazy: the run's modules (launch, engines, bench) load with the run
+    from runbook.tune.run import tune  # lazy: as above; the registry imports this module for every CLI verb
 
     hooks.setdefault("log", _progress)
-    s = Settings(options.candidates, options.plan_only, options.yes, options.resume, options.budget_s,
-                 Path(options.archive) if options.archive else None, **hooks)
-    res = tune(spec, s)
+    res = tune(spec, TuneSettings.resolve(spec, options), **hooks)
     return TuneReport(findings(spec, res), res["rows"], res["recommendation"], res["run_id"], res["run_dir"],
                       res["plan_only"], spec.tune.engine, res["resumed"])
 

@@ -181,15 +181,17 @@ from runbook.sample.stage import STAGE, SampleOptions, evaluate
 __all__ = ["STAGE", "SampleOptions", "evaluate"]
 '''
 _PLANTED_STAGE = '''from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import Field
 
 from runbook.core.findings import Finding
 from runbook.core.options import Options, PosInt
-from runbook.core.registry import Stage, register
+from runbook.core.registry import Outcome, Stage, register
 
 
 class SampleOptions(Options):
+    action: Literal["report", "list"] = Field("report", description="report: the value; list: the items")
     threshold: PosInt = Field(3, description="how many")
     label: str = Field("x", description="what to call it")
 
@@ -211,8 +213,16 @@ def figures(data, slo=None):
     return {"sample_value": data["value"]} if "value" in data else {}
 
 
+def text(rep):
+    return f"value {rep.value}"
+
+
+def _list(spec, options):
+    return Outcome([Finding("sample.listed", "info", "two items")], {"items": ["a", "b"]}, shown="a\\nb\\n")
+
+
 STAGE = register(Stage(70, "sample", "sample", "a planted stage", SampleOptions, evaluate, figures=figures,
-                       trends=("sample_value",)))
+                       trends=("sample_value",), text=text, actions={"list": _list}, action_field="action"))
 '''
 
 
@@ -243,6 +253,13 @@ def test_a_planted_stage_joins_the_cli_runner_figures_and_fleet(planted_stage, t
     assert doc["value"] == 28 and [(f["id"], f["status"], f["title"]) for f in doc["findings"]] == [("sample.ok", "pass", "sample y")]
     assert cli.main(["sample", "--threshold", "0"]) == 2
     assert "--threshold" in capsys.readouterr().err
+    # its text above the findings, and its other action: what it prints, its JSON
+    assert cli.main(["sample", "--threshold", "2"]) == 0
+    assert capsys.readouterr().out.startswith("value 28\n[PASS] sample.ok: sample x")
+    assert cli.main(["sample", "list"]) == 0 and capsys.readouterr().out == "a\nb\n"
+    assert cli.main(["sample", "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"items": ["a", "b"], "findings": [
+        {"id": "sample.listed", "status": "info", "title": "two items", "detail": "", "evidence": "", "remedy": ""}]}
     # the runner: its notebook joins the run's list, in number order
     nbs = tmp_path / "notebooks"
     nbs.mkdir()

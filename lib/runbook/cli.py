@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import shlex
 import sys
 import typing
@@ -20,14 +18,13 @@ from typing import Annotated, Any, cast
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, create_model
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict, SettingsError
 
-from runbook import accuracy, alerts, bench, fleet, kv, service, tune, verify
+from runbook import alerts, fleet
 from runbook.core import registry, secrets
 from runbook.core.errors import InputError, LockHeld, RunbookError, SafetyStop
 from runbook.core.findings import exit_code, format_text
-from runbook.core.fsutil import write_output
-from runbook.core.options import FINITE, FiniteFloat, PosInt, Url, describe, flag, validate
+from runbook.core.options import FINITE, FiniteFloat, PosInt, Url, describe, flag, phrase, validate
 from runbook.core.oscalls import Interrupted
-from runbook.core.registry import Stage, document
+from runbook.core.registry import Outcome, Stage, document
 from runbook.core.spec import archive_url_problem
 from runbook.core.spec import load as load_spec
 from runbook.runner.run import OUTPUTS, RunOptions, push, run
@@ -37,13 +34,19 @@ from runbook.runner.upload import open_store
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors naming the option (cron logs; no usage block)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("exit_on_error", False)   # its errors reach parse_known_args below, option and message apart
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        try:
+            return super().parse_known_args(args, namespace)
+        except argparse.ArgumentError as e:
+            opt = (e.argument_name or "").split("/")[-1]   # "-h/--help" style: the long form
+            self.error(phrase(opt, e.message) if opt else e.message)
+
     def error(self, message: str) -> Any:
-        m = re.match(r"argument ([^:]+): (.*)$", " ".join(message.split()))
-        if m:
-            opt, msg = m.groups()
-            opt = opt.split("/")[-1]   # "-h/--help" style: the long form
-            message = f"{opt} {msg}" if msg.startswith("must ") else f"{opt}: {msg}"
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
 def _typed(tp: Any, name: str, echo: bool = True) -> Callable[[str], Any]:
@@ -166,134 +169,24 @@ def _load(a: argparse.Namespace, spec_less: bool = False) -> Any:
 
 
 def _cmd_stage(stage: Stage, a: argparse.Namespace, o: Any) -> int:
-    """The stage's one entry point, as the notebook calls it; its JSON is the results payload plus findings."""
+    """What the options pick, as the notebook calls it: the stage's entry point (its JSON is the results payload plus
+    findings; its textfile metrics) or one of the verb's other actions."""
     spec = _load(a, spec_less="model_dir" in type(o).model_fields)
-    directory = _textfile(a, spec)
-    rep = stage.evaluate(spec, o)
+    entry = stage.entry(o)
+    directory = _textfile(a, spec) if entry is stage.evaluate else None
+    rep = entry(spec, o)
     if directory is not None:
         alerts.publish_stage(directory, spec, stage.name, rep, lambda m: print(f"runbook {stage.verb}: {m}", file=sys.stderr))
     if a.json:
         print(json.dumps(document(rep), indent=2, default=str))
-        return exit_code(rep.findings, a.strict)
-    text = _TEXT.get(stage.name)
-    if text is not None:
-        shown = text(rep)
+    elif isinstance(rep, Outcome) and rep.shown is not None:
+        sys.stdout.write(rep.shown)
+    else:
+        shown = stage.text(rep) if stage.text else ""
         if shown:
             print(shown)
-    print(format_text(rep.findings, colour=sys.stdout.isatty()))
+        print(format_text(rep.findings, colour=sys.stdout.isatty()))
     return exit_code(rep.findings, a.strict)
-
-
-def _kv_text(rep: Any) -> str:
-    return kv.text_table(rep)
-
-
-def _verify_text(rep: Any) -> str:
-    return verify.text_table(rep)
-
-
-def _bench_text(rep: Any) -> str:
-    if not rep.summary.get("levels"):
-        return ""
-    from runbook.core import tables  # lazy: pandas (~0.35 s), only when a table is printed
-
-    text = "\n\n".join(tables.text(df) for df in bench.frames(rep.summary))
-    srv = bench.server_frame(rep.summary)
-    if not srv.empty:
-        cols = ["ours_mean_ms", "server_mean_ms", "ratio_mean", "ours_p50_ms", "server_p50_ms", "ours_p99_ms", "server_p99_ms"]
-        text += "\n\nOurs beside the server's own figures (its /metrics; percentiles within its buckets):\n" + tables.text(srv[cols])
-    return text
-
-
-def _tune_text(rep: Any) -> str:
-    return tune.text_table(rep)
-
-
-# What a stage prints above its findings without --json (the notebook's first table).
-_TEXT: dict[str, Callable[[Any], str]] = {"kv_memory": _kv_text, "verify": _verify_text, "benchmark": _bench_text,
-                                          "tune": _tune_text}
-
-
-def _cmd_service(a: argparse.Namespace, o: Any) -> int:
-    if o.action == "report":
-        return _cmd_stage(service.STAGE, a, o)
-    dep = load_spec(a.deployment)
-    args = service.parse_args(o.args)
-    if o.action == "check":
-        _, findings = service.check(dep, args)
-        _emit(a, findings, {"findings": [f.to_dict() for f in findings]})
-        return exit_code(findings, a.strict)
-    if o.action == "drift":
-        rows, findings, info = service.drift(dep, o.server_url, args)
-        _emit(a, findings, {"differences": rows, "server": info, "findings": [f.to_dict() for f in findings]})
-        return exit_code(findings, a.strict)
-    units = service.build(dep, args).units
-    if o.action == "render":
-        if o.out:
-            out = Path(o.out)
-            for u in units:
-                target = out if len(units) == 1 else out / f"{u.unit_name}.service"
-                write_output(target, u.text)   # one line naming --out when it is a directory or not writable
-                print(f"wrote {target}", file=sys.stderr)
-        if a.json:
-            print(json.dumps({"units": [{"unit": u.unit_name, "node": u.node, "argv": u.argv, "text": u.text} for u in units]}, indent=2))
-        elif not o.out:
-            print("\n".join(u.text for u in units), end="")
-        return 0
-    if o.action == "diff":
-        text, rows, findings = service.diff(units[0], Path(o.installed_unit or dep.systemd.installed_path))
-        if a.json:
-            print(json.dumps({"diff": text, "changes": rows, "findings": [f.to_dict() for f in findings]}, indent=2))
-        else:
-            print(text or format_text(findings, colour=sys.stdout.isatty()))
-        return exit_code(findings, a.strict)
-    res = service.install(dep, units[0], dry_run=not o.yes, root=Path(o.root) if o.root else None,
-                          systemctl=o.systemctl.split() if o.systemctl else ("systemctl",), ready_url=o.ready_url,
-                          ready_timeout=o.ready_timeout, log=lambda m: print(m, file=sys.stderr))
-    _emit(a, res.findings, {"steps": res.steps, "rolled_back": res.rolled_back, "backup": res.backup,
-                            "findings": [f.to_dict() for f in res.findings]})
-    return exit_code(res.findings, a.strict)
-
-
-def _cmd_accuracy(a: argparse.Namespace, o: Any) -> int:
-    from runbook.accuracy import kvquant, probes  # lazy: numpy, ml_dtypes and aiohttp (~0.7 s) only for this verb
-
-    if o.probe == "report":
-        return _cmd_stage(accuracy.STAGE, a, o)
-    dep = load_spec(a.deployment)
-    doc: dict[str, Any]
-    if o.probe == "kvquant":
-        st = kvquant.run(dep.accuracy, active=probes.deployment_format(dep))
-        findings, doc = st.findings, {"kvquant": st.to_json()}
-    elif o.probe == "recall":
-        url = o.url or dep.serving.local_url
-        rec, findings = probes.run_recall(url, probes.recall_lengths(dep, o.lengths), o.depths or list(dep.accuracy.recall_depths),
-                                          o.tokenizer, o.compare_url, o.seed, o.per_cell, Path(o.out) if o.out else None,
-                                          dep.serving.api_key_env)
-        doc = {"recall": rec}
-    elif o.probe == "toolcall":
-        from runbook.accuracy import toolcall  # lazy: aiohttp only for this probe
-
-        key = os.environ.get(dep.serving.api_key_env) if dep.serving.api_key_env else None
-        tc = toolcall.run(o.url or dep.serving.local_url, o.model, key or None, tool_choice=o.tool_choice,
-                          max_tokens=o.toolcall_max_tokens)
-        findings, doc = tc.findings, {"toolcall": tc.data()}
-    else:
-        key = os.environ.get(dep.serving.api_key_env) if dep.serving.api_key_env else None
-        ident = probes.run_identity(o.url, o.compare_url or o.spec_off_url, o.prompts, o.max_tokens, o.tokenizer,
-                                    o.model, o.concurrency, key or None)
-        findings = ident.findings
-        doc = {"identity": ident.rows, "identity_batch": ident.batch, "identity_differences": ident.differences}
-    doc["findings"] = [f.to_dict() for f in findings]
-    _emit(a, findings, doc)
-    return exit_code(findings, a.strict)
-
-
-def _emit(a: argparse.Namespace, findings: list, doc: dict) -> None:
-    if a.json:
-        print(json.dumps(doc, indent=2, default=str))
-    else:
-        print(format_text(findings, colour=sys.stdout.isatty()))
 
 
 # Arguments a verb declares itself: positionals, and --arg (NAME=VALUE may hold commas, which the
@@ -326,8 +219,7 @@ def _add_stage(sub: Any, stage: Stage) -> None:
     if "args" in fields:
         p.add_argument("--arg", dest="args", action="append", default=[], metavar="NAME=VALUE", help=fields["args"].description)
     source: CliSettingsSource[Any] = CliSettingsSource(_flags_model(stage), root_parser=p, cli_kebab_case=True, cli_implicit_flags="dual",
-                               cli_hide_none_type=True)
-    _tidy_help(p, stage.options)
+                               cli_hide_none_type=True, add_argument_method=_flag_adder(stage.options))
     _add_output(p)
     _add_textfile(p, f"runbook_<deployment>.{stage.name}.prom")
     _VERBS[stage.verb] = (stage, source)
@@ -336,29 +228,51 @@ def _add_stage(sub: Any, stage: Stage) -> None:
 _METAVARS = {"int": "N", "float": "X", "str": "VALUE", "list[int]": "N,...", "list[float]": "X,...", "list[str]": "NAME,..."}
 
 
-def _tidy_help(p: argparse.ArgumentParser, options: Any) -> None:
-    """Generated flags in this CLI's style: a metavar that says what to type (the field's own `metavar`, else one
-    for its type), no '(default: null)' (the descriptions say what an absent flag means)."""
-    for act in p._actions:
-        if isinstance(act.help, str):
-            act.help = act.help.replace(" (default: null)", "")
-        f = options.model_fields.get(act.dest)
+def _flag_adder(options: Any) -> Callable[..., Any]:
+    """add_argument for the generated flags, in this CLI's style: a metavar that says what to type (the field's own
+    `metavar`, else one for its type), no '(default: null)' (the descriptions say what an absent flag means)."""
+
+    def add(parser: argparse.ArgumentParser, *names: str, **kw: Any) -> Any:
+        if isinstance(kw.get("help"), str):
+            kw["help"] = kw["help"].replace(" (default: null)", "")
+        f = options.model_fields.get(kw.get("dest"))
         extra = f.json_schema_extra if f is not None and isinstance(f.json_schema_extra, dict) else {}
         if isinstance(extra.get("metavar"), str):
-            act.metavar = extra["metavar"]
-        elif isinstance(act.metavar, str):
-            act.metavar = _METAVARS.get(act.metavar, act.metavar)
+            kw["metavar"] = extra["metavar"]
+        elif isinstance(kw.get("metavar"), str):
+            kw["metavar"] = _METAVARS.get(kw["metavar"], kw["metavar"])
+        return parser.add_argument(*names, **kw)
+    return add
+
+
+def _unparsed(stage: Stage, source: Any, a: argparse.Namespace, err: SettingsError) -> InputError:
+    """pydantic-settings' parse error (a list flag's text) as an error naming the flag: the flag is the one whose
+    value alone fails to parse."""
+    model = stage.options
+    for name, value in vars(a).items():
+        field = next((k for k, f in model.model_fields.items() if name in (k, f.alias)), None)
+        if field is None or name in _POSITIONAL or name in _HANDWRITTEN:
+            continue
+        try:
+            source(parsed_args=argparse.Namespace(**{name: value}))()
+        except SettingsError as e:
+            return InputError(f"{flag(model, field)}: {e.__cause__ or e}")
+    return InputError(str(err))
 
 
 def _options(verb: str, a: argparse.Namespace) -> Any:
     """The verb's flags (as pydantic-settings parsed them) plus its own arguments, validated by the stage's model."""
     stage, source = _VERBS[verb]
-    values = dict(source(parsed_args=a)())   # parsed, then read back as a dict
+    try:
+        values = dict(source(parsed_args=a)())   # parsed, then read back as a dict
+    except SettingsError as e:
+        raise _unparsed(stage, source, a, e) from None
     for name in (*_POSITIONAL, *_HANDWRITTEN):
         if name in stage.options.model_fields:
             values[name] = getattr(a, name)
-    if verb == "bench" and values.get("progress") is None:
-        values["progress"] = sys.stderr.isatty()
+    for name, value in (stage.cli_defaults() if stage.cli_defaults else {}).items():
+        if values.get(name) is None:
+            values[name] = value
     return validate(stage.options, values, cli=True)
 
 
@@ -401,25 +315,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# Verbs whose positional picks among several actions; the others run their stage's entry point.
-_ACTIONS: dict[str, Callable[[argparse.Namespace, Any], int]] = {"service": _cmd_service, "accuracy": _cmd_accuracy}
-
-
 def _run_stage(verb: str, a: argparse.Namespace) -> int:
+    stage = _VERBS[verb][0]
     try:
         o = _options(verb, a)
-    except (InputError, SettingsError) as e:
-        msg = " ".join(str(e).split())
-        # pydantic-settings' own parse errors name the field ("Parsing error encountered for contexts: …")
-        m = re.match(r"Parsing error encountered for (\w+): (.*)", msg)
-        model = _VERBS[verb][0].options
-        field = next((k for k, f in model.model_fields.items() if m and m.group(1) in (k, f.alias)), None)
-        if m and field:
-            msg = f"{flag(model, field)}: {m.group(2)}"
-        print(f"runbook {verb}: error: {msg}", file=sys.stderr)
+    except InputError as e:
+        print(f"runbook {verb}: error: {stage.input_finding(e).detail}", file=sys.stderr)
         return 2
-    handler = _ACTIONS.get(verb)
-    return handler(a, o) if handler else _cmd_stage(_VERBS[verb][0], a, o)
+    return _cmd_stage(stage, a, o)
 
 
 EXIT_LOCKED = 75

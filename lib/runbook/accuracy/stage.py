@@ -13,7 +13,7 @@ from pydantic import Field
 from runbook.core.archive import number
 from runbook.core.findings import Finding
 from runbook.core.options import Fraction, Integer, Options, PosInt, Url
-from runbook.core.registry import Stage, register
+from runbook.core.registry import Outcome, Stage, register
 from runbook.core.spec import SLO, Deployment
 
 if TYPE_CHECKING:
@@ -53,8 +53,7 @@ def assess(spec: Deployment, url: str | None = None, compare_url: str | None = N
                                              list(depths or spec.accuracy.recall_depths), tokenizer or None,
                                              compare_url or None, seed, per_cell, Path(artifact_dir) if artifact_dir else None,
                                              spec.serving.api_key_env)
-    env = spec.serving.api_key_env
-    key = (os.environ.get(env) or None) if env else None
+    key = _api_key(spec)
     ident = probes.run_identity(url or None, spec_off_url or compare_url or None, prompts, max_tokens, tokenizer or None,
                                 concurrency=concurrency, api_key=key)
     tc = toolcall.run(url or None, api_key=key, max_tokens=toolcall_max_tokens, tool_choice=tool_choice)
@@ -98,6 +97,44 @@ def evaluate(spec: Deployment, options: AccuracyOptions) -> AccuracyReport:
 
 
 
+def _api_key(spec: Deployment) -> str | None:
+    env = spec.serving.api_key_env
+    return (os.environ.get(env) or None) if env else None
+
+
+def _kvquant(spec: Deployment, o: AccuracyOptions) -> Outcome:
+    from runbook.accuracy import kvquant, probes  # lazy: numpy and ml_dtypes (~0.7 s) only when a probe runs
+
+    st = kvquant.run(spec.accuracy, active=probes.deployment_format(spec))
+    return Outcome(st.findings, {"kvquant": st.to_json()})
+
+
+def _recall(spec: Deployment, o: AccuracyOptions) -> Outcome:
+    from runbook.accuracy import probes  # lazy: numpy and aiohttp only when a probe runs
+
+    rec, findings = probes.run_recall(o.url or spec.serving.local_url, probes.recall_lengths(spec, o.lengths),
+                                      o.depths or list(spec.accuracy.recall_depths), o.tokenizer, o.compare_url, o.seed,
+                                      o.per_cell, Path(o.out) if o.out else None, spec.serving.api_key_env)
+    return Outcome(findings, {"recall": rec})
+
+
+def _toolcall(spec: Deployment, o: AccuracyOptions) -> Outcome:
+    from runbook.accuracy import toolcall  # lazy: aiohttp only when a probe runs
+
+    tc = toolcall.run(o.url or spec.serving.local_url, o.model, _api_key(spec), tool_choice=o.tool_choice,
+                      max_tokens=o.toolcall_max_tokens)
+    return Outcome(tc.findings, {"toolcall": tc.data()})
+
+
+def _identity(spec: Deployment, o: AccuracyOptions) -> Outcome:
+    from runbook.accuracy import probes  # lazy: numpy and aiohttp only when a probe runs
+
+    ident = probes.run_identity(o.url, o.compare_url or o.spec_off_url, o.prompts, o.max_tokens, o.tokenizer, o.model,
+                                o.concurrency, _api_key(spec))
+    return Outcome(ident.findings, {"identity": ident.rows, "identity_batch": ident.batch,
+                                    "identity_differences": ident.differences})
+
+
 def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
     """recall (share of needles found), greedy_identical (share of identical prompts) and the KV study's
     largest attention-output error for this deployment's own KV format."""
@@ -123,4 +160,6 @@ def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
 STAGE = register(Stage(50, "accuracy", "accuracy",
                        "KV-quantization error offline; long-context recall, greedy identity and tool calls live",
                        AccuracyOptions, evaluate, figures=figures, trends=("recall", "greedy_identical", "kvquant_attn_rel_err_max"),
-                       runner_params={"artifact_dir": "out"}))
+                       runner_params={"artifact_dir": "out"},
+                       actions={"kvquant": _kvquant, "recall": _recall, "toolcall": _toolcall, "identity": _identity},
+                       action_field="probe"))

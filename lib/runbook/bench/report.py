@@ -40,6 +40,18 @@ def frames(summary: dict[str, Any]) -> list[Any]:
     return tables.split(df, THROUGHPUT_COLUMNS, LATENCY_COLUMNS) if not df.empty else []
 
 
+def text_table(result: Any) -> str:
+    """Plain text for the CLI: throughput and latency per level, then ours beside the server's own figures."""
+    if not result.summary.get("levels"):
+        return ""
+    text = "\n\n".join(tables.text(df) for df in frames(result.summary))
+    srv = server_frame(result.summary)
+    if not srv.empty:
+        cols = ["ours_mean_ms", "server_mean_ms", "ratio_mean", "ours_p50_ms", "server_p50_ms", "ours_p99_ms", "server_p99_ms"]
+        text += "\n\nOurs beside the server's own figures (its /metrics; percentiles within its buckets):\n" + tables.text(srv[cols])
+    return text
+
+
 def server_frame(summary: dict[str, Any]):
     """Ours beside the server's own figures (SGLang's /metrics histograms), per level and metric: mean, p50 and p99
     each way and the ratio of the means. Empty when the server exposed none (no --enable-metrics)."""

@@ -2,6 +2,7 @@
 deployment's newest archived benchmark."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -112,7 +113,15 @@ def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
     return out
 
 
+def text(result: BenchResult) -> str:
+    """What `runbook bench` prints above its findings: the levels' tables."""
+    from runbook.bench.report import text_table  # lazy: pandas (~0.35 s), only when a table is printed
+
+    return text_table(result)
+
+
 STAGE = register(Stage(40, "benchmark", "bench", "benchmark a running OpenAI-compatible server (SGLang, or llama-server for demos)",
                        BenchStageOptions, evaluate, figures=figures,
                        trends=("max_concurrency_within_slo", "max_rate_within_slo"),
-                       runner_params={"artifact_dir": "out", "archive_root": "archive", "interactive": "progress"}))
+                       runner_params={"artifact_dir": "out", "archive_root": "archive", "interactive": "progress"},
+                       text=text, cli_defaults=lambda: {"progress": sys.stderr.isatty()}))

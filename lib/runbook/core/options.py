@@ -111,6 +111,11 @@ def _problem(model: type[BaseModel], e: ValidationError, cli: bool) -> str:
     echo = not isinstance(extra, dict) or extra.get("echo", True)     # "echo": False, a value that may hold credentials
     if echo and not isinstance(got, (dict, BaseModel)) and got is not None and "got " not in msg:
         msg += f" (got {got!r})" if isinstance(got, str) and not got.strip().lstrip("-").replace(".", "", 1).isdigit() else f" (got {got})"
+    return phrase(where, msg)
+
+
+def phrase(where: str, msg: str) -> str:
+    """An error naming its flag or parameter, in one style: '--tp must be at least 1', '--contexts: ...'."""
     return f"{where} {msg}" if msg.startswith("must ") else f"{where}: {msg}"
 
 

@@ -1,5 +1,6 @@
 """The stage registry (papermill's engine registry is the model): each stage package registers, in its
-`stage.py`, its number, name, CLI verb, options model and `evaluate(spec, options) -> Report`.
+`stage.py`, its number, name, CLI verb, options model and `evaluate(spec, options) -> Report`, and with them
+what its verb prints, its verb's other actions and the one finding an input error becomes.
 
 The CLI's verbs, the runner's notebook list, the run summary's figures, the fleet index's trend keys
 and a stage's own look-ups of earlier results all read this registry, so a notebook's file name is
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import runbook
+from runbook.core.errors import RunbookError
 from runbook.core.findings import Finding
 from runbook.core.options import Options
 
@@ -33,8 +35,24 @@ class Report(Protocol):
         ...
 
 
+@dataclass
+class Outcome:
+    """What one of a verb's other actions returns (service render, accuracy's probes): its findings, the rest of
+    its `--json` document, and what it prints without `--json` in place of the findings (None: the findings)."""
+
+    findings: list[Finding]
+    payload: dict[str, Any]
+    shown: str | None = None
+    listed: bool = True         # False: the document is the payload alone (`service render` lists units only)
+
+    def data(self) -> dict[str, Any]:
+        return dict(self.payload)
+
+
 def document(report: Report) -> dict[str, Any]:
     """The `--json` document of a stage: its payload plus its findings, the same for every verb."""
+    if isinstance(report, Outcome) and not report.listed:
+        return report.data()
     return dict(report.data(), findings=[f.to_dict() for f in report.findings])
 
 
@@ -54,6 +72,14 @@ class Stage:
     runner_params: dict[str, str] = field(default_factory=dict)
     # False: `runbook run` leaves the stage out unless `--only` names it (tune takes the server down).
     in_default_run: bool = True
+    # What the verb prints above the findings without --json (the notebook's first table); "" prints nothing.
+    text: Callable[[Any], str] | None = None
+    # The verb's other actions, picked by the value of the options field `action_field` (service's render, check,
+    # ...; accuracy's probes): each takes (spec, options) and returns an Outcome. Any other value runs `evaluate`.
+    actions: dict[str, Callable[[Deployment, Any], Outcome]] = field(default_factory=dict)
+    action_field: str = ""
+    # Settings whose CLI default is read when the verb runs (bench's progress bars: on when stderr is a terminal).
+    cli_defaults: Callable[[], dict[str, Any]] | None = None
 
     @property
     def package(self) -> str:
@@ -64,6 +90,16 @@ class Stage:
     def notebook(self) -> str:
         """The notebook's stem, e.g. 20_kv_memory: results files are `<notebook>.results.json`."""
         return f"{self.number:02d}_{self.name}"
+
+    def entry(self, options: Any) -> Callable[[Any, Any], Report]:
+        """The action the options name (`actions`), else `evaluate`: what the verb runs."""
+        return self.actions.get(getattr(options, self.action_field, "") if self.action_field else "", self.evaluate)
+
+    def input_finding(self, err: RunbookError) -> Finding:
+        """The one finding an input the stage could not use becomes (a missing file, a bad value), `<verb>.input`:
+        the notebook records it and completes; the CLI prints its detail as its error line."""
+        return Finding(f"{self.verb}.input", "fail", f"could not run the {self.verb} checks", detail=" ".join(str(err).split()),
+                       remedy="Fix the file or field named above and run the notebook again.")
 
 
 _STAGES: dict[str, Stage] = {}

@@ -51,10 +51,17 @@ def evaluate(spec: Deployment | None, options: KvOptions) -> Plan:
     return plan(spec, options.model_dir, **what_if)
 
 
+def text(p: Plan) -> str:
+    """What `runbook kv` prints above its findings: the notebook's first table."""
+    from runbook.kv.report import text_table  # lazy: the report module (plots) only when a table is printed
+
+    return text_table(p)
+
+
 def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
     tokens = number(data.get("max_total_num_tokens"))
     return {"kv_tokens_planned": int(tokens)} if tokens is not None else {}
 
 
 STAGE = register(Stage(20, "kv_memory", "kv", "KV-cache and state memory per GPU, the way SGLang sizes its pools",
-                       KvOptions, evaluate, figures=figures, trends=("kv_tokens_planned",)))
+                       KvOptions, evaluate, figures=figures, trends=("kv_tokens_planned",), text=text))

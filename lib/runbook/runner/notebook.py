@@ -7,7 +7,7 @@ from typing import Any
 
 from runbook.core import registry
 from runbook.core import spec as spec_mod
-from runbook.core.errors import InputError, RunbookError  # noqa: F401 (InputError re-exported for notebooks)
+from runbook.core.errors import RunbookError
 from runbook.core.findings import Finding, sort, styled
 from runbook.core.options import from_params
 from runbook.runner import results
@@ -80,7 +80,16 @@ def finish(notebook: str, findings: Iterable[Finding], results_path: str = "", d
     return findings
 
 
-def error_finding(check: str, err: RunbookError) -> Finding:
-    """An input problem reported as a finding, so the notebook completes and says what to fix."""
-    return Finding(f"{check}.input", "fail", f"could not run the {check} checks", detail=str(err),
-                   remedy="Fix the file or field named above and run the notebook again.")
+def evaluate(stage: str, spec: spec_mod.Deployment, results_path: str = "", **params: Any) -> Any:
+    """A notebook's one call: the stage's entry point on its parameters (`options`), the findings shown first and
+    recorded with the report's data. An input the stage cannot use (a missing file, a bad value) is the stage's one
+    input finding (`<verb>.input`, a fail), shown and recorded the same way for every stage; None is returned then,
+    so the notebook completes and the run counts a failed check, not a broken notebook."""
+    st = registry.get(stage)
+    try:
+        report = st.evaluate(spec, options(stage, **params))
+    except RunbookError as err:
+        finish(st.notebook, [st.input_finding(err)], results_path, deployment=spec.name)
+        return None
+    finish(st.notebook, report.findings, results_path, deployment=spec.name, data=report.data())
+    return report

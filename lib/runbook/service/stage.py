@@ -1,8 +1,9 @@
 """Stage 30's contract: its settings and `evaluate`, check + diff + install plan (dry run) + drift over
 one built unit (what 30_service shows and `runbook service report` prints). The other actions
-(render, check, diff, install, drift) are the CLI's, over the same options and the same built unit."""
+(render, check, diff, install, drift) are the verb's, over the same options and the same built unit."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -11,14 +12,15 @@ from pydantic import Field
 
 from runbook.core.archive import number
 from runbook.core.findings import Finding
+from runbook.core.fsutil import write_output
 from runbook.core.options import Options, PosFloat, Url
-from runbook.core.registry import Stage, register
+from runbook.core.registry import Outcome, Stage, register
 from runbook.core.spec import Deployment
 from runbook.service.check import check
 from runbook.service.diff import diff
 from runbook.service.drift import drift
 from runbook.service.install import install
-from runbook.service.render import Rendered, build
+from runbook.service.render import Rendered, build, parse_args
 
 
 @dataclass
@@ -71,9 +73,44 @@ class ServiceOptions(Options):
 
 
 def evaluate(spec: Deployment, options: ServiceOptions) -> ServiceReport:
-    from runbook.service.render import parse_args
-
     return assemble(spec, parse_args(options.args), options.installed_unit, options.server_url)
+
+
+def _render(spec: Deployment, o: ServiceOptions) -> Outcome:
+    """The unit files: written under --out (a line on stderr each), else printed; --json lists them."""
+    units = build(spec, parse_args(o.args)).units
+    if o.out:
+        out = Path(o.out)
+        for u in units:
+            target = out if len(units) == 1 else out / f"{u.unit_name}.service"
+            write_output(target, u.text)   # one line naming --out when it is a directory or not writable
+            print(f"wrote {target}", file=sys.stderr)
+    return Outcome([], {"units": [{"unit": u.unit_name, "node": u.node, "argv": u.argv, "text": u.text} for u in units]},
+                   shown="" if o.out else "\n".join(u.text for u in units), listed=False)
+
+
+def _check(spec: Deployment, o: ServiceOptions) -> Outcome:
+    return Outcome(check(spec, parse_args(o.args))[1], {})
+
+
+def _diff(spec: Deployment, o: ServiceOptions) -> Outcome:
+    """The diff against the installed unit, printed in place of the findings when there is one."""
+    unit = build(spec, parse_args(o.args)).units[0]
+    text, rows, findings = diff(unit, Path(o.installed_unit or spec.systemd.installed_path))
+    return Outcome(findings, {"diff": text, "changes": rows}, shown=text + "\n" if text else None)
+
+
+def _install(spec: Deployment, o: ServiceOptions) -> Outcome:
+    unit = build(spec, parse_args(o.args)).units[0]
+    res = install(spec, unit, dry_run=not o.yes, root=Path(o.root) if o.root else None,
+                  systemctl=o.systemctl.split() if o.systemctl else ("systemctl",), ready_url=o.ready_url,
+                  ready_timeout=o.ready_timeout, log=lambda m: print(m, file=sys.stderr))
+    return Outcome(res.findings, {"steps": res.steps, "rolled_back": res.rolled_back, "backup": res.backup})
+
+
+def _drift(spec: Deployment, o: ServiceOptions) -> Outcome:
+    rows, findings, info = drift(spec, o.server_url, parse_args(o.args))
+    return Outcome(findings, {"differences": rows, "server": info})
 
 
 def figures(data: dict[str, Any], slo: Any = None) -> dict[str, Any]:
@@ -84,4 +121,6 @@ def figures(data: dict[str, Any], slo: Any = None) -> dict[str, Any]:
 
 
 STAGE = register(Stage(30, "service", "service", "render, check, diff, install or drift-check the systemd unit",
-                       ServiceOptions, evaluate, figures=figures, trends=("kv_tokens_observed",)))
+                       ServiceOptions, evaluate, figures=figures, trends=("kv_tokens_observed",),
+                       actions={"render": _render, "check": _check, "diff": _diff, "install": _install, "drift": _drift},
+                       action_field="action"))

@@ -46,6 +46,13 @@ def evaluate(spec: Deployment, options: TuneOptions, **hooks: Any) -> TuneReport
                       res["plan_only"], spec.tune.engine, res["resumed"])
 
 
+def text(rep: TuneReport) -> str:
+    """What `runbook tune` prints above its findings: the candidates' table and the recommendation."""
+    from runbook.tune.report import text_table  # lazy: the report module only when a table is printed
+
+    return text_table(rep)
+
+
 def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
     """The recommendation for the run summary and the fleet index."""
     rec = data.get("recommendation")
@@ -62,4 +69,4 @@ def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
 
 STAGE = register(Stage(60, "tune", "tune", "find the configuration to serve: pre-check, launch, measure and guard candidates "
                        "(takes the server down)", TuneOptions, evaluate, figures=figures, runner_params={"archive_root": "archive"},
-                       in_default_run=False))
+                       in_default_run=False, text=text))

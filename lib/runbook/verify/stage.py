@@ -242,5 +242,12 @@ def evaluate(spec: Deployment, options: VerifyOptions) -> VerifyReport:
                    since=options.since)
 
 
+def text(rep: VerifyReport) -> str:
+    """What `runbook verify` prints above its findings: the predicted-vs-observed table."""
+    from runbook.verify.report import text_table  # lazy: the report module only when a table is printed
+
+    return text_table(rep)
+
+
 STAGE = register(Stage(35, "verify", "verify", "the running server against the plan: its start-up log and /server_info",
-                       VerifyOptions, evaluate))
+                       VerifyOptions, evaluate, text=text))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook.bench import run as bench
+from runbook.bench.settings import BenchSettings
 from runbook.bench.sweep import parse_prometheus
 from runbook.bench.telemetry import pick_gauges
 from runbook.core.errors import RunbookError
@@ -179,8 +180,8 @@ class SideBySide:
 
 def _ours(url: str, model: str, tokenizer: str | Path, c: int, requests: int, input_len: int, output_len: int, seed: int,
           warmup: int) -> dict[str, Any]:
-    o = bench.BenchOptions(url=url, model=model, concurrency=[c], requests=requests, workload="random", input_len=input_len,
-                           output_len=output_len, tokenizer=str(tokenizer), warmup=warmup, seed=seed, telemetry=False)
+    o = BenchSettings(url=url, model=model, concurrency=[c], requests=requests, workload="random", input_len=input_len,
+                      output_len=output_len, tokenizer=str(tokenizer), warmup=warmup, seed=seed, telemetry=False)
     res = bench.run(o)
     if not res.summary["levels"] or not res.summary["levels"][0]["completed"]:
         raise ReferenceError_(f"our benchmark at concurrency {c} measured nothing: "

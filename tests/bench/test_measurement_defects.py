@@ -9,8 +9,9 @@ import pytest
 from sse_server import VirtualClock
 
 from bench.rawsse import RawServer, Reply, completion_stream, sse
-from runbook.bench import metrics, sweep, workloads
+from runbook.bench import ab, level_findings, metrics, sweep, workloads
 from runbook.bench import run as bench
+from runbook.bench.settings import BenchSettings
 from runbook.core.spec import SLO
 from runbook.endpoint import client as client_mod
 from runbook.endpoint.client import TRANSPORTS, Client, RequestRecord, RequestSpec
@@ -40,7 +41,7 @@ def raw():
 
 def send_all(url, reqs, clock=time.perf_counter, chat=False, tokenizer=None, conc=4, timeout=30.0):
     async def go():
-        c = Client(url, "raw", chat=chat, clock=clock, timeout_s=timeout, tokenizer=tokenizer)
+        c = Client(url, "raw", chat=chat, clock=clock, timeout=timeout, tokenizer=tokenizer)
         async with c.session(limit=conc) as s:
             return [await c.send(s, r) for r in reqs]
     return asyncio.run(go())
@@ -57,7 +58,7 @@ def test_late_count_on_the_last_chunk_is_spread_over_the_chunks(raw):
     assert np.median(itl) == pytest.approx(0.025, abs=MS) and np.mean(itl) == pytest.approx(0.025, abs=MS)
     s = metrics.summarise([r])
     assert not s["itl_exact"] and s["count_sources"] == ["usage_spread"]
-    f = {x.id: x for x in bench.level_findings([dict(s, label="c1", concurrency=1, rate=None, client_bound=False,
+    f = {x.id: x for x in level_findings.level_findings([dict(s, label="c1", concurrency=1, rate=None, client_bound=False,
                                                         lag_ms={"p99": 0})], "code", None)}
     assert "bench.token_source.c1" in f and "usage_spread" in f["bench.token_source.c1"].title
 
@@ -70,7 +71,7 @@ def test_no_usage_multi_token_chunks_use_the_requested_count_and_warn(raw):
     assert metrics.tpot_s(r) == pytest.approx(0.18 / 11, abs=MS)                 # not 3× too high
     assert metrics.itl_per_token_s(r) == pytest.approx([0.02] * 9, abs=MS)
     s = metrics.summarise([r])
-    f = {x.id: x for x in bench.level_findings([dict(s, label="c1", concurrency=1, rate=None, client_bound=False,
+    f = {x.id: x for x in level_findings.level_findings([dict(s, label="c1", concurrency=1, rate=None, client_bound=False,
                                                         lag_ms={"p99": 0})], "code", None)}
     assert f["bench.token_source.c1"].status == "warn" and "bench.token_count.c1" not in f
 
@@ -88,7 +89,7 @@ def test_no_usage_with_a_tokenizer_counts_the_whole_text(raw):
 
 def _source_finding(r):
     s = metrics.summarise([r])
-    f = {x.id: x for x in bench.level_findings([dict(s, label="c1", concurrency=1, rate=None, client_bound=False,
+    f = {x.id: x for x in level_findings.level_findings([dict(s, label="c1", concurrency=1, rate=None, client_bound=False,
                                                         lag_ms={"p99": 0})], "code", None)}
     return f["bench.token_source.c1"]
 
@@ -116,7 +117,7 @@ def test_one_token_outputs_meet_the_slo_in_goodput_and_in_the_level_check():
     s = metrics.summarise(recs, slo)
     assert s["slo_attainment"] == 1.0 and s["goodput_req_s"] == pytest.approx(s["request_s"])
     level = dict(s, label="c1", concurrency=1, rate=None, client_bound=False, lag_ms={"p99": 0})
-    f = {x.id: x for x in bench.level_findings([level], "code", slo)}
+    f = {x.id: x for x in level_findings.level_findings([level], "code", slo)}
     assert f["bench.slo"].status == "pass"
 
 
@@ -146,7 +147,7 @@ def test_wrong_shapes_and_server_errors_are_per_request_and_the_level_completes(
     reqs = [RequestSpec(i, n, 4) for i, n in enumerate(names)]
 
     async def go():
-        return await sweep.run_level(Client(srv.url, "raw", timeout_s=10), reqs, sweep.Level("c3", 3), warmup=0, flush=False)
+        return await sweep.run_level(Client(srv.url, "raw", timeout=10), reqs, sweep.Level("c3", 3), warmup=0, flush=False)
     lr = asyncio.run(go())
     by = {names[r.id]: r for r in lr.records}
     assert len(lr.records) == len(names)
@@ -169,7 +170,7 @@ def test_chat_delta_of_the_wrong_shape_is_malformed_per_request(raw):
     names = list(bad) + ["good"]
 
     async def go():
-        c = Client(srv.url, "raw", chat=True, timeout_s=10)
+        c = Client(srv.url, "raw", chat=True, timeout=10)
         async with c.session(limit=4) as s:
             return await asyncio.gather(*(c.send(s, RequestSpec(i, n, 3)) for i, n in enumerate(names)))
     by = {names[r.id]: r for r in asyncio.run(go())}
@@ -217,7 +218,7 @@ def test_rate_with_duration_stops_scheduling_at_the_deadline(raw):
 
     async def go():
         return await sweep.run_level(Client(srv.url, "raw"), wl.requests, sweep.Level("r5", rate=5.0), warmup=0,
-                                     flush=False, duration_s=1.0)
+                                     flush=False, duration=1.0)
     t0 = time.perf_counter()
     lr = asyncio.run(go())
     assert time.perf_counter() - t0 < 30                        # the old code slept through 100,000 arrivals
@@ -237,7 +238,7 @@ def test_concurrency_with_duration_stops_starting_requests(raw):
 
     async def go():
         return await sweep.run_level(Client(srv.url, "raw"), [RequestSpec(i, "x", 2) for i in range(10_000)],
-                                     sweep.Level("c2", 2), warmup=0, flush=False, duration_s=0.5)
+                                     sweep.Level("c2", 2), warmup=0, flush=False, duration=0.5)
     lr = asyncio.run(go())
     assert 2 <= len(lr.records) < 200
 
@@ -247,8 +248,8 @@ def test_open_loop_is_not_capped_and_pool_wait_is_not_ttft(raw):
 
     async def go():
         reqs = [RequestSpec(i, "x", 1) for i in range(600)]
-        return await sweep.run_level(Client(srv.url, "raw", timeout_s=60), reqs, sweep.Level("r400", rate=400.0),
-                                     warmup=0, flush=False, duration_s=1.0)
+        return await sweep.run_level(Client(srv.url, "raw", timeout=60), reqs, sweep.Level("r400", rate=400.0),
+                                     warmup=0, flush=False, duration=1.0)
     lr = asyncio.run(go())
     assert srv.max_in_flight > 256, srv.max_in_flight            # the old pool capped it at 256
     ok = [r for r in lr.records if r.ok]
@@ -275,10 +276,10 @@ def test_rate_alone_runs_rate_levels_alone():
     from runbook.core import spec
 
     dep = spec.load(DEFAULT_SPEC)
-    o = bench.options_from(dep, "http://127.0.0.1:1", rates=[2.0])
-    assert [lv.label for lv in bench.levels_of(o)] == ["r2"]
-    o2 = bench.options_from(dep, "http://127.0.0.1:1", rates=[2.0], concurrency=[4])
-    assert [lv.label for lv in bench.levels_of(o2)] == ["c4", "r2"]
+    o = BenchSettings.resolve(dep, url="http://127.0.0.1:1", rate=[2.0])
+    assert [lv.label for lv in sweep.levels_of(o)] == ["r2"]
+    o2 = BenchSettings.resolve(dep, url="http://127.0.0.1:1", rates=[2.0], concurrency=[4])
+    assert [lv.label for lv in sweep.levels_of(o2)] == ["c4", "r2"]
 
 
 # -- the window --------------------------------------------------------------------------------------
@@ -294,7 +295,7 @@ def test_window_is_one_definition_for_failures_with_and_without_chunks(raw):
     def level(prompt):
         async def go():
             ok_reqs = [RequestSpec(0, prompt, 2)]
-            return await sweep.run_level(Client(srv.url, "raw", timeout_s=1.0), ok_reqs, sweep.Level("c1", 1),
+            return await sweep.run_level(Client(srv.url, "raw", timeout=1.0), ok_reqs, sweep.Level("c1", 1),
                                          warmup=0, flush=False)
         return asyncio.run(go())
     a, b = level("partial"), level("none")
@@ -309,7 +310,7 @@ def test_summary_has_no_nan():
     doc = bench.finite({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 2}})
     assert doc == {"a": None, "b": [1.0, None], "c": {"d": 2}}
     json.dumps(doc, allow_nan=False)
-    res, _ = bench.paired([], [], "a", "b")
+    res, _ = ab.paired([], [], "a", "b")
     json.dumps(res, allow_nan=False)
 
 
@@ -373,7 +374,7 @@ def test_bodies_are_encoded_before_the_level_starts(raw, monkeypatch, level, dur
         return real(self, req)
     monkeypatch.setattr(Client, "encode", spy)
     reqs = workloads.build("code", 200 if duration else 16, output_len=2).requests
-    lr = asyncio.run(sweep.run_level(Client(srv.url, "raw"), reqs, level, warmup=0, flush=False, duration_s=duration,
+    lr = asyncio.run(sweep.run_level(Client(srv.url, "raw"), reqs, level, warmup=0, flush=False, duration=duration,
                                      scrape_metrics=False))
     first_send = min(r.send_time for r in lr.records)
     assert len(lr.records) >= 8 and all(r.ok for r in lr.records)

@@ -99,9 +99,9 @@ def flag(model: type[BaseModel], name: str) -> str:
 
 
 def unset(value: Any) -> bool:
-    """A notebook parameter left at its "the spec's value" sentinel: None, 0, 0.0, "", [] or False
-    (papermill cannot inject None into a typed parameter)."""
-    return value is None or value is False or (not isinstance(value, bool) and value == 0) or value == "" or value == []
+    """A notebook parameter left at its "the spec's value" sentinel: None, 0, 0.0, "" or [] (papermill cannot
+    inject None into a typed parameter). False is a value: `flush_cache=False` turns off a spec's `true`."""
+    return value is None or (not isinstance(value, bool) and value == 0) or value == "" or value == []
 
 
 # pydantic's error types in the CLI's own words ("--tp must be at least 1 (got 0)").

@@ -12,6 +12,7 @@ from bench.rawsse import Reply, completion_stream
 from runbook.bench import ab, regression
 from runbook.bench import run as bench
 from runbook.bench.settings import BenchSettings
+from runbook.bench.workloads import BuildContext
 from runbook.endpoint.client import RequestRecord
 
 
@@ -72,7 +73,7 @@ def test_t_interval_fails_the_same_check():
 def test_sampled_signs_agree_with_enumeration(monkeypatch):
     d = list(np.random.default_rng(3).normal(0, 2, size=12))
     _, lo, hi = ab.sign_flip_interval(d)
-    monkeypatch.setattr(bench, "AB_EXACT_BLOCKS", 4)
+    monkeypatch.setattr(ab, "AB_EXACT_BLOCKS", 4)
     _, slo, shi = ab.sign_flip_interval(d)
     assert abs(slo - lo) < 0.1 and abs(shi - hi) < 0.1 and (slo, shi) != (lo, hi)
     assert ab.sign_flip_interval(d[:5])[1:] == (None, None)                  # 32 orders: no 95% interval
@@ -108,14 +109,14 @@ def test_paired_intervals_are_over_blocks_not_requests():
 
 
 def _opts(url, compare, **kw):
-    return BenchSettings(url=url, compare_url=compare, concurrency=[4], requests=32, workload="code", output_len=4,
-                              warmup=0, telemetry=False, **kw)
+    return BenchSettings(url=url, compare_url=compare, concurrency=[4], requests=None if "duration" in kw else 32, workload="code",
+                         output_len=4, warmup=0, telemetry=False, **kw)
 
 
 @pytest.mark.slow  # real-clock A/B blocks
 def test_ab_interleaves_blocks_and_writes_strict_json(raw):
     srv = raw(lambda b: Reply(completion_stream(4, 0.02, 0.005)))
-    res, findings = asyncio.run(ab.ab_compare(_opts(srv.url, srv.url), "raw", None, None, None))
+    res, findings = asyncio.run(ab.ab_compare(_opts(srv.url, srv.url), "raw", None, BuildContext()))
     assert res["pairs"] == 32 and res["block_size"] == 4 and res["ttft_ms"]["blocks"] == 8
     assert set(res["order"][i:i + 2] for i in range(0, len(res["order"]), 2)) == {"AB", "BA"}
     lo, hi = res["tpot_ms"]["ci95"]
@@ -126,7 +127,7 @@ def test_ab_interleaves_blocks_and_writes_strict_json(raw):
 
 def test_ab_arm_failing_every_request_is_a_fail(raw):
     srv = raw(lambda b: Reply(completion_stream(4, 0.01, 0.005)))
-    res, findings = asyncio.run(ab.ab_compare(_opts(srv.url, "http://127.0.0.1:9"), "raw", None, None, None))
+    res, findings = asyncio.run(ab.ab_compare(_opts(srv.url, "http://127.0.0.1:9"), "raw", None, BuildContext()))
     f = {x.id: x for x in findings}
     assert f["bench.ab.failed.b"].status == "fail" and res["pairs"] == 0
     assert res["ttft_ms"]["ci95"] == [None, None]
@@ -136,9 +137,8 @@ def test_ab_arm_failing_every_request_is_a_fail(raw):
 def test_ab_with_duration_ends(raw):
     srv = raw(lambda b: Reply(completion_stream(4, 0.2, 0.01)))
     o = _opts(srv.url, srv.url, duration=1.0)
-    o.requests = 100_000
     t0 = time.perf_counter()
-    res, _ = asyncio.run(ab.ab_compare(o, "raw", None, None, None))
+    res, _ = asyncio.run(ab.ab_compare(o, "raw", None, BuildContext()))
     assert time.perf_counter() - t0 < 30 and res["pairs"] >= 8           # at least 2 blocks, then the deadline
 
 

@@ -41,7 +41,7 @@ def raw():
 
 def send_all(url, reqs, clock=time.perf_counter, chat=False, tokenizer=None, conc=4, timeout=30.0):
     async def go():
-        c = Client(url, "raw", chat=chat, clock=clock, timeout=timeout, tokenizer=tokenizer)
+        c = Client(url, "raw", chat=chat, clock=clock, timeout_s=timeout, tokenizer=tokenizer)
         async with c.session(limit=conc) as s:
             return [await c.send(s, r) for r in reqs]
     return asyncio.run(go())
@@ -147,7 +147,7 @@ def test_wrong_shapes_and_server_errors_are_per_request_and_the_level_completes(
     reqs = [RequestSpec(i, n, 4) for i, n in enumerate(names)]
 
     async def go():
-        return await sweep.run_level(Client(srv.url, "raw", timeout=10), reqs, sweep.Level("c3", 3), warmup=0, flush=False)
+        return await sweep.run_level(Client(srv.url, "raw", timeout_s=10), reqs, sweep.Level("c3", 3), warmup=0, flush=False)
     lr = asyncio.run(go())
     by = {names[r.id]: r for r in lr.records}
     assert len(lr.records) == len(names)
@@ -170,7 +170,7 @@ def test_chat_delta_of_the_wrong_shape_is_malformed_per_request(raw):
     names = list(bad) + ["good"]
 
     async def go():
-        c = Client(srv.url, "raw", chat=True, timeout=10)
+        c = Client(srv.url, "raw", chat=True, timeout_s=10)
         async with c.session(limit=4) as s:
             return await asyncio.gather(*(c.send(s, RequestSpec(i, n, 3)) for i, n in enumerate(names)))
     by = {names[r.id]: r for r in asyncio.run(go())}
@@ -218,7 +218,7 @@ def test_rate_with_duration_stops_scheduling_at_the_deadline(raw):
 
     async def go():
         return await sweep.run_level(Client(srv.url, "raw"), wl.requests, sweep.Level("r5", rate=5.0), warmup=0,
-                                     flush=False, duration=1.0)
+                                     flush=False, duration_s=1.0)
     t0 = time.perf_counter()
     lr = asyncio.run(go())
     assert time.perf_counter() - t0 < 30                        # the old code slept through 100,000 arrivals
@@ -238,7 +238,7 @@ def test_concurrency_with_duration_stops_starting_requests(raw):
 
     async def go():
         return await sweep.run_level(Client(srv.url, "raw"), [RequestSpec(i, "x", 2) for i in range(10_000)],
-                                     sweep.Level("c2", 2), warmup=0, flush=False, duration=0.5)
+                                     sweep.Level("c2", 2), warmup=0, flush=False, duration_s=0.5)
     lr = asyncio.run(go())
     assert 2 <= len(lr.records) < 200
 
@@ -248,8 +248,8 @@ def test_open_loop_is_not_capped_and_pool_wait_is_not_ttft(raw):
 
     async def go():
         reqs = [RequestSpec(i, "x", 1) for i in range(600)]
-        return await sweep.run_level(Client(srv.url, "raw", timeout=60), reqs, sweep.Level("r400", rate=400.0),
-                                     warmup=0, flush=False, duration=1.0)
+        return await sweep.run_level(Client(srv.url, "raw", timeout_s=60), reqs, sweep.Level("r400", rate=400.0),
+                                     warmup=0, flush=False, duration_s=1.0)
     lr = asyncio.run(go())
     assert srv.max_in_flight > 256, srv.max_in_flight            # the old pool capped it at 256
     ok = [r for r in lr.records if r.ok]
@@ -295,7 +295,7 @@ def test_window_is_one_definition_for_failures_with_and_without_chunks(raw):
     def level(prompt):
         async def go():
             ok_reqs = [RequestSpec(0, prompt, 2)]
-            return await sweep.run_level(Client(srv.url, "raw", timeout=1.0), ok_reqs, sweep.Level("c1", 1),
+            return await sweep.run_level(Client(srv.url, "raw", timeout_s=1.0), ok_reqs, sweep.Level("c1", 1),
                                          warmup=0, flush=False)
         return asyncio.run(go())
     a, b = level("partial"), level("none")
@@ -374,7 +374,7 @@ def test_bodies_are_encoded_before_the_level_starts(raw, monkeypatch, level, dur
         return real(self, req)
     monkeypatch.setattr(Client, "encode", spy)
     reqs = workloads.build("code", 200 if duration else 16, output_len=2).requests
-    lr = asyncio.run(sweep.run_level(Client(srv.url, "raw"), reqs, level, warmup=0, flush=False, duration=duration,
+    lr = asyncio.run(sweep.run_level(Client(srv.url, "raw"), reqs, level, warmup=0, flush=False, duration_s=duration,
                                      scrape_metrics=False))
     first_send = min(r.send_time for r in lr.records)
     assert len(lr.records) >= 8 and all(r.ok for r in lr.records)

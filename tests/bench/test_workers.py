@@ -49,7 +49,7 @@ def test_shares_and_refusals():
     assert workers.shares(5, 2) == [3, 2] and workers.shares(2, 4) == [1, 1] and sum(workers.shares(256, 3)) == 256
     for kw in ({"rates": [2.0]}, {"duration": 5.0}, {"workload": "agentic"}, {"workload": "trace:synthetic"},
                {"compare_url": "http://127.0.0.1:9"}, {"workers": 0}, {"workers": 65}):
-        with pytest.raises(InputError, match="--workers"):
+        with pytest.raises(InputError, match="workers"):   # a rule names the flag (--workers); a bound, the setting
             workloads.check(BenchSettings.resolve(None, url="http://127.0.0.1:9", **{"workers": 2, **kw}))
 
 

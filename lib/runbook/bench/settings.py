@@ -108,8 +108,9 @@ class BenchSettings(Options):
     def resolve(cls, spec: Deployment | None = None, options: Options | None = None, **values: Any) -> BenchSettings:
         """The options' set fields, then `values` (what a caller sets itself: internal settings, tune's plan), over the
         spec's benchmark plan; None is unset everywhere. InputError naming the setting when a value or a rule fails."""
+        names = {f.alias: k for k, f in cls.model_fields.items() if f.alias}      # a flag's name (rate) -> its field
         given = options.model_dump(exclude_none=True) if options is not None else {}
-        given.update({k: v for k, v in values.items() if v is not None})
+        given.update({names.get(k, k): v for k, v in values.items() if v is not None})
         base: dict[str, Any] = {}
         if spec is not None:
             b = spec.benchmark

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from pathlib import Path
 
 from runbook.bench.settings import BenchSettings
 from runbook.bench.workloads.base import WorkloadType
@@ -45,10 +44,10 @@ def contract_gaps(w: WorkloadType) -> list[str]:
 
 def discover() -> list[str]:
     """Import this package's modules and register each one's WORKLOAD; the module names that had one."""
-    package = __name__.rsplit(".", 1)[0]     # by name: this module never imports its package (no cycle)
+    package = importlib.import_module(__name__.rsplit(".", 1)[0])   # by name: no import cycle with the package
     found = []
-    for m in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        mod = importlib.import_module(f"{package}.{m.name}")
+    for m in pkgutil.iter_modules(package.__path__):
+        mod = importlib.import_module(f"{package.__name__}.{m.name}")
         w = getattr(mod, "WORKLOAD", None)
         if isinstance(w, WorkloadType):
             register(w)

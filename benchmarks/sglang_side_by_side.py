@@ -79,7 +79,7 @@ def main() -> None:
                           f"{b['ratio_mean']:5.2f}    {_ms(b['ours_p50_ms'])}      {_ms(b['server_p50_ms'])}     "
                           f"{_ms(b['ours_p99_ms'])}      {_ms(b['server_p99_ms'])}  {b['server_n']}")
         res = bench.run(BenchSettings(url=url, concurrency=[2], requests=8, workload="agentic", turns=4, input_len=256,
-                                           output_len=16, tool_result_len=64, tokenizer=tok, flush_cache=True, warmup=1))
+                                      output_len=16, tool_result_len=64, tokenizer=tok, flush_cache=True, warmup=1))
         (s,) = res.summary["levels"]
         print(f"\nAgentic sessions (2 at once, 4 turns, cache flushed first): prefix-cache hits per turn from SGLang's "
               f"cached_tokens (source: {s['cache_hit_source']}); SGLang's cached_tokens_total over the level: "

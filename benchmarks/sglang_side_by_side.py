@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 from runbook.bench import reference, server_side  # noqa: E402
 from runbook.bench import run as bench  # noqa: E402
+from runbook.bench.settings import BenchSettings
 
 
 def _ms(v: float | None) -> str:
@@ -77,8 +78,8 @@ def main() -> None:
                     print(f" {r.concurrency:4d}  {b['metric']:6s}  {_ms(b['ours_mean_ms'])}     {_ms(b['server_mean_ms'])}   "
                           f"{b['ratio_mean']:5.2f}    {_ms(b['ours_p50_ms'])}      {_ms(b['server_p50_ms'])}     "
                           f"{_ms(b['ours_p99_ms'])}      {_ms(b['server_p99_ms'])}  {b['server_n']}")
-        res = bench.run(bench.BenchOptions(url=url, concurrency=[2], requests=8, workload="agentic", turns=4, input_len=256,
-                                           output_len=16, tool_result_len=64, tokenizer=tok, flush=True, warmup=1))
+        res = bench.run(BenchSettings(url=url, concurrency=[2], requests=8, workload="agentic", turns=4, input_len=256,
+                                      output_len=16, tool_result_len=64, tokenizer=tok, flush_cache=True, warmup=1))
         (s,) = res.summary["levels"]
         print(f"\nAgentic sessions (2 at once, 4 turns, cache flushed first): prefix-cache hits per turn from SGLang's "
               f"cached_tokens (source: {s['cache_hit_source']}); SGLang's cached_tokens_total over the level: "

@@ -15,28 +15,15 @@ from conftest import REPO
 
 LIB = REPO / "lib" / "runbook"
 
-# Cycles known today, each as its edges (importer -> imported), in a package reworked elsewhere;
-# it goes when its contract moves to a leaf module the others import.
-KNOWN_CYCLES: list[set[str]] = [
-    # The workloads package root re-exports its modules, and the registry imports the root back to find
-    # the workload modules; file.py looks workloads up in the registry (inside a function), trace.py reads
-    # files through file.py.
-    {"runbook.bench.workloads -> runbook.bench.workloads.file",
-     "runbook.bench.workloads -> runbook.bench.workloads.registry",
-     "runbook.bench.workloads -> runbook.bench.workloads.trace",
-     "runbook.bench.workloads.file -> runbook.bench.workloads.registry",
-     "runbook.bench.workloads.registry -> runbook.bench.workloads",
-     "runbook.bench.workloads.trace -> runbook.bench.workloads.file"},
-]
+# Cycles known today, each as its edges (importer -> imported); it goes when its contract moves to a leaf module
+# the others import. None is left.
+KNOWN_CYCLES: list[set[str]] = []
 
 # Imports inside functions without a `# lazy:` reason, per file (relative to lib/runbook), today: all in packages
-# reworked elsewhere (accuracy, bench, runner, service, tune, verify) and endpoint.
+# reworked elsewhere (accuracy, runner, service, tune, verify) and endpoint.
 UNEXPLAINED_LAZY: dict[str, int] = {
     "accuracy/kvquant.py": 2, "accuracy/minilm.py": 3, "accuracy/probes.py": 3, "accuracy/report.py": 3,
     "accuracy/stage.py": 1, "accuracy/toolcall.py": 1,
-    "bench/report.py": 6, "bench/run.py": 7, "bench/stage.py": 2, "bench/sweep.py": 1, "bench/telemetry.py": 3,
-    "bench/workers.py": 3, "bench/workloads/agentic.py": 2, "bench/workloads/file.py": 1,
-    "bench/workloads/random.py": 1, "bench/workloads/registry.py": 1, "bench/workloads/trace.py": 2,
     "endpoint/reach.py": 2,
     "runner/archive.py": 3, "runner/guard.py": 2, "runner/notebook.py": 3, "runner/params.py": 2, "runner/run.py": 2,
     "runner/upload.py": 1,
@@ -45,17 +32,8 @@ UNEXPLAINED_LAZY: dict[str, int] = {
     "verify/replan.py": 1, "verify/report.py": 4,
 }
 
-# Private names taken from another module, per file, today: bench's text helpers and sweep's warm-up, which
-# become public (or move) with bench's rework.
-PRIVATE_REACH_INS: dict[str, list[str]] = {
-    "bench/run.py": ["_warmup"], "bench/workers.py": ["_warmup"],
-    "bench/sessions.py": ["_count", "_text_of_length"],
-    "bench/workloads/__init__.py": ["_count", "_exact_ids", "_text_of_length"],
-    "bench/workloads/code.py": ["_count"], "bench/workloads/file.py": ["_count"],
-    "bench/workloads/longctx.py": ["_count", "_exact_ids", "_text_of_length"],
-    "bench/workloads/prefix.py": ["_count", "_text_of_length"], "bench/workloads/random.py": ["_count"],
-    "bench/workloads/trace.py": ["_count", "_exact_ids"],
-}
+# Private names taken from another module, per file, today: none.
+PRIVATE_REACH_INS: dict[str, list[str]] = {}
 
 LAZY = re.compile(r"#\s*lazy:\s*\S")
 

@@ -105,7 +105,7 @@ SAME_INPUTS = {
 
 
 def _notebook_defaults(stage: registry.Stage) -> dict:
-    """The parameters cell's own values (its sentinels), as papermill would leave them."""
+    """The parameters cell's own values (None: unset), as papermill would leave them."""
     declared = params_mod.inspect(NOTEBOOKS / f"{stage.notebook}.ipynb")
     out = {}
     for name, d in declared.items():
@@ -133,21 +133,20 @@ def test_cli_and_notebook_hand_evaluate_identical_options(stage, monkeypatch):
 
 def test_duration_bounds_the_level_from_the_cli_and_the_notebook(monkeypatch):
     """Issue 28's bug: `bench --duration 60` ran for 60 s; notebook 40 with duration = 60 stopped after the
-    spec's request count. Both now pass through the stage's one merge function."""
+    spec's request count. Both now pass through the stage's one merge (BenchSettings.resolve)."""
     from runbook import bench
-    from runbook.bench.run import DURATION_REQUESTS
-    from runbook.bench.stage import merged
+    from runbook.bench.settings import BenchSettings
     from runbook.core import spec
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
     dep = spec.load(DEFAULT_SPEC)
     stage = bench.STAGE
-    a = merged(dep, cli._options("bench", cli.build_parser().parse_args(["bench", "--duration", "60"])))
-    b = merged(dep, notebook.options(stage.name, **{**_notebook_defaults(stage), "duration": 60.0}))
+    a = BenchSettings.resolve(dep, cli._options("bench", cli.build_parser().parse_args(["bench", "--duration", "60"])))
+    b = BenchSettings.resolve(dep, notebook.options(stage.name, **{**_notebook_defaults(stage), "duration": 60.0}))
     assert a == b
-    assert a.duration_s == 60 and a.requests == DURATION_REQUESTS != dep.benchmark.requests_per_level
-    c = merged(dep, notebook.options(stage.name, **_notebook_defaults(stage)))
-    assert c.duration_s is None and c.requests == dep.benchmark.requests_per_level
+    assert a.duration == 60 and a.requests is None      # bounded by time, not by the spec's request count
+    c = BenchSettings.resolve(dep, notebook.options(stage.name, **_notebook_defaults(stage)))
+    assert c.duration is None and c.requests == dep.benchmark.requests_per_level
 
 
 @pytest.mark.parametrize("value", [True, 8.0, "8.0", 8.5])

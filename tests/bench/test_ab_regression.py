@@ -9,7 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.rawsse import Reply, completion_stream
+from runbook.bench import ab, regression
 from runbook.bench import run as bench
+from runbook.bench.settings import BenchSettings
+from runbook.bench.workloads import BuildContext
 from runbook.endpoint.client import RequestRecord
 
 
@@ -57,23 +60,23 @@ def _t_interval(xs):
 @given(st.lists(st.floats(0.001, 1000, allow_nan=False), min_size=6, max_size=10))
 def test_self_comparison_covers_zero_in_95pct_of_orders(magnitudes):
     # the order of each block is the only chance in a self-comparison: over all of them, >= 95% cover 0
-    assert _covered_orders(magnitudes, bench._sign_flip_interval) >= 0.95
+    assert _covered_orders(magnitudes, ab.sign_flip_interval) >= 0.95
 
 
 def test_t_interval_fails_the_same_check():
     # the check can fail: the t interval used before covers 0 in 93% of the orders of 8 equal blocks
     assert _covered_orders([1.0] * 8, _t_interval) == pytest.approx(1 - 18 / 256)
-    assert _covered_orders([1.0] * 8, bench._sign_flip_interval) == 1 - 2 / 256          # ties: only all-AB/all-BA
-    assert _covered_orders([2.0 ** i for i in range(8)], bench._sign_flip_interval) == 1 - 12 / 256   # exact
+    assert _covered_orders([1.0] * 8, ab.sign_flip_interval) == 1 - 2 / 256          # ties: only all-AB/all-BA
+    assert _covered_orders([2.0 ** i for i in range(8)], ab.sign_flip_interval) == 1 - 12 / 256   # exact
 
 
 def test_sampled_signs_agree_with_enumeration(monkeypatch):
     d = list(np.random.default_rng(3).normal(0, 2, size=12))
-    _, lo, hi = bench._sign_flip_interval(d)
-    monkeypatch.setattr(bench, "AB_EXACT_BLOCKS", 4)
-    _, slo, shi = bench._sign_flip_interval(d)
+    _, lo, hi = ab.sign_flip_interval(d)
+    monkeypatch.setattr(ab, "AB_EXACT_BLOCKS", 4)
+    _, slo, shi = ab.sign_flip_interval(d)
     assert abs(slo - lo) < 0.1 and abs(shi - hi) < 0.1 and (slo, shi) != (lo, hi)
-    assert bench._sign_flip_interval(d[:5])[1:] == (None, None)                  # 32 orders: no 95% interval
+    assert ab.sign_flip_interval(d[:5])[1:] == (None, None)                  # 32 orders: no 95% interval
 
 
 @pytest.mark.slow  # thousands of simulated runs
@@ -85,7 +88,7 @@ def test_self_comparison_intervals_cover_zero():
     batch = rng.normal(0, 5, size=(sims, 2, 8))
     noise = rng.normal(0, 1, size=(sims, 2, 8, 4)).mean(axis=3)
     diffs = (batch[:, 1] + noise[:, 1]) - (batch[:, 0] + noise[:, 0])
-    covered = sum(lo <= 0 <= hi for _, lo, hi in map(bench._sign_flip_interval, diffs.tolist()))
+    covered = sum(lo <= 0 <= hi for _, lo, hi in map(ab.sign_flip_interval, diffs.tolist()))
     assert covered / sims >= 0.95, covered / sims
 
 
@@ -96,24 +99,24 @@ def test_paired_intervals_are_over_blocks_not_requests():
     sims = 200
     for _ in range(sims):
         a, b, block_of = _self_comparison(rng)
-        res = bench.paired(a, b, "a", "b", block_of)[0]["ttft_ms"]
+        res = ab.paired(a, b, "a", "b", block_of)[0]["ttft_ms"]
         means = [np.mean([(b[i].chunk_times[0] - a[i].chunk_times[0]) * 1000 for i in range(k * 4, k * 4 + 4)])
                  for k in range(8)]
-        assert res["blocks"] == 8 and res["ci95"] == pytest.approx(list(bench._sign_flip_interval(means)[1:]))
-        lo, hi = bench.paired(a, b, "a", "b")[0]["ttft_ms"]["ci95"]      # as if the requests were independent
+        assert res["blocks"] == 8 and res["ci95"] == pytest.approx(list(ab.sign_flip_interval(means)[1:]))
+        lo, hi = ab.paired(a, b, "a", "b")[0]["ttft_ms"]["ci95"]      # as if the requests were independent
         covered_requests += lo <= 0 <= hi
     assert covered_requests / sims < 0.8                                     # what the old per-request bootstrap did
 
 
 def _opts(url, compare, **kw):
-    return bench.BenchOptions(url=url, compare_url=compare, concurrency=[4], requests=32, workload="code", output_len=4,
-                              warmup=0, telemetry=False, **kw)
+    return BenchSettings(url=url, compare_url=compare, concurrency=[4], requests=None if "duration" in kw else 32, workload="code",
+                         output_len=4, warmup=0, telemetry=False, **kw)
 
 
 @pytest.mark.slow  # real-clock A/B blocks
 def test_ab_interleaves_blocks_and_writes_strict_json(raw):
     srv = raw(lambda b: Reply(completion_stream(4, 0.02, 0.005)))
-    res, findings = asyncio.run(bench.ab_compare(_opts(srv.url, srv.url), "raw", None, None, None))
+    res, findings = asyncio.run(ab.ab_compare(_opts(srv.url, srv.url), "raw", None, BuildContext()))
     assert res["pairs"] == 32 and res["block_size"] == 4 and res["ttft_ms"]["blocks"] == 8
     assert set(res["order"][i:i + 2] for i in range(0, len(res["order"]), 2)) == {"AB", "BA"}
     lo, hi = res["tpot_ms"]["ci95"]
@@ -124,7 +127,7 @@ def test_ab_interleaves_blocks_and_writes_strict_json(raw):
 
 def test_ab_arm_failing_every_request_is_a_fail(raw):
     srv = raw(lambda b: Reply(completion_stream(4, 0.01, 0.005)))
-    res, findings = asyncio.run(bench.ab_compare(_opts(srv.url, "http://127.0.0.1:9"), "raw", None, None, None))
+    res, findings = asyncio.run(ab.ab_compare(_opts(srv.url, "http://127.0.0.1:9"), "raw", None, BuildContext()))
     f = {x.id: x for x in findings}
     assert f["bench.ab.failed.b"].status == "fail" and res["pairs"] == 0
     assert res["ttft_ms"]["ci95"] == [None, None]
@@ -133,10 +136,9 @@ def test_ab_arm_failing_every_request_is_a_fail(raw):
 
 def test_ab_with_duration_ends(raw):
     srv = raw(lambda b: Reply(completion_stream(4, 0.2, 0.01)))
-    o = _opts(srv.url, srv.url, duration_s=1.0)
-    o.requests = 100_000
+    o = _opts(srv.url, srv.url, duration=1.0)
     t0 = time.perf_counter()
-    res, _ = asyncio.run(bench.ab_compare(o, "raw", None, None, None))
+    res, _ = asyncio.run(ab.ab_compare(o, "raw", None, BuildContext()))
     assert time.perf_counter() - t0 < 30 and res["pairs"] >= 8           # at least 2 blocks, then the deadline
 
 
@@ -155,40 +157,40 @@ RUN = {"workload": "code", "corpus_version": "v1", "input_len": 1024, "output_le
 def test_failed_requests_are_a_regression():
     prev = dict(RUN, levels=[_lv("c8", 8)])
     cur = dict(RUN, levels=[_lv("c8", 8, completed=4, failed=6)])
-    f = {x.id: x for x in bench.compare_previous(cur, prev, 10)}
+    f = {x.id: x for x in regression.compare_previous(cur, prev, 10)}
     assert f["bench.regression.errors.c8"].status == "fail"
     all_failed = dict(RUN, levels=[_lv("c8", 8, completed=0, failed=10, tok_s=0.0)])
-    assert {x.id for x in bench.compare_previous(all_failed, prev, 10)} >= {"bench.regression.errors.c8"}
+    assert {x.id for x in regression.compare_previous(all_failed, prev, 10)} >= {"bench.regression.errors.c8"}
 
 
 def test_ttft_is_compared():
     prev = dict(RUN, levels=[_lv("c8", 8)])
     cur = dict(RUN, levels=[_lv("c8", 8, ttft=80.0)])
-    assert {x.id for x in bench.compare_previous(cur, prev, 10)} == {"bench.regression.ttft.c8", "bench.regression.ttft_p99.c8"}
+    assert {x.id for x in regression.compare_previous(cur, prev, 10)} == {"bench.regression.ttft.c8", "bench.regression.ttft_p99.c8"}
 
 
 def test_other_lengths_are_not_compared():
     prev = dict(RUN, levels=[_lv("c8", 8, tok_s=100.0)])
     shorter = dict(RUN, levels=[_lv("c8", 8, tok_s=62.0, out_per_req=160)])    # the false −38%
-    f = bench.compare_previous(shorter, prev, 10)
+    f = regression.compare_previous(shorter, prev, 10)
     assert [x.id for x in f] == ["bench.regression.unlike"] or {x.status for x in f} <= {"info", "skip"}
     assert not any(x.id.startswith("bench.regression.c8") for x in f)
     other_len = dict(RUN, output_len=128, levels=[_lv("c8", 8, tok_s=62.0)])
-    assert bench.compare_previous(other_len, prev, 10)[0].status == "skip"
+    assert regression.compare_previous(other_len, prev, 10)[0].status == "skip"
     other_wl = dict(RUN, workload="prefix", levels=[_lv("c8", 8, tok_s=62.0)])
-    assert bench.compare_previous(other_wl, prev, 10)[0].status == "skip"
+    assert regression.compare_previous(other_wl, prev, 10)[0].status == "skip"
     no_overlap = dict(RUN, levels=[_lv("c16", 16, tok_s=62.0)])
-    assert bench.compare_previous(no_overlap, prev, 10)[0].status == "skip"
+    assert regression.compare_previous(no_overlap, prev, 10)[0].status == "skip"
 
 
 def test_other_session_shape_or_trace_speed_is_not_compared():
     # the same lengths, another pace: think time 0 vs 5 s, or a trace at x4 vs x1, is other work
-    base = dict(RUN, workload="agentic", turns=4, think_time_s=0.0, think_dist="fixed", tool_result_len=256)
+    base = dict(RUN, workload="agentic", turns=4, think_time=0.0, think_dist="fixed", tool_result_len=256)
     prev = dict(base, levels=[_lv("c8", 8, tok_s=100.0)])
     for change in ({"think_time_s": 5.0}, {"think_dist": "exp"}, {"turns": 8}, {"tool_result_len": 1024}):
-        f = bench.compare_previous(dict(base, **change, levels=[_lv("c8", 8, tok_s=25.0)]), prev, 10)
+        f = regression.compare_previous(dict(base, **change, levels=[_lv("c8", 8, tok_s=25.0)]), prev, 10)
         assert [(x.id, x.status) for x in f] == [("bench.regression", "skip")], change
-    assert any(x.id == "bench.regression.c8" for x in bench.compare_previous(dict(base, levels=[_lv("c8", 8, tok_s=25.0)]), prev, 10))
+    assert any(x.id == "bench.regression.c8" for x in regression.compare_previous(dict(base, levels=[_lv("c8", 8, tok_s=25.0)]), prev, 10))
     trace = dict(RUN, workload="trace:t.jsonl", trace_speed=1.0, levels=[_lv("c8", 8, tok_s=100.0)])
-    f = bench.compare_previous(dict(trace, trace_speed=4.0, levels=[_lv("c8", 8, tok_s=25.0)]), trace, 10)
+    f = regression.compare_previous(dict(trace, trace_speed=4.0, levels=[_lv("c8", 8, tok_s=25.0)]), trace, 10)
     assert f[0].status == "skip" and "trace_speed: 1.0 then, 4.0 now" in f[0].detail

@@ -13,6 +13,7 @@ from bench.rawsse import RawServer, Reply, sse
 from runbook.bench import report
 from runbook.bench import run as bench
 from runbook.bench.sessions import SYSTEM_PROMPT
+from runbook.bench.settings import BenchSettings
 from runbook.core.errors import InputError
 
 BASE_S = 0.010          # scripted TTFT: BASE_S + PER_TOKEN_S × uncached prompt tokens
@@ -67,14 +68,14 @@ def server():
 
 def opts(url, **kw):
     base = dict(url=url, model="raw", concurrency=[3], workload="agentic", input_len=300, output_len=8, turns=4,
-                tool_result_len=60, warmup=1, telemetry=False, timeout_s=30.0)
+                tool_result_len=60, warmup=1, telemetry=False, timeout=30.0)
     base.update(kw)
-    return bench.BenchOptions(**base)
+    return BenchSettings(**base)
 
 
 def test_sessions_grow_turn_by_turn_and_cache_hits_show_in_ttft(server):
     srv, h = server()
-    res = bench.run(opts(srv.url, think_time_s=0.05))
+    res = bench.run(opts(srv.url, think_time=0.05))
     (lv,) = res.summary["levels"]
     assert lv["completed"] == 12 and lv["failed"] == 0
     turns = lv["turns"]
@@ -111,7 +112,7 @@ def test_sessions_grow_turn_by_turn_and_cache_hits_show_in_ttft(server):
 
 def test_no_cache_report_means_no_hit_rate_and_exponential_think(server):
     srv, _ = server(report_cache=False)
-    res = bench.run(opts(srv.url, concurrency=[2], turns=2, think_time_s=0.01, think_dist="exp", requests=6))
+    res = bench.run(opts(srv.url, concurrency=[2], turns=2, think_time=0.01, think_dist="exp", requests=6))
     (lv,) = res.summary["levels"]
     assert lv["completed"] == 6          # --requests 6 with 2 turns: 3 sessions on 2 workers
     assert all(t["cache_hit_rate"] is None for t in lv["turns"])
@@ -135,11 +136,11 @@ def test_think_time_fixed_and_exponential(server):
     from runbook.bench.sessions import SessionPlan
 
     srv, _ = server()
-    fixed = _think_gaps(bench.run(opts(srv.url, concurrency=[2], turns=4, think_time_s=0.04, requests=8)))
+    fixed = _think_gaps(bench.run(opts(srv.url, concurrency=[2], turns=4, think_time=0.04, requests=8)))
     assert len(fixed) == 6 and all(0.04 <= g < 0.04 + 0.1 for g in fixed)         # never shorter than asked
-    exp = _think_gaps(bench.run(opts(srv.url, concurrency=[2], turns=4, think_time_s=0.04, think_dist="exp", requests=8)))
+    exp = _think_gaps(bench.run(opts(srv.url, concurrency=[2], turns=4, think_time=0.04, think_dist="exp", requests=8)))
     assert len(exp) == 6 and max(exp) - min(exp) > 0.01            # not the fixed pause
-    plan = SessionPlan(1, 2, 100, 4, 10, 0.04, "exp")
+    plan = SessionPlan(1, BenchSettings(turns=2, input_len=100, output_len=4, tool_result_len=10, think_time=0.04, think_dist="exp"))
     rng = np.random.default_rng(5)
     draws = np.array([plan.think(rng) for _ in range(4000)])
     assert abs(draws.mean() - 0.04) < 0.004 and abs(draws.std() / draws.mean() - 1) < 0.1   # exponential: CV 1
@@ -148,8 +149,8 @@ def test_think_time_fixed_and_exponential(server):
 def test_agentic_refuses_what_it_cannot_measure():
     with pytest.raises(InputError, match="--rate"):
         bench.run(opts("http://127.0.0.1:9", rates=[2.0]))
-    with pytest.raises(InputError, match="--think-dist"):
-        bench.run(opts("http://127.0.0.1:9", think_dist="pareto"))
+    with pytest.raises(InputError, match="think_dist must be 'fixed' or 'exp'"):
+        BenchSettings.resolve(None, think_dist="pareto")
     with pytest.raises(InputError, match="compare-url"):
         bench.run(opts("http://127.0.0.1:9", compare_url="http://127.0.0.1:8"))
 

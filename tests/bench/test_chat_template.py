@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from runbook.bench.sessions import SessionPlan
+from runbook.bench.settings import BenchSettings
 from runbook.demo import llama as demo
 from runbook.model.tokenizer import chat_counter, load_tokenizer
 
@@ -84,8 +85,9 @@ def test_counts_equal_transformers_apply_chat_template(tmp_path, template, as_fi
 def test_sessions_use_the_template_and_fall_back_without_one(tmp_path):
     d = model_dir(tmp_path, HEADERS, "m")
     tok = load_tokenizer(d)
-    with_t = SessionPlan(1, 2, 64, 4, 16, tokenizer=tok, chat=chat_counter(d, tok))
-    plain = SessionPlan(1, 2, 64, 4, 16, tokenizer=tok)
+    o = BenchSettings(turns=2, input_len=64, output_len=4, tool_result_len=16)
+    with_t = SessionPlan(1, o, tokenizer=tok, chat=chat_counter(d, tok))
+    plain = SessionPlan(1, o, tokenizer=tok)
     msgs = with_t.opening(0)
     assert with_t.prompt_tokens(msgs) == chat_counter(d, tok).count(msgs) > plain.prompt_tokens(msgs)
     # a role the template refuses: the content count, not a crash

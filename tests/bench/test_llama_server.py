@@ -10,6 +10,7 @@ import pytest
 
 from runbook.bench import run as bench
 from runbook.bench import sweep, workloads
+from runbook.bench.settings import BenchSettings
 from runbook.core.findings import Finding, grouped
 from runbook.endpoint.client import Client
 from runbook.model.tokenizer import load_tokenizer
@@ -17,7 +18,7 @@ from runbook.model.tokenizer import load_tokenizer
 
 def test_fixed_lengths_and_server_counts(llama):
     tok = load_tokenizer(llama.model_dir)
-    o = bench.BenchOptions(url=llama.url, concurrency=[1, 4], requests=8, workload="code", output_len=24,
+    o = BenchSettings(url=llama.url, concurrency=[1, 4], requests=8, workload="code", output_len=24,
                            tokenizer=str(llama.model_dir), warmup=1)
     res = bench.run(o)
     for lv in res.levels:

@@ -9,8 +9,9 @@ import pytest
 from sse_server import VirtualClock
 
 from bench.rawsse import RawServer, Reply, completion_stream, sse
-from runbook.bench import metrics, sweep, workloads
+from runbook.bench import ab, level_findings, metrics, sweep, workloads
 from runbook.bench import run as bench
+from runbook.bench.settings import BenchSettings
 from runbook.core.spec import SLO
 from runbook.endpoint import client as client_mod
 from runbook.endpoint.client import TRANSPORTS, Client, RequestRecord, RequestSpec
@@ -57,7 +58,7 @@ def test_late_count_on_the_last_chunk_is_spread_over_the_chunks(raw):
     assert np.median(itl) == pytest.approx(0.025, abs=MS) and np.mean(itl) == pytest.approx(0.025, abs=MS)
     s = metrics.summarise([r])
     assert not s["itl_exact"] and s["count_sources"] == ["usage_spread"]
-    f = {x.id: x for x in bench.level_findings([dict(s, label="c1", concurrency=1, rate=None, client_bound=False,
+    f = {x.id: x for x in level_findings.level_findings([dict(s, label="c1", concurrency=1, rate=None, client_bound=False,
                                                         lag_ms={"p99": 0})], "code", None)}
     assert "bench.token_source.c1" in f and "usage_spread" in f["bench.token_source.c1"].title
 
@@ -70,7 +71,7 @@ def test_no_usage_multi_token_chunks_use_the_requested_count_and_warn(raw):
     assert metrics.tpot_s(r) == pytest.approx(0.18 / 11, abs=MS)                 # not 3× too high
     assert metrics.itl_per_token_s(r) == pytest.approx([0.02] * 9, abs=MS)
     s = metrics.summarise([r])
-    f = {x.id: x for x in bench.level_findings([dict(s, label="c1", concurrency=1, rate=None, client_bound=False,
+    f = {x.id: x for x in level_findings.level_findings([dict(s, label="c1", concurrency=1, rate=None, client_bound=False,
                                                         lag_ms={"p99": 0})], "code", None)}
     assert f["bench.token_source.c1"].status == "warn" and "bench.token_count.c1" not in f
 
@@ -88,7 +89,7 @@ def test_no_usage_with_a_tokenizer_counts_the_whole_text(raw):
 
 def _source_finding(r):
     s = metrics.summarise([r])
-    f = {x.id: x for x in bench.level_findings([dict(s, label="c1", concurrency=1, rate=None, client_bound=False,
+    f = {x.id: x for x in level_findings.level_findings([dict(s, label="c1", concurrency=1, rate=None, client_bound=False,
                                                         lag_ms={"p99": 0})], "code", None)}
     return f["bench.token_source.c1"]
 
@@ -116,7 +117,7 @@ def test_one_token_outputs_meet_the_slo_in_goodput_and_in_the_level_check():
     s = metrics.summarise(recs, slo)
     assert s["slo_attainment"] == 1.0 and s["goodput_req_s"] == pytest.approx(s["request_s"])
     level = dict(s, label="c1", concurrency=1, rate=None, client_bound=False, lag_ms={"p99": 0})
-    f = {x.id: x for x in bench.level_findings([level], "code", slo)}
+    f = {x.id: x for x in level_findings.level_findings([level], "code", slo)}
     assert f["bench.slo"].status == "pass"
 
 
@@ -275,10 +276,10 @@ def test_rate_alone_runs_rate_levels_alone():
     from runbook.core import spec
 
     dep = spec.load(DEFAULT_SPEC)
-    o = bench.options_from(dep, "http://127.0.0.1:1", rates=[2.0])
-    assert [lv.label for lv in bench.levels_of(o)] == ["r2"]
-    o2 = bench.options_from(dep, "http://127.0.0.1:1", rates=[2.0], concurrency=[4])
-    assert [lv.label for lv in bench.levels_of(o2)] == ["c4", "r2"]
+    o = BenchSettings.resolve(dep, url="http://127.0.0.1:1", rate=[2.0])
+    assert [lv.label for lv in sweep.levels_of(o)] == ["r2"]
+    o2 = BenchSettings.resolve(dep, url="http://127.0.0.1:1", rates=[2.0], concurrency=[4])
+    assert [lv.label for lv in sweep.levels_of(o2)] == ["c4", "r2"]
 
 
 # -- the window --------------------------------------------------------------------------------------
@@ -309,7 +310,7 @@ def test_summary_has_no_nan():
     doc = bench.finite({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 2}})
     assert doc == {"a": None, "b": [1.0, None], "c": {"d": 2}}
     json.dumps(doc, allow_nan=False)
-    res, _ = bench.paired([], [], "a", "b")
+    res, _ = ab.paired([], [], "a", "b")
     json.dumps(res, allow_nan=False)
 
 

@@ -7,7 +7,7 @@ import pytest
 from sse_server import Script, ScriptedServer, VirtualClock
 
 from runbook.bench import metrics, sweep
-from runbook.bench.run import paired
+from runbook.bench.ab import paired
 from runbook.core.stats import bootstrap_ci
 from runbook.endpoint import client as client_mod
 from runbook.endpoint.client import TRANSPORTS, Client, RequestSpec

@@ -2,8 +2,7 @@
 mode and rank), parsed by prometheus_client: deltas, exact means, and Prometheus' histogram_quantile."""
 import pytest
 
-from runbook.bench import run as bench
-from runbook.bench import server_side
+from runbook.bench import level_findings, server_side
 from runbook.bench.sweep import parse_prometheus, server_deltas
 
 LABELS = 'engine_type="unified",model_name="tiny"'
@@ -50,7 +49,7 @@ def test_quantile_edges():
 def test_no_metrics_no_figures_and_no_findings():
     assert server_side.level({}) is None and server_deltas(None, {"x": 1.0}) == {}
     s = {"label": "c1", "server_side": None, "ttft_ms": {"mean": 10.0}}
-    assert server_side.beside(s) == [] and bench.server_findings([s]) == []
+    assert server_side.beside(s) == [] and level_findings.server_findings([s]) == []
 
 
 def test_findings_for_queueing_and_retraction():
@@ -61,7 +60,7 @@ def test_findings_for_queueing_and_retraction():
                          "queue_ms": {"mean": 900.0, "p50": 300.0, "p90": 1500.0, "p99": 2400.0, "n": 8},
                          "retracted_requests": 2},
          "telemetry": {"num_queue_reqs": {"max": 3.0}}}
-    f = {x.id: x for x in bench.server_findings([s])}
+    f = {x.id: x for x in level_findings.server_findings([s])}
     assert f["bench.server_side.c8"].title == "c8: TTFT mean ours 30.0 ms, server 28.0 ms; TPOT mean ours 5.0 ms, server 5.1 ms"
     assert f["bench.queue.c8"].status == "warn" and "p99 2400 ms, up to 3 waiting" in f["bench.queue.c8"].title
     assert f["bench.retracted.c8"].status == "warn" and "retracted 2 running requests" in f["bench.retracted.c8"].title

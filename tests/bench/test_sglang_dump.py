@@ -14,6 +14,7 @@ import pytest
 from bench.rawsse import Reply, completion_stream
 from runbook.bench import run as bench
 from runbook.bench import sglang_dump, workloads
+from runbook.bench.settings import BenchSettings
 from runbook.core.errors import InputError
 from runbook.demo import llama as demo
 
@@ -68,8 +69,8 @@ def test_a_dump_replays_at_its_recorded_times(real_dump, raw):
     assert r0.prompt[:512] == r1.prompt[:512] and r0.prompt[512:532] != r1.prompt[512:532]
     assert "SGLang request dump" in wl.description
     srv = raw(lambda body: Reply(completion_stream(int(body.get("max_tokens", 2)), 0.002, 0.001)))
-    res = bench.run(bench.BenchOptions(url=srv.url, model="raw", workload=f"trace:{real_dump}", warmup=0,
-                                       telemetry=False, timeout_s=30.0))
+    res = bench.run(BenchSettings(url=srv.url, model="raw", workload=f"trace:{real_dump}", warmup=0,
+                                       telemetry=False, timeout=30.0))
     (lv,) = res.summary["levels"]
     assert lv["label"] == "trace" and lv["completed"] == 3
     err = np.array([r.meta["schedule_error_ms"] for r in res.levels[0].records])

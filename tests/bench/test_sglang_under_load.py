@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from runbook.bench import report, sweep, workloads
+from runbook.bench import level_findings, report, sweep, workloads
 from runbook.bench import run as bench
 from runbook.bench.stage import BenchStageOptions, evaluate
 from runbook.demo import sglang as demo
@@ -64,7 +64,7 @@ def test_retractions_reported_by_the_benchmark_and_read_by_verify_from_the_log(s
     assert s["completed"] == 8, s["errors"]
     retracted = s["server_side"].get("retracted_requests", 0)
     assert retracted >= 1, s["server_side"]
-    f = {f.id: f for f in bench.server_findings([s])}
+    f = {f.id: f for f in level_findings.server_findings([s])}
     assert f["bench.retracted.c8"].status == "warn" and f"retracted {retracted} running requests" in f["bench.retracted.c8"].title
     rep = verify.inspect(small_pool.spec, log=small_pool.log)
     got = {x.id: x for x in rep.findings}

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from bench.rawsse import RawServer, Reply, completion_stream
-from runbook.bench import report
+from runbook.bench import regression, report
 from runbook.bench import run as bench
+from runbook.bench.settings import BenchSettings
 from runbook.core.errors import InputError
 from runbook.core.spec import SLO
 from runbook.runner import figures, results
@@ -37,8 +38,8 @@ def knee():
 
 @pytest.mark.slow  # real-clock levels against a scripted server
 def test_search_finds_the_knee_within_one_step(knee, tmp_path):
-    o = bench.BenchOptions(url=knee.url, model="raw", concurrency=[1], workload="code", output_len=2, warmup=0,
-                           telemetry=False, timeout_s=30.0, find_max="slo", find_max_levels=8)
+    o = BenchSettings(url=knee.url, model="raw", concurrency=[1], workload="code", output_len=2, warmup=0,
+                           telemetry=False, timeout=30.0, find_max="slo", find_max_levels=8)
     res = bench.run(o, SLO(ttft_ms_p99=100.0))
     r = res.summary["slo_search"]
     assert r["metric"] == "concurrency" and abs(r["limit"] - KNEE) <= 1
@@ -53,7 +54,7 @@ def test_search_finds_the_knee_within_one_step(knee, tmp_path):
     assert report.plot_slo_search(res.summary).axes[0].collections
     # the regression check tracks the limit
     worse = dict(res.summary, slo_search=dict(r, limit=2))
-    reg = bench.compare_previous(worse, res.summary, 10.0)
+    reg = regression.compare_previous(worse, res.summary, 10.0)
     assert any(x.id == "bench.regression.slo_limit" for x in reg)
     # the run summary's figure is the search's limit, not the highest fixed level (there is none)
     results.save(tmp_path / "40_benchmark.results.json", "40_benchmark", res.findings, **res.summary)
@@ -77,12 +78,12 @@ def test_cli_find_max_slo_with_the_spec_slos(knee, tmp_path):
 
 
 def test_rate_search_and_refusals(knee):
-    o = bench.BenchOptions(url=knee.url, model="raw", concurrency=[], rates=[20.0], requests=10, workload="code", output_len=2,
-                           warmup=0, telemetry=False, timeout_s=30.0, find_max="slo", find_max_levels=3)
+    o = BenchSettings(url=knee.url, model="raw", concurrency=[], rates=[20.0], requests=10, workload="code", output_len=2,
+                           warmup=0, telemetry=False, timeout=30.0, find_max="slo", find_max_levels=3)
     res = bench.run(o, SLO(ttft_ms_p99=100.0))
     r = res.summary["slo_search"]
     assert r["metric"] == "rate" and len(r["levels_tried"]) <= 3 and r["levels_tried"][0]["rate"] == 20.0
     with pytest.raises(InputError, match="SLOs"):
-        bench.run(bench.BenchOptions(url=knee.url, find_max="slo", telemetry=False), SLO())
+        bench.run(BenchSettings(url=knee.url, find_max="slo", telemetry=False), SLO())
     with pytest.raises(InputError, match="trace"):
-        bench.run(bench.BenchOptions(url=knee.url, find_max="slo", workload="trace:synthetic"), SLO(ttft_ms_p99=1.0))
+        bench.run(BenchSettings(url=knee.url, find_max="slo", workload="trace:synthetic"), SLO(ttft_ms_p99=1.0))

@@ -9,6 +9,7 @@ from fake_nvml import GIB, FakeNVML
 from bench.rawsse import Reply, completion_stream
 from runbook.bench import run as bench
 from runbook.bench import telemetry
+from runbook.bench.settings import BenchSettings
 
 
 class BusyNVML(FakeNVML):
@@ -47,7 +48,7 @@ class Metrics:
 @pytest.mark.slow  # real-clock levels sampled for telemetry
 def test_levels_carry_telemetry(raw, tmp_path):
     srv = raw(lambda b: Reply(completion_stream(4, 0.3, 0.05)), metrics=Metrics())
-    o = bench.BenchOptions(url=srv.url, concurrency=[2], requests=8, workload="code", output_len=4, warmup=0,
+    o = BenchSettings(url=srv.url, concurrency=[2], requests=8, workload="code", output_len=4, warmup=0,
                            out=tmp_path, telemetry_interval_s=0.2, nvml=BusyNVML())
     res = bench.run(o)
     t = res.summary["levels"][0]["telemetry"]
@@ -63,7 +64,7 @@ def test_levels_carry_telemetry(raw, tmp_path):
 
 def test_no_driver_and_no_metrics_are_skipped_cleanly(raw):
     srv = raw(lambda b: Reply(completion_stream(4, 0.01, 0.005)))         # no /metrics (404)
-    o = bench.BenchOptions(url=srv.url, concurrency=[1], requests=2, workload="code", output_len=4, warmup=0,
+    o = BenchSettings(url=srv.url, concurrency=[1], requests=2, workload="code", output_len=4, warmup=0,
                            telemetry_interval_s=0.2, nvml=FakeNVML(no_driver=True))
     res = bench.run(o)
     t = res.summary["levels"][0]["telemetry"]

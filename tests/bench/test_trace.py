@@ -12,6 +12,7 @@ from bench.rawsse import RawServer, Reply, completion_stream
 from runbook import corpus
 from runbook.bench import run as bench
 from runbook.bench import workloads
+from runbook.bench.settings import BenchSettings
 from runbook.core.errors import InputError
 from runbook.demo import llama as demo
 
@@ -64,7 +65,7 @@ def test_shipped_synthetic_trace_is_in_the_manifest():
 def test_sends_within_5_ms_of_schedule_at_200_per_s(fast, tmp_path):
     n = 200
     p = write_trace(tmp_path / "t.jsonl", [{"timestamp": 5 * i, "input_length": 16, "output_length": 2} for i in range(n)])
-    o = bench.BenchOptions(url=fast.url, model="raw", workload=f"trace:{p}", warmup=2, telemetry=False, timeout_s=30.0)
+    o = BenchSettings(url=fast.url, model="raw", workload=f"trace:{p}", warmup=2, telemetry=False, timeout=30.0)
     res = bench.run(o)
     (lv,) = res.summary["levels"]
     assert lv["label"] == "trace" and lv["completed"] == n and lv["concurrency"] is None
@@ -87,4 +88,4 @@ def test_trace_speed_and_cli(fast, tmp_path):
     assert lv["label"] == "trace-x4" and lv["completed"] == 10 and doc["trace_speed"] == 4
     assert 0.2 <= lv["window_s"] < 0.6                       # 0.9 s of trace at ×4, plus the last response
     with pytest.raises(InputError, match="--rate"):
-        bench.run(bench.BenchOptions(url=fast.url, workload=f"trace:{p}", rates=[1.0]))
+        bench.run(BenchSettings(url=fast.url, workload=f"trace:{p}", rates=[1.0]))

@@ -8,6 +8,7 @@ import pytest
 from bench.rawsse import Reply, completion_stream
 from bench.test_h1_transport import HEAD_CHUNKED, chunked, events, send, tcp, writes
 from runbook.bench import run as bench
+from runbook.bench.settings import BenchSettings
 from runbook.endpoint import client as client_mod
 from runbook.endpoint.client import TRANSPORT_TABLE, TRANSPORTS, Client, RequestSpec
 from runbook.endpoint.transport import H1Transport, Stream, Transport
@@ -114,9 +115,8 @@ def test_a_third_transport_is_one_class_and_one_table_entry(monkeypatch, raw, tm
     assert got["tally"] == got["h1"] and Tally.sent == 2
 
     srv = raw(lambda b: Reply(completion_stream(int(b.get("max_tokens", 2)), 0.005, 0.001)))
-    o = bench.BenchOptions(url=srv.url, model="raw", concurrency=[2], requests=4, output_len=3, workload="random",
-                           input_len=8, warmup=0, telemetry=False, timeout_s=30.0, out=tmp_path, transport="tally")
-    bench.check_options(o)                                                        # --transport tally is accepted
+    o = BenchSettings(url=srv.url, model="raw", concurrency=[2], requests=4, output_len=3, workload="random",
+                      input_len=8, warmup=0, telemetry=False, timeout=30.0, out=tmp_path, transport="tally")  # accepted now
     res = bench.run(o)
     assert res.summary["levels"][0]["completed"] == 4 and res.summary["client"]["transport"] == "tally"
     assert Tally.sent == 2 + 4

@@ -11,7 +11,8 @@ import pytest
 
 from bench.rawsse import Reply, completion_stream
 from runbook.bench import run as bench
-from runbook.bench import workers
+from runbook.bench import workers, workloads
+from runbook.bench.settings import BenchSettings
 from runbook.core.errors import InputError
 from runbook.endpoint.client import TRANSPORTS
 
@@ -20,8 +21,8 @@ from runbook.endpoint.client import TRANSPORTS
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_two_workers_merge_into_one_level_on_one_clock(raw, tmp_path, transport):
     scripted = raw(lambda b: Reply(completion_stream(int(b.get("max_tokens", 2)), 0.050, 0.005)))
-    o = bench.BenchOptions(url=scripted.url, model="raw", concurrency=[4], requests=16, output_len=6, workload="random",
-                           input_len=16, warmup=1, telemetry=False, timeout_s=30.0, workers=2, out=tmp_path,
+    o = BenchSettings(url=scripted.url, model="raw", concurrency=[4], requests=16, output_len=6, workload="random",
+                           input_len=16, warmup=1, telemetry=False, timeout=30.0, workers=2, out=tmp_path,
                            transport=transport)
     res = bench.run(o)
     (lv,) = res.summary["levels"]
@@ -46,15 +47,15 @@ def test_two_workers_merge_into_one_level_on_one_clock(raw, tmp_path, transport)
 
 def test_shares_and_refusals():
     assert workers.shares(5, 2) == [3, 2] and workers.shares(2, 4) == [1, 1] and sum(workers.shares(256, 3)) == 256
-    for kw in ({"rates": [2.0]}, {"duration_s": 5.0}, {"workload": "agentic"}, {"workload": "trace:synthetic"},
+    for kw in ({"rates": [2.0]}, {"duration": 5.0}, {"workload": "agentic"}, {"workload": "trace:synthetic"},
                {"compare_url": "http://127.0.0.1:9"}, {"workers": 0}, {"workers": 65}):
-        with pytest.raises(InputError, match="--workers"):
-            bench.check_options(bench.BenchOptions(url="http://127.0.0.1:9", **{"workers": 2, **kw}))
+        with pytest.raises(InputError, match="workers"):   # a rule names the flag (--workers); a bound, the setting
+            workloads.check(BenchSettings.resolve(None, url="http://127.0.0.1:9", **{"workers": 2, **kw}))
 
 
 def test_unknown_transport_is_an_input_error():
-    with pytest.raises(InputError, match="--transport h2: one of h1, aiohttp"):
-        bench.check_options(bench.BenchOptions(url="http://127.0.0.1:9", transport="h2"))
+    with pytest.raises(InputError, match="transport must be one of h1, aiohttp"):
+        workloads.check(BenchSettings.resolve(None, url="http://127.0.0.1:9", transport="h2"))
 
 
 @pytest.mark.slow  # worker processes and a real-clock level
@@ -75,8 +76,8 @@ def test_a_worker_killed_mid_level_fails_its_level_and_the_run_goes_on(raw, tmp_
             time.sleep(0.02)
         os.kill(mp.active_children()[0].pid, signal.SIGKILL)
     threading.Thread(target=killer, daemon=True).start()
-    o = bench.BenchOptions(url=scripted.url, model="raw", concurrency=[4, 2], requests=8, output_len=4, workload="random",
-                           input_len=16, warmup=0, telemetry=False, timeout_s=30.0, workers=2, out=tmp_path)
+    o = BenchSettings(url=scripted.url, model="raw", concurrency=[4, 2], requests=8, output_len=4, workload="random",
+                           input_len=16, warmup=0, telemetry=False, timeout=30.0, workers=2, out=tmp_path)
     res = bench.run(o)
     first, second = res.summary["levels"]
     assert first["failed"] == 8 and first["errors"] == {"client_error": 8} and first["client_bound"]

@@ -4,21 +4,21 @@ module (here written outside the repository and found by the same discovery), an
 import re
 import sys
 import textwrap
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from bench.rawsse import RawServer, Reply, completion_stream
+from runbook.bench import regression, workloads
 from runbook.bench import run as bench
-from runbook.bench import workloads
+from runbook.bench.settings import BenchSettings
 from runbook.core import spec
 from runbook.core.errors import InputError
 from runbook.endpoint.client import RequestSpec
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = REPO / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml"
-OPTION_FIELDS = {f.name for f in fields(bench.BenchOptions)}
+OPTION_FIELDS = set(BenchSettings.model_fields)
 
 # A whole new workload: this text is the only thing its author writes (plus this test).
 ECHO_MODULE = '''
@@ -40,10 +40,10 @@ class Echo(WorkloadType):
         if o.input_len > 64:
             raise InputError(f"--workload echo: --input-len at most 64 words (got {o.input_len})")
 
-    def build(self, ref, n, p):
-        reqs = LazyRequests(n, lambda i: RequestSpec(i, "say: " + " ".join(f"w{p.seed}-{i}" for _ in range(p.input_len)),
-                                                     p.output_len, None, p.ignore_eos))
-        return Workload(self.name, reqs, False, f"echo of {p.input_len} words", f"echo-seed{p.seed}")
+    def build(self, o, n, ctx):
+        reqs = LazyRequests(n, lambda i: RequestSpec(i, "say: " + " ".join(f"w{o.seed}-{i}" for _ in range(o.input_len)),
+                                                     o.output_len, None, ctx.ignore_eos))
+        return Workload(self.name, reqs, False, f"echo of {o.input_len} words", f"echo-seed{o.seed}")
 
     def summary(self, o, run):
         return {"echo_words": o.input_len}
@@ -86,7 +86,7 @@ def test_every_workload_keeps_the_contract():
     modules = {p.stem for p in package.glob("*.py") if re.search(r"^WORKLOAD = ", p.read_text(), re.M)}
     assert modules == set(workloads.names())          # one module each, every one found
     for w in workloads.WORKLOADS.values():
-        assert workloads.contract_gaps(w, OPTION_FIELDS) == [], w.name
+        assert workloads.contract_gaps(w) == [], w.name
         assert w.description and w.regression_key[:len(workloads.BASE_KEY)] == workloads.BASE_KEY
         assert w.is_source != w.is_driver
         assert set(w.options) <= OPTION_FIELDS
@@ -116,15 +116,15 @@ def test_a_broken_plugin_is_refused(fresh_registry):
 
 
 def test_a_new_workload_is_one_module(echo, server, tmp_path):
-    """Dropped in, it is in the help, validated by check_options, keyed for the regression check and run by
+    """Dropped in, it is in the help, its check run by workloads.check, keyed for the regression check and run by
     bench.measure against a server — with no other file changed."""
     assert "| prefix | echo | agentic |" in workloads.help_text()
     with pytest.raises(InputError, match="--input-len at most 64 words"):
-        bench.check_options(bench.BenchOptions(url=server.url, workload="echo", input_len=65))
-    bench.check_options(bench.BenchOptions(url=server.url, workload="echo", input_len=3, workers=2))   # a source: workers allowed
+        workloads.check(BenchSettings.resolve(None, url=server.url, workload="echo", input_len=65))
+    workloads.check(BenchSettings.resolve(None, url=server.url, workload="echo", input_len=3, workers=2))   # a source: workers allowed
     dep = spec.load(DEFAULT_SPEC)
-    o = bench.options_from(dep, url=server.url, workload="echo", input_len=3, output_len=2, concurrency=[2], requests=4,
-                           warmup=0, telemetry=False, seed=7)
+    o = BenchSettings.resolve(dep, url=server.url, workload="echo", input_len=3, output_len=2, concurrency=[2], requests=4,
+                              warmup=0, telemetry=False, seed=7)
     res = bench.measure(dep, o, archive_root=tmp_path / "archive")
     s = res.summary
     assert s["workload"] == "echo" and s["workload_description"] == "echo of 3 words" and s["corpus_version"] == "echo-seed7"
@@ -134,10 +134,10 @@ def test_a_new_workload_is_one_module(echo, server, tmp_path):
         [("bench.workload", "info"), ("bench.regression", "info")]
     # Its regression key: another seed is other work for echo, not for code (whose key has no seed).
     again = dict(s, seed=8, levels=[dict(lv) for lv in s["levels"]])
-    f = bench.compare_previous(again, s, 10)
+    f = regression.compare_previous(again, s, 10)
     assert [(x.id, x.status) for x in f] == [("bench.regression", "skip")] and "seed: 7 then, 8 now" in f[0].detail
     code = dict(s, workload="code", corpus_version="c")
-    assert bench.compare_previous(dict(code, seed=8), code, 10)[0].status == "pass"
+    assert regression.compare_previous(dict(code, seed=8), code, 10)[0].status == "pass"
 
 
 def test_a_session_driver_registers_in_code(fresh_registry, server):
@@ -157,12 +157,12 @@ def test_a_session_driver_registers_in_code(fresh_registry, server):
             return workloads.LevelLoad([RequestSpec(-1, "warm", 1, None, True)], False, drive)
 
     workloads.register(Pairs())
-    with pytest.raises(InputError, match="agentic sessions, traces, pair sessions, --rate"):
-        bench.check_options(bench.BenchOptions(url=server.url, workload="pairs", workers=2))
+    with pytest.raises(InputError, match="pair sessions run in one process: drop --workers"):
+        workloads.check(BenchSettings.resolve(None, url=server.url, workload="pairs", workers=2))
     with pytest.raises(InputError, match="does not take the agentic or trace or pairs workloads"):
-        bench.check_options(bench.BenchOptions(url=server.url, workload="pairs", compare_url=server.url))
-    res = bench.run(bench.BenchOptions(url=server.url, model="raw", workload="pairs", concurrency=[2], output_len=2,
-                                       warmup=1, telemetry=False, timeout_s=30.0))
+        workloads.check(BenchSettings.resolve(None, url=server.url, workload="pairs", compare_url=server.url))
+    res = bench.run(BenchSettings(url=server.url, model="raw", workload="pairs", concurrency=[2], output_len=2,
+                                       warmup=1, telemetry=False, timeout=30.0))
     (lv,) = res.summary["levels"]
     assert lv["completed"] == 4 and res.summary["workload_description"] == Pairs.description
     assert [b["prompt"] for b in server.bodies] == ["warm", "pair 0 turn 1", "pair 0 turn 2", "pair 1 turn 1", "pair 1 turn 2"]

@@ -2,8 +2,9 @@ import json
 
 import pytest
 
+from runbook.bench import level_findings, regression, workloads
 from runbook.bench import run as bench
-from runbook.bench import workloads
+from runbook.bench.settings import BenchSettings
 from runbook.core.errors import InputError
 from runbook.demo import llama as demo
 
@@ -67,14 +68,15 @@ def _lv(label, c, tok_s, tpot, failed=0, bound=False, errors=None):
 def test_regressions_against_previous():
     prev = {"levels": [_lv("c1", 1, 100.0, 10.0), _lv("c8", 8, 500.0, 20.0)]}
     cur = {"levels": [_lv("c1", 1, 98.0, 10.2), _lv("c8", 8, 400.0, 26.0)]}
-    f = {x.id: x for x in bench.compare_previous(cur, prev, 10)}
+    f = {x.id: x for x in regression.compare_previous(cur, prev, 10)}
     assert set(f) == {"bench.regression.c8", "bench.regression.tpot.c8"} and "down 20%" in f["bench.regression.c8"].title
-    assert bench.compare_previous(prev, prev, 10)[0].status == "pass"
-    assert bench.compare_previous(cur, None, 10)[0].status == "info"
+    assert regression.compare_previous(prev, prev, 10)[0].status == "pass"
+    assert regression.compare_previous(cur, None, 10)[0].status == "info"
 
 
 def test_level_findings():
-    f = {x.id: x for x in bench.level_findings([_lv("c4", 4, 10.0, 1.0, failed=2, bound=True, errors={"timeout": 2})], "random", None)}
+    lv = _lv("c4", 4, 10.0, 1.0, failed=2, bound=True, errors={"timeout": 2})
+    f = {x.id: x for x in level_findings.level_findings([lv], "random", None)}
     assert f["bench.workload"].status == "warn"
     assert f["bench.errors.c4"].status == "fail" and "timeout: 2" in f["bench.errors.c4"].evidence
     assert f["bench.client_bound.c4"].status == "warn"
@@ -85,10 +87,10 @@ def test_regression_check_refuses_other_work():
     prev = {"workload": "code", "corpus_version": "code-0", "input_len": 1024, "output_len": 256, "chat": False,
             "levels": [_lv("c1", 1, 100.0, 10.0)]}
     cur = dict(prev, corpus_version=workloads.build("code", 1).corpus_version, levels=[_lv("c1", 1, 50.0, 20.0)])
-    (f,) = bench.compare_previous(cur, prev, 10)
+    (f,) = regression.compare_previous(cur, prev, 10)
     assert f.status == "skip" and "'code-0' then" in f.detail
     same = dict(prev, corpus_version=cur["corpus_version"])
-    assert {x.id for x in bench.compare_previous(cur, same, 10)} == {"bench.regression.c1", "bench.regression.tpot.c1"}
+    assert {x.id for x in regression.compare_previous(cur, same, 10)} == {"bench.regression.c1", "bench.regression.tpot.c1"}
 
 
 def test_code_workloads_are_byte_identical_and_versioned(tmp_path):
@@ -120,7 +122,7 @@ def test_evaluate_compares_with_the_archive(tmp_path, monkeypatch):
     run_dir.mkdir()
     (run_dir / "summary.json").write_text(json.dumps({"deployment": dep.name, "started": "2026-01-01T00:00:00Z"}))
     (run_dir / "40_benchmark.results.json").write_text(json.dumps({"data": dict(cur, levels=[_lv("c1", 1, 100.0, 10.0)])}))
-    res = bench.measure(dep, bench.options_from(dep), archive_root=tmp_path)
+    res = bench.measure(dep, BenchSettings.resolve(dep), archive_root=tmp_path)
     assert [f.id for f in res.findings] == ["bench.regression.c1"] and res.summary["previous_run"]["corpus_version"] == "code-1"
-    assert [f.status for f in bench.measure(dep, bench.options_from(dep), archive_root=tmp_path / "empty").findings] == ["info"]
-    assert bench.measure(dep, bench.options_from(dep), archive_root=None).findings == []   # no archive: not compared
+    assert [f.status for f in bench.measure(dep, BenchSettings.resolve(dep), archive_root=tmp_path / "empty").findings] == ["info"]
+    assert bench.measure(dep, BenchSettings.resolve(dep), archive_root=None).findings == []   # no archive: not compared

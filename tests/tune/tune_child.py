@@ -67,14 +67,12 @@ def main() -> int:
 
     oscalls.interruptible = marked_loop
     if "w2" in variant:
-        options = measure._options
+        settings = measure._settings
 
         def two_workers(*a, **k):
-            o = options(*a, **k)
-            o.workers = 2
-            return o
+            return settings(*a, **k, workers=2)
 
-        measure._options = two_workers
+        measure._settings = two_workers
     if "slow-start" in variant:
         executable = launch._executable
 

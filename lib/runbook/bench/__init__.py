@@ -1,6 +1,8 @@
 """Stage 40: serving benchmarks. `evaluate(spec, options, archive_root)` is the entry point (`runbook
 bench`, 40_benchmark): workload from the frozen corpus, sweep, summary, regression check against the
-previous archived run. metrics.py is pure arithmetic; report.py holds the tables and plots."""
+previous archived run. settings.py declares every setting once (BenchSettings; the options are its view);
+metrics.py is pure arithmetic; report.py holds the tables and plots."""
+from runbook.bench.settings import BenchSettings
 from runbook.bench.stage import STAGE, BenchStageOptions, evaluate
 from runbook.core.lazy import exports
 
@@ -8,10 +10,9 @@ from runbook.core.lazy import exports
 __getattr__, __dir__ = exports(__name__, {"frame": "report", "frames": "report", "plot_cdf": "report", "plot_latency": "report",
     "plot_slo_search": "report", "plot_telemetry": "report", "plot_throughput": "report", "plot_turns": "report",
     "spec_decoding_frame": "report", "text_table": "report", "turns_frame": "report", "server_frame": "report", "queue_frame": "report",
-    "BenchOptions": "run", "BenchResult": "run",
-    "compare_previous": "run", "measure": "run", "options_from": "run",
+    "BenchResult": "run", "compare_previous": "regression", "measure": "run",
     "stats": "metrics", "tpot_s": "metrics", "ttft_s": "metrics"})
 
-__all__ = ["STAGE", "BenchOptions", "BenchResult", "BenchStageOptions", "measure", "compare_previous", "evaluate",
-           "frame", "frames", "options_from", "plot_cdf", "plot_latency", "plot_slo_search", "plot_telemetry", "plot_throughput",
+__all__ = ["STAGE", "BenchResult", "BenchSettings", "BenchStageOptions", "measure", "compare_previous", "evaluate",
+           "frame", "frames", "plot_cdf", "plot_latency", "plot_slo_search", "plot_telemetry", "plot_throughput",
            "plot_turns", "queue_frame", "server_frame", "spec_decoding_frame", "stats", "text_table", "tpot_s", "ttft_s", "turns_frame"]

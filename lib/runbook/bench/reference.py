@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook.bench import run as bench
+from runbook.bench.settings import BenchSettings
 from runbook.bench.sweep import parse_prometheus
 from runbook.bench.telemetry import pick_gauges
 from runbook.core.errors import RunbookError
@@ -177,13 +178,11 @@ class SideBySide:
                 "sglang_tpot_ms_p50": [r["median_tpot_ms"] for r in self.theirs]}
 
 
-def _ours(url: str, model: str, tokenizer: str | Path, c: int, requests: int, input_len: int, output_len: int, seed: int,
-          warmup: int) -> dict[str, Any]:
-    o = bench.BenchOptions(url=url, model=model, concurrency=[c], requests=requests, workload="random", input_len=input_len,
-                           output_len=output_len, tokenizer=str(tokenizer), warmup=warmup, seed=seed, telemetry=False)
+def _ours(o: BenchSettings) -> dict[str, Any]:
+    """Our one random-workload level under `o` (its concurrency), without telemetry."""
     res = bench.run(o)
     if not res.summary["levels"] or not res.summary["levels"][0]["completed"]:
-        raise ReferenceError_(f"our benchmark at concurrency {c} measured nothing: "
+        raise ReferenceError_(f"our benchmark at concurrency {o.concurrency[0]} measured nothing: "
                               + "; ".join(f.title for f in res.findings if f.status in ("fail", "skip")))
     return res.summary["levels"][0]
 
@@ -202,6 +201,8 @@ def side_by_side(client: SGLangClient, url: str, tokenizer: str | Path, concurre
     falls on both alike, so the ratio holds on a busy machine where runs alone vary several-fold. Needs the server's
     /metrics (num_running_reqs). `client`: SGLang's client, started by the caller and reused level after level."""
     model = model or run_sync(model_name(url, None))
+    ours_at = BenchSettings(url=url, model=model, requests=requests, workload="random", input_len=input_len,
+                            output_len=output_len, tokenizer=str(tokenizer), telemetry=False)
     out = []
     for c in concurrency:
         k0 = seed * 100 + c * 10
@@ -212,13 +213,13 @@ def side_by_side(client: SGLangClient, url: str, tokenizer: str | Path, concurre
                 if time.monotonic() > deadline:
                     raise ReferenceError_(f"SGLang's client sent nothing within {start_timeout_s:.0f} s: {client.tail()}")
                 time.sleep(0.05)
-            ours = [_ours(url, model, tokenizer, c, requests, input_len, output_len, k0 + 1, warmup=0)]
+            ours = [_ours(ours_at.model_copy(update={"concurrency": [c], "seed": k0 + 1, "warmup": 0}))]
             out.append(SideBySide(c, ours, [client.result()], "together"))
             continue
         ours, theirs = [], []
         for k, who in enumerate("OSSO"):
             if who == "O":
-                ours.append(_ours(url, model, tokenizer, c, requests, input_len, output_len, k0 + k, warmup=1))
+                ours.append(_ours(ours_at.model_copy(update={"concurrency": [c], "seed": k0 + k, "warmup": 1})))
             else:
                 theirs.append(client.run(url, model, tokenizer, c, requests, input_len, output_len, seed=k0 + k))
         out.append(SideBySide(c, ours, theirs, "OSSO"))

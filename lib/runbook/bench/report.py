@@ -1,6 +1,8 @@
 """Tables and plots from a benchmark summary, and the previous archived run to compare with."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, cast
 
 from runbook.bench import metrics
@@ -11,7 +13,7 @@ from runbook.endpoint.client import RequestRecord
 
 
 def frame(summary: dict[str, Any]):
-    import pandas as pd
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
 
     rows = []
     for s in summary.get("levels", []):
@@ -117,7 +119,7 @@ def plot_latency(summary: dict[str, Any]):
 
 
 def plot_cdf(records: list[RequestRecord]):
-    import numpy as np
+    import numpy as np  # lazy: numpy only when a plot is drawn (the CLI's start-up stays light)
 
     fig, ax = figure((6, 3.4))
     by_level: dict[str, list[float]] = {}
@@ -138,7 +140,7 @@ def plot_cdf(records: list[RequestRecord]):
 
 
 def spec_decoding_frame(summary: dict[str, Any]):
-    import pandas as pd
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
 
     df = pd.DataFrame([{"level": s["label"], "tokens per chunk": s["tokens_per_chunk"], "TPOT p50 ms": s["tpot_ms"]["p50"],
                         "accept length (per request)": s.get("spec_accept_length_mean"), **s.get("spec_accept", {})}
@@ -148,7 +150,7 @@ def spec_decoding_frame(summary: dict[str, Any]):
 
 def turns_frame(summary: dict[str, Any]):
     """Agentic sessions: one row per level and turn index (TTFT, TPOT, input tokens, prefix-cache hit rate)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
 
     rows = [{"level": s["label"], "turn": t["turn"], "requests": t["requests"], "failed": t["failed"],
              "input tokens (mean)": t["input_tokens"]["mean"], "cache hit rate": t["cache_hit_rate"],
@@ -214,9 +216,6 @@ def _load_telemetry(samples: Any) -> list[dict[str, Any]]:
     if hasattr(samples, "levels"):
         return telemetry_samples(samples)
     if isinstance(samples, (str, bytes)) or hasattr(samples, "read_text"):
-        import json
-        from pathlib import Path
-
         return [json.loads(line) for line in Path(samples).read_text(encoding="utf-8").splitlines() if line.strip()]
     return list(samples or [])
 

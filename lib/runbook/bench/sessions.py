@@ -7,7 +7,7 @@ session-specific offset, `input_len` tokens) and a coding question; every later 
 whole conversation so far — the previous answers as assistant messages — plus a synthetic tool
 result (`tool_result_len` tokens of code text, as a user message, since a `tool` message needs a
 matching tool call) and the next question. So the context grows turn by turn and the prefix cache
-decides TTFT. Between turns the session thinks: `think_time_s` fixed, or exponential with that mean.
+decides TTFT. Between turns the session thinks: `think_time` fixed, or exponential with that mean.
 A turn that fails ends its session (the next turn would have nothing to append).
 
 Per turn index the level reports TTFT, TPOT, input tokens and the prefix-cache hit rate: cached
@@ -25,52 +25,44 @@ from typing import Any
 import numpy as np
 
 from runbook.bench import metrics
+from runbook.bench.prompt_text import count_tokens, text_of_length
+from runbook.bench.settings import BenchSettings
 from runbook.bench.sweep import sleep_until
-from runbook.bench.workloads.text import _count, _text_of_length
 from runbook.corpus import code_prompts, code_text
 from runbook.endpoint.client import RequestRecord, RequestSpec
 
 SYSTEM_PROMPT = ("You are a coding agent working in a Python repository. You read files, run the tests and propose "
                  "patches. Think step by step, then answer with the change and a short explanation.")
 TOOLS = ("run_tests", "read_file", "grep")
-THINK_DISTS = ("fixed", "exp")
 
 
 @dataclass
 class SessionPlan:
+    """`sessions` sessions of the run's shape (`o`: turns, lengths, think time, seed), prompts measured with
+    `tokenizer`, lengths through the model's chat template where `chat` (model.tokenizer.ChatCounter) is given."""
     sessions: int
-    turns: int = 4
-    input_len: int = 1024          # repository context per session, tokens
-    output_len: int = 256
-    tool_result_len: int = 256     # synthetic tool output per turn after the first, tokens
-    think_time_s: float = 0.0
-    think_dist: str = "fixed"      # fixed | exp (exponential with mean think_time_s)
-    seed: int = 0
+    o: BenchSettings
     tokenizer: Any = None
+    chat: Any = None
     ignore_eos: bool = True
-    chat: Any = None               # model.tokenizer.ChatCounter: lengths as the chat template renders them
-
-    def __post_init__(self) -> None:
-        if self.think_dist not in THINK_DISTS:
-            raise ValueError(f"think_dist must be one of {', '.join(THINK_DISTS)} (got {self.think_dist!r})")
 
     def _slice(self, offset: int, tokens: int) -> str:
         text = code_text()
         start = offset % max(1, len(text) // 2)
-        return _text_of_length(self.tokenizer, text[start:] + text[:start], max(1, tokens))
+        return text_of_length(self.tokenizer, text[start:] + text[:start], max(1, tokens))
 
     def opening(self, k: int) -> list[dict[str, str]]:
-        ctx = self._slice(k * 104729, self.input_len)
+        ctx = self._slice(k * 104729, self.o.input_len)
         return [{"role": "system", "content": SYSTEM_PROMPT + "\n\n# Repository context\n" + ctx},
                 {"role": "user", "content": self.question(k, 0)}]
 
     def question(self, k: int, t: int) -> str:
         ps = code_prompts()
-        return ps[(k * self.turns + t) % len(ps)]
+        return ps[(k * self.o.turns + t) % len(ps)]
 
     def tool_message(self, k: int, t: int) -> dict[str, str]:
         tool = TOOLS[(k + t) % len(TOOLS)]
-        out = self._slice(k * 7919 + t * 15485863, self.tool_result_len)
+        out = self._slice(k * 7919 + t * 15485863, self.o.tool_result_len)
         return {"role": "user", "content": f"Tool result ({tool}):\n```\n{out}\n```\n\n{self.question(k, t)}"}
 
     def prompt_tokens(self, messages: list[dict[str, str]]) -> int | None:
@@ -82,16 +74,16 @@ class SessionPlan:
             n = self.chat.count(messages)
             if n is not None:
                 return n
-        return sum(_count(self.tokenizer, m["content"]) or 0 for m in messages)
+        return sum(count_tokens(self.tokenizer, m["content"]) or 0 for m in messages)
 
     def think(self, rng: np.random.Generator) -> float:
-        if self.think_time_s <= 0:
+        if self.o.think_time <= 0:
             return 0.0
-        return float(rng.exponential(self.think_time_s)) if self.think_dist == "exp" else self.think_time_s
+        return float(rng.exponential(self.o.think_time)) if self.o.think_dist == "exp" else self.o.think_time
 
     def warmup_requests(self) -> list[RequestSpec]:
         """Warm-up that primes nothing a session will send (its own short question, no context)."""
-        return [RequestSpec(-1, [{"role": "user", "content": "Say hello."}], min(16, self.output_len), None, self.ignore_eos)]
+        return [RequestSpec(-1, [{"role": "user", "content": "Say hello."}], min(16, self.o.output_len), None, self.ignore_eos)]
 
     def driver(self, width: int) -> Callable[[Callable[..., Awaitable[RequestRecord]], float | None], Awaitable[None]]:
         """The level's load for sweep.run_level: `width` workers (the concurrency), each running sessions in turn."""
@@ -100,9 +92,9 @@ class SessionPlan:
             rid = [0]
 
             async def session(k: int) -> None:
-                rng = np.random.default_rng([self.seed, k])
+                rng = np.random.default_rng([self.o.seed, k])
                 msgs = self.opening(k)
-                for t in range(self.turns):
+                for t in range(self.o.turns):
                     if t:
                         pause = self.think(rng)
                         if pause:       # never shorter than drawn (uvloop's timers can fire a millisecond early)
@@ -110,7 +102,7 @@ class SessionPlan:
                         msgs.append(self.tool_message(k, t))
                     if deadline is not None and time.perf_counter() >= deadline:
                         return
-                    spec = RequestSpec(rid[0], list(msgs), self.output_len, self.prompt_tokens(msgs), self.ignore_eos,
+                    spec = RequestSpec(rid[0], list(msgs), self.o.output_len, self.prompt_tokens(msgs), self.ignore_eos,
                                        {"session": k, "turn": t + 1})
                     rid[0] += 1
                     rec = await send(spec)

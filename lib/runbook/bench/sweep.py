@@ -12,8 +12,10 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from runbook.bench import metrics, server_side
+from runbook.bench.settings import BenchSettings
 from runbook.endpoint.client import Client, RequestRecord, RequestSpec
 
 LAG_BOUND_MS = 25.0      # event-loop lag p99 above this: the client, not the server, sets the pace
@@ -45,6 +47,11 @@ class LevelResult:
 
     def __repr__(self) -> str:      # short: see RequestRecord.__repr__
         return f"LevelResult({self.level.label!r}, {len(self.records)} records)"
+
+
+def levels_of(o: BenchSettings) -> list[Level]:
+    """The run's fixed levels: each --concurrency, then each --rate."""
+    return [Level(f"c{c}", concurrency=c) for c in o.concurrency] + [Level(f"r{r:g}", rate=r) for r in o.rates]
 
 
 async def sleep_until(t: float) -> None:
@@ -84,8 +91,6 @@ class LagMonitor:
 
 def parse_prometheus(text: str) -> dict[str, float]:
     """name{labels} -> value for every sample (labels kept in the key, sorted)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -146,7 +151,8 @@ def cache_hit_from_metrics(server: dict[str, Any]) -> float | None:
     return sum(cached) / prompt
 
 
-async def _warmup(client: Client, session: aiohttp.ClientSession, reqs: Sequence[RequestSpec], n: int, conc: int) -> None:
+async def warm_up(client: Client, session: aiohttp.ClientSession, reqs: Sequence[RequestSpec], n: int, conc: int) -> None:
+    """`n` short requests (16 tokens) from `reqs`, `conc` at a time, measured nowhere: the server's first-use costs."""
     if n <= 0 or not len(reqs):
         return
     sem = asyncio.Semaphore(max(1, conc))
@@ -221,7 +227,7 @@ async def _before_level(client: Client, session: aiohttp.ClientSession, reqs: Se
                         flush: bool, scrape_metrics: bool) -> tuple[bool | None, dict[str, float] | None]:
     """Flush the prefix cache, warm up, then scrape /metrics: whether it flushed, and the counters before."""
     flushed = await flush_cache(session, client.base_url) if flush else None
-    await _warmup(client, session, reqs, warmup, conc)
+    await warm_up(client, session, reqs, warmup, conc)
     before = await scrape(session, client.base_url) if scrape_metrics else None
     return flushed, before
 

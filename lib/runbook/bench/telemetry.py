@@ -19,8 +19,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import numpy as np
 
+from runbook.bench.sweep import parse_prometheus
 from runbook.core.units import GIB
 
 # summary key -> the /metrics gauge names it reads (first present wins)
@@ -81,7 +83,7 @@ class Telemetry:
             if self._nvml_in is not None:
                 nv = self._nvml_in
             else:
-                import pynvml  # nvidia-ml-py, the same binding stage 00 uses
+                import pynvml  # lazy: nvidia-ml-py (stage 00's binding) only where a driver may be there
 
                 nv = pynvml
             nv.nvmlInit()
@@ -148,10 +150,6 @@ class Telemetry:
         self.samples.append(s)
 
     async def _scrape(self) -> dict[str, float] | None:
-        import aiohttp
-
-        from runbook.bench.sweep import parse_prometheus
-
         try:
             async with self._session.get(self._base + "/metrics", timeout=aiohttp.ClientTimeout(total=max(2.0, self.interval_s * 2))) as r:
                 if r.status != 200:

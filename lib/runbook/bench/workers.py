@@ -29,15 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from runbook.bench import metrics
-from runbook.bench.sweep import CPU_BOUND_SHARE, LAG_BOUND_MS, Level, LevelResult, _warmup, flush_cache, run_level, scrape, server_deltas
+from runbook.bench.sweep import CPU_BOUND_SHARE, LAG_BOUND_MS, Level, LevelResult, flush_cache, run_level, scrape, server_deltas, warm_up
 from runbook.endpoint.client import Client, RequestRecord, RequestSpec
+from runbook.endpoint.reach import run_sync
+from runbook.model.tokenizer import load_tokenizer
 
 Pool = concurrent.futures.ProcessPoolExecutor
 START_MARGIN_S = 0.3      # the parent sets the common start this far ahead: every worker is waiting by then
 
 
 def _ready() -> int:
-    import runbook.bench.sweep  # noqa: F401 - import once, before any level's clock starts
+    import runbook.bench.sweep  # noqa: F401  # lazy: the spawned worker imports the client before any level's clock starts
     return os.getpid()
 
 
@@ -66,9 +68,6 @@ def close(ex: Pool | None, at_once: bool = False) -> None:
 
 def _one(args: dict[str, Any]) -> dict[str, Any]:
     """In a worker: its share of the level, closed loop, from `start_at`; its records and loop health."""
-    from runbook.endpoint.reach import run_sync
-    from runbook.model.tokenizer import load_tokenizer
-
     c = args["client"]
     client = Client(c["base_url"], c["model"], c["chat"], c["api_key"], c["timeout_s"], load_tokenizer(c["tokenizer"]),
                     extra_body=c["extra_body"], transport=c["transport"])
@@ -103,7 +102,7 @@ async def run_level_workers(ex: Pool, client: Client, tokenizer_path: str | None
     w = len(split)
     async with client.session(limit=level.concurrency) as session:
         flushed = await flush_cache(session, client.base_url) if flush else None
-        await _warmup(client, session, reqs, warmup, level.concurrency)
+        await warm_up(client, session, reqs, warmup, level.concurrency)
         before = await scrape(session, client.base_url)
         cfg = {"base_url": client.base_url, "model": client.model, "chat": client.chat, "api_key": client.api_key,
                "timeout_s": client.timeout_s, "tokenizer": tokenizer_path, "extra_body": client.extra_body,

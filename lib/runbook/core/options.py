@@ -8,10 +8,10 @@ true off. Field name = notebook parameter; `alias` = the CLI flag where the two 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Optional, TypeVar, cast
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
 from runbook.core.errors import InputError
 
@@ -67,6 +67,31 @@ Url = Annotated[str, AfterValidator(_url)]
 ComputeCapability = Annotated[str, AfterValidator(_cc)]
 
 OptionsT = TypeVar("OptionsT", bound=Options)
+
+_INTERNAL = "internal"
+
+
+def internal(default: Any, description: str) -> Any:
+    """A setting the run sets itself (from the spec, or a caller such as tune): no flag, no notebook parameter."""
+    return Field(default, description=description, json_schema_extra={_INTERNAL: True})
+
+
+def options_view(settings: type[Options], name: str, help: dict[str, str] | None = None) -> type[Options]:
+    """A settings model as a stage's options: every field but the `internal()` ones, each optional with None meaning
+    unset (the spec's value, else the setting's default), with the type, bounds, alias and help the settings declare
+    (`help` replaces a field's, e.g. one built from a registry the settings module cannot import). The settings
+    model's cross-field rules run when the options are resolved into settings."""
+    fields: dict[str, Any] = {}
+    for k, f in settings.model_fields.items():
+        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+        if extra.get(_INTERNAL):
+            continue
+        kind = Annotated.__class_getitem__((f.annotation, *f.metadata)) if f.metadata else f.annotation  # type: ignore[attr-defined]
+        fields[k] = (Optional[kind], Field(None, alias=f.alias, description=(help or {}).get(k, f.description),  # noqa: UP045
+                                           json_schema_extra=extra or None))
+    model = create_model(name, __base__=Options, __doc__=f"{settings.__name__}'s settings as options: None is unset.",
+                         __module__=settings.__module__, **fields)
+    return cast(type[Options], model)
 
 
 def flag(model: type[BaseModel], name: str) -> str:

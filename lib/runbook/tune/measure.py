@@ -56,11 +56,11 @@ def buckets(records: list[Any], bounds: list[int]) -> list[dict[str, Any]]:
     return out
 
 
-def _options(spec: Deployment, url: str, **kw: Any) -> Any:
+def _settings(spec: Deployment, url: str, **kw: Any) -> bench.BenchSettings:
     t = spec.tune
-    return bench.options_from(spec, url, workload=t.workload, concurrency=list(t.concurrency), requests=t.requests_per_level,
-                              turns=t.turns, input_len=t.input_len, output_len=t.output_len, tokenizer=tokenizer_dir(spec),
-                              warmup=1, **kw)
+    return bench.BenchSettings.resolve(spec, url=url, workload=t.workload, concurrency=list(t.concurrency),
+                                       requests=t.requests_per_level, turns=t.turns, input_len=t.input_len,
+                                       output_len=t.output_len, tokenizer=tokenizer_dir(spec), warmup=1, **kw)
 
 
 def has_slo(slo: Any) -> bool:
@@ -75,7 +75,7 @@ def run(spec: Deployment, url: str, out: Path | None = None, nvml: Any = None, d
     cspec = spec.model_copy(update={"slo": slo})
     meter = EnergyMeter(nvml)
     meter.start()
-    fixed = bench.measure(cspec, _options(cspec, url, out=out))
+    fixed = bench.measure(cspec, _settings(cspec, url, out=out))
     joules = meter.stop()
     recs = [r for lv in fixed.levels for r in lv.records]
     levels = [{k: lv.get(k) for k in ("label", "concurrency", "completed", "failed", "output_tok_s", "ttft_ms", "tpot_ms",
@@ -89,8 +89,7 @@ def run(spec: Deployment, url: str, out: Path | None = None, nvml: Any = None, d
     acc = [r.spec_accept_length for r in recs if r.ok and r.spec_accept_length]
     doc["accept_length"] = round(sum(acc) / len(acc), 3) if acc else None
     if t.slo_search and has_slo(slo) and (deadline is None or time.monotonic() < deadline):
-        o = _options(cspec, url, find_max="slo")
-        o.find_max_levels = t.search_levels
+        o = _settings(cspec, url, find_max="slo", find_max_levels=t.search_levels)
         search = bench.measure(cspec, o).summary.get("slo_search") or {}
         doc["slo_limit"] = search.get("limit") or 0
         doc["slo_search"] = {k: search.get(k) for k in ("metric", "limit", "first_miss", "resolved", "levels_tried")}

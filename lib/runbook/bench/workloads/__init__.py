@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from runbook.bench.workloads.base import BASE_KEY, BuildParams, LazyRequests, LevelLoad, Workload, WorkloadType
+from runbook.bench.settings import BenchSettings
+from runbook.bench.workloads.base import BASE_KEY, BuildContext, LazyRequests, LevelLoad, Workload, WorkloadType
 from runbook.bench.workloads.file import MAX_WORKLOAD_BYTES, read_workload_file
 from runbook.bench.workloads.registry import (
     WORKLOADS,
+    check,
     contract_gaps,
     describe,
     discover,
@@ -24,22 +26,20 @@ from runbook.bench.workloads.registry import (
     regression_key,
     resolve,
 )
-from runbook.bench.workloads.text import _count, _exact_ids, _text_of_length
 from runbook.bench.workloads.trace import MAX_TRACE_LENGTH, SYNTHETIC_TRACE, TRACE_BLOCK, build_trace, read_trace
 from runbook.corpus import code_prompts, code_text
 
 discover()
 
 
-def build(name: str, n: int, input_len: int = 1024, output_len: int = 256, tokenizer: Any = None,
-          vocab_size: int | None = None, chat: bool = False, seed: int = 0, range_ratio: float = 0.0,
-          ignore_eos: bool = True, trace_speed: float = 1.0) -> Workload:
-    """n requests of the workload `name` selects (a request source's)."""
-    return resolve(name).build(name, n, BuildParams(input_len, output_len, tokenizer, vocab_size, chat, seed, range_ratio,
-                                                    ignore_eos, trace_speed))
+def build(name: str, n: int, tokenizer: Any = None, vocab_size: int | None = None, ignore_eos: bool = True,
+          **settings: Any) -> Workload:
+    """n requests of the workload `name` selects (a request source's), under `settings` (BenchSettings fields:
+    input_len, output_len, chat, seed, ...; the rest at their defaults)."""
+    return resolve(name).build(BenchSettings(workload=name, **settings), n, BuildContext(tokenizer, vocab_size, ignore_eos))
 
 
-__all__ = ["BASE_KEY", "MAX_TRACE_LENGTH", "MAX_WORKLOAD_BYTES", "SYNTHETIC_TRACE", "TRACE_BLOCK", "WORKLOADS", "BuildParams",
-           "LazyRequests", "LevelLoad", "Workload", "WorkloadType", "_count", "_exact_ids", "_text_of_length", "build",
-           "build_trace", "code_prompts", "code_text", "contract_gaps", "describe", "discover", "help_text", "names", "ordered",
+__all__ = ["BASE_KEY", "MAX_TRACE_LENGTH", "MAX_WORKLOAD_BYTES", "SYNTHETIC_TRACE", "TRACE_BLOCK", "WORKLOADS", "BuildContext",
+           "LazyRequests", "LevelLoad", "Workload", "WorkloadType", "build",
+           "build_trace", "check", "code_prompts", "code_text", "contract_gaps", "describe", "discover", "help_text", "names", "ordered",
            "read_trace", "read_workload_file", "register", "regression_key", "resolve"]

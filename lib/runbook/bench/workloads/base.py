@@ -1,20 +1,20 @@
 """The workload contract. A workload is one module in this package defining `WORKLOAD`, an instance of a
 `WorkloadType` subclass that declares, in one place: how `--workload` selects it, a one-line description
-(CLI help, docs), the BenchOptions fields it reads and its checks of them, its regression key, what the
+(CLI help, docs), the settings (bench/settings.py) it reads and its checks of them, its regression key, what the
 sweep may do with it (rate levels, the SLO search, worker processes, A/B), and either a request source
-(`build`) or a session driver (`sessions`). The sweep (bench/run.py) asks the workload and runs levels."""
+(`build`) or a session driver (`sessions`). The run (bench/run.py) asks the workload and runs levels."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
+from runbook.bench.settings import BenchSettings
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
 from runbook.endpoint.records import RequestRecord, RequestSpec
 
 if TYPE_CHECKING:
-    from runbook.bench.run import BenchOptions
     from runbook.bench.sweep import Level, LevelResult
 
 
@@ -69,22 +69,13 @@ class Workload:
     context: Any = None        # a session workload's per-run state (agentic: the chat-template counter)
 
 
-@dataclass
-class BuildParams:
-    """What a request source builds from: `workloads.build`'s keyword arguments."""
-    input_len: int = 1024
-    output_len: int = 256
+@dataclass(frozen=True)
+class BuildContext:
+    """What a request source builds with besides the settings: the loaded tokenizer (None: lengths approximated),
+    the server's vocabulary size (random token ids), and whether the requests ask the server to ignore EOS."""
     tokenizer: Any = None
     vocab_size: int | None = None
-    chat: bool = False
-    seed: int = 0
-    range_ratio: float = 0.0
     ignore_eos: bool = True
-    trace_speed: float = 1.0
-
-    @classmethod
-    def of(cls, o: BenchOptions, tokenizer: Any, vocab_size: int | None) -> BuildParams:
-        return cls(o.input_len, o.output_len, tokenizer, vocab_size, o.chat, o.seed, o.range_ratio, trace_speed=o.trace_speed)
 
 
 Send = Callable[[RequestSpec], Awaitable[RequestRecord]]
@@ -100,7 +91,7 @@ class LevelLoad:
     driver: Driver | None = None
 
 
-# The summary fields every workload's runs must share to be compared (bench.run.compare_previous).
+# The summary fields every workload's runs must share to be compared (bench.regression.compare_previous).
 BASE_KEY = ("workload", "corpus_version", "input_len", "output_len", "chat", "range_ratio")
 
 
@@ -112,7 +103,7 @@ class WorkloadType:
     usage: str = ""                # how it is written in the --workload help; default: the name
     hint: str = ""                 # said after the usage in the help line, in parentheses
     description: str = ""          # one line: what it sends (help, docs)
-    options: tuple[str, ...] = ()  # the BenchOptions fields it reads and checks (the lead's option models read this)
+    options: tuple[str, ...] = ()  # the BenchSettings fields it reads and checks
     regression_key: tuple[str, ...] = BASE_KEY   # summary fields that must match for a regression comparison
     order: int = 100               # place in the help line and the docs
     own_load: str = ""             # it sets its own load ("a trace replays its own"): no --find-max slo
@@ -130,35 +121,35 @@ class WorkloadType:
     def is_driver(self) -> bool:
         return type(self).sessions is not WorkloadType.sessions
 
-    def check(self, o: BenchOptions) -> None:
+    def check(self, o: BenchSettings) -> None:
         """Refuse option combinations this workload cannot measure (InputError with the fix)."""
 
     # A request source:
-    def build(self, ref: str, n: int, p: BuildParams) -> Workload:
-        raise InputError(f"--workload {ref}: runs sessions as they go; it has no fixed list of requests to build")
+    def build(self, o: BenchSettings, n: int, ctx: BuildContext) -> Workload:
+        """`n` requests of the workload `o.workload` selects."""
+        raise InputError(f"--workload {o.workload}: runs sessions as they go; it has no fixed list of requests to build")
 
     # A session driver:
-    def sessions(self, o: BenchOptions, run: Workload, lv: Level, tokenizer: Any) -> LevelLoad:
+    def sessions(self, o: BenchSettings, run: Workload, lv: Level, tokenizer: Any) -> LevelLoad:
         raise NotImplementedError(f"{self.name}: a request source has no session driver")
 
-    def start(self, o: BenchOptions, tokenizer: Any, vocab_size: int | None) -> Workload:
+    def start(self, o: BenchSettings, ctx: BuildContext) -> Workload:
         """The run's workload: described in the summary, and for a source the first requests."""
         if self.is_driver:
             return Workload(self.name, [], False, self.description)
-        return self.build(o.workload, o.requests or 1, BuildParams.of(o, tokenizer, vocab_size))
+        return self.build(o, o.requests or 1, ctx)
 
-    def level(self, o: BenchOptions, run: Workload, lv: Level, n: int, tokenizer: Any,
-              vocab_size: int | None) -> LevelLoad:
+    def level(self, o: BenchSettings, run: Workload, lv: Level, n: int, ctx: BuildContext) -> LevelLoad:
         """One level's load; `n`: the requests the sweep plans for it (a source's)."""
         if self.is_driver:
-            return self.sessions(o, run, lv, tokenizer)
-        return LevelLoad(self.build(o.workload, n, BuildParams.of(o, tokenizer, vocab_size)).requests, o.chat)
+            return self.sessions(o, run, lv, ctx.tokenizer)
+        return LevelLoad(self.build(o, n, ctx).requests, bool(o.chat))
 
-    def levels(self, o: BenchOptions, run: Workload) -> list[Level] | None:
+    def levels(self, o: BenchSettings, run: Workload) -> list[Level] | None:
         """Levels of its own (a trace: one at its recorded times); None: the sweep's --concurrency/--rate levels."""
         return None
 
-    def summary(self, o: BenchOptions, run: Workload) -> dict[str, Any]:
+    def summary(self, o: BenchSettings, run: Workload) -> dict[str, Any]:
         """Fields it adds to the run's summary (those in its regression key)."""
         return {}
 

@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 from runbook.bench import sglang_dump
-from runbook.bench.workloads.base import BuildParams, LazyRequests, Workload, WorkloadType
-from runbook.bench.workloads.text import _count
+from runbook.bench.prompt_text import count_tokens
+from runbook.bench.settings import BenchSettings
+from runbook.bench.workloads.base import BuildContext, LazyRequests, Workload, WorkloadType
 from runbook.core.errors import InputError
 from runbook.core.fsutil import FileRefused, read_regular
 from runbook.endpoint.records import RequestSpec
@@ -50,12 +51,12 @@ class PromptFile(WorkloadType):
     description = 'your prompts: JSON Lines with "prompt" (text or token ids) or "messages", optional "max_tokens"'
     options = ("output_len", "chat")
 
-    def build(self, ref: str, n: int, p: BuildParams) -> Workload:
-        path = Path(ref)
+    def build(self, o: BenchSettings, n: int, ctx: BuildContext) -> Workload:
+        path = Path(o.workload)
         if not path.is_file():
-            from runbook.bench.workloads.registry import named
+            from runbook.bench.workloads.registry import named  # lazy: the registry imports every workload module, this one too
 
-            raise InputError(f"--workload {ref}: not {'|'.join(named())} and not a file")
+            raise InputError(f"--workload {o.workload}: not {'|'.join(named())} and not a file")
         raw, text = read_workload_file(path)
         rows: list[RequestSpec] = []
         for i, line in enumerate(text.splitlines()):
@@ -70,21 +71,21 @@ class PromptFile(WorkloadType):
             if not isinstance(d, dict):
                 raise InputError(f"{path}:{i + 1}: each line must be a JSON object with \"prompt\" (or \"messages\"), "
                                  f"got {type(d).__name__}")
-            prompt = d.get("messages") if p.chat and "messages" in d else d.get("prompt")
+            prompt = d.get("messages") if bool(o.chat) and "messages" in d else d.get("prompt")
             if prompt is None:
                 raise InputError(f"{path}:{i + 1}: needs \"prompt\" (or \"messages\" with --chat)")
-            mt = d.get("max_tokens", p.output_len)
+            mt = d.get("max_tokens", o.output_len)
             n_out = _max_tokens(mt)
             if n_out is None or not 0 < n_out <= 1 << 24:
                 raise InputError(f"{path}:{i + 1}: \"max_tokens\" must be a token count in [1, {1 << 24:,}] (got {str(mt)[:40]!r})")
             rows.append(RequestSpec(len(rows), prompt, n_out,
-                                    _count(p.tokenizer, prompt) if isinstance(prompt, str) else None, p.ignore_eos))
+                                    count_tokens(ctx.tokenizer, prompt) if isinstance(prompt, str) else None, ctx.ignore_eos))
         if not rows:
             raise InputError(f"{path}: no requests")
         base = rows
         lazy = LazyRequests(n, lambda i: RequestSpec(i, base[i % len(base)].prompt, base[i % len(base)].max_tokens,
                                                     base[i % len(base)].prompt_tokens, base[i % len(base)].ignore_eos))
-        return Workload(path.name, lazy, p.tokenizer is not None, f"prompts from {path}",
+        return Workload(path.name, lazy, ctx.tokenizer is not None, f"prompts from {path}",
                         "file-" + hashlib.sha256(raw).hexdigest()[:16])
 
 

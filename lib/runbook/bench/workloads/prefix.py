@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from runbook.bench.workloads.base import BuildParams, LazyRequests, Workload, WorkloadType
-from runbook.bench.workloads.text import _count, _text_of_length
+from runbook.bench.prompt_text import count_tokens, text_of_length
+from runbook.bench.settings import BenchSettings
+from runbook.bench.workloads.base import BuildContext, LazyRequests, Workload, WorkloadType
 from runbook.corpus import VERSION as CORPUS_VERSION
 from runbook.corpus import code_prompts, code_text
 from runbook.endpoint.records import RequestSpec
@@ -17,20 +18,20 @@ class SharedPrefix(WorkloadType):
     options = ("input_len", "output_len", "chat")
     order = 40
 
-    def build(self, ref: str, n: int, p: BuildParams) -> Workload:
-        tokenizer = p.tokenizer
+    def build(self, o: BenchSettings, n: int, ctx: BuildContext) -> Workload:
+        tokenizer = ctx.tokenizer
         shared = ("You are a senior engineer working in this repository. Answer with code.\n\n# Repository context\n"
-                  + _text_of_length(tokenizer, code_text(), max(1, int(p.input_len * 0.9))))
+                  + text_of_length(tokenizer, code_text(), max(1, int(o.input_len * 0.9))))
         ps = code_prompts()
-        pcounts = [_count(tokenizer, shared + q) for q in ps]
+        pcounts = [count_tokens(tokenizer, shared + q) for q in ps]
 
         def one_prefix(i: int) -> RequestSpec:
             q = ps[i % len(ps)]
-            prompt: Any = ([{"role": "system", "content": shared}, {"role": "user", "content": q}] if p.chat
+            prompt: Any = ([{"role": "system", "content": shared}, {"role": "user", "content": q}] if bool(o.chat)
                            else shared + "\n\n# Task\n" + q)
-            return RequestSpec(i, prompt, p.output_len, pcounts[i % len(ps)], p.ignore_eos, {"shared_prefix": True})
+            return RequestSpec(i, prompt, o.output_len, pcounts[i % len(ps)], ctx.ignore_eos, {"shared_prefix": True})
         return Workload(self.name, LazyRequests(n, one_prefix), tokenizer is not None,
-                        f"shared ~{int(p.input_len * 0.9)}-token system prompt + a question per turn", CORPUS_VERSION)
+                        f"shared ~{int(o.input_len * 0.9)}-token system prompt + a question per turn", CORPUS_VERSION)
 
 
 WORKLOAD = SharedPrefix()

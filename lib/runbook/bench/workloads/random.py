@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from runbook.bench.workloads.base import BuildParams, LazyRequests, Workload, WorkloadType
-from runbook.bench.workloads.text import _count
+from runbook.bench.prompt_text import count_tokens
+from runbook.bench.settings import BenchSettings
+from runbook.bench.workloads.base import BuildContext, LazyRequests, Workload, WorkloadType
 from runbook.core.findings import Finding
 from runbook.endpoint.records import RequestSpec
 
@@ -18,14 +19,14 @@ class Random(WorkloadType):
     options = ("input_len", "output_len", "range_ratio", "seed", "chat")
     order = 10
 
-    def build(self, ref: str, n: int, p: BuildParams) -> Workload:
-        import numpy as np  # only when random prompts are built
+    def build(self, o: BenchSettings, n: int, ctx: BuildContext) -> Workload:
+        import numpy as np  # lazy: numpy only when random prompts are built
 
-        rng = np.random.default_rng(p.seed)
-        lo, hi = int(p.input_len * (1 - p.range_ratio)), int(p.input_len * (1 + p.range_ratio))
+        rng = np.random.default_rng(o.seed)
+        lo, hi = int(o.input_len * (1 - o.range_ratio)), int(o.input_len * (1 + o.range_ratio))
         lens = rng.integers(max(1, lo), max(1, hi) + 1, size=n)
-        tokenizer, output_len, ignore_eos, chat = p.tokenizer, p.output_len, p.ignore_eos, p.chat
-        vocab = p.vocab_size or (tokenizer.get_vocab_size() if tokenizer is not None else None)
+        tokenizer, output_len, ignore_eos, chat = ctx.tokenizer, o.output_len, ctx.ignore_eos, bool(o.chat)
+        vocab = ctx.vocab_size or (tokenizer.get_vocab_size() if tokenizer is not None else None)
 
         def gen_random() -> Iterator[RequestSpec]:
             for i, L in enumerate(lens):
@@ -35,13 +36,13 @@ class Random(WorkloadType):
                 elif tokenizer is not None:
                     ids = rng.integers(10, tokenizer.get_vocab_size() - 10, size=int(L)).tolist()
                     txt = tokenizer.decode(ids)
-                    yield RequestSpec(i, txt, output_len, _count(tokenizer, txt), ignore_eos)
+                    yield RequestSpec(i, txt, output_len, count_tokens(tokenizer, txt), ignore_eos)
                 else:
                     words = ["".join(chr(c) for c in rng.integers(97, 123, size=3)) for _ in range(int(L))]
                     yield RequestSpec(i, " ".join(words), output_len, None, ignore_eos)
         exact = bool(vocab and not chat)
         return Workload(self.name, LazyRequests(n, gen_random()), exact,
-                        f"random token ids, input length U[{lo}, {hi}], output {output_len}", f"random-seed{p.seed}")
+                        f"random token ids, input length U[{lo}, {hi}], output {output_len}", f"random-seed{o.seed}")
 
     def findings(self, summary_levels: list[dict[str, Any]]) -> list[Finding]:
         return [Finding("bench.workload", "warn", "random-token prompts: speculative decoding cannot be judged on them",

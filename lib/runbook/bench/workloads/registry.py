@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from runbook.bench.settings import BenchSettings
 from runbook.bench.workloads.base import WorkloadType
 from runbook.core.errors import InputError
 
@@ -12,8 +13,7 @@ WORKLOADS: dict[str, WorkloadType] = {}
 
 
 def register(w: WorkloadType) -> WorkloadType:
-    """Add a workload; ValueError when it breaks the contract (tests also check its option names against
-    BenchOptions, which imports this package)."""
+    """Add a workload; ValueError when it breaks the contract."""
     why = contract_gaps(w)
     if why:
         raise ValueError(f"workload {w.name or type(w).__name__}: {'; '.join(why)}")
@@ -25,8 +25,8 @@ def register(w: WorkloadType) -> WorkloadType:
     return w
 
 
-def contract_gaps(w: WorkloadType, option_fields: set[str] | None = None) -> list[str]:
-    """What `w` lacks of the contract; with `option_fields`, also the option names it declares that are no field."""
+def contract_gaps(w: WorkloadType) -> list[str]:
+    """What `w` lacks of the contract, and the settings it says it reads that are no BenchSettings field."""
     gaps = []
     if not w.name:
         gaps.append("no name")
@@ -36,25 +36,38 @@ def contract_gaps(w: WorkloadType, option_fields: set[str] | None = None) -> lis
         gaps.append("its regression key must start from BASE_KEY (the workload itself at least)")
     if w.is_source == w.is_driver:
         gaps.append("needs exactly one of a request source (build) or a session driver (sessions)")
-    unknown = [o for o in (*w.options, *w.regression_key)
-               if option_fields is not None and o not in option_fields and o not in ("workload", "corpus_version")]
+    unknown = [o for o in w.options if o not in BenchSettings.model_fields]
     if unknown:
-        gaps.append(f"names no BenchOptions field: {', '.join(unknown)}")
+        gaps.append(f"names no BenchSettings field: {', '.join(unknown)}")
     return gaps
 
 
 def discover() -> list[str]:
     """Import this package's modules and register each one's WORKLOAD; the module names that had one."""
-    import runbook.bench.workloads as pkg
-
+    package = importlib.import_module(__name__.rsplit(".", 1)[0])   # by name: no import cycle with the package
     found = []
-    for m in pkgutil.iter_modules(pkg.__path__):
-        mod = importlib.import_module(f"{pkg.__name__}.{m.name}")
+    for m in pkgutil.iter_modules(package.__path__):
+        mod = importlib.import_module(f"{package.__name__}.{m.name}")
         w = getattr(mod, "WORKLOAD", None)
         if isinstance(w, WorkloadType):
             register(w)
             found.append(m.name)
     return found
+
+
+def check(o: BenchSettings) -> None:
+    """What the run may do with the workload `o` selects, as the workload declares it, then the workload's own
+    check of its settings: InputError with the fix."""
+    wt = resolve(o.workload)
+    wt.check(o)
+    if o.find_max is not None and wt.own_load:
+        raise InputError(f"--find-max slo varies the load; {wt.own_load}, so it cannot be searched")
+    if o.workers != 1 and wt.one_process:
+        raise InputError(f"--workers N splits fixed-concurrency levels of --requests over N processes; {wt.one_process} "
+                         "run in one process: drop --workers")
+    if o.compare_url and not wt.paired:
+        unpaired = " or ".join(w.name for w in ordered() if not w.paired)
+        raise InputError(f"--compare-url runs the A/B comparison on single requests; it does not take the {unpaired} workloads")
 
 
 def ordered() -> list[WorkloadType]:

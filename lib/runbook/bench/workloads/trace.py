@@ -9,20 +9,21 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runbook.bench import sglang_dump
-from runbook.bench.workloads.base import BuildParams, LazyRequests, Workload, WorkloadType
+from runbook.bench.prompt_text import count_tokens, exact_ids
+from runbook.bench.settings import BenchSettings
+from runbook.bench.workloads.base import BuildContext, LazyRequests, Workload, WorkloadType
 from runbook.bench.workloads.file import read_workload_file
-from runbook.bench.workloads.text import _count, _exact_ids
 from runbook.core.errors import InputError
 from runbook.corpus import CHARS_PER_TOKEN, code_text
 from runbook.corpus import VERSION as CORPUS_VERSION
 from runbook.endpoint.records import RequestSpec
 
 if TYPE_CHECKING:
-    from runbook.bench.run import BenchOptions
     from runbook.bench.sweep import Level
 
 TRACE_BLOCK = 512         # tokens per Mooncake hash id
@@ -74,8 +75,6 @@ def build_trace(ref: str, n: int, tokenizer: Any = None, chat: bool = False, ign
     if not (speed > 0 and math.isfinite(speed)):
         raise InputError(f"--trace-speed must be a positive number (got {speed})")
     if ref == "synthetic":
-        from importlib import resources
-
         raw = resources.files("runbook.corpus").joinpath("data").joinpath(SYNTHETIC_TRACE).read_bytes()
         text, source = raw.decode(), f"corpus {SYNTHETIC_TRACE}"
     else:
@@ -100,7 +99,7 @@ def build_trace(ref: str, n: int, tokenizer: Any = None, chat: bool = False, ign
         if h not in blocks:
             start = (h * 2654435761) % max(1, len(corpus) // 2)
             body = corpus[start:] + corpus[:start]
-            blocks[h] = (_exact_ids(tokenizer, body, TRACE_BLOCK) if tokenizer is not None
+            blocks[h] = (exact_ids(tokenizer, body, TRACE_BLOCK) if tokenizer is not None
                          else body[: TRACE_BLOCK * CHARS_PER_TOKEN])
         return blocks[h]
 
@@ -119,7 +118,7 @@ def build_trace(ref: str, n: int, tokenizer: Any = None, chat: bool = False, ign
             if exact:
                 return RequestSpec(i, toks, out, len(toks), ignore_eos, meta)
             txt = tokenizer.decode(toks)
-            return RequestSpec(i, txt, out, _count(tokenizer, txt), ignore_eos, meta)
+            return RequestSpec(i, txt, out, count_tokens(tokenizer, txt), ignore_eos, meta)
         txt = "".join(parts)[: r["input"] * CHARS_PER_TOKEN]
         return RequestSpec(i, txt, out, None, ignore_eos, meta)
 
@@ -145,24 +144,24 @@ class Trace(WorkloadType):
     one_process = "traces"
     paired = False
 
-    def check(self, o: BenchOptions) -> None:
+    def check(self, o: BenchSettings) -> None:
         if o.rates:
             raise InputError("--workload trace:FILE replays the trace's own times; --rate does not apply (use --trace-speed)")
 
-    def build(self, ref: str, n: int, p: BuildParams) -> Workload:
-        return build_trace(ref[len(self.prefix or ""):], n, p.tokenizer, p.chat, p.ignore_eos, p.trace_speed)
+    def build(self, o: BenchSettings, n: int, ctx: BuildContext) -> Workload:
+        return build_trace(o.workload[len(self.prefix or ""):], n, ctx.tokenizer, bool(o.chat), ctx.ignore_eos, o.trace_speed)
 
-    def start(self, o: BenchOptions, tokenizer: Any, vocab_size: int | None) -> Workload:
+    def start(self, o: BenchSettings, ctx: BuildContext) -> Workload:
         # The whole trace (or --requests of it): its length and times make the one level.
-        return self.build(o.workload, o.requests or 1 << 30, BuildParams.of(o, tokenizer, vocab_size))
+        return self.build(o, o.requests or 1 << 30, ctx)
 
-    def levels(self, o: BenchOptions, run: Workload) -> list[Level] | None:
-        from runbook.bench.sweep import Level
+    def levels(self, o: BenchSettings, run: Workload) -> list[Level] | None:
+        from runbook.bench.sweep import Level  # lazy: the sweep's HTTP client only when a trace is run
 
         # A trace is its own load: one open-loop level at the recorded times (÷ --trace-speed).
         return [Level("trace" if o.trace_speed == 1 else f"trace-x{o.trace_speed:g}", schedule=run.schedule)]
 
-    def summary(self, o: BenchOptions, run: Workload) -> dict[str, Any]:
+    def summary(self, o: BenchSettings, run: Workload) -> dict[str, Any]:
         return {"trace_speed": o.trace_speed}
 
 

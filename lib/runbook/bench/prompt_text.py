@@ -7,26 +7,28 @@ from typing import Any, cast
 from runbook.corpus import CHARS_PER_TOKEN
 
 
-def _count(tok: Any, text: str) -> int | None:
+def count_tokens(tok: Any, text: str) -> int | None:
+    """Tokens in `text` by the tokenizer (no special tokens); None without one."""
     return len(tok.encode(text, add_special_tokens=False).ids) if tok is not None else None
 
 
-def _exact_ids(tok: Any, text: str, n: int) -> list[int]:
+def exact_ids(tok: Any, text: str, n: int) -> list[int]:
+    """Exactly n token ids: the text's, repeated as often as it takes."""
     ids = tok.encode(text, add_special_tokens=False).ids
     while len(ids) < n:
         ids = ids + ids
     return ids[:n]
 
 
-def _text_of_length(tok: Any, text: str, n: int) -> str:
+def text_of_length(tok: Any, text: str, n: int) -> str:
     """Text that tokenizes to exactly n tokens where the tokenizer allows, else the nearest below."""
     if tok is None:
         while len(text) < n * CHARS_PER_TOKEN:
             text += "\n" + text
         return text[: n * CHARS_PER_TOKEN]
-    ids = _exact_ids(tok, text, n)
+    ids = exact_ids(tok, text, n)
     s = tok.decode(ids)
-    while cast(int, _count(tok, s)) > n and ids:  # tok is not None here
+    while cast(int, count_tokens(tok, s)) > n and ids:  # tok is not None here
         ids = ids[:-1]
         s = tok.decode(ids)
     return s

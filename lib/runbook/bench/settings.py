@@ -1,0 +1,134 @@
+"""Stage 40's settings, each declared once: `BenchSettings` is one run's settings, frozen, which the sweep, the
+workloads and the worker processes read. The stage's options model is the same one as flags and notebook parameters:
+every setting but the internal ones, each optional, None meaning unset (bench/stage.py derives it with
+`options_view`). `BenchSettings.resolve` is the one merge
+of the options with the spec's benchmark plan (CLI, notebook and tune alike). A leaf: nothing else of
+runbook.bench is imported here, so every bench module can import it."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, model_validator
+
+from runbook.core.errors import InputError
+from runbook.core.options import (
+    Fraction,
+    Integer,
+    NonNegFloat,
+    NonNegInt,
+    Options,
+    PosFloat,
+    PosInt,
+    Url,
+    internal,
+    validate,
+)
+from runbook.core.spec import Benchmark, Deployment
+
+DURATION_REQUESTS = 100000   # the request budget of a level bounded by time (built lazily: only those sent)
+MAX_WORKERS = 64
+_PLAN = Benchmark()          # the spec's default plan: the settings' defaults where no spec is given
+
+
+def _transport(name: str) -> str:
+    from runbook.endpoint import client  # lazy: aiohttp only when a transport is named, not for `runbook --help`
+
+    if name not in client.TRANSPORTS:
+        raise ValueError(f"must be one of {', '.join(client.TRANSPORTS)}")
+    return name
+
+
+Transport = Annotated[str, AfterValidator(_transport)]
+
+
+class BenchSettings(Options):
+    url: Url | None = Field(default=None, description="server base URL (default: the spec's host:port)")
+    model: str | None = Field(default=None, description="model name to send (default: the server's first /v1/models entry)")
+    concurrency: list[PosInt] = Field(default_factory=lambda: list(_PLAN.concurrency),
+                                      description="fixed-concurrency levels, e.g. 1,2,4 (default: the spec's plan)")
+    rates: list[PosFloat] = Field(default_factory=list, alias="rate",
+                                  description="Poisson request-rate levels (requests/s), run alone")
+    requests: PosInt | None = Field(default=None, description="measured requests per level (default: the spec's)")
+    duration: PosFloat | None = Field(default=None, description="measure each level for S seconds (no request starts later)")
+    workload: str = Field(default=_PLAN.workload, description="the workload (`runbook bench --help` lists them; default: the spec's)")
+    turns: PosInt = Field(default=4, description="agentic: turns per session (default 4)")
+    think_time: NonNegFloat = Field(default=0.0, description="agentic: pause between turns, fixed or an exponential's mean (default 0)")
+    think_dist: Literal["fixed", "exp"] = Field(default="fixed", description="agentic: think time fixed, or exponential with that mean")
+    tool_result_len: NonNegInt = Field(default=256, description="agentic: synthetic tool-result tokens per turn (default 256)")
+    trace_speed: PosFloat = Field(default=1.0, description="trace:FILE: replay X times as fast (default 1)")
+    find_max: Literal["slo"] | None = Field(default=None, description="slo: bracket then bisect concurrency (or --rate START) for the "
+                                                              "highest load meeting the spec's SLOs, instead of the fixed levels")
+    workers: Annotated[PosInt, Field(le=MAX_WORKERS)] = Field(
+        default=1, description=f"load-generator processes for fixed-concurrency levels (default 1, at most {MAX_WORKERS}): each "
+                       "takes every N-th request and a share of the concurrency, one clock, records merged")
+    transport: Transport | None = Field(default=None, description="HTTP client for the streamed requests: h1 (asyncio "
+                                                          "protocol over httptools; default) or aiohttp")
+    input_len: PosInt = Field(default=_PLAN.input_len, description="prompt tokens (random, longctx, prefix; default: the spec's)")
+    output_len: PosInt = Field(default=_PLAN.output_len, description="generated tokens per request, ignore_eos (default: the spec's)")
+    chat: bool | None = Field(default=None, description="use /v1/chat/completions (default: off)")
+    tokenizer: str | None = Field(default=None, description="dir with tokenizer.json for exact lengths and client token counts")
+    warmup: NonNegInt = Field(default=_PLAN.warmup, description="warm-up requests per level (default: the spec's)")
+    out: Path | None = Field(default=None, description="write records.jsonl and summary.json here", json_schema_extra={"metavar": "DIR"})
+    compare_url: Url | None = Field(default=None, description="A/B: the same workload against this second endpoint")
+    seed: Integer = Field(default=0, description="the workload is deterministic from this seed")
+    timeout: PosFloat = Field(default=600.0, description="per-request timeout, seconds")
+    flush_cache: bool | None = Field(default=None, description="POST /flush_cache before each level; --no-flush-cache: not even when "
+                                                       "the spec's benchmark.flush_cache asks (default: the spec's, off)")
+    archive: str | None = Field(default=None, description="compare with this deployment's newest benchmark archived here "
+                                                  "(default: outputs/; '' to skip)")
+    progress: bool = Field(default=False, description="progress bars on stderr")
+    # Set by the run itself, never a flag or a notebook parameter:
+    api_key_env: str | None = internal(None, "the spec's serving.api_key_env: the variable holding the API key")
+    range_ratio: Fraction = internal(0.0, "random: input lengths drawn from U[L·(1−r), L·(1+r)]")
+    telemetry: bool = internal(True, "NVML + /metrics sampled during each level (bench/telemetry.py)")
+    telemetry_interval_s: PosFloat = internal(1.0, "seconds between telemetry samples")
+    nvml: Any = internal(None, "an NVML module to sample (tests inject one); None: pynvml when a driver is there")
+    find_max_levels: Annotated[Integer, Field(ge=2)] = internal(10, "--find-max slo: at most this many levels")
+
+    @model_validator(mode="after")
+    def _rules(self) -> BenchSettings:
+        if self.requests and self.duration:
+            raise ValueError("--requests and --duration both bound a level: give one")
+        if self.find_max is not None and self.rates and self.concurrency:
+            raise ValueError("--find-max slo searches concurrency or rate, not both: give --concurrency START or --rate START")
+        if self.workers != 1 and (self.rates or self.duration or self.compare_url):
+            raise ValueError("--workers N splits fixed-concurrency levels of --requests over N processes; "
+                             "--rate, --duration and --compare-url run in one process: drop --workers")
+        return self
+
+    @property
+    def server(self) -> str:
+        """The server's base URL: --url, else the spec's (resolve sets it)."""
+        if self.url is None:
+            raise InputError("no server URL: give --url, or a deployment spec")
+        return self.url
+
+    @classmethod
+    def resolve(cls, spec: Deployment | None = None, options: Options | None = None, **values: Any) -> BenchSettings:
+        """The options' set fields, then `values` (what a caller sets itself: internal settings, tune's plan), over the
+        spec's benchmark plan; None is unset everywhere. InputError naming the setting when a value or a rule fails."""
+        names = {f.alias: k for k, f in cls.model_fields.items() if f.alias}      # a flag's name (rate) -> its field
+        given = options.model_dump(exclude_none=True) if options is not None else {}
+        given.update({names.get(k, k): v for k, v in values.items() if v is not None})
+        base: dict[str, Any] = {}
+        if spec is not None:
+            b = spec.benchmark
+            base = {"url": spec.serving.local_url, "concurrency": list(b.concurrency), "workload": b.workload,
+                    "input_len": b.input_len, "output_len": b.output_len, "requests": b.requests_per_level,
+                    "warmup": b.warmup, "flush_cache": b.flush_cache, "api_key_env": spec.serving.api_key_env}
+            if "tokenizer" not in given and "url" not in given:
+                base["tokenizer"] = _spec_tokenizer(spec)
+        if given.get("rates") and "concurrency" not in given:
+            base["concurrency"] = []     # --rate alone runs rate levels alone, not the spec's concurrency plan too
+        if given.get("duration") and "requests" not in given:
+            base.pop("requests", None)   # a level bounded by --duration, not by the spec's request count
+        return validate(cls, {**base, **given})
+
+
+def _spec_tokenizer(spec: Deployment) -> str | None:
+    """Benchmarking the spec's own server: its model's tokenizer, when the checkpoint is here."""
+    from runbook.model.location import locate  # lazy: the model's files only when a spec's server is benchmarked
+
+    loc = locate(spec)
+    return str(loc.path) if loc.path is not None and (loc.path / "tokenizer.json").is_file() else None

@@ -87,3 +87,12 @@ def test_rate_search_and_refusals(knee):
         bench.run(BenchSettings(url=knee.url, find_max="slo", telemetry=False), SLO())
     with pytest.raises(InputError, match="trace"):
         bench.run(BenchSettings(url=knee.url, find_max="slo", workload="trace:synthetic"), SLO(ttft_ms_p99=1.0))
+
+
+def test_the_slo_finding_names_only_the_bounds_the_spec_sets():
+    """An unset SLO is not a bound: the detail never reads "≤ None ms"."""
+    from runbook.bench.level_findings import slo_text
+    from runbook.core.specbase import SLO
+
+    assert slo_text(SLO(ttft_ms_p99=2000, e2e_ms_p99=30000)) == "ttft p99 ≤ 2000 ms, e2e p99 ≤ 30000 ms"
+    assert slo_text(SLO(tpot_ms_p99=45.5)) == "tpot p99 ≤ 45.5 ms"

@@ -84,9 +84,15 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
         meeting = [s for s in ok if metrics.level_meets_slo(s, slo)]
         out.append(Finding("bench.slo", "pass" if meeting else "fail",
                            f"SLOs met up to {meeting[-1]['label']}" if meeting else "no level meets the SLOs",
-                           detail=f"ttft p99 ≤ {slo.ttft_ms_p99} ms, tpot p99 ≤ {slo.tpot_ms_p99} ms",
+                           detail=slo_text(slo),
                            remedy="" if meeting else "Lower concurrency, or revisit the deployment's flags."))
     return out
+
+
+def slo_text(slo: Any) -> str:
+    """The SLOs the spec sets, in words ("ttft p99 ≤ 2000 ms, e2e p99 ≤ 30000 ms"); an unset one is not a bound."""
+    bounds = ((m, getattr(slo, f"{m}_ms_p99", None)) for m in ("ttft", "tpot", "e2e"))
+    return ", ".join(f"{m} p99 ≤ {v:g} ms" for m, v in bounds if v)
 
 
 QUEUE_WARN_MS = 1000.0     # a p99 wait in the server's queue beyond this: the level is past what the server admits at once

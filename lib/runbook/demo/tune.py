@@ -82,13 +82,14 @@ SGLANG_TUNE: dict[str, Any] = {
 SGLANG_TUNE_FLAGS: dict[str, Any] = {"mem-fraction-static": 0.1, "max-total-tokens": 65536}
 
 
-def sglang_spec_data(port: int, candidates: dict[str, dict[str, Any]] | None = None, **tune: Any) -> dict[str, Any]:
+def sglang_spec_data(port: int, candidates: dict[str, dict[str, Any]] | None = None, python: str | None = None,
+                     **tune: Any) -> dict[str, Any]:
     """The SGLang demo deployment (deployments/tiny-llama-sglang-cpu.yaml, paths made absolute) on `port`, with a
-    tune section over SGLang's own knobs."""
+    tune section over SGLang's own knobs; `python`: another serving interpreter for it (the reference's SGLang)."""
     src = sglang.spec_path()
     data = yaml.safe_load(src.read_text(encoding="utf-8"))
     dep = sglang.deployment(port)
-    data["serving"].update(python=dep.serving.python, port=port)
+    data["serving"].update(python=python or dep.serving.python, port=port)
     data["serving"]["flags"].update(SGLANG_TUNE_FLAGS)
     data["model"]["path"] = dep.model.path
     data["tune"] = {**SGLANG_TUNE, "candidates": SGLANG_CANDIDATES if candidates is None else candidates, **tune}

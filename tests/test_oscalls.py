@@ -119,6 +119,24 @@ def test_a_leader_signal_reaches_the_leader_alone_and_every_process_of_the_group
     assert oscalls.group_pids(child.pid) == [] and not oscalls.pid_running(int(kid.read_text()))
 
 
+def test_a_leader_that_waits_on_the_first_signal_gets_a_second(tmp_path):
+    """uvicorn's shutdown waits for its background tasks after one Ctrl-C and stops waiting on the second."""
+    ready = tmp_path / "ready"
+    code = (f"import signal,sys,time\nn=[]\n"
+            f"signal.signal(signal.SIGINT, lambda *a: n.append(1) or (len(n) > 1 and sys.exit(3)))\n"
+            f"open({str(ready)!r},'w').close()\n"
+            f"while True: time.sleep(0.01)\n")
+    fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
+    child = oscalls.SessionChild(sys.executable, [sys.executable, "-c", code], fd, os.environ)
+    os.close(fd)
+    deadline = time.monotonic() + 20
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    child.stop(grace=10, leader_signal=signal.SIGINT)
+    assert child.exited() == "exited with code 3" and time.monotonic() - t0 < 5     # not SIGKILLed after the grace
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_foreground_server_is_stopped_by_the_signal_that_ends_its_wait(tmp_path, sig):
     """`serve` of the demo engines: the signal ends the wait with 128+signal, and the server is stopped, not left."""

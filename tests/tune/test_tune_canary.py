@@ -43,7 +43,8 @@ def test_upgrade_canary_between_two_sglang_versions(tmp_path, fake_systemd):
     rows = {r["name"]: r for r in rep.rows}
 
     # each candidate's flags through its own SGLang's parser
-    parser = {n: next(d["title"] for d in r["precheck_details"] if d["id"] == "service.parser") for n, r in rows.items()}
+    parser = {n: next(d["title"] for d in rows[n]["precheck_details"] if d["id"] == "service.parser")
+              for n in ("reference", "upgrade")}
     assert parser["reference"].startswith(f"SGLang {OLD}'s own parser accepts")
     assert parser["upgrade"].startswith(f"SGLang {NEW}'s own parser accepts")
     skipped = rows["upgrade-old-flag"]

@@ -44,6 +44,7 @@ TAIL_CHARS = 300
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 _POLL_S = 0.05
+REPEAT_S = 0.5              # a leader signal is sent again when the leader is still there after this
 
 
 # --- one failure model ------------------------------------------------------------------------------------------
@@ -411,15 +412,19 @@ class SessionChild:
         return True
 
     def stop(self, grace: float, leader_signal: int | None = None) -> None:
-        """SIGTERM to the group (or `leader_signal` to the leader alone: a server that stops its own children), SIGKILL
-        to the group after `grace` and to any straggler once the leader is gone; then wait until no process of the group
-        is left (at most 10 s more) and reap the leader."""
+        """SIGTERM to the group, or `leader_signal` to the leader alone (a server that stops its own children), twice
+        when it is still there after REPEAT_S (a second Ctrl-C: uvicorn then stops waiting for its background tasks);
+        SIGKILL to the group after `grace` and to any straggler once the leader is gone; then wait until no process of
+        the group is left (at most 10 s more) and reap the leader."""
         if self.proc.returncode is None:
             if leader_signal is None:
                 kill_group(self.pid, signal.SIGTERM)
             else:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(self.pid, leader_signal)
+                for _ in range(2):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(self.pid, leader_signal)
+                    if self._wait(min(REPEAT_S, grace)):
+                        break
             if not self._wait(grace):
                 kill_group(self.pid, signal.SIGKILL)
                 self._wait(10.0)

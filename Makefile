@@ -15,11 +15,11 @@ SERVING_STAMP := $(SERVING)/.installed
 SGLANG_VERSION ?= $(shell sed -n 's/^SGLANG_VERSION = "\(.*\)"/\1/p' lib/runbook/core/__init__.py)
 
 LLAMA_SERVER := .cache/llama-server-0.3.36/llama-server
-# The upgrade canary's SGLang: the newest 0.5.x below SGLANG_VERSION whose server starts on CPU with the serving
-# env's packages (0.5.20: 22 s to ready on the tiny model, as 0.5.23).
+# The upgrade canary's SGLang (one constant: lib/runbook/demo/sglang.py): the newest 0.5.x below SGLANG_VERSION whose
+# server starts on CPU with the serving env's packages.
 CANARY := .venv-serving-canary
 CANARY_STAMP := $(CANARY)/.installed
-CANARY_SGLANG_VERSION := 0.5.20
+CANARY_SGLANG_VERSION ?= $(shell sed -n 's/^CANARY_SGLANG_VERSION = "\(.*\)".*/\1/p' lib/runbook/demo/sglang.py)
 
 .PHONY: run test test-fast lint lab venv serving-env serving-canary demo clean-venv docs docs-check
 

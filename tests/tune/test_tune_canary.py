@@ -8,14 +8,15 @@ import subprocess
 
 import pytest
 
+from runbook.core import SGLANG_VERSION as NEW
 from runbook.core import spec as spec_mod
+from runbook.demo.sglang import CANARY_SGLANG_VERSION as OLD
 from runbook.tune import stage as tune_stage
 from tune.procs import free_port
 
 pytestmark = pytest.mark.sglang
 
 START_S = 240     # one SGLang start on 2 busy cores: 25-55 s measured, with room
-OLD, NEW = "0.5.20", "0.5.23"
 
 
 def test_upgrade_canary_between_two_sglang_versions(tmp_path, fake_systemd):

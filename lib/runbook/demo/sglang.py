@@ -46,6 +46,7 @@ SERVED_NAME = "tiny-llama"
 MAKE_TARGET = "make serving-env"
 # Another SGLang 0.5.x beside .venv-serving (`make serving-canary`, sharing its packages): tune's upgrade canary on CPU.
 CANARY_VENV = ".venv-serving-canary"
+CANARY_SGLANG_VERSION = "0.5.20"     # the newest 0.5.x below SGLANG_VERSION that serves on CPU with its packages
 CANARY_MAKE_TARGET = "make serving-canary"
 
 # The demo deployment: SGLang's flags for CPU (docs/testing.md, "The SGLang CPU engine"), the tiny model, the

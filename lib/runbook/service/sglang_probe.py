@@ -38,9 +38,7 @@ def _flag_chunks(argv):
     return out
 
 
-def check(argv, version, known):
-    from sglang.srt.server_args import prepare_server_args
-
+def check(prepare_server_args, argv, version, known):
     out: dict[str, Any] = {"ok": False, "version": version, "errors": [], "known_flags": known, "resolved": {}}
     args, err, kind = _parse(prepare_server_args, argv)
     if args is not None:
@@ -63,14 +61,14 @@ def check(argv, version, known):
 def main():
     job = json.loads(sys.argv[1])
     import sglang
-    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
 
     p = argparse.ArgumentParser()
     ServerArgs.add_cli_args(p)
     known = sorted({o for a in p._actions for o in a.option_strings if o.startswith("--")})
     version = getattr(sglang, "__version__", None)
     many = bool(job) and isinstance(job[0], list)
-    res = [check(a, version, known) for a in job] if many else check(job, version, known)
+    res = [check(prepare_server_args, a, version, known) for a in job] if many else check(prepare_server_args, job, version, known)
     print(json.dumps(res, default=str))
 
 

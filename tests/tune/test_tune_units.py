@@ -307,3 +307,17 @@ def test_a_failed_sglang_start_is_told_in_sglangs_own_words(tmp_path):
                           "Raise --mem-fraction-static above 0.033")
     log.write_text("[2026-12-05 08:18:40] Load weight end. elapsed=0.04 s\n")
     assert sglang.ENGINE.startup(spec_mod.load(DEFAULT), log, PreCheck("ok")).failure is None
+
+
+def test_the_sglang_demo_adds_the_upgrade_canary_only_where_it_is_built(tmp_path, monkeypatch):
+    from runbook.demo import sglang as demo
+    from runbook.demo import tune as demo_tune
+
+    py = tmp_path / "bin" / "python"
+    monkeypatch.setattr(demo, "canary_python", lambda: py)
+    assert demo_tune.sglang_candidates() == demo_tune.SGLANG_CANDIDATES        # not built: the demo runs without it
+    py.parent.mkdir()
+    py.write_text("")
+    got = demo_tune.sglang_candidates()
+    canary = got.pop(f"sglang-{demo.CANARY_SGLANG_VERSION}")
+    assert got == demo_tune.SGLANG_CANDIDATES and canary["python"] == str(py) and "flags" not in canary

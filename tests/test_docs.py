@@ -56,7 +56,7 @@ EXTERNAL = {
     "--without-pip": "python -m venv",
     "--enable-metrics": SGLANG, "--enable-cache-report": SGLANG, "--schedule-conservativeness": SGLANG,
     "--random-range-ratio": SGLANG_BENCH,
-    "--lag": CLIENT_CEILING, "--send-overhead": CLIENT_CEILING,
+    "--lag": CLIENT_CEILING, "--send-overhead": CLIENT_CEILING, "--engine": "benchmarks/tune_overhead.py",
     "--jinja": "llama.cpp's llama-server",
     "--retry": "curl", "--retry-all-errors": "curl",
     "--no-pager": "journalctl", "--now": "systemctl", "--test": "systemd", "--user": "systemd-run",

@@ -173,6 +173,23 @@ def test_many_units_are_checked_one_by_one_when_the_one_run_does_not_answer_for_
     assert [len(runs), [f[0].status for f in got]] == [3, ["pass", "pass"]]
 
 
+def test_a_batch_cut_short_by_a_signal_is_not_run_again_unit_by_unit():
+    import signal
+    import subprocess
+
+    from runbook.core import oscalls
+    runs = []
+
+    def fake(cmd, **kw):
+        runs.append(cmd)
+        oscalls.current().record(signal.SIGINT)      # Ctrl-C reached the parser's process group too: it died
+        return subprocess.CompletedProcess(cmd, -2, "", "KeyboardInterrupt")
+
+    with oscalls.on_signals(), pytest.raises(oscalls.Interrupted):
+        service.check_flags_many([service.render(dep())[0]] * 2, "/py", fake)
+    assert len(runs) == 1
+
+
 def test_cross_checks(tmp_path):
     envf = tmp_path / "qwen.env"
     envf.write_text("SGLANG_API_KEY=sk-abcdef123456\n")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runbook.core import registry
+from runbook.core import oscalls, registry
 from runbook.core.errors import InputError, SpecError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
@@ -88,7 +88,11 @@ def check_flags_many(rs: list[Rendered], python: str, run: Callable = subprocess
     except (IndexError, ValueError):
         res = None
     if not (isinstance(res, list) and len(res) == len(rs)):
-        return [check_flags(r, python, run) for r in rs]
+        out = []
+        for r in rs:
+            oscalls.current().check()       # the one run may have died of tune's Ctrl-C: stop, not rerun each
+            out.append(check_flags(r, python, run))
+        return out
     return [_parser_findings(r, a, x) for r, a, x in zip(rs, argvs, res, strict=True)]
 
 

@@ -15,8 +15,13 @@ SERVING_STAMP := $(SERVING)/.installed
 SGLANG_VERSION ?= $(shell sed -n 's/^SGLANG_VERSION = "\(.*\)"/\1/p' lib/runbook/core/__init__.py)
 
 LLAMA_SERVER := .cache/llama-server-0.3.36/llama-server
+# The upgrade canary's SGLang (one constant: lib/runbook/demo/sglang.py): the newest 0.5.x below SGLANG_VERSION whose
+# server starts on CPU with the serving env's packages.
+CANARY := .venv-serving-canary
+CANARY_STAMP := $(CANARY)/.installed
+CANARY_SGLANG_VERSION ?= $(shell sed -n 's/^CANARY_SGLANG_VERSION = "\(.*\)".*/\1/p' lib/runbook/demo/sglang.py)
 
-.PHONY: run test test-fast lint lab venv serving-env demo clean-venv docs docs-check
+.PHONY: run test test-fast lint lab venv serving-env serving-canary demo clean-venv docs docs-check
 
 $(RUNTIME): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +57,24 @@ $(SERVING_STAMP): requirements-serving.txt deploy/serving/torchvision_cpu.pth
 
 serving-env: $(SERVING_STAMP)
 
+# A second SGLang beside the first, for tune's upgrade canary (tests/tune/test_tune_canary.py, `make demo`): a venv of
+# .venv-serving's interpreter without pip whose site-packages holds only sglang $(CANARY_SGLANG_VERSION) (--no-deps),
+# then .venv-serving's site-packages through a .pth (addsitedir: its own .pth files, torchvision_cpu among them, run
+# too). Its own site-packages comes first, so its sglang shadows $(SGLANG_VERSION); everything else is shared: 170 MB
+# and seconds to build instead of a second 3 GB venv. Nothing of .venv-serving is written.
+$(CANARY_STAMP): $(SERVING_STAMP)
+	rm -rf $(CANARY)
+	$(SERVING)/bin/python -m venv --without-pip $(CANARY)
+	site="$$($(CANARY)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+	&& $(SERVING)/bin/python -m pip install -q --no-deps --target "$$site" sglang==$(CANARY_SGLANG_VERSION) \
+	&& echo "import site; site.addsitedir('$$($(SERVING)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
+	  > "$$site/serving-env.pth"
+	test "$$($(CANARY)/bin/python -c 'import importlib.metadata as m, sglang.launch_server; print(m.version("sglang"))')" \
+	  = $(CANARY_SGLANG_VERSION) || { echo "serving-canary: SGLang $(CANARY_SGLANG_VERSION) does not import in $(CANARY)" >&2; exit 1; }
+	@touch $@
+
+serving-canary: $(CANARY_STAMP)
+
 # Runs every notebook on the default deployment and archives it under outputs/.
 # Exit 1 (a check failed) is a result, shown in the summary: only 2 (a notebook could not run)
 # or 75 (another run holds the lock) fail `make run`. The CLI itself keeps all codes for cron.
@@ -66,7 +89,7 @@ $(LLAMA_SERVER): $(RUNTIME)
 
 # The whole runbook against the real SGLang server on CPU (the serving env), tune on SGLang candidates, then tune
 # on llama-server candidates (runbook/demo/runbook.py).
-demo: $(RUNTIME) $(SERVING_STAMP) $(LLAMA_SERVER)
+demo: $(RUNTIME) $(SERVING_STAMP) $(CANARY_STAMP) $(LLAMA_SERVER)
 	@if [ -x $(SERVING)/bin/python ]; then export RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python; fi; \
 	$(PY) -m runbook.demo runbook
 
@@ -86,7 +109,7 @@ docs-check: $(DEV)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir "$$out/site" >"$$out/log" 2>&1 \
 	  || { cat "$$out/log"; echo "docs-check: mkdocs build --strict failed" >&2; exit 1; }
 
-test: $(DEV) $(SERVING_STAMP) $(LLAMA_SERVER) lint docs-check
+test: $(DEV) $(SERVING_STAMP) $(CANARY_STAMP) $(LLAMA_SERVER) lint docs-check
 	RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python $(PY) -m pytest $(PYTEST_ARGS)
 
 # The unit tests in under two minutes: no serving interpreter, llama-server, notebooks, browser or servers
@@ -101,4 +124,4 @@ lab: $(RUNTIME)
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 clean-venv:
-	rm -rf $(VENV) $(SERVING)
+	rm -rf $(VENV) $(SERVING) $(CANARY)

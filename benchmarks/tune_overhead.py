@@ -3,7 +3,8 @@ on the real SGLang server on CPU (runbook.demo.sglang; RUNBOOK_SERVING_PYTHON or
 
 Per candidate, tune's overhead is its launch-to-result time less the server's own start-up (launch to
 ready) and the benchmark: the pre-check, reading the start-up log, the accuracy guard, teardown, the
-GPU-memory check and archiving the result. The guard is shown apart (it is measurement too, of accuracy).
+GPU-memory check and archiving the result. The guard is shown apart (it is measurement too, of accuracy). The
+pre-check runs once for all candidates (one SGLang parser run per interpreter): each row shows its share.
 
     .venv/bin/python benchmarks/tune_overhead.py [--engine sglang] [--candidates 3] [--requests 4] [--output-len 16]
 """
@@ -51,14 +52,15 @@ def main() -> int:
             path = write_spec(Path(d) / "tiny.yaml", exe, model, demo.free_port(), candidates=cands, **small)
         rep = stage.evaluate(spec_mod.load(path), stage.TuneOptions(archive=d))
     rows = [r for r in rep.rows if r["status"] == "done"]
-    print(f"{'candidate':<11} {'pre-check':>9} {'ready':>7} {'bench':>7} {'guard':>7} {'total':>7} {'overhead':>9} {'w/o guard':>9}")
+    print(f"{'candidate':<11} {'pre-check':>9} {'ready':>7} {'bench':>7} {'guard':>7} {'teardown':>8} {'total':>7} {'overhead':>9} "
+          f"{'w/o guard':>9}")
     over, core = [], []
     for r in rows:
         o = r["total_s"] + r["precheck_s"] - r["ready_s"] - r["bench_s"]
         over.append(o)
         core.append(o - r["guard_s"])
         print(f"{r['name']:<11} {r['precheck_s']:>8.3f}s {r['ready_s']:>6.2f}s {r['bench_s']:>6.2f}s {r['guard_s']:>6.2f}s "
-              f"{r['total_s']:>6.2f}s {o:>8.2f}s {o - r['guard_s']:>8.2f}s")
+              f"{r['teardown_s']:>7.2f}s {r['total_s']:>6.2f}s {o:>8.2f}s {o - r['guard_s']:>8.2f}s")
     if rows:
         print(f"median overhead per candidate: {statistics.median(over):.2f} s with the guard, "
               f"{statistics.median(core):.2f} s without it ({len(rows)} candidates)")

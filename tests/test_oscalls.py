@@ -94,6 +94,49 @@ def test_a_session_child_is_stopped_with_its_group(tmp_path):
     assert not oscalls.pid_running(int(kid.read_text()))
 
 
+def test_a_leader_signal_reaches_the_leader_alone_and_every_process_of_the_group_is_waited_for(tmp_path):
+    """leader_signal (SGLang's SIGINT): only the main process gets it; a child that outlives it (here it ignores
+    SIGINT and SIGTERM) is SIGKILLed with the group, and stop returns only once no process of the group is left."""
+    kid, got = tmp_path / "kid", tmp_path / "got"
+    code = (f"import signal,subprocess,sys,time\n"
+            f"p=subprocess.Popen([sys.executable,'-c','import signal,time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            f"signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)'])\n"
+            f"open({str(kid)!r},'w').write(str(p.pid))\n"
+            f"try: time.sleep(300)\n"
+            f"except KeyboardInterrupt: open({str(got)!r},'w').write('SIGINT')\n")
+    fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
+    child = oscalls.SessionChild(sys.executable, [sys.executable, "-c", code], fd, os.environ)
+    os.close(fd)
+    deadline = time.monotonic() + 20
+    while not kid.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)                                      # the grandchild's handlers are set
+    assert sorted(oscalls.group_pids(child.pid)) == sorted([child.pid, int(kid.read_text())])
+    t0 = time.monotonic()
+    child.stop(grace=10, leader_signal=signal.SIGINT)
+    assert time.monotonic() - t0 < 5                     # the leader exits on SIGINT: no grace period spent
+    assert got.read_text() == "SIGINT" and child.exited() == "exited with code 0"
+    assert oscalls.group_pids(child.pid) == [] and not oscalls.pid_running(int(kid.read_text()))
+
+
+def test_a_leader_that_waits_on_the_first_signal_gets_a_second(tmp_path):
+    """uvicorn's shutdown waits for its background tasks after one Ctrl-C and stops waiting on the second."""
+    ready = tmp_path / "ready"
+    code = (f"import signal,sys,time\nn=[]\n"
+            f"signal.signal(signal.SIGINT, lambda *a: n.append(1) or (len(n) > 1 and sys.exit(3)))\n"
+            f"open({str(ready)!r},'w').close()\n"
+            f"while True: time.sleep(0.01)\n")
+    fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
+    child = oscalls.SessionChild(sys.executable, [sys.executable, "-c", code], fd, os.environ)
+    os.close(fd)
+    deadline = time.monotonic() + 20
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    child.stop(grace=10, leader_signal=signal.SIGINT)
+    assert child.exited() == "exited with code 3" and time.monotonic() - t0 < 5     # not SIGKILLed after the grace
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_foreground_server_is_stopped_by_the_signal_that_ends_its_wait(tmp_path, sig):
     """`serve` of the demo engines: the signal ends the wait with 128+signal, and the server is stopped, not left."""

@@ -139,6 +139,57 @@ def test_real_sglang_parser_names_the_bad_flag(arg, fid, title, remedy):
     assert fid in f and f[fid].status == "fail" and f[fid].title.startswith(title) and remedy in f[fid].remedy
 
 
+@pytest.mark.serving
+@needs_parser
+def test_real_sglang_parser_checks_many_units_in_one_run(monkeypatch):
+    """tune's candidates: one run of the interpreter for all of them, each unit's findings as check_flags gives."""
+    import subprocess
+    runs = []
+
+    def counted(cmd, **kw):
+        runs.append(cmd)
+        return subprocess.run(cmd, **kw)
+
+    units = [service.render(dep(), service.parse_args(a))[0] for a in ([], ["kv-cahce-dtype=bf16"], ["kv-cache-dtype=fp7"])]
+    got = service.check_flags_many(units, SERVING_PY, counted)
+    assert len(runs) == 1
+    assert [[(x.id, x.status, x.title) for x in f] for f in got] == \
+        [[(x.id, x.status, x.title) for x in service.check_flags(u, SERVING_PY)] for u in units]
+    assert [f[0].status for f in got] == ["pass", "fail", "fail"]
+
+
+def test_many_units_are_checked_one_by_one_when_the_one_run_does_not_answer_for_all():
+    import subprocess
+    runs = []
+
+    def fake(cmd, **kw):
+        job = json.loads(cmd[-1])
+        runs.append(job)
+        one = {"ok": True, "version": "x", "known_flags": []}
+        out = [one] if isinstance(job[0], list) else one        # the batch answers for one unit of two
+        return subprocess.CompletedProcess(cmd, 0, json.dumps(out), "")
+
+    got = service.check_flags_many([service.render(dep())[0]] * 2, "/py", fake)
+    assert [len(runs), [f[0].status for f in got]] == [3, ["pass", "pass"]]
+
+
+def test_a_batch_cut_short_by_a_signal_is_not_run_again_unit_by_unit():
+    import signal
+    import subprocess
+
+    from runbook.core import oscalls
+    runs = []
+
+    def fake(cmd, **kw):
+        runs.append(cmd)
+        oscalls.current().record(signal.SIGINT)      # Ctrl-C reached the parser's process group too: it died
+        return subprocess.CompletedProcess(cmd, -2, "", "KeyboardInterrupt")
+
+    with oscalls.on_signals(), pytest.raises(oscalls.Interrupted):
+        service.check_flags_many([service.render(dep())[0]] * 2, "/py", fake)
+    assert len(runs) == 1
+
+
 def test_cross_checks(tmp_path):
     envf = tmp_path / "qwen.env"
     envf.write_text("SGLANG_API_KEY=sk-abcdef123456\n")

@@ -310,3 +310,7 @@ def test_systemd_run_properties_are_valid_for_systemd(tmp_path):
 
     assert verify(props) == ""
     assert "Failed to parse kill mode" in verify([*props, "KillMode=control-grup"])     # the check can fail
+    stop_int = systemd_run_argv(Launch(("/bin/sleep", "5"), tmp_path / "u.log", 8000, stop_signal=signal.SIGINT),
+                                "/bin/sleep", "runbook-tune-8000.service", user=False)
+    props = [a.split("=", 1)[1] for a in stop_int if a.startswith("--property=")]
+    assert "KillSignal=SIGINT" in props and verify(props) == ""

@@ -232,6 +232,26 @@ def test_start_up_log_findings_of_a_candidate_that_ran_reach_the_verdict():
     assert got[0].evidence == "verify.fp8_kv_scales, verify.tokens" and got[0].remedy == "--kv-cache-dtype bf16"
 
 
+def test_an_upgrade_canary_is_named_by_the_versions_the_servers_report():
+    """Two interpreters running different SGLang versions: the difference is the version, with its direction, not
+    their paths; the same version in another interpreter is still named by the interpreter."""
+    from runbook.tune import guard
+
+    old = {"flags": {"dtype": "bfloat16"}, "python": "/old/bin/python", "version": "0.5.20", "kv_dtype": "bfloat16"}
+    new = {**old, "python": "/new/bin/python", "version": "0.5.23"}
+    diffs = guard.differences(old, new)
+    assert diffs == [{"what": "SGLang version", "flag": "version", "reference": "0.5.20", "candidate": "0.5.23"}]
+    assert guard.tested(diffs) == "SGLang version 0.5.20 → 0.5.23"
+    assert guard.remedy(diffs).startswith("Greedy output changed between SGLang versions")
+    same = guard.differences(old, {**new, "version": "0.5.20"})
+    assert [d["flag"] for d in same] == ["python"]
+    unknown = guard.differences({**old, "version": None}, new)      # a server without /server_info: its path
+    assert [d["flag"] for d in unknown] == ["python"]
+    dep = spec_mod.load(DEFAULT)
+    g = guard.compare(dep, {"identity": ["a b c"], "setup": old}, {"identity": ["a b c"], "setup": new})
+    assert g["versions"] == {"reference": "0.5.20", "candidate": "0.5.23"} and g["tested"] == "SGLang version 0.5.20 → 0.5.23"
+
+
 def test_the_guard_names_the_difference_it_tested_and_its_remedy():
     from runbook.tune import guard
 
@@ -287,3 +307,17 @@ def test_a_failed_sglang_start_is_told_in_sglangs_own_words(tmp_path):
                           "Raise --mem-fraction-static above 0.033")
     log.write_text("[2026-12-05 08:18:40] Load weight end. elapsed=0.04 s\n")
     assert sglang.ENGINE.startup(spec_mod.load(DEFAULT), log, PreCheck("ok")).failure is None
+
+
+def test_the_sglang_demo_adds_the_upgrade_canary_only_where_it_is_built(tmp_path, monkeypatch):
+    from runbook.demo import sglang as demo
+    from runbook.demo import tune as demo_tune
+
+    py = tmp_path / "bin" / "python"
+    monkeypatch.setattr(demo, "canary_python", lambda: py)
+    assert demo_tune.sglang_candidates() == demo_tune.SGLANG_CANDIDATES        # not built: the demo runs without it
+    py.parent.mkdir()
+    py.write_text("")
+    got = demo_tune.sglang_candidates()
+    canary = got.pop(f"sglang-{demo.CANARY_SGLANG_VERSION}")
+    assert got == demo_tune.SGLANG_CANDIDATES and canary["python"] == str(py) and "flags" not in canary

@@ -44,6 +44,7 @@ TAIL_CHARS = 300
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 _POLL_S = 0.05
+REPEAT_S = 0.5              # a leader signal is sent again when the leader is still there after this
 
 
 # --- one failure model ------------------------------------------------------------------------------------------
@@ -410,16 +411,46 @@ class SessionChild:
             time.sleep(_POLL_S)
         return True
 
-    def stop(self, grace: float) -> None:
-        """SIGTERM to the group, SIGKILL after `grace`, SIGKILL to any straggler of the group, then reap."""
+    def stop(self, grace: float, leader_signal: int | None = None) -> None:
+        """SIGTERM to the group, or `leader_signal` to the leader alone (a server that stops its own children), twice
+        when it is still there after REPEAT_S (a second Ctrl-C: uvicorn then stops waiting for its background tasks);
+        SIGKILL to the group after `grace` and to any straggler once the leader is gone; then wait until no process of
+        the group is left (at most 10 s more) and reap the leader."""
         if self.proc.returncode is None:
-            kill_group(self.pid, signal.SIGTERM)
+            if leader_signal is None:
+                kill_group(self.pid, signal.SIGTERM)
+            else:
+                for _ in range(2):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(self.pid, leader_signal)
+                    if self._wait(min(REPEAT_S, grace)):
+                        break
             if not self._wait(grace):
                 kill_group(self.pid, signal.SIGKILL)
                 self._wait(10.0)
             kill_group(self.pid, signal.SIGKILL)    # the leader is not reaped yet: its pid is still this group's id
+            deadline = time.monotonic() + 10.0
+            while group_pids(self.pid) and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5.0)
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The live processes (not zombies) of process group `pgid`, from /proc; [] where there is no /proc."""
+    out = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+                out.append(int(name))
+    return out
 
 
 def kill_group(pgid: int, sig: int) -> None:

@@ -6,7 +6,8 @@ types, its n-gram speculative decoding).
    demo deployment (deployments/tiny-llama-sglang-cpu.yaml on that port): the plan, the unit, verify on the
    server's own log and /server_info, the benchmark and accuracy against it.
 2. The server is stopped (tune takes the deployment's port), and stage 60 launches SGLang candidates for real
-   (demo/tune.py: radix cache off, chunked prefill, an FP8 KV cache without scales, a flag SGLang refuses).
+   (demo/tune.py: radix cache off, chunked prefill, an FP8 KV cache without scales, a flag SGLang refuses, and the
+   same flags on SGLang 0.5.20 where `make serving-canary` built it: the upgrade canary's A/B).
 3. Stage 60 on llama-server candidates (its own CPU deployment).
 
 Each `runbook run` archives under --out; the figures come from tiny CPU models and say nothing about a deployment."""

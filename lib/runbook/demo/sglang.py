@@ -44,6 +44,10 @@ from runbook.service import build
 MODEL_VERSION = "tiny-llama-hf-v1"
 SERVED_NAME = "tiny-llama"
 MAKE_TARGET = "make serving-env"
+# Another SGLang 0.5.x beside .venv-serving (`make serving-canary`, sharing its packages): tune's upgrade canary on CPU.
+CANARY_VENV = ".venv-serving-canary"
+CANARY_SGLANG_VERSION = "0.5.20"     # the newest 0.5.x below SGLANG_VERSION that serves on CPU with its packages
+CANARY_MAKE_TARGET = "make serving-canary"
 
 # The demo deployment: SGLang's flags for CPU (docs/testing.md, "The SGLang CPU engine"), the tiny model, the
 # serving interpreter; paths relative to the spec file.
@@ -120,6 +124,11 @@ def serving_python() -> Path:
         return Path(env)
     src = spec_path()
     return _beside(src, specmod.load(src).serving.python)
+
+
+def canary_python() -> Path:
+    """The upgrade canary's interpreter in this checkout (`make serving-canary`); it may not be built."""
+    return Path(os.path.abspath((paths.repo_root() or Path.cwd()) / CANARY_VENV / "bin" / "python"))
 
 
 def _beside(spec_file: Path, p: str) -> Path:

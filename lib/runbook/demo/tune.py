@@ -57,7 +57,7 @@ def write_spec(path: Path, exe: Path, model_dir: Path, port: int, **kw: Any) -> 
 
 # SGLang's own knobs on CPU (the real server, runbook.demo.sglang). `fp8-kv` is the story: an FP8 KV cache with
 # no scales, which SGLang's log flags and the guard compares with the BF16 reference; `old-flag` is a flag this
-# SGLang refuses, skipped by its own parser before anything is launched.
+# SGLang refuses, skipped by its own parser before anything is launched. sglang_candidates() adds the upgrade canary.
 SGLANG_CANDIDATES: dict[str, dict[str, Any]] = {
     "no-radix": {"description": "radix (prefix) cache off", "flags": {"disable-radix-cache": True}},
     "chunked-512": {"description": "chunked prefill of 512 tokens, 8 running requests",
@@ -66,6 +66,17 @@ SGLANG_CANDIDATES: dict[str, dict[str, Any]] = {
                "flags": {"kv-cache-dtype": "fp8_e4m3"}},
     "old-flag": {"description": "a flag this SGLang does not have", "flags": {"enable-dp-lm-head-typo": True}},
 }
+
+def sglang_candidates() -> dict[str, dict[str, Any]]:
+    """The demo's SGLang candidates, and the upgrade canary where `make serving-canary` has built it (make demo does):
+    the same flags on the other SGLang version installed beside the serving env."""
+    py = sglang.canary_python()
+    if not py.is_file():
+        return dict(SGLANG_CANDIDATES)
+    v = sglang.CANARY_SGLANG_VERSION
+    return {**SGLANG_CANDIDATES, f"sglang-{v}": {"python": str(py), "description": f"the same flags on SGLang {v} (an "
+                                                                                  "upgrade canary, here the other way round)"}}
+
 
 SGLANG_TUNE: dict[str, Any] = {
     "engine": "sglang", "workload": "code", "concurrency": [1, 2], "requests_per_level": 4, "turns": 1,
@@ -82,16 +93,17 @@ SGLANG_TUNE: dict[str, Any] = {
 SGLANG_TUNE_FLAGS: dict[str, Any] = {"mem-fraction-static": 0.1, "max-total-tokens": 65536}
 
 
-def sglang_spec_data(port: int, candidates: dict[str, dict[str, Any]] | None = None, **tune: Any) -> dict[str, Any]:
+def sglang_spec_data(port: int, candidates: dict[str, dict[str, Any]] | None = None, python: str | None = None,
+                     **tune: Any) -> dict[str, Any]:
     """The SGLang demo deployment (deployments/tiny-llama-sglang-cpu.yaml, paths made absolute) on `port`, with a
-    tune section over SGLang's own knobs."""
+    tune section over SGLang's own knobs; `python`: another serving interpreter for it (the reference's SGLang)."""
     src = sglang.spec_path()
     data = yaml.safe_load(src.read_text(encoding="utf-8"))
     dep = sglang.deployment(port)
-    data["serving"].update(python=dep.serving.python, port=port)
+    data["serving"].update(python=python or dep.serving.python, port=port)
     data["serving"]["flags"].update(SGLANG_TUNE_FLAGS)
     data["model"]["path"] = dep.model.path
-    data["tune"] = {**SGLANG_TUNE, "candidates": SGLANG_CANDIDATES if candidates is None else candidates, **tune}
+    data["tune"] = {**SGLANG_TUNE, "candidates": sglang_candidates() if candidates is None else candidates, **tune}
     return data
 
 

@@ -13,7 +13,7 @@ from runbook.service.render import render
 from runbook.service.stage import STAGE, ServiceOptions, evaluate
 
 # Imported on first use (core/lazy.py): the registry imports this package to read its contract.
-__getattr__, __dir__ = exports(__name__, {"check_flags": "check", "cross_checks": "check",
+__getattr__, __dir__ = exports(__name__, {"check_flags": "check", "check_flags_many": "check", "cross_checks": "check",
     "serving_python": "check", "verify_unit": "check", "redact_server_info": "drift",
     "server_state": "drift", "InstallResult": "install", "wait_ready": "install",
     "Build": "render", "Rendered": "render", "build": "render", "effective_flags": "render", "parse_args": "render",
@@ -21,6 +21,6 @@ __getattr__, __dir__ = exports(__name__, {"check_flags": "check", "cross_checks"
     "plan_frame": "report", "ServiceReport": "stage", "assemble": "stage"})
 
 __all__ = ["STAGE", "Build", "InstallResult", "Rendered", "ServiceOptions", "ServiceReport", "assemble", "build",
-           "changes_frame", "check", "check_flags", "cross_checks", "diff", "drift", "drift_frame", "effective_flags",
+           "changes_frame", "check", "check_flags", "check_flags_many", "cross_checks", "diff", "drift", "drift_frame", "effective_flags",
            "evaluate", "install", "parse_args", "plan_frame", "recommended_flags", "redact_server_info", "render",
            "server_state", "serving_python", "verify_unit", "wait_ready"]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runbook.core import registry
+from runbook.core import oscalls, registry
 from runbook.core.errors import InputError, SpecError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
@@ -57,16 +57,46 @@ def abbreviations(argv: list[str], known: list[str], ver: Any = None) -> list[Fi
     return out
 
 
-def check_flags(r: Rendered, python: str, run: Callable = subprocess.run) -> list[Finding]:
+def _probe_argv(r: Rendered) -> list[str]:
     # Only the renderer's own --api-key ${VAR} is hidden; a literal ${...} in a flag value is what SGLang gets.
-    argv = [("REDACTED" if i and r.argv[i - 1] == "--api-key" else w) for i, w in enumerate(r.argv)][3:]
+    return [("REDACTED" if i and r.argv[i - 1] == "--api-key" else w) for i, w in enumerate(r.argv)][3:]
+
+
+def _parser_failed(python: str, cp: Any) -> list[Finding]:
+    tail = (cp.stderr or "").strip().splitlines()[-1:] or ["no output"]
+    return [Finding("service.parser", "fail", "could not run SGLang's argument parser", evidence=tail[0],
+                    remedy=f"Check that `{python} -c 'import sglang.srt.server_args'` works.")]
+
+
+def check_flags(r: Rendered, python: str, run: Callable = subprocess.run) -> list[Finding]:
+    argv = _probe_argv(r)
     cp = run([python, str(PROBE), json.dumps(argv)], capture_output=True, text=True, timeout=180)
     try:
         res = json.loads(cp.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        tail = (cp.stderr or "").strip().splitlines()[-1:] or ["no output"]
-        return [Finding("service.parser", "fail", "could not run SGLang's argument parser", evidence=tail[0],
-                        remedy=f"Check that `{python} -c 'import sglang.srt.server_args'` works.")]
+        return _parser_failed(python, cp)
+    return _parser_findings(r, argv, res)
+
+
+def check_flags_many(rs: list[Rendered], python: str, run: Callable = subprocess.run) -> list[list[Finding]]:
+    """check_flags for many units in one run of `python` (importing SGLang is most of a check's seconds); each
+    unit on its own when that one run does not answer for all."""
+    argvs = [_probe_argv(r) for r in rs]
+    cp = run([python, str(PROBE), json.dumps(argvs)], capture_output=True, text=True, timeout=180 + 10 * len(rs))
+    try:
+        res = json.loads(cp.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        res = None
+    if not (isinstance(res, list) and len(res) == len(rs)):
+        out = []
+        for r in rs:
+            oscalls.current().check()       # the one run may have died of tune's Ctrl-C: stop, not rerun each
+            out.append(check_flags(r, python, run))
+        return out
+    return [_parser_findings(r, a, x) for r, a, x in zip(rs, argvs, res, strict=True)]
+
+
+def _parser_findings(r: Rendered, argv: list[str], res: dict[str, Any]) -> list[Finding]:
     ver = res.get("version")
     where = f" on node {r.node}" if r.node else ""
     known = res.get("known_flags", [])

@@ -1,6 +1,8 @@
 """Validate an SGLang argv with SGLang's own parser. Run by the serving interpreter:
 
-    python sglang_args.py '<json argv>'   ->  one JSON line: {ok, version, error, errors[], known_flags[], resolved{}}
+    python sglang_probe.py '<json argv>'   ->  one JSON line: {ok, version, error, errors[], known_flags[], resolved{}}
+    python sglang_probe.py '<json [argv, ...]>'   ->  one JSON line: a list of those, one per argv (one import of
+                                                      SGLang for many command lines: tune's candidates)
 
 When the whole argv fails, each flag is parsed on its own so every problem is named.
 """
@@ -36,15 +38,8 @@ def _flag_chunks(argv):
     return out
 
 
-def main():
-    argv = json.loads(sys.argv[1])
-    import sglang
-    from sglang.srt.server_args import ServerArgs, prepare_server_args
-
-    p = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(p)
-    known = sorted({o for a in p._actions for o in a.option_strings if o.startswith("--")})
-    out: dict[str, Any] = {"ok": False, "version": getattr(sglang, "__version__", None), "errors": [], "known_flags": known, "resolved": {}}
+def check(prepare_server_args, argv, version, known):
+    out: dict[str, Any] = {"ok": False, "version": version, "errors": [], "known_flags": known, "resolved": {}}
     args, err, kind = _parse(prepare_server_args, argv)
     if args is not None:
         out["ok"] = True
@@ -60,7 +55,21 @@ def main():
             _, e, k = _parse(prepare_server_args, model + words)
             if e and k == "argparse":  # a flag alone can fail semantic checks that the full argv passes
                 out["errors"].append({"flag": flag, "error": e})
-    print(json.dumps(out, default=str))
+    return out
+
+
+def main():
+    job = json.loads(sys.argv[1])
+    import sglang
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
+
+    p = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(p)
+    known = sorted({o for a in p._actions for o in a.option_strings if o.startswith("--")})
+    version = getattr(sglang, "__version__", None)
+    many = bool(job) and isinstance(job[0], list)
+    res = [check(prepare_server_args, a, version, known) for a in job] if many else check(prepare_server_args, job, version, known)
+    print(json.dumps(res, default=str))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ def _candidate(r: dict[str, Any], plan_only: bool) -> Finding:
                        detail=f"tested: {g['tested']}" if g.get("tested") else "",
                        remedy=g.get("remedy") or "Do not serve this candidate: it changes the model's answers.")
     return Finding("tune.ran", "pass" if r.get("verdict") != "failed" else "fail",
-                   f"{name}: ran; {r.get('verdict')}", detail="; ".join(c["title"] for c in g.get("checks", [])))
+                   f"{name}: ran; {r.get('verdict')}", detail="; ".join([c["title"] for c in g.get("checks", [])]
+                                                                        + ([f"tested: {g['tested']}"] if g.get("tested") else [])))
 
 
 def _startup(r: dict[str, Any]) -> Finding | None:

@@ -26,6 +26,9 @@ def _recall_lengths(spec: Deployment, context: int | None) -> list[int]:
 # Flags that can change greedy tokens, by what a finding calls them, in the order a remedy names them; any other
 # flag that differs is named by itself.
 KINDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("SGLang version", (),       # from each server's own /server_info, not a flag: an upgrade canary
+     "Greedy output changed between SGLang versions: kernels and defaults change between releases. Check recall and "
+     "the tool-call probe on the new version, and read its release notes, before upgrading."),
     ("KV cache dtype", ("kv-cache-dtype", "quantization-param-path", "cache-type-k", "cache-type-v"),
      "The KV cache dtype changed greedy output. An FP8 KV cache without calibrated k/v scales runs at scale 1.0 (SGLang "
      "logs \"no scaling factors provided\") and clips outliers: keep the BF16 KV cache (--kv-cache-dtype bf16, not "
@@ -50,12 +53,13 @@ def _kind(flag: str) -> tuple[str, str] | None:
     return None
 
 
-def setup(spec: Deployment, observed: dict[str, Any] | None) -> dict[str, Any]:
-    """What a server ran with, for naming the difference a comparison tests: its flags, interpreter and the KV dtype
-    its start-up log reports (on SGLang `auto` resolves there: an FP8 checkpoint gives an FP8 KV cache)."""
+def setup(spec: Deployment, observed: dict[str, Any] | None, version: str | None = None) -> dict[str, Any]:
+    """What a server ran with, for naming the difference a comparison tests: its flags, interpreter, the SGLang version
+    it reports (/server_info) and the KV dtype its start-up log reports (on SGLang `auto` resolves there: an FP8
+    checkpoint gives an FP8 KV cache)."""
     return {"flags": {k: v for k, v in spec.serving.flags.items() if k not in ("port", "host")},
             "python": spec.serving.python if spec.tune.engine == "sglang" else None,
-            "kv_dtype": (observed or {}).get("kv_dtype")}
+            "version": version, "kv_dtype": (observed or {}).get("kv_dtype")}
 
 
 def differences(ref: dict[str, Any] | None, got: dict[str, Any] | None) -> list[dict[str, Any]] | None:
@@ -66,7 +70,10 @@ def differences(ref: dict[str, Any] | None, got: dict[str, Any] | None) -> list[
     out = []
     if ref.get("kv_dtype") and got.get("kv_dtype") and ref["kv_dtype"] != got["kv_dtype"]:
         out.append({"what": "KV cache dtype", "flag": "kv_dtype", "reference": ref["kv_dtype"], "candidate": got["kv_dtype"]})
-    if ref.get("python") != got.get("python"):
+    if ref.get("version") and got.get("version") and ref["version"] != got["version"]:
+        # the interpreters differ by the version they run: named by it, not by their paths
+        out.append({"what": "SGLang version", "flag": "version", "reference": ref["version"], "candidate": got["version"]})
+    elif ref.get("python") != got.get("python"):
         out.append({"what": "serving interpreter (SGLang version)", "flag": "python", "reference": ref.get("python"),
                     "candidate": got.get("python")})
     fa, fb = ref.get("flags") or {}, got.get("flags") or {}
@@ -87,6 +94,9 @@ def tested(diffs: list[dict[str, Any]] | None) -> str:
         return "no difference from the reference in flags or interpreter"
     groups: dict[str, list[str]] = {}
     for d in diffs:       # one entry per kind: the log's KV dtype, then the flags that set it
+        if d["flag"] == "version":      # an upgrade has a direction
+            groups.setdefault(d["what"], []).append(f"SGLang version {d['reference']} → {d['candidate']}")
+            continue
         flag = "" if d["flag"] in ("kv_dtype", "python") else f"--{d['flag']} "
         groups.setdefault(d["what"], []).append(f"{flag}{d['reference']} vs {d['candidate']}")
     parts = [(f"{what}: " if what not in v[0] else "") + v[0] + (f" ({'; '.join(v[1:])})" if v[1:] else "")
@@ -108,10 +118,11 @@ def remedy(diffs: list[dict[str, Any]] | None) -> str:
     return text
 
 
-def record(spec: Deployment, url: str, context: int | None, observed: dict[str, Any] | None = None) -> dict[str, Any]:
+def record(spec: Deployment, url: str, context: int | None, observed: dict[str, Any] | None = None,
+           version: str | None = None) -> dict[str, Any]:
     """What the guard compares: greedy outputs, recall answers, tool-call cases passed; and the server's setup."""
     g = spec.tune.guard
-    out: dict[str, Any] = {"identity": [], "recall": None, "toolcall": None, "setup": setup(spec, observed)}
+    out: dict[str, Any] = {"identity": [], "recall": None, "toolcall": None, "setup": setup(spec, observed, version)}
     if g.identity_prompts:
         recs = run_sync(accuracy.greedy_outputs(url, code_prompts()[:g.identity_prompts], g.identity_max_tokens))
         out["identity"] = [r.text if r.error_kind in (None, "no_output") else None for r in recs]
@@ -163,7 +174,9 @@ def compare(spec: Deployment, ref: dict[str, Any], got: dict[str, Any]) -> dict[
         checks.append({"probe": "toolcall", "status": "fail" if c["failed"] > r["failed"] else "pass",
                        "title": f"tool-call probe: {c['failed']} failing checks (reference {r['failed']})"})
     status = "fail" if any(x["status"] == "fail" for x in checks) else ("pass" if checks else "skip")
-    out: dict[str, Any] = {"status": status, "checks": checks, "tested": tested(diffs), "differences": diffs}
+    out: dict[str, Any] = {"status": status, "checks": checks, "tested": tested(diffs), "differences": diffs,
+                           "versions": {"reference": (ref.get("setup") or {}).get("version"),
+                                        "candidate": (got.get("setup") or {}).get("version")}}
     if status == "fail":
         out["remedy"] = remedy(diffs)
     return out

@@ -24,6 +24,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import time
 import urllib.error
 from collections.abc import Callable, Iterator, Mapping
@@ -70,6 +71,7 @@ class Launch:
     ready_timeout_s: float = 600.0
     systemd: bool = False
     unit_name: str | None = None
+    stop_signal: int | None = None      # None: SIGTERM to every process; else sent to the server's main process alone
 
 
 @dataclass
@@ -147,7 +149,11 @@ class _Child:
         finally:
             os.close(fd)
         self.pid: int | None = self.proc.pid
-        self.exited, self.alive, self.stop = self.proc.exited, self.proc.alive, self.proc.stop
+        self.exited, self.alive = self.proc.exited, self.proc.alive
+        self.stop_signal = launch.stop_signal
+
+    def stop(self, grace: float) -> None:
+        self.proc.stop(grace, self.stop_signal)
 
 
 class _Unit:
@@ -221,6 +227,7 @@ def systemd_run_argv(launch: Launch, exe: str, unit: str, user: bool) -> list[st
              f"--property=StandardOutput=file:{launch.log_path}", "--property=StandardError=inherit",
              "--property=KillMode=control-group", f"--property=TimeoutStopSec={int(GRACE_S)}s",
              "--property=SendSIGKILL=yes"] +
+            ([f"--property=KillSignal={signal.Signals(launch.stop_signal).name}"] if launch.stop_signal else []) +
             [f"--setenv={k}" for k in sorted(launch.env)] +   # the value comes from systemd-run's environment
             ["--", exe, *(a.replace("$", "$$") for a in launch.argv[1:])])  # $ is systemd's variable syntax
 

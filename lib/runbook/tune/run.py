@@ -111,21 +111,29 @@ def _row(c: Candidate, pre: PreCheck) -> dict[str, Any]:
 
 
 def precheck_all(ctx: Ctx, cands: list[Candidate]) -> list[tuple[Candidate, PreCheck, dict[str, Any]]]:
+    """Every candidate checked together (the engine's precheck_many: one SGLang parser run per interpreter, not per
+    candidate); each row's `precheck_s` is its share of that time."""
     t = ctx.spec.tune
     longest = t.longest_context or max(t.buckets)
-    out = []
+    oscalls.current().check()
+    t0 = time.monotonic()
+    pres: dict[str, PreCheck] = {}
+    todo = []
     for c in cands:
-        oscalls.current().check()
-        t0 = time.monotonic()
         if c.python and not (os.path.isfile(c.python) and os.access(c.python, os.X_OK)):
             # an upgrade canary's interpreter must be here: its parser is the check, and tune launches it here
-            pre = PreCheck("skipped", f"its serving interpreter {c.python} is not on this machine (an SGLang upgrade "
-                                      "canary runs on the host that has it)")
+            pres[c.name] = PreCheck("skipped", f"its serving interpreter {c.python} is not on this machine (an SGLang "
+                                               "upgrade canary runs on the host that has it)")
         else:
-            pre = ctx.engine.precheck(cands_mod.apply(ctx.spec, c), longest, list(t.buckets))
-        row = _row(c, pre)
-        row["precheck_s"] = round(time.monotonic() - t0, 3)
-        out.append((c, pre, row))
+            todo.append(c)
+    checked = ctx.engine.precheck_many([cands_mod.apply(ctx.spec, c) for c in todo], longest, list(t.buckets))
+    pres.update(zip((c.name for c in todo), checked, strict=True))
+    share = round((time.monotonic() - t0) / max(1, len(cands)), 3)
+    out = []
+    for c in cands:
+        row = _row(c, pres[c.name])
+        row["precheck_s"] = share
+        out.append((c, pres[c.name], row))
     oscalls.current().check()       # before production is touched
     return out
 
@@ -140,7 +148,7 @@ def _launch(ctx: Ctx, cspec: Deployment, log_path: Path) -> Any:
     timeout = min(t.ready_timeout_s or float(ctx.spec.systemd.timeout_start_sec), t.budget_per_candidate_s, max(1.0, _left(ctx)))
     host = "127.0.0.1" if cspec.serving.host in ("0.0.0.0", "::", "") else cspec.serving.host
     return launch.Launch(tuple(argv), log_path, cspec.serving.port, host, env, ctx.engine.ready_path(cspec), timeout,
-                  systemd=t.systemd_run)
+                  systemd=t.systemd_run, stop_signal=ctx.engine.stop_signal)
 
 
 def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) -> dict[str, Any]:
@@ -156,6 +164,7 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
         with launch.launched(_launch(ctx, cspec, log_path)) as srv:   # by the module: tests stand in for it
             row["ready_s"] = round(srv.ready_s, 2)
             row["server_info"] = ctx.engine.live(cspec, srv.url)
+            row["sglang_version"] = row["server_info"].get("version")     # what the server says it runs
             st = ctx.engine.startup(cspec, log_path, pre)
             row.update(observed=st.observed, startup=st.details)
             shutdown.check()
@@ -191,7 +200,7 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
 
 def _guard(ctx: Ctx, cspec: Deployment, c: Candidate, row: dict[str, Any], url: str) -> None:
     context = (row.get("observed") or {}).get("context_len") or (row.get("predicted") or {}).get("context_len")
-    got = guard.record(cspec, url, context, row.get("observed"))
+    got = guard.record(cspec, url, context, row.get("observed"), row.get("sglang_version"))
     row["guard_outputs"] = got
     if c.name == ctx.spec.tune.reference:
         ctx.reference = got

@@ -31,8 +31,13 @@ class Startup:
 
 class Engine(Protocol):
     name: str
+    stop_signal: int | None     # how a candidate is asked to stop: None, SIGTERM to all its processes (launch.Launch)
 
     def precheck(self, spec: Deployment, longest: int, buckets: list[int]) -> PreCheck: ...
+
+    def precheck_many(self, specs: list[Deployment], longest: int, buckets: list[int]) -> list[PreCheck]:
+        """precheck of each, in order; together where that is cheaper (SGLang: one parser run per interpreter)."""
+        ...
 
     def launch_env(self, spec: Deployment) -> tuple[list[str], dict[str, str]]:
         """(argv with secrets filled in, extra environment) for the launch."""

@@ -111,6 +111,7 @@ def _host_memory() -> int:
 
 class Llama:
     name = "llama-server"
+    stop_signal = None          # one process: SIGTERM
 
     def precheck(self, spec: Deployment, longest: int, buckets: list[int]) -> PreCheck:
         exe = binary(spec)
@@ -137,6 +138,9 @@ class Llama:
             {"id": "tune.llama.context", "status": "warn",
              "title": f"{pred['context_len']:,} tokens per slot exceed the model's training context {pred['context_train']:,}"}]
         return PreCheck("skipped" if why else "ok", why or "", details, pred, argv)
+
+    def precheck_many(self, specs: list[Deployment], longest: int, buckets: list[int]) -> list[PreCheck]:
+        return [self.precheck(s, longest, buckets) for s in specs]     # --help is read once per binary (flag_table)
 
     def launch_env(self, spec: Deployment) -> tuple[list[str], dict[str, str]]:
         s = spec.serving

@@ -20,10 +20,8 @@ LIB = REPO / "lib" / "runbook"
 KNOWN_CYCLES: list[set[str]] = []
 
 # Imports inside functions without a `# lazy:` reason, per file (relative to lib/runbook), today: all in packages
-# reworked elsewhere (accuracy, runner, service, tune, verify) and endpoint.
+# reworked elsewhere (runner, service, tune, verify) and endpoint.
 UNEXPLAINED_LAZY: dict[str, int] = {
-    "accuracy/kvquant.py": 2, "accuracy/minilm.py": 3, "accuracy/probes.py": 3, "accuracy/report.py": 3,
-    "accuracy/stage.py": 1, "accuracy/toolcall.py": 1,
     "endpoint/reach.py": 2,
     "runner/archive.py": 3, "runner/guard.py": 2, "runner/notebook.py": 3, "runner/params.py": 2, "runner/run.py": 2,
     "runner/upload.py": 1,

@@ -19,12 +19,6 @@ MIN_HALF = 3
 # "file:qualified name" -> the stage whose options it repeats, today: packages reworked elsewhere, and SGLang's own
 # client (bench/reference.py), whose arguments are bench_serving's.
 KNOWN_REPEATS: dict[str, str] = {
-    "accuracy/identity.py:outputs": "accuracy", "accuracy/identity.py:compare": "accuracy",
-    "accuracy/identity.py:compare_configs": "accuracy", "accuracy/identity.py:batch_invariance": "accuracy",
-    "accuracy/probes.py:run_recall": "accuracy", "accuracy/probes.py:run_identity": "accuracy",
-    "accuracy/recall.py:build_items": "accuracy", "accuracy/recall.py:ask": "accuracy", "accuracy/stage.py:assess": "accuracy",
-    "accuracy/toolcall.py:ToolCallReport": "accuracy", "accuracy/toolcall.py:_body": "accuracy",
-    "accuracy/toolcall.py:probe": "accuracy", "accuracy/toolcall.py:run": "accuracy",
     "bench/reference.py:SGLangClient.submit": "accuracy", "bench/reference.py:SGLangClient.run": "accuracy",
     "bench/reference.py:side_by_side": "accuracy",
     "kv/defaults.py:mem_fraction_static": "kv_memory", "kv/memory.py:Inputs": "kv_memory", "kv/memory.py:Result": "kv_memory",

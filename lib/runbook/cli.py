@@ -10,6 +10,7 @@ import argparse
 import json
 import shlex
 import sys
+import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -212,7 +213,9 @@ def _add_stage(sub: Any, stage: Stage) -> None:
     for name, metavar in _POSITIONAL.items():
         if name in fields:
             f = fields[name]
-            choices = typing.get_args(f.annotation) if typing.get_origin(f.annotation) is typing.Literal else None
+            kind = next((k for k in typing.get_args(f.annotation) if k is not type(None)), f.annotation) \
+                if typing.get_origin(f.annotation) in (typing.Union, types.UnionType) else f.annotation   # an options view's X | None
+            choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None
             p.add_argument(name, nargs="?", choices=choices, default=f.default, metavar=metavar if not choices else None,
                            help=f.description)
     _add_deployment(p)

@@ -8,6 +8,7 @@ from aiohttp import web
 from bench.rawsse import RawServer, Reply, sse
 
 from runbook.accuracy import identity, probes
+from runbook.accuracy.settings import AccuracySettings
 from runbook.core.secrets import MASK
 from runbook.corpus import code_prompts
 from runbook.endpoint.reach import run_sync
@@ -66,7 +67,7 @@ def test_fp8_vs_bf16_is_named_the_kv_dtype_not_speculative_decoding(servers):
     """The story's servers differ in their KV dtype: the finding and its remedy say so (they once blamed speculative
     decoding whatever the servers differed in)."""
     a, b = servers(SAME, BASE), servers(OTHER, FP8)
-    rows, (f,) = run_sync(identity.compare(a.url, b.url, PROMPTS, max_tokens=8))
+    rows, (f,) = run_sync(identity.compare(AccuracySettings(max_tokens=8), a.url, b.url, PROMPTS))
     assert f.status == "fail" and f.title.startswith("greedy outputs differ on 2 of 4 prompts")
     assert "KV cache dtype: auto vs fp8_e4m3" in f.title
     assert "KV cache dtype" in f.remedy and "speculative" not in f.remedy.lower(), f.remedy
@@ -80,7 +81,7 @@ def test_fp8_vs_bf16_is_named_the_kv_dtype_not_speculative_decoding(servers):
 def test_entry_point_carries_the_differences_and_a_batch_finding_of_its_own(servers):
     spec = dict(BASE, speculative_algorithm="EAGLE", speculative_num_steps=3)
     a, b = servers(OTHER, spec), servers(SAME, BASE)
-    res = probes.run_identity(a.url, b.url, n=4, max_tokens=8, concurrency=4)
+    res = probes.run_identity(AccuracySettings(probe="identity", url=a.url, compare_url=b.url, prompts=4, max_tokens=8, concurrency=4))
     f = {x.id: x for x in res.findings}
     mism = f["accuracy.identity.mismatch"]
     assert mism.status == "fail" and "speculative decoding: EAGLE vs off" in mism.title
@@ -103,7 +104,7 @@ def test_batch_variance_is_a_warn_naming_the_prompts(servers):
             r = InfoServer(["", "", "seven EIGHT", ""], None)._reply(body)
         return r
     a.handler = flaky
-    res = probes.run_identity(a.url, None, n=4, max_tokens=8, concurrency=4)
+    res = probes.run_identity(AccuracySettings(url=a.url, prompts=4, max_tokens=8, concurrency=4))
     f = {x.id: x for x in res.findings}
     assert f["accuracy.identity.endpoint"].status == "skip"          # no second server: no pair check
     bf = f["accuracy.identity.batch"]
@@ -114,7 +115,7 @@ def test_batch_variance_is_a_warn_naming_the_prompts(servers):
 
 def test_a_server_without_server_info_makes_the_difference_unknown(servers):
     a, b = servers(SAME, None), servers(OTHER, BASE)
-    rows, (f,) = run_sync(identity.compare(a.url, b.url, PROMPTS, max_tokens=8))
+    rows, (f,) = run_sync(identity.compare(AccuracySettings(max_tokens=8), a.url, b.url, PROMPTS))
     assert f.status == "fail" and "what differs is unknown" in f.title
     assert a.url in f.remedy and "speculative" not in f.remedy.lower()
 
@@ -160,7 +161,7 @@ def test_secrets_in_server_info_never_show(servers):
     launch = f"python -m sglang.launch_server --api-key {key} --port 30000"
     a = servers(SAME, dict(BASE, api_key=key, admin_api_key=key, launch_command=launch))
     b = servers(OTHER, dict(BASE, api_key=key + "x", launch_command=launch.replace("30000", "30001")))
-    rows, (f,) = run_sync(identity.compare(a.url, b.url, PROMPTS, max_tokens=8))
+    rows, (f,) = run_sync(identity.compare(AccuracySettings(max_tokens=8), a.url, b.url, PROMPTS))
     d = identity.config_differences(identity.server_config(a.url), identity.server_config(b.url))
     text = json.dumps([f.to_dict(), d, rows])
     assert key[:10] not in text and MASK in json.dumps(d)     # not even the start of it

@@ -3,14 +3,15 @@ assert prompt construction, exact token lengths, scoring and the A/B arithmetic,
 import json
 
 from runbook.accuracy import identity, probes, recall
+from runbook.accuracy.settings import AccuracySettings
 from runbook.endpoint.reach import run_sync
 from runbook.model.tokenizer import load_tokenizer
 
 
 def test_items_are_deterministic_and_exact(llama):
     tok = load_tokenizer(llama.model_dir)
-    a = recall.build_items([256, 512], [0.1, 0.5, 0.9], tok, seed=7)
-    b = recall.build_items([256, 512], [0.1, 0.5, 0.9], tok, seed=7)
+    a = recall.build_items(AccuracySettings(lengths=[256, 512], depths=[0.1, 0.5, 0.9], seed=7), tok)
+    b = recall.build_items(AccuracySettings(lengths=[256, 512], depths=[0.1, 0.5, 0.9], seed=7), tok)
     assert [i.prompt for i in a] == [i.prompt for i in b] and len(a) == 6
     assert [i.prompt_tokens for i in a] == [256] * 3 + [512] * 3
     text = tok.decode(a[2].prompt)
@@ -18,7 +19,8 @@ def test_items_are_deterministic_and_exact(llama):
 
 
 def test_recall_against_llama_server(llama, tmp_path):
-    doc, f = probes.run_recall(llama.url, [256, 512], [0.25, 0.75], str(llama.model_dir), seed=1, out=tmp_path)
+    doc, f = probes.run_recall(AccuracySettings(url=llama.url, lengths=[256, 512], depths=[0.25, 0.75],
+                                                 tokenizer=str(llama.model_dir), seed=1, out=str(tmp_path)))
     assert [(c["length"], c["depth"], c["total"]) for c in doc["grid"]] == [(256, 0.25, 1), (256, 0.75, 1), (512, 0.25, 1), (512, 0.75, 1)]
     assert [r["prompt_tokens_server"] for r in doc["results"]] == [256, 256, 512, 512]   # exact lengths on the server
     assert all(r["error"] is None for r in doc["results"])
@@ -44,8 +46,8 @@ def test_scoring_and_grid_and_ab_arithmetic():
 
 
 def test_identity_same_server_is_identical_and_diff_positions(llama):
-    rows, f = run_sync(identity.compare(llama.url, llama.url, ["def add(a, b):", "SELECT name FROM"], max_tokens=16,
-                                        tokenizer=load_tokenizer(llama.model_dir)))
+    rows, f = run_sync(identity.compare(AccuracySettings(max_tokens=16), llama.url, llama.url,
+                                        ["def add(a, b):", "SELECT name FROM"], load_tokenizer(llama.model_dir)))
     assert f[0].status == "pass" and all(r["identical"] for r in rows)
     assert identity.first_difference("abcdef", "abcxef") == 3
     assert identity.first_difference("same", "same") is None
@@ -53,9 +55,9 @@ def test_identity_same_server_is_identical_and_diff_positions(llama):
 
 
 def test_live_parts_skip_without_endpoints():
-    assert probes.run_recall(None, [8], [0.5])[1][0].status == "skip"
-    assert probes.run_recall("http://127.0.0.1:9", [8], [0.5])[1][0].status == "skip"
-    assert probes.run_identity("http://x", None).findings[0].status == "skip"
+    assert probes.run_recall(AccuracySettings(lengths=[8], depths=[0.5]))[1][0].status == "skip"
+    assert probes.run_recall(AccuracySettings(url="http://127.0.0.1:9", lengths=[8], depths=[0.5]))[1][0].status == "skip"
+    assert probes.run_identity(AccuracySettings(url="http://x")).findings[0].status == "skip"
 
 
 def test_cli_recall_json_keys(llama, cli):

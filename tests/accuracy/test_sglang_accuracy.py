@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from runbook.accuracy import identity, probes, toolcall
+from runbook.accuracy.settings import AccuracySettings
 from runbook.core import SGLANG_VERSION
 from runbook.corpus import code_prompts
 from runbook.demo import sglang
@@ -59,9 +60,11 @@ def fp8(tmp_path_factory):
 class TestRadixCacheAndToolCalls:
     def test_radix_cache_on_and_off_give_identical_greedy_output(self, sglang_server, radix_off):
         a, b = sglang_server, radix_off
-        run_sync(identity.outputs(a.url, code_prompts()[:PROMPTS], MAX_TOKENS))      # A holds every prompt in its cache
+        # A holds every prompt in its cache
+        run_sync(identity.outputs(AccuracySettings(max_tokens=MAX_TOKENS), a.url, code_prompts()[:PROMPTS]))
         at_a, at_b = _size(a.log), _size(b.log)
-        res = probes.run_identity(a.url, b.url, PROMPTS, MAX_TOKENS, str(a.model_dir), concurrency=1)
+        res = probes.run_identity(AccuracySettings(probe="identity", url=a.url, compare_url=b.url, prompts=PROMPTS,
+                                                     max_tokens=MAX_TOKENS, tokenizer=str(a.model_dir), concurrency=1))
         f = _by_id(res.findings)["accuracy.identity.mismatch"]
         assert f.status == "pass", (f.title, f.evidence)
         assert f.title == f"greedy outputs identical on all {PROMPTS} prompts — radix cache: on vs off"
@@ -80,7 +83,8 @@ class TestRadixCacheAndToolCalls:
         it with the prompts that differ."""
         a = sglang_server
         at = _size(a.log)
-        res = probes.run_identity(a.url, None, PROMPTS, MAX_TOKENS, str(a.model_dir), concurrency=PROMPTS)
+        res = probes.run_identity(AccuracySettings(url=a.url, prompts=PROMPTS, max_tokens=MAX_TOKENS,
+                                                     tokenizer=str(a.model_dir), concurrency=PROMPTS))
         found = _by_id(res.findings)
         assert found["accuracy.identity.endpoint"].status == "skip" and not res.rows      # one server: no pair check
         f = found["accuracy.identity.batch"]
@@ -100,7 +104,7 @@ class TestRadixCacheAndToolCalls:
         print(f"\nbatch invariance: {f.status}: {f.title}; differing prompts {differ}; {f.evidence}")
 
     def test_tool_call_probe_through_sglangs_parser_reports_the_random_model_failing(self, radix_off):
-        rep = toolcall.run(radix_off.url, max_tokens=MAX_TOKENS)
+        rep = toolcall.run(AccuracySettings(url=radix_off.url, toolcall_max_tokens=MAX_TOKENS))
         assert rep.server == {"version": SGLANG_VERSION, "tool_call_parser": "qwen", "grammar_backend": "none"}
         assert len(rep.cases) == 6 and all(c.error is None and not c.called for c in rep.cases)
         found = _by_id(rep.findings)
@@ -115,7 +119,8 @@ class TestRadixCacheAndToolCalls:
         print(f"\ntool calls (auto): {p.status}: {p.title}; {p.evidence[:200]}")
 
         # tool_choice=required needs SGLang's grammar backend, which the CPU flags turn off: a finding, not a crash
-        req = toolcall.run(radix_off.url, max_tokens=MAX_TOKENS, tools=["read_file"], tool_choice="required")
+        req = toolcall.run(AccuracySettings(url=radix_off.url, toolcall_max_tokens=MAX_TOKENS, tool_choice="required"),
+                           tools=["read_file"])
         r = _by_id(req.findings)["accuracy.toolcall.requests"]
         assert r.status == "fail" and r.title == "2 of 2 tool-call requests failed"
         assert "HTTP 400" in r.evidence and "--grammar-backend none" in r.evidence and r.remedy == toolcall.GRAMMAR_REMEDY
@@ -145,7 +150,8 @@ class TestFP8KV:
     def test_recall_on_the_real_server_with_an_fp8_ab(self, sglang_server, fp8):
         ctx = fetch_json(sglang_server.url + "/v1/models")["data"][0]["max_model_len"]
         lengths = [512, 1024, ctx + 256]          # the last beyond the model's context: SGLang refuses it
-        doc, fs = probes.run_recall(sglang_server.url, lengths, [0.5], str(sglang_server.model_dir), compare_url=fp8.url, seed=3)
+        doc, fs = probes.run_recall(AccuracySettings(url=sglang_server.url, lengths=lengths, depths=[0.5],
+                                                    tokenizer=str(sglang_server.model_dir), compare_url=fp8.url, seed=3))
         res = doc["results"]
         assert [r["prompt_tokens_server"] for r in res[:2]] == [512, 1024] and all(r["error"] is None for r in res[:2])
         assert res[2]["error"] and not res[2]["correct"]

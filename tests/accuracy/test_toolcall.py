@@ -6,6 +6,7 @@ import pytest
 from bench.rawsse import RawServer, Reply, sse
 
 from runbook.accuracy import toolcall
+from runbook.accuracy.settings import AccuracySettings
 from runbook.core.errors import InputError
 
 ARGS = {"read_file": {"path": "src/server/config.py", "start_line": 1, "end_line": 40},
@@ -91,9 +92,10 @@ def _status(rep):
     return {f.id.rsplit(".", 1)[1]: f.status for f in rep.findings}
 
 
-def test_correct_server_passes_everything(server):
+def test_correct_server_passes_everything(server, monkeypatch):
     s = server("ok")
-    rep = toolcall.run(s.url, api_key="sk-secret-value-123")
+    monkeypatch.setenv("RB_TEST_API_KEY", "sk-secret-value-123")
+    rep = toolcall.run(AccuracySettings(url=s.url, api_key_env="RB_TEST_API_KEY"))
     st = _status(rep)
     assert st == {"parsed": "pass", "arguments": "pass", "streaming": "pass", "finish_reason": "pass"}, rep.findings
     assert len(rep.cases) == 6 and all(c.called and c.arguments_valid and not c.schema_errors for c in rep.cases)
@@ -130,7 +132,7 @@ def test_sse_as_the_specification_allows_it_parses_like_the_plain_stream():
     hand-rolled line splitter took each data line for a whole JSON document)."""
     plain, spelled = RawServer(scripted("ok"), real_gap_s=0.0).start(), RawServer(_respelled(scripted("ok")), real_gap_s=0.0).start()
     try:
-        a, b = toolcall.run(plain.url, model="raw"), toolcall.run(spelled.url, model="raw")
+        a, b = toolcall.run(AccuracySettings(url=plain.url, model="raw")), toolcall.run(AccuracySettings(url=spelled.url, model="raw"))
     finally:
         plain.stop()
         spelled.stop()
@@ -149,7 +151,7 @@ def test_sse_as_the_specification_allows_it_parses_like_the_plain_stream():
     ("wrong_finish", "finish_reason", "fail"),
 ])
 def test_each_failure_mode_is_caught(server, mode, check, status):
-    rep = toolcall.run(server(mode).url)
+    rep = toolcall.run(AccuracySettings(url=server(mode).url))
     st = _status(rep)
     assert st[check] == status, rep.findings
     f = next(f for f in rep.findings if f.id == f"accuracy.toolcall.{check}")
@@ -167,8 +169,8 @@ def test_schema_checkers_agree():
 
 
 def test_skips_without_endpoint():
-    assert toolcall.run(None).findings[0].status == "skip"
-    assert toolcall.run("http://127.0.0.1:9").findings[0].status == "skip"
+    assert toolcall.run(AccuracySettings()).findings[0].status == "skip"
+    assert toolcall.run(AccuracySettings(url="http://127.0.0.1:9")).findings[0].status == "skip"
 
 
 @pytest.mark.slow  # CLI processes against the scripted server
@@ -186,10 +188,10 @@ def test_stage_50_runs_the_probe_with_the_other_live_probes(server, cli):
     from runbook.core import spec as spec_mod
 
     dep = spec_mod.load(spec_mod.DEFAULT_SPEC)
-    offline = accuracy.assess(dep, None)
+    offline = accuracy.assess(dep, accuracy.AccuracySettings.resolve(dep))
     assert {f.id: f.status for f in offline.findings}["accuracy.toolcall.endpoint"] == "skip"
     srv = server("wrong_finish")
-    rep = accuracy.assess(dep, srv.url, lengths=[256], depths=[0.5])
+    rep = accuracy.assess(dep, accuracy.AccuracySettings.resolve(dep, url=srv.url, lengths=[256], depths=[0.5]))
     f = {x.id: x.status for x in rep.findings}
     assert f["accuracy.toolcall.finish_reason"] == "fail" and len(rep.data()["toolcall"]["cases"]) == 6
     assert rep.data()["toolcall"]["tool_choice"] == "auto"
@@ -204,14 +206,12 @@ def test_stage_50_runs_the_probe_with_the_other_live_probes(server, cli):
 @pytest.mark.slow  # CLI processes against the scripted server
 def test_tool_choice_is_sent_and_checked(server, cli):
     srv = server("ok")
-    rep = toolcall.run(srv.url, model="m", tools=["read_file"], tool_choice="required")
+    rep = toolcall.run(AccuracySettings(url=srv.url, model="m", tool_choice="required"), tools=["read_file"])
     assert srv.bodies and all(b["tool_choice"] == "required" for b in srv.bodies if "tools" in b)
     assert rep.data()["tool_choice"] == "required" and _status(rep)["parsed"] == "pass"
     for bad in ("any", "required\n", ""):
-        with pytest.raises(InputError, match="tool_choice .*: use one of auto, required"):
-            toolcall.run(srv.url, model="m", tool_choice=bad)
-    with pytest.raises(InputError, match="tool_choice"):
-        toolcall.run(None, tool_choice="any")             # refused before the endpoint is even looked at
+        with pytest.raises(InputError, match="tool_choice must be 'auto' or 'required'"):
+            AccuracySettings.resolve(None, url=srv.url, model="m", tool_choice=bad)
     n = len(srv.bodies)
     j = json.loads(cli("accuracy", "toolcall", "--url", srv.url, "--tool-choice", "required", "--json").stdout)
     assert j["toolcall"]["tool_choice"] == "required"
@@ -221,9 +221,9 @@ def test_tool_choice_is_sent_and_checked(server, cli):
 
 def test_prose_is_the_models_choice_under_auto_and_a_fault_under_required(server):
     srv = server("prose")
-    auto = toolcall.run(srv.url, model="m", tools=["read_file"])
+    auto = toolcall.run(AccuracySettings(url=srv.url, model="m"), tools=["read_file"])
     assert _status(auto) == {"parsed": "warn", "arguments": "skip", "streaming": "skip", "finish_reason": "skip"}
-    req = toolcall.run(srv.url, model="m", tools=["read_file"], tool_choice="required")
+    req = toolcall.run(AccuracySettings(url=srv.url, model="m", tool_choice="required"), tools=["read_file"])
     f = next(f for f in req.findings if f.id == "accuracy.toolcall.parsed")
     assert f.status == "fail" and "tool_choice=required" in f.evidence and "chat template" in f.remedy
 
@@ -268,7 +268,7 @@ def test_real_tool_call_against_llama_server_jinja(monkeypatch):
     # also got read_file, which the arguments check rightly fails as the wrong tool).
     plain = demo.start_llama_server(exe, demo.tiny_model(), parallel=1, extra_args=["--jinja"])
     try:   # the GGUF's own (absent) template: the tools never reach the prompt, so `required` cannot be honoured
-        bare = toolcall.run(plain.url, max_tokens=32, timeout_s=120, tools=["read_file"], tool_choice="required")
+        bare = toolcall.run(AccuracySettings(url=plain.url, toolcall_max_tokens=32, tool_choice="required"), ["read_file"], 120)
     finally:
         plain.stop()
     assert [c.called for c in bare.cases] == [False, False] and all(c.error is None for c in bare.cases), bare.cases
@@ -279,7 +279,7 @@ def test_real_tool_call_against_llama_server_jinja(monkeypatch):
     monkeypatch.setattr(toolcall, "TOOLS", tools)
     srv = demo.start_llama_server(exe, demo.tiny_model(), parallel=1, extra_args=["--jinja", "--chat-template", TOOLS_TEMPLATE])
     try:
-        rep = toolcall.run(srv.url, max_tokens=512, timeout_s=120, tools=["read_file"], tool_choice="required")
+        rep = toolcall.run(AccuracySettings(url=srv.url, toolcall_max_tokens=512, tool_choice="required"), ["read_file"], 120)
     finally:
         srv.stop()
     assert [(c.tool, c.stream) for c in rep.cases] == [("read_file", False), ("read_file", True)]

@@ -2,6 +2,7 @@
 tool calls (`toolcall`) live.
 `evaluate(spec, ...)` is the entry point (`runbook accuracy report`, 50_accuracy); `report` holds
 its tables and plots."""
+from runbook.accuracy.settings import AccuracySettings
 from runbook.accuracy.stage import STAGE, AccuracyOptions, evaluate
 from runbook.core.lazy import exports
 
@@ -11,5 +12,5 @@ __getattr__, __dir__ = exports(__name__, {"kv_table": "report", "toolcall_frames
     "AccuracyReport": "stage", "assess": "stage", "ToolCallReport": "toolcall", "probe_toolcalls": "toolcall:run",
     "first_difference": "identity", "greedy_outputs": "identity:outputs", "run_recall": "probes"})
 
-__all__ = ["STAGE", "AccuracyOptions", "AccuracyReport", "assess", "ToolCallReport", "evaluate", "kv_table",
+__all__ = ["STAGE", "AccuracyOptions", "AccuracySettings", "AccuracyReport", "assess", "ToolCallReport", "evaluate", "kv_table",
            "plot_growth", "plot_recall", "probe_toolcalls", "toolcall_frames", "first_difference", "greedy_outputs", "run_recall"]

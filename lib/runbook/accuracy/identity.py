@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from runbook.accuracy.settings import AccuracySettings
 from runbook.core.findings import Finding, Status
 from runbook.core.secrets import MASK, is_secret_key
 from runbook.endpoint.client import Client, RequestSpec
@@ -32,20 +33,20 @@ def first_difference(a: str, b: str, tokenizer: Any = None) -> int | None:
     return min(len(xs), len(ys))
 
 
-async def outputs(url: str, prompts: Sequence[str], max_tokens: int, model: str | None = None,
-                  api_key: str | None = None, concurrency: int = 1) -> list[Any]:
-    """Greedy completions of `prompts`: one at a time (concurrency 1: batching cannot be what differs), else up
-    to `concurrency` in flight together, so that the server batches them."""
-    c = Client(url, model, api_key=api_key)
-    async with c.session(limit=max(1, concurrency)) as s:
-        if concurrency <= 1:
-            return [await c.send(s, RequestSpec(i, p, max_tokens, ignore_eos=False)) for i, p in enumerate(prompts)]
-        sem = asyncio.Semaphore(concurrency)
+async def outputs(s: AccuracySettings, url: str, texts: Sequence[str], batched: bool = False) -> list[Any]:
+    """Greedy completions of `texts` (s.max_tokens each): one at a time (batching cannot be what differs), else
+    (`batched`) up to s.concurrency in flight together, so that the server batches them."""
+    c = Client(url, s.model, api_key=s.api_key)
+    n = s.concurrency if batched else 1
+    async with c.session(limit=n) as session:
+        if n <= 1:
+            return [await c.send(session, RequestSpec(i, p, s.max_tokens, ignore_eos=False)) for i, p in enumerate(texts)]
+        sem = asyncio.Semaphore(n)
 
         async def one(i: int, p: str) -> Any:
             async with sem:
-                return await c.send(s, RequestSpec(i, p, max_tokens, ignore_eos=False))
-        return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+                return await c.send(session, RequestSpec(i, p, s.max_tokens, ignore_eos=False))
+        return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(texts))))
 
 
 # ---------------------------------------------------------------- what differs between the two servers
@@ -257,28 +258,27 @@ class Comparison:
     finding: Finding
 
 
-async def compare(url_a: str, url_b: str, prompts: Sequence[str], max_tokens: int = 64, tokenizer: Any = None,
-                  model: str | None = None, api_key: str | None = None,
+async def compare(s: AccuracySettings, url_a: str, url_b: str, texts: Sequence[str], tok: Any = None,
                   configs: tuple[dict[str, Any] | None, dict[str, Any] | None] | None = None) -> tuple[list[dict[str, Any]], list[Finding]]:
-    """(rows, [finding]) for the same prompts against two servers (A, B), one request at a time."""
-    c = await compare_configs(url_a, url_b, prompts, max_tokens, tokenizer, model, api_key, configs)
+    """(rows, [finding]) for the same prompts against two servers (A, B), one request at a time; `tok`: a loaded
+    tokenizer (differences in tokens, else in characters)."""
+    c = await compare_configs(s, url_a, url_b, texts, tok, configs)
     return c.rows, [c.finding]
 
 
-async def compare_configs(url_a: str, url_b: str, prompts: Sequence[str], max_tokens: int = 64, tokenizer: Any = None,
-                          model: str | None = None, api_key: str | None = None,
+async def compare_configs(s: AccuracySettings, url_a: str, url_b: str, texts: Sequence[str], tok: Any = None,
                           configs: tuple[dict[str, Any] | None, dict[str, Any] | None] | None = None) -> Comparison:
     """The pair check with what differs between the servers: read from their /server_info unless `configs` gives it."""
     if configs is None:
-        configs = (await asyncio.to_thread(server_config, url_a, api_key), await asyncio.to_thread(server_config, url_b, api_key))
+        configs = (await asyncio.to_thread(server_config, url_a, s.api_key), await asyncio.to_thread(server_config, url_b, s.api_key))
     ca, cb = configs
     known = ca is not None and cb is not None
     diffs = config_differences(ca, cb)
-    a = await outputs(url_a, prompts, max_tokens, model, api_key)
-    b = await outputs(url_b, prompts, max_tokens, model, api_key)
-    rows = _rows(a, b, tokenizer, prompts)
+    a = await outputs(s, url_a, texts)
+    b = await outputs(s, url_b, texts)
+    rows = _rows(a, b, tok, texts)
     bad = [r for r in rows if not r["identical"]]
-    unit = "token" if tokenizer is not None else "character"
+    unit = "token" if tok is not None else "character"
     tested = tested_difference(diffs, known)
     incidental = [d for d in diffs if d["effect"] == "none" and d["key"] not in ("startup_time", "internal_states")]
     detail = f"A = {url_a}, B = {url_b}; tested: {tested}" + (
@@ -300,19 +300,18 @@ BATCH_REMEDY = ("Greedy output depends on what else is in the batch: batched ker
                 "invariant at a cost in speed (bench it).")
 
 
-async def batch_invariance(url: str, prompts: Sequence[str], max_tokens: int = 64, concurrency: int = 8,
-                           tokenizer: Any = None, model: str | None = None,
-                           api_key: str | None = None) -> tuple[list[dict[str, Any]], Finding]:
-    """The same prompts against one server one at a time (A), then `concurrency` at once (B): greedy output must not
+async def batch_invariance(s: AccuracySettings, url: str, texts: Sequence[str],
+                           tok: Any = None) -> tuple[list[dict[str, Any]], Finding]:
+    """The same prompts against one server one at a time (A), then s.concurrency at once (B): greedy output must not
     depend on the batch it was decoded in. A difference is a `warn`: accuracy under load differs from the
     accuracy measured one request at a time."""
-    a = await outputs(url, prompts, max_tokens, model, api_key)
-    b = await outputs(url, prompts, max_tokens, model, api_key, concurrency=concurrency)
-    rows = _rows(a, b, tokenizer, prompts)
+    a = await outputs(s, url, texts)
+    b = await outputs(s, url, texts, batched=True)
+    rows = _rows(a, b, tok, texts)
     bad = [r for r in rows if not r["identical"]]
-    unit = "token" if tokenizer is not None else "character"
-    n = min(concurrency, len(prompts))
-    detail = f"{url}: {len(prompts)} prompts one at a time (A), then {n} at once (B), {max_tokens} greedy tokens each"
+    unit = "token" if tok is not None else "character"
+    n = min(s.concurrency, len(texts))
+    detail = f"{url}: {len(texts)} prompts one at a time (A), then {n} at once (B), {s.max_tokens} greedy tokens each"
     status: Status = "warn" if bad else "pass"
     if bad:
         return rows, Finding("accuracy.identity.batch", status,

@@ -16,7 +16,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from runbook.accuracy import minilm
 from runbook.core.findings import Finding, Status
+from runbook.corpus import code_text
 from runbook.model import sglang_names
 
 FORMATS = {"fp8_e4m3": (ml_dtypes.float8_e4m3fn, 448.0), "fp8_e5m2": (ml_dtypes.float8_e5m2, 57344.0),
@@ -125,9 +127,6 @@ def active_format(kv_dtype: str, scale_coverage: str = "unknown") -> tuple[str, 
 def run(thresholds: Any = None, text: str | None = None, real_lengths: Sequence[int] = (64, 128, 256, 512),
         synth_lengths: Sequence[int] = (512, 2048, 8192), seed: int = 0, active: tuple[str, str] = ("bf16", "none")) -> Study:
     """The whole study: MiniLM's real activations (≤512 tokens) plus long synthetic sequences."""
-    from runbook.accuracy import minilm
-    from runbook.corpus import code_text
-
     st = Study(source=f"real: {minilm.MODEL_NAME}; synthetic: decoder-like keys with outlier channels (labelled 'synthetic')")
     for acts in minilm.activations(text or code_text()):
         r, g = study_layer(acts.layer, acts.q, acts.k, acts.v, "minilm (real, encoder)", real_lengths)

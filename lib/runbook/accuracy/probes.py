@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runbook import quant
 from runbook.accuracy import identity, recall
+from runbook.accuracy.kvquant import active_format
+from runbook.accuracy.settings import AccuracySettings
+from runbook.core.errors import InputError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
 from runbook.corpus import code_prompts
@@ -19,10 +21,6 @@ from runbook.model.tokenizer import load_tokenizer
 
 def deployment_format(spec: Deployment) -> tuple[str, str]:
     """(format, scaling) of the deployment's KV cache, from the quant inspection (bf16 when unreadable)."""
-    from runbook import quant
-    from runbook.accuracy.kvquant import active_format
-    from runbook.core.errors import InputError
-
     try:
         rep = quant.for_deployment(spec)
     except InputError:
@@ -30,40 +28,34 @@ def deployment_format(spec: Deployment) -> tuple[str, str]:
     return active_format(rep.kv_cache.effective, rep.kv_cache.scale_coverage)
 
 
-def recall_lengths(spec: Deployment, lengths: Sequence[int] | None = None) -> list[int]:
-    """The spec's recall lengths, up to its --context-length (a longer prompt would be rejected)."""
-    ls = list(lengths or spec.accuracy.recall_lengths)
-    ctx = spec.serving.flags.get("context-length")
-    return [L for L in ls if ctx is None or int(ctx) >= L] or ls[:1]
-
-
-def run_recall(url: str | None, lengths: Sequence[int], depths: Sequence[float], tokenizer: str | None = None,
-               compare_url: str | None = None, seed: int = 0, per_cell: int = 1, out: Path | None = None,
-               api_key_env: str | None = None, model: str | None = None) -> tuple[dict[str, Any], list[Finding]]:
+def run_recall(s: AccuracySettings) -> tuple[dict[str, Any], list[Finding]]:
+    """Recall at s.url, and the A/B against s.compare_url; prompts archived under s.out."""
+    url, compare_url = s.url, s.compare_url
     if not url:
         return {"grid": []}, [Finding("accuracy.recall.endpoint", "skip", "recall probe skipped: no endpoint given",
                                       remedy="Give url (and compare_url for an FP8-vs-BF16 A/B).")]
-    tok = load_tokenizer(tokenizer)   # a bad --tokenizer is an error whether or not a server answers
+    tok = load_tokenizer(s.tokenizer)   # a bad --tokenizer is an error whether or not a server answers
     why = run_sync(reachable(url))
     if why:
         return {"grid": []}, [Finding("accuracy.recall.endpoint", "skip", f"recall probe skipped: no server at {url}", evidence=why,
                                       remedy="Start the server, or `make demo` to try the probe on a tiny CPU model.")]
-    items = recall.build_items(lengths, depths, tok, seed, per_cell)
-    key = os.environ.get(api_key_env) if api_key_env else None
-    res_a = run_sync(recall.ask(url, items, model, api_key=key))
-    doc: dict[str, Any] = {"url": url, "lengths": list(lengths), "depths": list(depths), "seed": seed, "grid": recall.grid(res_a),
+    items = recall.build_items(s, tok)
+    key = s.api_key
+    res_a = run_sync(recall.ask(s, url, items))
+    doc: dict[str, Any] = {"url": url, "lengths": list(s.lengths), "depths": list(s.depths), "seed": s.seed, "grid": recall.grid(res_a),
                            "exact_lengths": tok is not None, "results": res_a}
     ab = None
     tested = None
     if compare_url:
-        res_b = run_sync(recall.ask(compare_url, items, model, api_key=key))
+        res_b = run_sync(recall.ask(s, compare_url, items))
         ab = recall.paired(res_a, res_b)
         ca, cb = identity.server_config(url, key), identity.server_config(compare_url, key)
         diffs = identity.config_differences(ca, cb)
         tested = identity.tested_difference(diffs, ca is not None and cb is not None)
         doc.update({"compare_url": compare_url, "grid_b": recall.grid(res_b), "ab": ab, "results_b": res_b,
                     "differences": diffs})
-    if out:  # prompts are deterministic from the seed; archive them with the answers
+    if s.out:  # prompts are deterministic from the seed; archive them with the answers
+        out = Path(s.out)
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "recall_prompts.jsonl", "w") as f:
             for it in recall.item_dicts(items):
@@ -79,17 +71,16 @@ class IdentityResult:
     findings: list[Finding]
 
 
-def run_identity(url: str | None, compare_url: str | None, n: int = 8, max_tokens: int = 64,
-                 tokenizer: str | None = None, model: str | None = None, concurrency: int = 8,
-                 api_key: str | None = None) -> IdentityResult:
-    """Greedy identity between `url` (A) and `compare_url` (B), named by what differs between them, and batch
-    invariance of `url` (its prompts one at a time, then `concurrency` at once; 1: not checked)."""
+def run_identity(s: AccuracySettings) -> IdentityResult:
+    """Greedy identity between s.url (A) and s.identity_b (B), named by what differs between them, and batch
+    invariance of s.url (its prompts one at a time, then s.concurrency at once; 1: not checked)."""
+    url, compare_url = s.url, s.identity_b
     if not url:
         return IdentityResult([], [], [], [Finding("accuracy.identity.endpoint", "skip", "greedy-identity check skipped: no endpoint given",
                                                    remedy="Give url and a second endpoint (compare_url; report: spec_off_url) "
                                                           "that differs in the one setting to test.")])
-    tok = load_tokenizer(tokenizer)
-    prompts = code_prompts()[:n]
+    tok = load_tokenizer(s.tokenizer)
+    texts = code_prompts()[:s.prompts]
     findings: list[Finding] = []
     rows: list[dict[str, Any]] = []
     diffs: list[dict[str, Any]] = []
@@ -105,11 +96,11 @@ def run_identity(url: str | None, compare_url: str | None, n: int = 8, max_token
         findings.append(Finding("accuracy.identity.endpoint", "skip", f"greedy-identity check skipped: no server at {compare_url}",
                                 evidence=why))
     else:
-        c = run_sync(identity.compare_configs(url, compare_url, prompts, max_tokens, tok, model, api_key))
+        c = run_sync(identity.compare_configs(s, url, compare_url, texts, tok))
         rows, diffs = c.rows, c.differences
         findings.append(c.finding)
     batch: list[dict[str, Any]] = []
-    if concurrency > 1:
-        batch, f = run_sync(identity.batch_invariance(url, prompts, max_tokens, concurrency, tok, model, api_key))
+    if s.concurrency > 1:
+        batch, f = run_sync(identity.batch_invariance(s, url, texts, tok))
         findings.append(f)
     return IdentityResult(rows, batch, diffs, findings)

@@ -14,11 +14,15 @@ from typing import Any
 
 import numpy as np
 
+from runbook.accuracy.settings import AccuracySettings
 from runbook.core.findings import Finding
 from runbook.core.stats import bootstrap_ci
 from runbook.corpus import CHARS_PER_TOKEN, code_text
 from runbook.endpoint.client import Client, RequestSpec
 
+ANSWER_TOKENS = 12        # an identifier's value, with room for quotes
+IN_FLIGHT = 4             # needles asked at once
+TIMEOUT_S = 600.0         # per request: a long haystack's prefill on a busy server
 QUESTION = "\n\n# Question: in the code above, what is the value of {key}? Reply with the value only.\n# Answer: "
 
 
@@ -49,14 +53,16 @@ def _needle(rng: np.random.Generator, i: int) -> tuple[str, str, str]:
     return key, value, f'CONFIG["{key}"] = {value}'
 
 
-def build_items(lengths: Sequence[int], depths: Sequence[float], tokenizer: Any = None, seed: int = 0, per_cell: int = 1) -> list[Item]:
-    rng = np.random.default_rng(seed)
+def build_items(s: AccuracySettings, tokenizer: Any = None) -> list[Item]:
+    """s.per_cell needles per s.lengths × s.depths cell, deterministic from s.seed; `tokenizer`: a loaded one (exact
+    lengths, as token ids), else text cut at ~4 characters per token."""
+    rng = np.random.default_rng(s.seed)
     text = code_text()
     items: list[Item] = []
     hay_ids = tokenizer.encode(text, add_special_tokens=False).ids if tokenizer is not None else None
-    for L in lengths:
-        for d in depths:
-            for _ in range(per_cell):
+    for L in s.lengths:
+        for d in s.depths:
+            for _ in range(s.per_cell):
                 i = len(items)
                 key, value, line = _needle(rng, i)
                 q = QUESTION.format(key=key)
@@ -89,14 +95,14 @@ def score(expected: str, output: str) -> bool:
     return first.strip("`'\".,;:)(") == expected
 
 
-async def ask(url: str, items: Sequence[Item], model: str | None = None, max_tokens: int = 12, concurrency: int = 4,
-              api_key: str | None = None, timeout_s: float = 600.0) -> list[dict[str, Any]]:
-    client = Client(url, model, chat=False, api_key=api_key, timeout_s=timeout_s)
-    sem = asyncio.Semaphore(concurrency)
-    async with client.session(limit=concurrency) as s:
+async def ask(s: AccuracySettings, url: str, items: Sequence[Item]) -> list[dict[str, Any]]:
+    """The needles' questions against `url` (s.model, s.api_key), greedy, scored by exact match."""
+    client = Client(url, s.model, chat=False, api_key=s.api_key, timeout_s=TIMEOUT_S)
+    sem = asyncio.Semaphore(IN_FLIGHT)
+    async with client.session(limit=IN_FLIGHT) as session:
         async def one(it: Item) -> dict[str, Any]:
             async with sem:
-                rec = await client.send(s, RequestSpec(it.id, it.prompt, max_tokens, it.prompt_tokens, ignore_eos=False))
+                rec = await client.send(session, RequestSpec(it.id, it.prompt, ANSWER_TOKENS, it.prompt_tokens, ignore_eos=False))
             # An immediate end of sequence is an empty (wrong) answer, not a failed request.
             err = None if rec.error_kind in (None, "no_output") else rec.error
             return {"id": it.id, "length": it.length, "depth": it.depth, "expected": it.expected, "output": rec.text,

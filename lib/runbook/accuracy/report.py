@@ -1,16 +1,18 @@
-"""Tables and plots for the accuracy notebook."""
+"""Tables and plots for the accuracy notebook (imported on first use: runbook.accuracy's lazy exports)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
+from runbook.core import tables
 from runbook.core.plots import figure
 
 
 def kv_table(rows: Sequence[dict[str, Any]]):
     """Worst layer per source × format × scaling."""
-    import pandas as pd
-
     df = pd.DataFrame(rows)
     if df.empty:
         return df
@@ -28,10 +30,6 @@ TOOLCALL_ARGUMENTS = ["arguments_valid", "schema_errors", "arguments_chars", "ar
 def toolcall_frames(cases: Sequence[dict[str, Any]]) -> list[Any]:
     """The probe's cases indexed by tool and streamed or not, split by TOOLCALL_ANSWER and TOOLCALL_ARGUMENTS, with
     headers in words (a snake_case header cannot wrap); an empty list without cases."""
-    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
-
-    from runbook.core import tables  # lazy: pandas, as above
-
     if not cases:
         return []
     df = pd.DataFrame(cases)
@@ -43,8 +41,6 @@ def toolcall_frames(cases: Sequence[dict[str, Any]]) -> list[Any]:
 
 
 def plot_growth(growth: Sequence[dict[str, Any]]):
-    import pandas as pd
-
     df = pd.DataFrame(growth)
     fig, axes = figure((10, 3.6), ncols=2)
     for ax, src in zip(axes, sorted(df["source"].unique()) if not df.empty else [], strict=False):
@@ -62,8 +58,6 @@ def plot_growth(growth: Sequence[dict[str, Any]]):
 
 
 def plot_recall(grid: Sequence[dict[str, Any]], title: str = "Needle recall (exact match)"):
-    import numpy as np
-
     lengths = sorted({c["length"] for c in grid})
     depths = sorted({c["depth"] for c in grid})
     m = np.full((len(depths), len(lengths)), np.nan)

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 
 from runbook.accuracy.identity import server_config
-from runbook.core.errors import InputError
+from runbook.accuracy.settings import AccuracySettings
 from runbook.core.findings import Finding, Status
 from runbook.core.secrets import redact_text
 from runbook.endpoint.client import Client
@@ -146,7 +146,7 @@ def _small_check(v: Any, schema: dict[str, Any], where: str = "arguments") -> li
 def schema_errors(value: Any, schema: dict[str, Any]) -> list[str]:
     """What is wrong with `value` against `schema` (empty when it matches): jsonschema when installed."""
     try:
-        import jsonschema
+        import jsonschema  # lazy: may be absent (a bare serving venv); the small checker above judges then
     except ImportError:
         return _small_check(value, schema)
     v = jsonschema.Draft202012Validator(schema)
@@ -183,15 +183,14 @@ class Case:
 
 @dataclass
 class ToolCallReport:
-    url: str | None
-    model: str | None
+    settings: AccuracySettings                               # its url and tool_choice
+    model: str | None                                        # the one asked: s.model, else the server's first
     cases: list[Case] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    tool_choice: str = "auto"
     server: dict[str, Any] = field(default_factory=dict)     # what /server_info says of tool calls (SGLang)
 
     def data(self) -> dict[str, Any]:
-        return {"url": self.url, "model": self.model, "tool_choice": self.tool_choice, "server": dict(self.server),
+        return {"url": self.settings.url, "model": self.model, "tool_choice": self.settings.tool_choice, "server": dict(self.server),
                 "cases": [c.to_dict() for c in self.cases]}
 
     def to_json(self) -> dict[str, Any]:
@@ -202,12 +201,9 @@ def _looks_like_call(text: str) -> bool:
     return bool(text) and bool(_MARKERS.search(text) or _NAME_JSON.search(text))
 
 
-TOOL_CHOICES = ("auto", "required")   # auto: what agent loops send; required: the server must call a tool
-
-
-def _body(tool: str, stream: bool, model: str | None, max_tokens: int, tool_choice: str = "auto") -> dict[str, Any]:
+def _body(s: AccuracySettings, tool: str, stream: bool, model: str | None) -> dict[str, Any]:
     b: dict[str, Any] = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPTS[tool]}],
-                         "tools": TOOLS, "tool_choice": tool_choice, "temperature": 0.0, "max_tokens": max_tokens,
+                         "tools": TOOLS, "tool_choice": s.tool_choice, "temperature": 0.0, "max_tokens": s.toolcall_max_tokens,
                          "stream": stream}
     if model:
         b["model"] = model
@@ -338,20 +334,21 @@ async def _streamed(s: aiohttp.ClientSession, url: str, headers: dict[str, str],
     _text(case, "".join(st.content), "".join(st.reasoning))
 
 
-async def probe(url: str, model: str | None = None, api_key: str | None = None, max_tokens: int = 1024,
-                timeout_s: float = 180.0, tools: list[str] | None = None, tool_choice: str = "auto") -> list[Case]:
-    """Every tool, non-streaming then streaming, one request at a time."""
+async def probe(s: AccuracySettings, url: str, model: str | None, tools: list[str] | None = None,
+                timeout_s: float = 180.0) -> list[Case]:
+    """Every tool (or `tools`), non-streaming then streaming, one request at a time, to `model` at `url`."""
+    api_key = s.api_key
     c = Client(url, model, chat=True, api_key=api_key)
     headers = c.headers()
     cases: list[Case] = []
     # a fresh connection per request: llama-server closes its end after each stream
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                     connector=aiohttp.TCPConnector(force_close=True)) as s:
+                                     connector=aiohttp.TCPConnector(force_close=True)) as session:
         for tool in tools or list(PROMPTS):
             for stream in (False, True):
                 case = Case(tool, stream)
                 try:
-                    await (_streamed if stream else _plain)(s, c.url, headers, case, _body(tool, stream, model, max_tokens, tool_choice))
+                    await (_streamed if stream else _plain)(session, c.url, headers, case, _body(s, tool, stream, model))
                 except BadResponse as e:
                     case.error = f"not an OpenAI chat answer: {e.reason}"
                 except asyncio.TimeoutError:
@@ -450,30 +447,26 @@ def findings(cases: list[Case], tool_choice: str = "auto") -> list[Finding]:
     return out
 
 
-def run(url: str | None, model: str | None = None, api_key: str | None = None, max_tokens: int = 1024,
-        timeout_s: float = 180.0, tools: list[str] | None = None, tool_choice: str = "auto") -> ToolCallReport:
-    """The probe as one call (CLI, notebook): a `skip` finding without a reachable endpoint."""
-    if tool_choice not in TOOL_CHOICES:     # a notebook parameter reaches here unchecked by argparse
-        raise InputError(f"tool_choice {tool_choice!r}: use one of {', '.join(TOOL_CHOICES)}")
+def run(s: AccuracySettings, tools: list[str] | None = None, timeout_s: float = 180.0) -> ToolCallReport:
+    """The probe at s.url as one call (CLI, notebook): a `skip` finding without a reachable endpoint."""
+    url, api_key = s.url, s.api_key
     if not url:
-        return ToolCallReport(None, model, findings=[Finding("accuracy.toolcall.endpoint", "skip",
-                                                             "tool-call probe skipped: no endpoint given", remedy="Give --url.")],
-                              tool_choice=tool_choice)
+        return ToolCallReport(s, s.model, findings=[Finding("accuracy.toolcall.endpoint", "skip",
+                                                            "tool-call probe skipped: no endpoint given", remedy="Give --url.")])
     why = run_sync(reachable(url))
     if why:
-        return ToolCallReport(url, model, findings=[Finding(
+        return ToolCallReport(s, s.model, findings=[Finding(
             "accuracy.toolcall.endpoint", "skip", f"tool-call probe skipped: no server at {url}",
-            evidence=redact_text(why, [api_key]) if api_key else why, remedy="Start the server, or give its URL.")],
-            tool_choice=tool_choice)
-    model = model or run_sync(model_name(url, api_key))
-    cases = run_sync(probe(url, model, api_key, max_tokens, timeout_s, tools, tool_choice))
+            evidence=redact_text(why, [api_key]) if api_key else why, remedy="Start the server, or give its URL.")])
+    model = s.model or run_sync(model_name(url, api_key))
+    cases = run_sync(probe(s, url, model, tools, timeout_s))
     server = server_settings(url, api_key)
-    out = findings(cases, tool_choice)
+    out = findings(cases, s.tool_choice)
     if server:
         said = "; ".join(f"{k}: {v}" for k, v in server.items())
         out = [replace(f, detail=f"{f.detail + '; ' if f.detail else ''}server's {said}")
                if f.id == "accuracy.toolcall.parsed" else f for f in out]
-    return ToolCallReport(url, model, cases, out, tool_choice, server)
+    return ToolCallReport(s, model, cases, out, server)
 
 
 def server_settings(url: str, api_key: str | None = None) -> dict[str, Any]:

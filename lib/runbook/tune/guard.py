@@ -123,16 +123,20 @@ def record(spec: Deployment, url: str, context: int | None, observed: dict[str, 
     """What the guard compares: greedy outputs, recall answers, tool-call cases passed; and the server's setup."""
     g = spec.tune.guard
     out: dict[str, Any] = {"identity": [], "recall": None, "toolcall": None, "setup": setup(spec, observed, version)}
-    if g.identity_prompts:
-        recs = run_sync(accuracy.greedy_outputs(url, code_prompts()[:g.identity_prompts], g.identity_max_tokens))
-        out["identity"] = [r.text if r.error_kind in (None, "no_output") else None for r in recs]
     lengths = _recall_lengths(spec, context)
+    # The guard's own plan (spec.tune.guard), not accuracy's: the lengths already fit this candidate's context.
+    s = accuracy.AccuracySettings.resolve(None, url=url, max_tokens=g.identity_max_tokens, lengths=lengths or None,
+                                          depths=list(g.recall_depths), tokenizer=tokenizer_dir(spec),
+                                          toolcall_max_tokens=g.identity_max_tokens * 4)
+    if g.identity_prompts:
+        recs = run_sync(accuracy.greedy_outputs(s, url, code_prompts()[:g.identity_prompts]))
+        out["identity"] = [r.text if r.error_kind in (None, "no_output") else None for r in recs]
     if lengths:
-        doc, _ = accuracy.run_recall(url, lengths, list(g.recall_depths), tokenizer_dir(spec))
+        doc, _ = accuracy.run_recall(s)
         total = sum(c["total"] for c in doc.get("grid", []))
         out["recall"] = {"correct": sum(c["correct"] for c in doc.get("grid", [])), "total": total, "lengths": lengths}
     if g.toolcall:
-        tc = accuracy.probe_toolcalls(url, max_tokens=g.identity_max_tokens * 4)
+        tc = accuracy.probe_toolcalls(s)
         cases = tc.data().get("cases", [])
         out["toolcall"] = {"cases": len(cases), "failed": sum(1 for f in tc.findings if f.status == "fail"),
                            "skipped": any(f.id == "accuracy.toolcall.endpoint" for f in tc.findings) or not cases}

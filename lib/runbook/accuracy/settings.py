@@ -1,0 +1,79 @@
+"""Stage 50's settings, each declared once: `AccuracySettings` is one run's settings, frozen, which the probes
+(recall, identity, toolcall) and the stage's actions read. The stage's options model is the same one as flags and
+notebook parameters: every setting but the internal ones, each optional, None meaning unset (accuracy/stage.py
+derives it with `options_view`). `AccuracySettings.resolve` is the one merge of the options with the spec (CLI,
+notebook and tune's guard alike). A leaf: nothing else of runbook.accuracy is imported here."""
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import Field
+
+from runbook.core.options import Fraction, Integer, Options, PosInt, Url, internal, validate
+from runbook.core.spec import Accuracy, Deployment
+
+PROBES = ("kvquant", "recall", "identity", "report", "toolcall")
+_PLAN = Accuracy()          # the spec's defaults: the settings' defaults where no spec is given
+_SPEC_URL = ("recall", "toolcall")   # the probes that default to the spec's own server; report and identity skip without --url
+
+
+class AccuracySettings(Options):
+    probe: Literal["kvquant", "recall", "identity", "report", "toolcall"] = Field(
+        "report", description="report: all four, what 50_accuracy shows (live probes skip without --url)")
+    url: Url | None = Field(None, description="recall, toolcall: the endpoint (default: the spec's); identity, report: A, and "
+                                              "the server checked for batch invariance (default: none, skipped)")
+    compare_url: Url | None = Field(None, description="recall, report: A/B second endpoint (e.g. BF16 KV); identity: B, a "
+                                                      "server that differs from A in the setting to test")
+    spec_off_url: Url | None = Field(None, description="report, identity: B when it is not compare_url (e.g. the same model "
+                                                       "with speculative decoding off)")
+    lengths: list[PosInt] = Field(default_factory=lambda: list(_PLAN.recall_lengths),
+                                  description="recall: haystack token lengths (default: the spec's, up to --context-length)")
+    depths: list[Fraction] = Field(default_factory=lambda: list(_PLAN.recall_depths),
+                                   description="recall: needle depths as fractions (default: the spec's)")
+    per_cell: PosInt = Field(1, description="recall: needles per length × depth cell (default 1)")
+    tokenizer: str | None = Field(None, description="dir with tokenizer.json: exact prompt lengths")
+    seed: Integer = Field(0, description="the prompts are deterministic from this seed (default 0)")
+    prompts: PosInt = Field(8, description="identity: number of prompts (default 8)")
+    max_tokens: PosInt = Field(64, description="identity: greedy tokens per prompt (default 64)")
+    concurrency: PosInt = Field(8, description="identity, report: the prompts sent this many at once, against their answers "
+                                               "one at a time (batch invariance; default 8; 1: not checked)")
+    model: str | None = Field(None, description="the served model name (default: the first /v1/models lists)")
+    tool_choice: Literal["auto", "required"] = Field(
+        "auto", description="toolcall, report: auto (default: what agent loops send) or required (the server must call a "
+                            "tool; prose is then a fail: the chat template or parser ignores the tools)")
+    toolcall_max_tokens: PosInt = Field(1024, description="toolcall, report: tokens per tool-call answer (default 1024)")
+    out: str | None = Field(None, description="recall, report: archive the prompts here")
+    # Set by the run itself, never a flag or a notebook parameter:
+    api_key_env: str | None = internal(None, "the spec's serving.api_key_env: the variable holding the API key")
+
+    @property
+    def api_key(self) -> str | None:
+        return (os.environ.get(self.api_key_env) or None) if self.api_key_env else None
+
+    @property
+    def identity_b(self) -> str | None:
+        """Greedy identity's B: `accuracy identity` compares with compare_url first; the report keeps compare_url for
+        recall's A/B and compares with spec_off_url first."""
+        first, second = ((self.compare_url, self.spec_off_url) if self.probe == "identity"
+                         else (self.spec_off_url, self.compare_url))
+        return first or second
+
+    @classmethod
+    def resolve(cls, spec: Deployment | None = None, options: Options | None = None, **values: Any) -> AccuracySettings:
+        """The options' set fields, then `values` (what a caller sets itself: tune's guard), over the spec's accuracy
+        section and server; None is unset everywhere. InputError naming the setting when a value fails."""
+        given = options.model_dump(exclude_none=True) if options is not None else {}
+        given.update({k: v for k, v in values.items() if v is not None})
+        base: dict[str, Any] = {}
+        if spec is not None:
+            base = {"lengths": list(spec.accuracy.recall_lengths), "depths": list(spec.accuracy.recall_depths),
+                    "api_key_env": spec.serving.api_key_env}
+            if given.get("probe", "report") in _SPEC_URL:
+                base["url"] = spec.serving.local_url
+        s = validate(cls, {**base, **given})
+        if spec is not None:     # a prompt longer than the server's --context-length would be rejected
+            ctx = spec.serving.flags.get("context-length")
+            fit = [L for L in s.lengths if ctx is None or int(ctx) >= L] or s.lengths[:1]
+            s = s.model_copy(update={"lengths": fit})
+        return s

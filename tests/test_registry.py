@@ -93,7 +93,7 @@ SAME_INPUTS = {
                   {"url": "http://127.0.0.1:9", "duration": 60.0, "concurrency": [1, 2], "workload": "agentic",
                    "think_time": 0.5, "turns": 3, "chat": True, "artifact_dir": "/tmp/rec", "archive_root": "/tmp/arch",
                    "interactive": False}),
-    "accuracy": (["report", "--url", "http://127.0.0.1:9", "--lengths", "256,512", "--depths", "0.5", "--seed", "3",
+    "accuracy": (["--url", "http://127.0.0.1:9", "--lengths", "256,512", "--depths", "0.5", "--seed", "3",
                   "--tool-choice", "required", "--toolcall-max-tokens", "64", "--out", "/tmp/acc"],
                  {"url": "http://127.0.0.1:9", "lengths": [256, 512], "depths": [0.5], "seed": 3, "tool_choice": "required",
                   "toolcall_max_tokens": 64, "artifact_dir": "/tmp/acc"}),

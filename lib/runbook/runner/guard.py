@@ -21,12 +21,12 @@ import sys
 import threading
 import time
 
+import psutil
+
 from runbook.core import oscalls
 
 
 def _descendants() -> list:
-    import psutil
-
     try:
         return psutil.Process().children(recursive=True)
     except psutil.Error:  # pragma: no cover
@@ -35,8 +35,6 @@ def _descendants() -> list:
 
 def kill_descendants() -> None:
     """SIGKILL everything below this process (twice: a dying parent can spawn or re-parent one)."""
-    import psutil
-
     for _ in range(2):
         procs = _descendants()
         if not procs:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, TextIO
 
+import psutil
 from pydantic import AfterValidator, Field, field_validator
 
 from runbook import alerts
@@ -198,8 +199,6 @@ def git_commit() -> str | None:
 
 def _kill_tree(pid: int) -> None:
     """SIGKILL a notebook's guard, its session and everything below it (the kernel has a session of its own)."""
-    import psutil
-
     try:
         parent = psutil.Process(pid)
         procs = parent.children(recursive=True) + [parent]
@@ -271,7 +270,7 @@ def _kernel_for(nb: Path, requested: str | None, log: Log) -> str | None:
     kernel on this interpreter (a pip-installed runbook has no "runbook" kernel registered)."""
     if requested:
         return requested
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel  # lazy: ~45 ms, only when a notebook runs
 
     try:
         name = ((json.loads(nb.read_text(encoding="utf-8")).get("metadata") or {}).get("kernelspec") or {}).get("name")

@@ -17,6 +17,7 @@ import jinja2
 from runbook.core.errors import InputError, SpecError
 from runbook.core.secrets import is_secret_key
 from runbook.core.spec import Deployment, Node
+from runbook.quant.analysis import for_deployment
 from runbook.service import unitfile
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("runbook.service", "templates"), keep_trailing_newline=True,
@@ -282,10 +283,8 @@ def render(spec: Deployment, args: dict[str, Any] | None = None, recommended: di
 
 def recommended_flags(spec: Deployment) -> tuple[dict[str, str] | None, Any]:
     """The quant notebook's recommendations (None when the checkpoint cannot be read)."""
-    from runbook import quant
-
     try:
-        rep = quant.for_deployment(spec)
+        rep = for_deployment(spec)
     except InputError:
         return None, None
     return rep.recommended_flags, rep

@@ -13,6 +13,9 @@ import json
 import sys
 from typing import Any
 
+import sglang
+from sglang.srt.server_args import ServerArgs, prepare_server_args
+
 
 def _parse(prepare, argv):
     err = io.StringIO()
@@ -60,9 +63,6 @@ def check(prepare_server_args, argv, version, known):
 
 def main():
     job = json.loads(sys.argv[1])
-    import sglang
-    from sglang.srt.server_args import ServerArgs, prepare_server_args
-
     p = argparse.ArgumentParser()
     ServerArgs.add_cli_args(p)
     known = sorted({o for a in p._actions for o in a.option_strings if o.startswith("--")})

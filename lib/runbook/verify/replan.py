@@ -10,6 +10,7 @@ from typing import Any
 
 from runbook.core.errors import InputError
 from runbook.core.units import GIB
+from runbook.kv.memory import compute
 from runbook.verify.logparse import Facts
 
 ARITHMETIC_TOLERANCE = 0.01   # re-derived vs logged token pool: the log's GiB have two decimals; SGLang's own rounding
@@ -53,12 +54,10 @@ def replan(plan: Any, facts: Facts, gpu_mem_gib: float | None, cpu: bool = False
     frac = getattr(getattr(plan, "result", None), "mem_fraction_static", None)
     if obs is None or frac is None or plan.inputs.kv_budget_gib is not None or obs["free_before_weights_gib"] <= 0:
         return None
-    from runbook import kv
-
     inp = replace(plan.inputs, gpu_mem_gib=obs["free_before_weights_gib"], weights_bytes_per_gpu=int(obs["weights_gib"] * GIB),
                   mem_fraction_static=frac)
     try:
-        r = kv.compute_pools(plan.arch, inp)   # kv/memory.py's own arithmetic, not a copy
+        r = compute(plan.arch, inp)   # kv/memory.py's own arithmetic, not a copy
     except InputError:
         return None
     if cpu:

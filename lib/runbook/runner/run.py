@@ -1,8 +1,8 @@
 """`python -m runbook run`: execute notebooks/ in order with papermill and archive the run.
 
-Each notebook runs in its own papermill process, in a session of its own under a guard process
-(runner/guard.py), so a per-notebook bound, a SIGTERM/SIGINT of the runner (handled: the notebook's
-processes are killed, exit 128+signal) and a SIGKILL of the runner (the guard sees it) all end the
+Each notebook runs in its own papermill process, in a session of its own under a reaper process
+(runner/reaper.py), so a per-notebook bound, a SIGTERM/SIGINT of the runner (handled: the notebook's
+processes are killed, exit 128+signal) and a SIGKILL of the runner (the reaper sees it) all end the
 notebook and its kernel. Each notebook writes its results JSON and is archived with an HTML copy.
 The run is built in a hidden folder `.inprogress-<run id>` (mode 0700, its files 0600 whatever the
 umask: it may hold unscrubbed output) and renamed into place once secrets are scrubbed, so an
@@ -44,8 +44,8 @@ OUTPUTS = paths.outputs_dir()
 EXIT_LOCKED = 75
 DEPLOYMENT_NAME = re.compile(spec_mod.DEPLOYMENT_NAME)   # a name a spec accepts is a safe lock file name
 _DEAD_KERNEL = 138
-_GUARD = Path(__file__).with_name("guard.py")
-# Sessions (guard pids) of the notebooks running now, killed by the runner's SIGTERM/SIGINT handler.
+_REAPER = Path(__file__).with_name("reaper.py")
+# Sessions (reaper pids) of the notebooks running now, killed by the runner's SIGTERM/SIGINT handler.
 _CHILDREN: set[int] = set()
 
 
@@ -198,7 +198,7 @@ def git_commit() -> str | None:
 
 
 def _kill_tree(pid: int) -> None:
-    """SIGKILL a notebook's guard, its session and everything below it (the kernel has a session of its own)."""
+    """SIGKILL a notebook's reaper, its session and everything below it (the kernel has a session of its own)."""
     try:
         parent = psutil.Process(pid)
         procs = parent.children(recursive=True) + [parent]
@@ -207,7 +207,7 @@ def _kill_tree(pid: int) -> None:
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-    oscalls.kill_group(pid, signal.SIGKILL)  # the guard leads its session: anything else left in it
+    oscalls.kill_group(pid, signal.SIGKILL)  # the reaper leads its session: anything else left in it
     psutil.wait_procs(procs, timeout=10)
 
 
@@ -238,12 +238,12 @@ def execute(nb: Path, out_nb: Path, parameters: dict[str, Any], cwd: Path, timeo
 
     Parameters travel as one JSON document through `-y`, so their types survive. Returns
     (exit code or None on timeout, error text, timed_out)."""
-    cmd = [sys.executable, str(_GUARD), str(os.getpid()), "--", sys.executable, "-m", "papermill", str(nb), str(out_nb), "-y",
+    cmd = [sys.executable, str(_REAPER), str(os.getpid()), "--", sys.executable, "-m", "papermill", str(nb), str(out_nb), "-y",
            json.dumps(parameters),
            "--cwd", str(cwd), "--no-progress-bar", "--log-output", "--execution-timeout", str(int(max(1, timeout)))]
     if kernel:
         cmd += ["-k", kernel]
-    lib = os.pathsep.join(p for p in (str(oscalls.lib_root()), os.environ.get("PYTHONPATH", "")) if p)   # the guard's import
+    lib = os.pathsep.join(p for p in (str(oscalls.lib_root()), os.environ.get("PYTHONPATH", "")) if p)   # the reaper's import
     env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline", PYTHONUNBUFFERED="1", PYTHONPATH=lib)
     with open(log_path, "w", encoding="utf-8") as logf:  # inside the 0700 in-progress folder
         proc = oscalls.start_session(cmd, stdout=logf, stderr=oscalls.STDOUT, env=env, cwd=str(cwd))

@@ -1,11 +1,11 @@
 """The process between the runner and papermill: whatever ends, nothing of the notebook outlives it.
 
-    python guard.py RUNNER_PID -- COMMAND...
+    python reaper.py RUNNER_PID -- COMMAND...
 
 Run by the runner as a script in a new session (its signals and prctl calls are core/oscalls.py's). It
 
 - becomes a child subreaper (Linux), so the kernel that papermill starts in a session of its own
-  is re-parented to the guard, not to init, if papermill dies first;
+  is re-parented to the reaper, not to init, if papermill dies first;
 - asks the kernel (Linux PR_SET_PDEATHSIG) for SIGTERM when the runner dies, even by SIGKILL, and
   also polls the runner's pid, for kernels without that call;
 - on SIGTERM/SIGINT/SIGHUP, on the runner's death and when the command exits, kills every process
@@ -67,7 +67,7 @@ def _child_setup() -> None:  # pragma: no cover - runs in the child between fork
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: guard.py RUNNER_PID -- COMMAND...", file=sys.stderr)
+        print("usage: reaper.py RUNNER_PID -- COMMAND...", file=sys.stderr)
         return 2
     runner_pid, cmd = int(argv[0]), argv[2:]
     with oscalls.handling(_on_signal):

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runbook import kv as kv_stage
 from runbook.core import oscalls, registry
 from runbook.core.errors import InputError, SpecError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
-from runbook.kv.plan import plan as plan_pools
 from runbook.model import sglang_names
 from runbook.service.render import Build, Rendered, build
 
@@ -179,7 +179,7 @@ def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[F
         else:
             out.append(Finding("service.kv_dtype", "pass", f"--kv-cache-dtype {kv} agrees with {registry.notebook('quant_config')}"))
     try:
-        p = plan_pools(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": r.flags})}),
+        p = kv_stage.plan_pools(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": r.flags})}),
                               loaded=quant_rep.loaded if quant_rep is not None else None)
     except (InputError, SpecError) as e:
         return out + [Finding("service.capacity", "skip", "KV capacity not cross-checked", detail=str(e))]

@@ -14,10 +14,10 @@ from typing import Any
 
 import jinja2
 
+from runbook import quant
 from runbook.core.errors import InputError, SpecError
 from runbook.core.secrets import is_secret_key
 from runbook.core.spec import Deployment, Node
-from runbook.quant.analysis import for_deployment
 from runbook.service import unitfile
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("runbook.service", "templates"), keep_trailing_newline=True,
@@ -284,7 +284,7 @@ def render(spec: Deployment, args: dict[str, Any] | None = None, recommended: di
 def recommended_flags(spec: Deployment) -> tuple[dict[str, str] | None, Any]:
     """The quant notebook's recommendations (None when the checkpoint cannot be read)."""
     try:
-        rep = for_deployment(spec)
+        rep = quant.for_deployment(spec)
     except InputError:
         return None, None
     return rep.recommended_flags, rep

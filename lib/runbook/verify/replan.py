@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from runbook import kv
 from runbook.core.errors import InputError
 from runbook.core.units import GIB
-from runbook.kv.memory import compute
 from runbook.verify.logparse import Facts
 
 ARITHMETIC_TOLERANCE = 0.01   # re-derived vs logged token pool: the log's GiB have two decimals; SGLang's own rounding
@@ -57,7 +57,7 @@ def replan(plan: Any, facts: Facts, gpu_mem_gib: float | None, cpu: bool = False
     inp = replace(plan.inputs, gpu_mem_gib=obs["free_before_weights_gib"], weights_bytes_per_gpu=int(obs["weights_gib"] * GIB),
                   mem_fraction_static=frac)
     try:
-        r = compute(plan.arch, inp)   # kv/memory.py's own arithmetic, not a copy
+        r = kv.compute_pools(plan.arch, inp)   # kv/memory.py's own arithmetic, not a copy
     except InputError:
         return None
     if cpu:

@@ -13,9 +13,6 @@ import json
 import sys
 from typing import Any
 
-import sglang
-from sglang.srt.server_args import ServerArgs, prepare_server_args
-
 
 def _parse(prepare, argv):
     err = io.StringIO()
@@ -63,6 +60,9 @@ def check(prepare_server_args, argv, version, known):
 
 def main():
     job = json.loads(sys.argv[1])
+    import sglang  # lazy: only the serving interpreter, which runs this script, has SGLang; importing the module elsewhere must work
+    from sglang.srt.server_args import ServerArgs, prepare_server_args  # lazy: as sglang above
+
     p = argparse.ArgumentParser()
     ServerArgs.add_cli_args(p)
     known = sorted({o for a in p._actions for o in a.option_strings if o.startswith("--")})

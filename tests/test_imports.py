@@ -19,15 +19,8 @@ LIB = REPO / "lib" / "runbook"
 # the others import. None is left.
 KNOWN_CYCLES: list[set[str]] = []
 
-# Imports inside functions without a `# lazy:` reason, per file (relative to lib/runbook), today: all in packages
-# reworked elsewhere (runner, service, tune, verify) and endpoint.
+# Imports inside functions without a `# lazy:` reason, per file (relative to lib/runbook): none is left.
 UNEXPLAINED_LAZY: dict[str, int] = {
-    "endpoint/reach.py": 2,
-    "runner/archive.py": 3, "runner/guard.py": 2, "runner/notebook.py": 3, "runner/params.py": 2, "runner/run.py": 2,
-    "runner/upload.py": 1,
-    "service/check.py": 1, "service/render.py": 1, "service/sglang_probe.py": 2,
-    "tune/energy.py": 1, "tune/engines/gguf.py": 1, "tune/engines/llama.py": 1,
-    "verify/replan.py": 1, "verify/report.py": 4,
 }
 
 # Private names taken from another module, per file, today: none.

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from runbook.core import spec
 from runbook.core.errors import InputError
+from runbook.kv import cells
 from runbook.kv import memory as kvmem
 from runbook.kv import plan as kvplan
 from runbook.kv import report as kvreport
@@ -73,8 +74,8 @@ def test_hybrid_state_bytes():
     #      (73,728 + 4,194,304) * 45 = 192,061,440
     # TP8: conv = 1,536*3*2 = 9,216; ssm = 8*128*128*4 = 524,288; (9,216 + 524,288) * 45 = 24,007,680
     a = load("qwen3.5-397b-a17b")
-    assert kvmem.state_bytes_per_request(a, 1, 45) == 192_061_440
-    assert kvmem.state_bytes_per_request(a, 8, 45) == 24_007_680
+    assert cells.state_bytes_per_request(a, 1, 45) == 192_061_440
+    assert cells.state_bytes_per_request(a, 8, 45) == 24_007_680
     assert kvmem.compute(load("llama-3.1-70b"), kvmem.Inputs()).state_bytes_per_request_per_gpu == 0
 
 
@@ -254,8 +255,8 @@ tps = st.sampled_from([1, 2, 4, 8, 16])
 @given(st.sampled_from(CONFIGS), tps)
 def test_fp8_is_half_of_bf16(name, tp):
     a = load(name)
-    b = kvmem.cell_bytes(a, "bfloat16", tp, len(a.full_layer_ids), len(a.swa_layer_ids))
-    f = kvmem.cell_bytes(a, "fp8_e4m3", tp, len(a.full_layer_ids), len(a.swa_layer_ids))
+    b = cells.cell_bytes(a, "bfloat16", tp, len(a.full_layer_ids), len(a.swa_layer_ids))
+    f = cells.cell_bytes(a, "fp8_e4m3", tp, len(a.full_layer_ids), len(a.swa_layer_ids))
     assert f * 2 == b
 
 
@@ -273,8 +274,8 @@ def test_capacity_grows_with_memory(name, tp, m1, m2):
 def test_never_less_than_one_kv_head_per_gpu(heads, tp):
     a = arch.from_config({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 64,
                           "num_key_value_heads": heads, "hidden_size": 4096})
-    assert kvmem.kv_heads_per_gpu(a, tp) >= 1
-    assert kvmem.replication(a, tp) >= 1 or heads % tp
+    assert cells.kv_heads_per_gpu(a, tp) >= 1
+    assert cells.replication(a, tp) >= 1 or heads % tp
 
 
 @settings(max_examples=30, deadline=None)
@@ -282,7 +283,7 @@ def test_never_less_than_one_kv_head_per_gpu(heads, tp):
 def test_mla_independent_of_tp(t1, t2):
     a = load("deepseek-v3")
     assert cell("deepseek-v3", t1, "bfloat16") == cell("deepseek-v3", t2, "bfloat16") == 70272
-    assert kvmem.kv_heads_per_gpu(a, t1) == 1
+    assert cells.kv_heads_per_gpu(a, t1) == 1
 
 
 @pytest.mark.parametrize("flag,value", [

@@ -9,8 +9,7 @@ import pandas as pd
 from runbook.bench import report
 from runbook.core import tables
 from runbook.core.findings import Finding, format_text, grouped, styled, to_json
-from runbook.runner import archive, notebook
-from runbook.runner import run as runner
+from runbook.runner import archive, notebook, summary
 
 TOKEN_COUNT = [Finding(f"bench.token_count.c{c}", "warn", f"c{c}: server and client token counts differ by {g}%",
                        detail=f"server usage {c * 100}, client {c * 103}", remedy="Give --tokenizer the model's tokenizer.")
@@ -111,12 +110,12 @@ def test_the_runs_summary_and_last_screen_fold_per_level_findings_and_summary_js
          "duration_s": 1.0, "exit_code": 0, "verdict": "ok", "archive": None,
          "notebooks": [{"name": "40_benchmark", "html": "40_benchmark.html", "status": "ok", "duration_s": 1.0, "error": None,
                         "findings": {"fail": 0, "warn": 4, "skip": 0, "pass": 0, "info": 0}, "failed_findings": failed}]}
-    md = runner._summary_md(s)
+    md = summary.summary_md(s)
     assert md.count("bench.token_count") == 1 and "`bench.token_count (c1, c2, c4, c8)` (40_benchmark)" in md
-    screen = runner.one_screen(s, tmp_path)
+    screen = summary.one_screen(s, tmp_path)
     assert "  WARN c1, c2, c4, c8: server and client token counts differ by 1.2–3.4%" in screen.splitlines()
     assert screen.count("fix:") == 1 and s["notebooks"][0]["failed_findings"] == failed
-    assert runner._attention(s["notebooks"]) == [("40_benchmark", grouped(TOKEN_COUNT)[0].to_dict())]   # summary.html's rows
+    assert summary.attention(s["notebooks"]) == [("40_benchmark", grouped(TOKEN_COUNT)[0].to_dict())]   # summary.html's rows
 
 
 # tune's per-candidate findings share one id; each title opens with the candidate
@@ -152,12 +151,12 @@ def test_the_runs_summary_and_screen_give_a_row_with_several_wordings_its_lines(
          "notebooks": [{"name": "60_tune", "html": "60_tune.html", "status": "ok", "duration_s": 1.0, "error": None,
                         "findings": {"fail": 2, "warn": 0, "skip": 0, "pass": 0, "info": 0},
                         "failed_findings": [f.to_dict() for f in GUARD]}]}
-    md = runner._summary_md(s)
+    md = summary.summary_md(s)
     assert "`tune.guard (q8-kv, q4-kv)` (60_tune): q8-kv: accuracy guard failed: diverges early (prompt 1: token 8); q4-kv: " in md
-    screen = runner.one_screen(s, tmp_path).splitlines()
+    screen = summary.one_screen(s, tmp_path).splitlines()
     i = screen.index("  FAIL q8-kv: accuracy guard failed: diverges early (prompt 1: token 8)")   # not "q8-kv, q4-kv: q8-kv: …"
     assert screen[i + 1].startswith("       q4-kv: accuracy guard failed") and screen[i + 2].startswith("       fix: ")
-    page = archive.write_summary_html(tmp_path, s, runner._attention(s["notebooks"])).read_text()
+    page = archive.write_summary_html(tmp_path, s, summary.attention(s["notebooks"])).read_text()
     assert page.count("<code>tune.guard") == 1 and '<td class="title">q8-kv: accuracy guard failed' in page   # one row
 
 

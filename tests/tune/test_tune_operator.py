@@ -11,7 +11,7 @@ from conftest import REPO
 
 from runbook import cli
 from runbook.core import oscalls
-from runbook.tune import run as tune_run
+from runbook.tune import trials as tune_run
 from tune.procs import free_port, http_server
 
 DEFAULT = REPO / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml"

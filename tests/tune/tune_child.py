@@ -48,7 +48,7 @@ def main() -> int:
     from runbook.bench import workers
     from runbook.core import oscalls
     from runbook.tune import launch, measure
-    from runbook.tune import run as tune_run
+    from runbook.tune import trials as tune_run
     from runbook.tune.engines import llama
 
     wrap(marks, llama.Llama, "precheck", "precheck", HOLD_S)

@@ -21,8 +21,9 @@ def _flags(v: dict[str, FlagValue]) -> dict[str, FlagValue]:
     return check_flag_names(check_flag_values(v))
 
 
-class Candidate(Strict):
-    """One configuration to try: flags laid over serving.flags (null or false removes one)."""
+class CandidateSpec(Strict):
+    """One configuration to try, as the spec declares it (tune/candidates.py expands it into a `Candidate`): flags
+    laid over serving.flags (null or false removes one)."""
     flags: dict[str, FlagValue] = Field(default_factory=dict, description="flags over serving.flags; null removes a flag")
     python: str | None = Field(default=None, description="another serving interpreter (an SGLang upgrade canary: same flags, "
                                                  "new version)")
@@ -58,7 +59,7 @@ class Tune(Strict):
     engine: Literal["sglang", "llama-server"] = Field(default="sglang", description="the server tune launches; llama-server: "
                                                       "the CPU engine (serving.flags are its flags, model.path a GGUF file)")
     llama_server: str | None = Field(default=None, description="engine llama-server: its binary (relative to this file)")
-    candidates: dict[str, Candidate] = Field(default_factory=dict, description="named flag overlays")
+    candidates: dict[str, CandidateSpec] = Field(default_factory=dict, description="named flag overlays")
     grid: dict[str, list[FlagValue]] = Field(default_factory=dict, description="flag -> values: one candidate per combination")
     reference: str = Field(default=REFERENCE, description="the candidate the others are compared with (default: the spec as it "
                                                   "builds the unit)")
@@ -86,7 +87,7 @@ class Tune(Strict):
 
     @field_validator("candidates")
     @classmethod
-    def _names(cls, v: dict[str, Candidate]) -> dict[str, Candidate]:
+    def _names(cls, v: dict[str, CandidateSpec]) -> dict[str, CandidateSpec]:
         for k in v:
             if not _NAME.match(k):
                 raise ValueError(f"{k!r}: a candidate name is letters, digits and . _ = , + - (at most 100)")

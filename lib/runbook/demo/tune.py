@@ -55,8 +55,8 @@ def write_spec(path: Path, exe: Path, model_dir: Path, port: int, **kw: Any) -> 
     return path
 
 
-# SGLang's own knobs on CPU (the real server, runbook.demo.sglang). `fp8-kv` is the story: an FP8 KV cache with
-# no scales, which SGLang's log flags and the guard compares with the BF16 reference; `old-flag` is a flag this
+# SGLang's own knobs on CPU (the real server, runbook.demo.sglang). `fp8-kv` is the failure the guard exists to catch:
+# an FP8 KV cache with no scales, which SGLang's log flags and the guard compares with the BF16 reference; `old-flag` is a flag this
 # SGLang refuses, skipped by its own parser before anything is launched. sglang_candidates() adds the upgrade canary.
 SGLANG_CANDIDATES: dict[str, dict[str, Any]] = {
     "no-radix": {"description": "radix (prefix) cache off", "flags": {"disable-radix-cache": True}},

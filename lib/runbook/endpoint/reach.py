@@ -13,6 +13,7 @@ or exhaust the runbook, and an API key never appears in an error. What comes bac
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import http.client
 import json
@@ -313,7 +314,7 @@ def run_sync(coro: Any, fast_loop: bool = False) -> Any:
     run: Any = asyncio.run
     if fast_loop:
         try:
-            import uvloop
+            import uvloop  # lazy: optional (~25 ms), only for the benchmark's load generator
             run = uvloop.run
         except ImportError:
             pass
@@ -325,7 +326,5 @@ def run_sync(coro: Any, fast_loop: bool = False) -> Any:
         asyncio.get_running_loop()
     except RuntimeError:
         return go()
-    import concurrent.futures
-
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         return ex.submit(go).result()

@@ -34,9 +34,9 @@ def export_html(ipynb: Path, out: Path, banner: str | None = None) -> Path:
     """nbconvert's lab HTML without the injected-parameters cell, input hidden behind a toggle, and what the
     cells wrote to stderr (progress lines, warnings) in a collapsed log at the end instead of in red among the
     results; the archived notebook keeps it where it was written."""
-    import nbformat
-    from nbconvert import HTMLExporter
-    from nbconvert.preprocessors import TagRemovePreprocessor
+    import nbformat  # lazy: nbformat and nbconvert (~0.8 s) only when a run's HTML is written
+    from nbconvert import HTMLExporter  # lazy: see nbformat above
+    from nbconvert.preprocessors import TagRemovePreprocessor  # lazy: see nbformat above
 
     nb = nbformat.read(str(ipynb), as_version=4)
     log = _take_stderr(nb)

@@ -8,7 +8,7 @@ from typing import Any
 from runbook.core import registry
 from runbook.core import spec as spec_mod
 from runbook.core.errors import RunbookError
-from runbook.core.findings import Finding, sort, styled
+from runbook.core.findings import Finding, format_text, sort, styled
 from runbook.core.options import from_params
 from runbook.runner import results
 
@@ -30,17 +30,11 @@ def options(stage: str, **params: Any) -> Any:
 def show(findings: Iterable[Finding]):
     """Display findings as a colour-coded table (a plain table outside Jupyter)."""
     findings = sort(findings)
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
+    if _ipython():
+        from IPython.display import display  # lazy: IPython only inside a kernel
 
-        if get_ipython() is not None:
-            display(styled(findings))
-            return None
-    except ImportError:  # pragma: no cover
-        pass
-    from runbook.core.findings import format_text
-
+        display(styled(findings))
+        return None
     print(format_text(findings))
     return None
 

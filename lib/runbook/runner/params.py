@@ -53,7 +53,7 @@ def inspect(notebook: Path) -> dict[str, dict[str, Any]]:
     Read with Python's own parser: papermill's line regex skips any line with a second '=' (such as
     `args: list[str] = []  # e.g. ["kv-cache-dtype=bf16"]`) or a `T | None` annotation (its pattern has no
     `|`), which hid those parameters from --param."""
-    import nbformat
+    import nbformat  # lazy: ~0.8 s that `runbook --help` would pay; only --param and `runbook run` read notebooks
 
     nb = nbformat.read(str(notebook), as_version=4)
     cell = next((c for c in nb.cells if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])), None)
@@ -63,7 +63,7 @@ def inspect(notebook: Path) -> dict[str, dict[str, Any]]:
     try:
         tree = ast.parse(src)
     except SyntaxError:
-        import papermill
+        import papermill  # lazy: ~0.8 s, only for a parameters cell Python cannot parse
 
         return papermill.inspect_notebook(str(notebook))
     comments: dict[int, str] = {}

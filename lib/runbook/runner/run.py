@@ -1,13 +1,13 @@
 """`python -m runbook run`: execute notebooks/ in order with papermill and archive the run.
 
-Each notebook runs in its own papermill process, in a session of its own under a guard process
-(runner/guard.py), so a per-notebook bound, a SIGTERM/SIGINT of the runner (handled: the notebook's
-processes are killed, exit 128+signal) and a SIGKILL of the runner (the guard sees it) all end the
+Each notebook runs in its own papermill process, in a session of its own under a reaper process
+(runner/execute.py, runner/reaper.py), so a per-notebook bound, a SIGTERM/SIGINT of the runner (handled: the notebook's
+processes are killed, exit 128+signal) and a SIGKILL of the runner (the reaper sees it) all end the
 notebook and its kernel. Each notebook writes its results JSON and is archived with an HTML copy.
 The run is built in a hidden folder `.inprogress-<run id>` (mode 0700, its files 0600 whatever the
 umask: it may hold unscrubbed output) and renamed into place once secrets are scrubbed, so an
 interrupted run leaves nothing the index lists and nothing others can read; the next run of the same
-deployment removes it.
+deployment removes it. What the run's summary says to a reader: runner/summary.py.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import fcntl
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -32,20 +31,18 @@ from runbook import alerts
 from runbook.core import oscalls, paths, registry, secrets
 from runbook.core import spec as spec_mod
 from runbook.core.errors import LockHeld, SpecError
-from runbook.core.findings import STATUSES, Finding, counts, exit_code_for, grouped
+from runbook.core.findings import STATUSES, counts, exit_code_for
 from runbook.core.fsutil import atomic_write_json, atomic_write_text, current_umask, output_dir
 from runbook.core.options import Options, PosFloat, PosInt
 from runbook.runner import archive, figures, results, upload
 from runbook.runner import params as params_mod
+from runbook.runner.execute import execute, kernel_for, on_signal
+from runbook.runner.summary import attention, one_screen, summary_md
 
 NOTEBOOKS = paths.notebooks_dir()
 OUTPUTS = paths.outputs_dir()
 EXIT_LOCKED = 75
 DEPLOYMENT_NAME = re.compile(spec_mod.DEPLOYMENT_NAME)   # a name a spec accepts is a safe lock file name
-_DEAD_KERNEL = 138
-_GUARD = Path(__file__).with_name("guard.py")
-# Sessions (guard pids) of the notebooks running now, killed by the runner's SIGTERM/SIGINT handler.
-_CHILDREN: set[int] = set()
 
 
 def _names(chunk: str) -> str:
@@ -196,96 +193,6 @@ def git_commit() -> str | None:
         return None
 
 
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a notebook's guard, its session and everything below it (the kernel has a session of its own)."""
-    import psutil
-
-    try:
-        parent = psutil.Process(pid)
-        procs = parent.children(recursive=True) + [parent]
-    except psutil.NoSuchProcess:
-        procs = []
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    oscalls.kill_group(pid, signal.SIGKILL)  # the guard leads its session: anything else left in it
-    psutil.wait_procs(procs, timeout=10)
-
-
-def _on_signal(signum: int, _frame: Any) -> None:
-    """SIGTERM/SIGINT of the runner: end the running notebook's processes, then exit 128+signal.
-
-    The half-built run stays in its 0700 .inprogress folder; the next run of the deployment removes it."""
-    for pid in list(_CHILDREN):
-        _kill_tree(pid)
-    try:
-        print(f"runbook: stopped by signal {signum}; the running notebook and its kernel were killed", file=sys.stderr, flush=True)
-    finally:
-        os._exit(128 + signum)
-
-
-def _error_line(stderr: str) -> str:
-    """The most telling line of papermill's stderr: the last 'SomethingError: …' line."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b", ln):
-            return ln[:500]
-    return (lines[-1] if lines else "no output")[:500]
-
-
-def execute(nb: Path, out_nb: Path, parameters: dict[str, Any], cwd: Path, timeout: float, log_path: Path,
-            kernel: str | None = None) -> tuple[int | None, str | None, bool]:
-    """Run one notebook through papermill's CLI in its own process group.
-
-    Parameters travel as one JSON document through `-y`, so their types survive. Returns
-    (exit code or None on timeout, error text, timed_out)."""
-    cmd = [sys.executable, str(_GUARD), str(os.getpid()), "--", sys.executable, "-m", "papermill", str(nb), str(out_nb), "-y",
-           json.dumps(parameters),
-           "--cwd", str(cwd), "--no-progress-bar", "--log-output", "--execution-timeout", str(int(max(1, timeout)))]
-    if kernel:
-        cmd += ["-k", kernel]
-    lib = os.pathsep.join(p for p in (str(oscalls.lib_root()), os.environ.get("PYTHONPATH", "")) if p)   # the guard's import
-    env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline", PYTHONUNBUFFERED="1", PYTHONPATH=lib)
-    with open(log_path, "w", encoding="utf-8") as logf:  # inside the 0700 in-progress folder
-        proc = oscalls.start_session(cmd, stdout=logf, stderr=oscalls.STDOUT, env=env, cwd=str(cwd))
-        _CHILDREN.add(proc.pid)
-        try:
-            rc = proc.wait(timeout=timeout + 30)  # papermill's per-cell bound fires first; this catches the rest
-        except subprocess.TimeoutExpired:
-            _kill_tree(proc.pid)
-            return None, f"timed out after {timeout:.0f} s (per-notebook bound); notebook and kernel killed", True
-        finally:
-            _CHILDREN.discard(proc.pid)
-    text = log_path.read_text(encoding="utf-8", errors="replace")
-    if rc == 0:
-        return 0, None, False
-    if rc == _DEAD_KERNEL:
-        return rc, "kernel died (out of memory or killed): " + _error_line(text), False
-    if "CellTimeoutError" in text or "Cell execution timed out" in text:
-        return rc, f"timed out after {timeout:.0f} s in one cell (per-notebook bound)", True
-    return rc, _error_line(text), False
-
-
-def _kernel_for(nb: Path, requested: str | None, log: Log) -> str | None:
-    """--kernel, else None (the notebook's own kernel) when it is installed, else "python3": ipykernel's
-    kernel on this interpreter (a pip-installed runbook has no "runbook" kernel registered)."""
-    if requested:
-        return requested
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
-    try:
-        name = ((json.loads(nb.read_text(encoding="utf-8")).get("metadata") or {}).get("kernelspec") or {}).get("name")
-    except (OSError, ValueError, AttributeError):
-        return None                    # papermill reports the unreadable notebook itself
-    try:
-        if name:
-            KernelSpecManager().get_kernel_spec(name)
-        return None
-    except NoSuchKernel:
-        log(f"{nb.stem}: kernel {name!r} is not installed; running it on this interpreter's python3 kernel")
-        return "python3"
-
-
 def _stamp_notebook(path: Path, res: NotebookResult) -> None:
     """Record the runner's verdict inside the archived notebook: papermill marks timed-out and
     dead-kernel notebooks as completed, so its own metadata cannot be trusted for that."""
@@ -307,7 +214,7 @@ def _run_one(nb: Path, run_dir: Path, spec: spec_mod.Deployment, user_params: di
                   "archive_root": str(run_dir.parent), "interactive": False, **user_params}
     t0 = time.monotonic()
     log(f"{stem}: running (bound {budget:.0f} s)")
-    rc, err, _ = execute(nb, out_nb, parameters, nb.parent, budget, log_path, _kernel_for(nb, opts.kernel, log))
+    rc, err, _ = execute(nb, out_nb, parameters, nb.parent, budget, log_path, kernel_for(nb, opts.kernel, log))
     res.duration_s = round(time.monotonic() - t0, 2)
     res.papermill_exit, res.error = rc, err
     res.log = log_path.name
@@ -332,71 +239,6 @@ def _run_one(nb: Path, run_dir: Path, spec: spec_mod.Deployment, user_params: di
             log(f"{stem}: HTML export failed: {e}")
     log(f"{stem}: {res.status} in {res.duration_s:.1f} s" + (f" — {res.error}" if res.error else ""))
     return res
-
-
-def _summary_md(s: dict[str, Any]) -> str:
-    lines = [f"# Runbook run {s['run_id']}", "",
-             f"- deployment: `{s['deployment']}` ({s['deployment_file']})",
-             f"- commit: `{s['git_commit'] or 'unknown'}`",
-             f"- started {s['started']}, {s['duration_s']:.0f} s, exit code **{s['exit_code']}** ({s['verdict']})", ""]
-    broken = [n for n in s["notebooks"] if n["status"] == "failed"]
-    if broken:
-        lines += ["## Errors", ""] + [f"- **{n['name']}**: {n['error']}" for n in broken] + [""]
-    lines += ["## Notebooks", "", "| notebook | status | duration | " + " | ".join(STATUSES) + " |",
-              "|---|---|---|" + "---|" * len(STATUSES)]
-    for n in s["notebooks"]:
-        link = f"[{n['name']}]({n['html']})" if n.get("html") else n["name"]
-        lines.append(f"| {link} | {n['status']} | {n['duration_s']:.1f} s | " + " | ".join(str(n["findings"][k]) for k in STATUSES) + " |")
-    att = _attention(s["notebooks"])
-    up = (s.get("archive") or {}).get("finding")
-    if up and up["status"] != "pass":
-        att.append(("archive", up))
-    if att:
-        lines += ["", "## Needs attention", ""]
-        for name, f in sorted(att, key=lambda x: STATUSES.index(x[1]["status"])):
-            oneline = f["title"].replace("\n", "; ")
-            lines.append(f"- **{f['status'].upper()}** `{f['id']}` ({name}): {oneline}"
-                         + (f" — fix: {f['remedy']}" if f.get("remedy") else ""))
-    return "\n".join(lines) + "\n"
-
-
-def _attention(notebooks: list[dict[str, Any]]) -> list[tuple[str, dict[str, str]]]:
-    """Each notebook's warn and fail findings as a person reads them: per-level ones folded into one per kind
-    (summary.json keeps every finding)."""
-    return [(n["name"], g.to_dict()) for n in notebooks
-            for g in grouped(Finding.from_dict(f) for f in n.get("failed_findings", []))]
-
-
-def one_screen(summary: dict[str, Any], run_dir: Path, max_items: int = 12) -> str:
-    """What `make run` prints at the end: one screen, worst first, and where the archive is."""
-    out = [f"Run {summary['run_id']}: {summary['verdict']} (exit {summary['exit_code']})"]
-    for n in summary["notebooks"]:
-        c = n["findings"]
-        tally = ", ".join(f"{c[k]} {k}" for k in STATUSES if c[k])
-        out.append(f"  {n['status']:7} {n['name']:24} {n['duration_s']:6.1f} s  {tally}" + (f"  [{n['error']}]" if n["error"] else ""))
-    att = [f for _, f in _attention(summary["notebooks"])]
-    up = (summary.get("archive") or {}).get("finding")
-    if up and up["status"] != "pass":
-        att.append(up)
-    att.sort(key=lambda f: STATUSES.index(f["status"]))
-    if att:
-        out.append("Needs attention:")
-        for f in att[:max_items]:
-            levels = f["id"].partition(" (")[2].rstrip(")")   # a folded kind names its levels, as one level's title does
-            if "\n" in f["title"]:      # a folded row with one line per wording names its items on each line
-                levels, title = "", f["title"].replace("\n", "\n" + " " * 7)
-            else:
-                title = f["title"]
-            out.append(f"  {f['status'].upper():4} {levels + ': ' if levels else ''}{title}")
-            if f.get("remedy"):
-                out.append(f"       fix: {f['remedy'][:160]}")
-        if len(att) > max_items:
-            out.append(f"  … and {len(att) - max_items} more in summary.md")
-    out.append(f"Archive: {run_dir}")
-    if summary.get("archive"):
-        out.append(f"Store:   {summary['archive']['url']} ({summary['archive']['status']})")
-    out.append(f"Index:   {run_dir.parent / 'index.html'}")
-    return "\n".join(out)
 
 
 def _run_secrets(spec: spec_mod.Deployment) -> set[str]:
@@ -440,8 +282,8 @@ def _record_upload(run_dir: Path, summary: dict[str, Any], fnd: dict[str, str], 
     summary["findings"][fnd["status"]] += 1
     summary["archive"] = {"url": secrets.redact_text(url, scrub), "status": fnd["status"], "finding": fnd}
     atomic_write_json(run_dir / "summary.json", summary)
-    atomic_write_text(run_dir / "summary.md", _summary_md(summary))
-    archive.write_summary_html(run_dir, summary, _attention(summary["notebooks"]))
+    atomic_write_text(run_dir / "summary.md", summary_md(summary))
+    archive.write_summary_html(run_dir, summary, attention(summary["notebooks"]))
 
 
 def _upload(out_dir: Path, run_ids: list[str], url: str, scrub: set[str], log: Log, by: str | None = None,
@@ -521,7 +363,7 @@ def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
     # The runner's own parameters are paths: one that holds a secret would be written into every notebook too.
     params_mod.refuse_secrets({"--deployment": spec.source, "--out": str(Path(opts.out).resolve())}, scrub)
     out_dir = output_dir(Path(opts.out).resolve())
-    with DeploymentLock(out_dir, spec.name), oscalls.handling(_on_signal), _UmaskRestored() as umask:
+    with DeploymentLock(out_dir, spec.name), oscalls.handling(on_signal), _UmaskRestored() as umask:
         archive.clean_stale(out_dir, spec.name)
         started = dt.datetime.now(dt.timezone.utc)
         stamp = f"{started:%Y%m%dT%H%M%SZ}"
@@ -554,8 +396,8 @@ def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
             "metrics": figures.figures(tmp, spec.slo),
         }
         atomic_write_json(tmp / "summary.json", summary)
-        atomic_write_text(tmp / "summary.md", _summary_md(summary))
-        archive.write_summary_html(tmp, summary, _attention(summary["notebooks"]))
+        atomic_write_text(tmp / "summary.md", summary_md(summary))
+        archive.write_summary_html(tmp, summary, attention(summary["notebooks"]))
         # Scrub secret values the notebooks may have printed before anything becomes visible.
         secrets.redact_tree(tmp, scrub)
         archive.unmark_inprogress(tmp)

@@ -58,7 +58,7 @@ def resolve_url(cli_url: str | None, spec_url: str | None) -> str | None:
 def open_store(url: str) -> tuple[Any, str]:
     """(fsspec filesystem, root path without a trailing slash) for an archive URL."""
     try:
-        from fsspec.core import url_to_fs
+        from fsspec.core import url_to_fs  # lazy: fsspec (~20 ms) only when an archive URL is set
     except ImportError as e:  # pragma: no cover - a requirement
         raise RunbookError(f"archive {url}: fsspec is not installed ({e}); pip install -r requirements.txt") from None
     scheme = url.split("://", 1)[0]

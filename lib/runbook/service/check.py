@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runbook import kv as kv_stage
 from runbook.core import oscalls, registry
 from runbook.core.errors import InputError, SpecError
 from runbook.core.findings import Finding
@@ -154,8 +155,6 @@ def verify_unit(r: Rendered, run: Callable = subprocess.run) -> list[Finding]:
 
 
 def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[Finding]:
-    from runbook import kv as kv_stage
-
     out: list[Finding] = []
     par, hw = spec.parallelism, spec.hardware
     total = hw.gpu_count * max(1, len(par.nodes))

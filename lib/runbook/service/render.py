@@ -14,6 +14,7 @@ from typing import Any
 
 import jinja2
 
+from runbook import quant
 from runbook.core.errors import InputError, SpecError
 from runbook.core.secrets import is_secret_key
 from runbook.core.spec import Deployment, Node
@@ -282,8 +283,6 @@ def render(spec: Deployment, args: dict[str, Any] | None = None, recommended: di
 
 def recommended_flags(spec: Deployment) -> tuple[dict[str, str] | None, Any]:
     """The quant notebook's recommendations (None when the checkpoint cannot be read)."""
-    from runbook import quant
-
     try:
         rep = quant.for_deployment(spec)
     except InputError:

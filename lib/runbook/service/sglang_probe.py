@@ -60,8 +60,8 @@ def check(prepare_server_args, argv, version, known):
 
 def main():
     job = json.loads(sys.argv[1])
-    import sglang
-    from sglang.srt.server_args import ServerArgs, prepare_server_args
+    import sglang  # lazy: only the serving interpreter, which runs this script, has SGLang; importing the module elsewhere must work
+    from sglang.srt.server_args import ServerArgs, prepare_server_args  # lazy: as sglang above
 
     p = argparse.ArgumentParser()
     ServerArgs.add_cli_args(p)

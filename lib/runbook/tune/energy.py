@@ -14,7 +14,7 @@ def _nvml(injected: Any = None) -> tuple[Any, list[Any], str | None]:
     """(module, device handles, why not): the NVML binding stage 00 uses, or the one injected (tests)."""
     try:
         if injected is None:
-            import pynvml  # nvidia-ml-py
+            import pynvml  # lazy: nvidia-ml-py may be absent or broken on a CPU host; the except reports it
 
             injected = pynvml
         injected.nvmlInit()

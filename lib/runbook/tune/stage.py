@@ -38,7 +38,7 @@ def _progress(msg: str) -> None:
 def evaluate(spec: Deployment, options: TuneOptions, **hooks: Any) -> TuneReport:
     """The tune run under the options (`hooks`: systemctl, nvml, log — tests and the notebook's progress)."""
     from runbook.tune.findings import findings  # lazy: the run's modules (launch, engines, bench) load with the run
-    from runbook.tune.run import tune  # lazy: as above; the registry imports this module for every CLI verb
+    from runbook.tune.trials import tune  # lazy: as above; the registry imports this module for every CLI verb
 
     hooks.setdefault("log", _progress)
     res = tune(spec, TuneSettings.resolve(spec, options), **hooks)

@@ -154,7 +154,7 @@ def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> lis
     fp8 = w.get("fp8_kv_no_scales")
     if fp8:
         out.append(Finding("verify.fp8_kv_scales", "fail", "FP8 KV cache without scaling factors: SGLang defaults them to 1.0",
-                           detail="values outside FP8's range are clipped in every attention layer (the story's warning)",
+                           detail="values outside FP8's range are clipped in every attention layer, which can change greedy output",
                            evidence=fp8.lines[0],
                            remedy=f"--kv-cache-dtype bf16 ({registry.notebook('quant_config')}'s recommendation), or a checkpoint "
                                   "with calibrated k/v scales."))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from runbook import kv
 from runbook.core.errors import InputError
 from runbook.core.units import GIB
 from runbook.verify.logparse import Facts
@@ -53,8 +54,6 @@ def replan(plan: Any, facts: Facts, gpu_mem_gib: float | None, cpu: bool = False
     frac = getattr(getattr(plan, "result", None), "mem_fraction_static", None)
     if obs is None or frac is None or plan.inputs.kv_budget_gib is not None or obs["free_before_weights_gib"] <= 0:
         return None
-    from runbook import kv
-
     inp = replace(plan.inputs, gpu_mem_gib=obs["free_before_weights_gib"], weights_bytes_per_gpu=int(obs["weights_gib"] * GIB),
                   mem_fraction_static=frac)
     try:

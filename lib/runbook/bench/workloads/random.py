@@ -46,7 +46,8 @@ class Random(WorkloadType):
 
     def findings(self, summary_levels: list[dict[str, Any]]) -> list[Finding]:
         return [Finding("bench.workload", "warn", "random-token prompts: speculative decoding cannot be judged on them",
-                        detail="Draft models accept almost nothing on random tokens; the story dropped MTP on exactly this evidence.",
+                        detail="Draft models accept almost nothing on random tokens: MTP measured on them looks worse "
+                               "than it is on real prompts.",
                         remedy="Use --workload code or prefix for spec-decoding decisions.")]
 
 

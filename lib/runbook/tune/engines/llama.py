@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from runbook.core import oscalls
 from runbook.core.errors import InputError
 from runbook.core.spec import Deployment
@@ -104,8 +106,6 @@ def kv_prediction(meta: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]
 
 
 def _host_memory() -> int:
-    import psutil
-
     return int(psutil.virtual_memory().total)
 
 

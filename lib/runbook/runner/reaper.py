@@ -1,11 +1,11 @@
 """The process between the runner and papermill: whatever ends, nothing of the notebook outlives it.
 
-    python guard.py RUNNER_PID -- COMMAND...
+    python reaper.py RUNNER_PID -- COMMAND...
 
 Run by the runner as a script in a new session (its signals and prctl calls are core/oscalls.py's). It
 
 - becomes a child subreaper (Linux), so the kernel that papermill starts in a session of its own
-  is re-parented to the guard, not to init, if papermill dies first;
+  is re-parented to the reaper, not to init, if papermill dies first;
 - asks the kernel (Linux PR_SET_PDEATHSIG) for SIGTERM when the runner dies, even by SIGKILL, and
   also polls the runner's pid, for kernels without that call;
 - on SIGTERM/SIGINT/SIGHUP, on the runner's death and when the command exits, kills every process
@@ -21,12 +21,12 @@ import sys
 import threading
 import time
 
+import psutil
+
 from runbook.core import oscalls
 
 
 def _descendants() -> list:
-    import psutil
-
     try:
         return psutil.Process().children(recursive=True)
     except psutil.Error:  # pragma: no cover
@@ -35,8 +35,6 @@ def _descendants() -> list:
 
 def kill_descendants() -> None:
     """SIGKILL everything below this process (twice: a dying parent can spawn or re-parent one)."""
-    import psutil
-
     for _ in range(2):
         procs = _descendants()
         if not procs:
@@ -69,7 +67,7 @@ def _child_setup() -> None:  # pragma: no cover - runs in the child between fork
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: guard.py RUNNER_PID -- COMMAND...", file=sys.stderr)
+        print("usage: reaper.py RUNNER_PID -- COMMAND...", file=sys.stderr)
         return 2
     runner_pid, cmd = int(argv[0]), argv[2:]
     with oscalls.handling(_on_signal):

@@ -31,6 +31,15 @@ def _log(msg: str) -> None:
     print(f"demo: {msg}", file=sys.stderr, flush=True)
 
 
+def run_params(url: str, log: Path, tokenizer: str) -> list[str]:
+    """The `runbook run --param`s of the demo's SGLang run: 30/35 check the live server at the spec's address (drift,
+    /server_info), 35 reads this start's log; 40 and 50 are given the server (50's live probes run only with a url).
+    The benchmark's levels and lengths are the spec's: a --param reaches every notebook declaring that name, and
+    `concurrency` is bench's levels but accuracy's batch size."""
+    return ["--param", f"url={url}", "--param", f"log_file={log}", "--param", f"tokenizer={tokenizer}",
+            "--param", "lengths=512,1024", "--param", "toolcall_max_tokens=64"]
+
+
 def run(out: str, llama: bool = True) -> int:
     t0 = time.monotonic()
     cache = paths.cache_dir()
@@ -46,12 +55,7 @@ def run(out: str, llama: bool = True) -> int:
         return 2
     _log(f"SGLang {srv.url} ready in {srv.startup_s:.0f} s (log {log}): a tiny random-weight CPU model")
     try:
-        # 30/35 check the live server at the spec's address (drift, /server_info), 35 reads this start's log; 40 and
-        # 50 are given it (50's live probes run only with a url)
-        params = ["--param", f"url={srv.url}", "--param", f"log_file={log}", "--param", f"tokenizer={dep.model.path}",
-                  "--param", "concurrency=1,2,4", "--param", "requests=8", "--param", "output_len=32",
-                  "--param", "input_len=256", "--param", "lengths=512,1024", "--param", "toolcall_max_tokens=64"]
-        code = cli(["run", "--deployment", str(spec), "--out", out, *params])
+        code = cli(["run", "--deployment", str(spec), "--out", out, *run_params(srv.url, log, dep.model.path)])
     finally:
         srv.stop()
     # tune is not part of a plain run (it takes the server down): its own run, SGLang candidates on that port

@@ -330,8 +330,8 @@ def test_a_hybrid_models_mtp_draft_pool_is_one_layer_outside_the_budget(name, tp
     draft share; the draft worker then builds its own pool of one full-attention layer with the target's tokens."""
     a = load(name)
     plain = kvmem.compute(a, kvmem.Inputs(kv_dtype=dtype, tp=tp, kv_budget_gib=40))
-    r = kvmem.compute(a, kvmem.Inputs(kv_dtype=dtype, tp=tp, kv_budget_gib=40, spec_algorithm="NEXTN", spec_num_steps=3,
-                                      spec_eagle_topk=1, spec_num_draft_tokens=4))
+    r = kvmem.compute(a, kvmem.Inputs(kv_dtype=dtype, tp=tp, kv_budget_gib=40, speculative_algorithm="NEXTN",
+                                      speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4))
     assert (r.draft_kv_bytes_per_token_per_gpu, r.draft_kv_budget_bytes_per_token_per_gpu) == (draft, 0)
     assert r.kv_bytes_per_token_per_gpu == plain.kv_bytes_per_token_per_gpu   # the target's cell is unchanged
     assert r.draft_kv_pool_bytes_per_gpu == (r.max_total_num_tokens + r.page_size) * draft
@@ -343,7 +343,7 @@ def test_a_hybrid_models_mtp_draft_pool_is_one_layer_outside_the_budget(name, tp
 def test_a_draft_share_in_the_budget_is_the_draft_pool():
     """Nemotron-3-Super declares num_nextn_predict_layers 1: the budget's cell carries the draft's layer (SGLang's
     oracle: 4,096 + 512 at TP 8), and that share is the draft pool; no separate allocation."""
-    r = kvmem.compute(load("nemotron-3-super-120b-a12b"), kvmem.Inputs(tp=8, kv_budget_gib=40, spec_algorithm="NEXTN"))
+    r = kvmem.compute(load("nemotron-3-super-120b-a12b"), kvmem.Inputs(tp=8, kv_budget_gib=40, speculative_algorithm="NEXTN"))
     assert (r.kv_bytes_per_token_per_gpu, r.draft_kv_bytes_per_token_per_gpu, r.draft_kv_budget_bytes_per_token_per_gpu) == (
         4608, 512, 512)
     assert r.draft_kv_pool_bytes_per_gpu is None and "kv.draft_pool" not in {x.id for x in r.findings}

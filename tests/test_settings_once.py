@@ -16,16 +16,16 @@ from runbook.core import registry
 MIN_SHARED = 5
 MIN_HALF = 3
 
-# "file:qualified name" -> the stage whose options it repeats, today: kv/memory.py, being split elsewhere (its
-# Inputs declares kv_memory's settings with defaults of its own).
-KNOWN_REPEATS: dict[str, str] = {
-    "kv/memory.py:Inputs": "kv_memory", "kv/memory.py:Result": "kv_memory",
-}
+# "file:qualified name" -> the stage whose options it repeats; none today.
+KNOWN_REPEATS: dict[str, str] = {}
 
 # Not a second declaration of our settings: SGLang's own API, mirrored name for name so that a differential test
 # can hold ours against it. "file:qualified name" -> what of SGLang's it mirrors.
 MIRRORS_SGLANG: dict[str, str] = {
     "kv/defaults.py:mem_fraction_static": "SGLang's memory_hook.py handle_gpu_memory_settings (+ reserve_for_graph_mb)",
+    "kv/memory.py:Result": "the values SGLang resolves and logs (page_size, context_len, mem_fraction_static, "
+                           "max_running_requests, attention_backend after its defaults), computed, not given; "
+                           "test_kv_vs_sglang holds them against SGLang's",
     "bench/reference.py:SGLangClient.submit": "sglang.benchmark.serving's arguments (random-ids dataset)",
     "bench/reference.py:SGLangClient.run": "sglang.benchmark.serving's arguments (random-ids dataset)",
     "bench/reference.py:side_by_side": "sglang.benchmark.serving's arguments, run beside our client",

@@ -76,12 +76,14 @@ def internal(default: Any, description: str) -> Any:
     return Field(default, description=description, json_schema_extra={_INTERNAL: True})
 
 
-def options_view(settings: type[Options], name: str, help: dict[str, str] | None = None) -> type[Options]:
+def options_view(settings: type[Options], name: str, help: dict[str, str] | None = None,
+                 own: dict[str, Any] | None = None) -> type[Options]:
     """A settings model as a stage's options: every field but the `internal()` ones, each optional with None meaning
     unset (the spec's value, else the setting's default), with the type, bounds, alias and help the settings declare
     (`help` replaces a field's, e.g. one built from a registry the settings module cannot import). The settings
-    model's cross-field rules run when the options are resolved into settings."""
-    fields: dict[str, Any] = {}
+    model's cross-field rules run when the options are resolved into settings. `own`: options that are no setting
+    of the model, first (name -> (type, Field)), e.g. where to read what the settings are resolved from."""
+    fields: dict[str, Any] = dict(own or {})
     for k, f in settings.model_fields.items():
         extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
         if extra.get(_INTERNAL):

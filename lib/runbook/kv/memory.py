@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
 
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
+from runbook.core.options import ComputeCapability, FiniteFloat, Integer, NonNegInt, Options, PosFloat, PosInt, internal, validate
 from runbook.core.units import GIB, MIB
 from runbook.kv import defaults
 from runbook.kv.cells import cell_bytes, dsa_indexer_bytes, kv_heads_per_gpu, layout_words, replication, state_bytes_per_request
@@ -22,7 +25,6 @@ from runbook.model.arch import Arch
 KV_DTYPES = tuple(sglang_names.KV_DTYPES)
 _FLAG_NAMES = ", ".join(c for c in sglang_names.KV_CACHE_DTYPE_CHOICES if c not in ("auto", "bfloat16"))
 DEFAULT_CONTEXTS = (8192, 32768, 131072, 262144)
-_SSM_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 def normalise_dtype(d: str) -> str:
@@ -32,79 +34,73 @@ def normalise_dtype(d: str) -> str:
     return name
 
 
-@dataclass
-class Inputs:
-    """Everything the calculation depends on besides the architecture."""
+_SIZE = Field(le=65536)   # a TP, PP, DP or page size above this is a typo, not a plausible size
+Size = Annotated[PosInt, _SIZE]
 
-    kv_dtype: str = "bfloat16"
-    tp: int = 1
-    pp: int = 1
-    attn_dp: int = 1
-    gpu_mem_gib: float | None = None
-    weights_bytes_per_gpu: int | None = None
-    mem_fraction_static: float | None = None   # None: SGLang's default heuristic
-    kv_budget_gib: float | None = None         # given: skips the memory arithmetic
-    page_size: int | None = None               # None: SGLang's default for the backend and model
-    context_len: int | None = None
-    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
-    chunked_prefill_size: int | None = None
-    max_running_requests: int | None = None
-    max_total_tokens: int | None = None
-    mamba_full_memory_ratio: float = 0.9
-    max_mamba_cache_size: int | None = None
-    disable_radix_cache: bool = False
-    swa_full_tokens_ratio: float = 0.8
-    # speculative decoding (--speculative-*): changes the running-request default, adds draft KV
-    # and, on hybrid models, an intermediate SSM state per draft token
-    spec_algorithm: str | None = None
-    spec_num_steps: int | None = None
-    spec_eagle_topk: int | None = None
-    spec_num_draft_tokens: int | None = None
-    mamba_ssm_dtype: str | None = None          # --mamba-ssm-dtype / SGLANG_MAMBA_SSM_DTYPE
-    compute_capability: str | None = None       # "9.0" H100/H200, "10.0" B200, "12.0" RTX PRO 6000
-    quantization: str | None = None             # the method SGLang builds (ModelConfig.quantization): its GPU minimum
-    attention_backend: str | None = None
-    cuda_graph_max_bs: int | None = None
-    disable_cuda_graph: bool = False
-    disable_overlap_schedule: bool = False
-    context_len_explicit: bool = False             # --context-length given (checked against the model's)
 
-    def validate(self) -> None:
-        self._check_types()
-        if self.mamba_ssm_dtype is not None and self.mamba_ssm_dtype not in _SSM_DTYPES:
-            raise InputError(f"--mamba-ssm-dtype {self.mamba_ssm_dtype}: use float32, bfloat16 or float16")
+class Inputs(Options):
+    """Everything the calculation depends on besides the architecture: SGLang's server args that size memory, and
+    the hardware. The stage's settings, each declared once: the flags and notebook parameters are the fields not
+    marked internal (kv/stage.py's `KvOptions`, a view of this model), the rest come from the spec's flags and the
+    checkpoint (kv/plan.py). Frozen and validated: `but` is the one way to change a value."""
+
+    kv_dtype: str = Field(default="bfloat16", description="auto, bf16, fp8_e4m3, fp8_e5m2, mxfp8, nvfp4, fp4_mx_block16 "
+                                                           "(default: the spec's --kv-cache-dtype)")
+    tp: Size = Field(default=1, description="tensor parallel size (default: the spec's, else 1)")
+    pp: Size = Field(default=1, description="pipeline parallel size")
+    attn_dp: Size = Field(default=1, description="attention data parallel size")
+    gpu_mem_gib: PosFloat | None = Field(default=None, description="memory per GPU (default: the spec's hardware)")
+    weights_bytes_per_gpu: NonNegInt | None = internal(None, "weights per GPU: --weights-gib, else from the checkpoint")
+    mem_fraction_static: Annotated[FiniteFloat, Field(gt=0, le=1)] | None = Field(
+        default=None, description="default: the spec's flag, else SGLang's heuristic")
+    kv_budget_gib: PosFloat | None = Field(default=None, description="KV+state budget per GPU, skipping the memory arithmetic")
+    # None: SGLang's default for the backend and model
+    page_size: Size | None = Field(default=None, description="SGLang --page-size")
+    context_len: PosInt | None = Field(default=None, description="SGLang --context-length (default: the spec's flag, else the model's)")
+    contexts: list[PosInt] = Field(default_factory=lambda: list(DEFAULT_CONTEXTS),
+                                   description="request lengths to fit, e.g. 8192,32768,131072,262144 (the default)")
+    chunked_prefill_size: PosInt | None = internal(None, "--chunked-prefill-size")
+    max_running_requests: PosInt | None = Field(default=None)
+    max_total_tokens: PosInt | None = internal(None, "--max-total-tokens")
+    mamba_full_memory_ratio: FiniteFloat = internal(0.9, "--mamba-full-memory-ratio")
+    max_mamba_cache_size: Integer | None = internal(None, "--max-mamba-cache-size")
+    disable_radix_cache: bool = internal(False, "--disable-radix-cache")
+    swa_full_tokens_ratio: FiniteFloat = internal(0.8, "--swa-full-tokens-ratio")
+    # speculative decoding (--speculative-*): changes the running-request default, adds draft KV and, on hybrid
+    # models, an intermediate SSM state per draft token. Any name SGLang takes (plugins register more): the ones not
+    # modelled get a warn finding. Keyed spec_* in `kv --json`'s inputs.
+    speculative_algorithm: str | None = Field(
+        default=None, serialization_alias="spec_algorithm",
+        description="what-if speculative decoding: EAGLE, EAGLE3, NEXTN (the checkpoint's own MTP layers), STANDALONE")
+    speculative_num_steps: PosInt | None = Field(default=None, serialization_alias="spec_num_steps")
+    speculative_eagle_topk: PosInt | None = Field(default=None, serialization_alias="spec_eagle_topk")
+    speculative_num_draft_tokens: PosInt | None = Field(default=None, serialization_alias="spec_num_draft_tokens")
+    mamba_ssm_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        default=None, description="hybrid models' SSM state dtype")   # --mamba-ssm-dtype / SGLANG_MAMBA_SSM_DTYPE
+    compute_capability: ComputeCapability | None = Field(
+        default=None, description="GPU compute capability, e.g. 9.0 (H200), 10.0 (B200), 12.0 (RTX PRO 6000)")
+    quantization: str | None = internal(None, "the method SGLang builds (ModelConfig.quantization): its GPU minimum")
+    attention_backend: str | None = Field(
+        default=None, description="SGLang attention backend (moves the prefill graph reserve and page size)")
+    cuda_graph_max_bs: PosInt | None = internal(None, "--cuda-graph-max-bs")
+    disable_cuda_graph: bool = internal(False, "--disable-cuda-graph")
+    disable_overlap_schedule: bool = internal(False, "--disable-overlap-schedule")
+    context_len_explicit: bool = internal(False, "--context-length given (checked against the model's)")
+
+    @model_validator(mode="after")
+    def _rules(self) -> Inputs:
         if self.tp % self.attn_dp:
-            raise InputError(f"--attn-dp {self.attn_dp} must divide --tp {self.tp}")
-        for name in ("gpu_mem_gib", "kv_budget_gib"):
-            v = getattr(self, name)
-            if v is not None and v <= 0:
-                raise InputError(f"--{name.replace('_', '-')} must be positive (got {v})")
-        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
-            raise InputError(f"--mem-fraction-static must be in (0, 1] (got {self.mem_fraction_static})")
-        if self.weights_bytes_per_gpu is not None and self.weights_bytes_per_gpu < 0:
-            raise InputError("--weights-gib must not be negative")
-        if any(c <= 0 for c in self.contexts):
-            raise InputError("--contexts must be positive token counts")
+            raise ValueError(f"--attn-dp {self.attn_dp} must divide --tp {self.tp}")
+        return self
 
-    def _check_types(self) -> None:
-        """Each number is of its kind (a size, a finite number, a positive count) before any relation between them is checked."""
-        for name in ("tp", "pp", "attn_dp", "page_size"):
-            v = getattr(self, name)
-            if v is None and name == "page_size":
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be an integer of at least 1 (got {v!r})")
-            if v > 65536:
-                raise InputError(f"--{name.replace('_', '-')} {v} is not a plausible size (at most 65536)")
-        for name in ("gpu_mem_gib", "kv_budget_gib", "mem_fraction_static", "mamba_full_memory_ratio", "swa_full_tokens_ratio"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf"))):
-                raise InputError(f"--{name.replace('_', '-')} must be a finite number (got {v!r})")
-        for name in ("spec_num_steps", "spec_eagle_topk", "spec_num_draft_tokens", "max_running_requests", "max_total_tokens",
-                     "cuda_graph_max_bs", "context_len", "chunked_prefill_size"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise InputError(f"--{name.replace('_', '-').replace('spec-', 'speculative-')} must be a positive integer (got {v!r})")
+    def but(self, **changes: Any) -> Inputs:
+        """These inputs with `changes` (None unsets a value: its default), validated as a whole; InputError naming
+        the flag when a value or a rule fails."""
+        return validate(Inputs, {**self.model_dump(), **changes}, cli=True)
+
+    def to_json(self) -> dict[str, Any]:
+        """`kv --json`'s inputs: the spec_* keys it always had."""
+        return self.model_dump(by_alias=True)
 
 
 @dataclass
@@ -202,12 +198,12 @@ def estimate_max_running(tokens: int, context_len: int) -> int:
 # ---- the whole calculation -----------------------------------------------------------------
 
 def compute(arch: Arch, inp: Inputs) -> Result:
-    inp.validate()
     kv_dtype = normalise_dtype(inp.kv_dtype)
     a_tp = attn_tp(inp)
     findings: list[Finding] = []
-    spec = defaults.speculative(arch, inp.spec_algorithm, inp.spec_num_steps, inp.spec_eagle_topk, inp.spec_num_draft_tokens)
-    ssm_dtype = _SSM_DTYPES.get(inp.mamba_ssm_dtype or "") or None
+    spec = defaults.speculative(arch, inp.speculative_algorithm, inp.speculative_num_steps, inp.speculative_eagle_topk,
+                                 inp.speculative_num_draft_tokens)
+    ssm_dtype = inp.mamba_ssm_dtype
     backend = defaults.attention_backend(arch, inp.compute_capability, inp.attention_backend, spec)
     heads_why = defaults.tp_refusal(arch, a_tp)
     explicit = inp.attention_backend or defaults.override_backend(arch, inp.compute_capability, spec)
@@ -485,4 +481,4 @@ def _findings(arch: Arch, inp: Inputs, res: Result) -> list[Finding]:
 
 def sweep(arch: Arch, inp: Inputs, dtypes: tuple[str, ...] = ("bfloat16", "fp8_e4m3")) -> list[Result]:
     """The same inputs for several KV dtypes, for side-by-side tables."""
-    return [compute(arch, replace(inp, kv_dtype=d)) for d in dtypes]
+    return [compute(arch, inp.but(kv_dtype=d)) for d in dtypes]

@@ -6,7 +6,7 @@ This is the edge of the KV calculation: it reads the checkpoint (weights from it
 from __future__ import annotations
 
 import glob
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import psutil
 from runbook import quant
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
+from runbook.core.options import validate
 from runbook.core.spec import Deployment
 from runbook.core.units import GIB
 from runbook.kv import memory as kvmem
@@ -27,8 +28,9 @@ _FLAG_FIELDS = {"mem-fraction-static": ("mem_fraction_static", float), "context-
                 "max-running-requests": ("max_running_requests", int), "max-total-tokens": ("max_total_tokens", int),
                 "mamba-full-memory-ratio": ("mamba_full_memory_ratio", float), "max-mamba-cache-size": ("max_mamba_cache_size", int),
                 "disable-radix-cache": ("disable_radix_cache", bool), "swa-full-tokens-ratio": ("swa_full_tokens_ratio", float),
-                "speculative-algorithm": ("spec_algorithm", str), "speculative-num-steps": ("spec_num_steps", int),
-                "speculative-eagle-topk": ("spec_eagle_topk", int), "speculative-num-draft-tokens": ("spec_num_draft_tokens", int),
+                "speculative-algorithm": ("speculative_algorithm", str), "speculative-num-steps": ("speculative_num_steps", int),
+                "speculative-eagle-topk": ("speculative_eagle_topk", int),
+                "speculative-num-draft-tokens": ("speculative_num_draft_tokens", int),
                 "mamba-ssm-dtype": ("mamba_ssm_dtype", str), "attention-backend": ("attention_backend", str),
                 "cuda-graph-max-bs": ("cuda_graph_max_bs", int), "disable-cuda-graph": ("disable_cuda_graph", bool),
                 "disable-overlap-schedule": ("disable_overlap_schedule", bool)}
@@ -71,15 +73,15 @@ def scenarios(a: arch_mod.Arch, inp: kvmem.Inputs, result: kvmem.Result) -> list
     """The deployment beside what it would be with (or without) speculative decoding, and with SGLang's
     own mem_fraction_static when the spec pins one: what MTP costs, and what the default would give."""
     out = [("as deployed", result)]
-    if inp.spec_algorithm:
+    if inp.speculative_algorithm:
         out.append(("without speculative decoding",
-                    kvmem.compute(a, replace(inp, spec_algorithm=None, spec_num_steps=None, spec_eagle_topk=None,
-                                             spec_num_draft_tokens=None))))
+                    kvmem.compute(a, inp.but(speculative_algorithm=None, speculative_num_steps=None,
+                                             speculative_eagle_topk=None, speculative_num_draft_tokens=None))))
     elif a.mtp_layers:
-        out.append(("with MTP (NEXTN, 3 steps, topk 1)", kvmem.compute(a, replace(inp, spec_algorithm="NEXTN", spec_num_steps=3,
-                                                                                   spec_eagle_topk=1, spec_num_draft_tokens=4))))
+        out.append(("with MTP (NEXTN, 3 steps, topk 1)", kvmem.compute(a, inp.but(
+            speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4))))
     if inp.mem_fraction_static is not None and inp.kv_budget_gib is None and inp.gpu_mem_gib is not None:
-        out.append(("SGLang's default mem_fraction_static", kvmem.compute(a, replace(inp, mem_fraction_static=None))))
+        out.append(("SGLang's default mem_fraction_static", kvmem.compute(a, inp.but(mem_fraction_static=None))))
     return out
 
 
@@ -97,7 +99,7 @@ class Plan:
     def data(self) -> dict[str, Any]:
         d = self.result.to_json()
         # derived from the backends and GPU since it stopped being an input; kept where `kv --json` always had it
-        d["inputs"] = {**asdict(self.inputs), "nvfp4_scale_layouts": d.pop("nvfp4_scale_layouts")}
+        d["inputs"] = {**self.inputs.to_json(), "nvfp4_scale_layouts": d.pop("nvfp4_scale_layouts")}
         d["weights_source"] = self.weights_source
         d["candidates"] = [{k: c.to_json()[k] for k in ("kv_dtype", "kv_bytes_per_token_per_gpu", "max_total_num_tokens",
                                                          "max_running_requests", "requests_at_context")} for c in self.candidates]
@@ -118,38 +120,40 @@ def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrid
     a = arch_mod.from_config(ck.config, str(ck.dir / "config.json"))
     flags = dict(spec.serving.flags) if spec is not None else {}
     qrep = quant.inspect(ck, flags, compute_capability=spec.hardware.compute_capability if spec is not None else None)
-    inp = kvmem.Inputs()
+    # the spec's values, then the overrides (None: unset), validated once as a whole
+    values: dict[str, Any] = {}
     if spec is not None:
-        inp = replace(inp, tp=spec.parallelism.tp, pp=spec.parallelism.pp, attn_dp=spec.parallelism.attn_dp,
+        values.update(tp=spec.parallelism.tp, pp=spec.parallelism.pp, attn_dp=spec.parallelism.attn_dp,
                       gpu_mem_gib=spec.hardware.gpu_memory_gib, compute_capability=spec.hardware.compute_capability)
         # arg_groups/serving_hook.py: --mamba-ssm-dtype is passed on as SGLANG_MAMBA_SSM_DTYPE, which wins
         env_ssm = spec.serving.env.get("SGLANG_MAMBA_SSM_DTYPE")
         if env_ssm:
-            inp = replace(inp, mamba_ssm_dtype=_convert("mamba-ssm-dtype", str, env_ssm))
+            values["mamba_ssm_dtype"] = _convert("mamba-ssm-dtype", str, env_ssm)
         for flag, (name, typ) in _FLAG_FIELDS.items():
             if flags.get(flag) is not None:
-                inp = replace(inp, **{name: _convert(flag, typ, flags[flag])})
+                values[name] = _convert(flag, typ, flags[flag])
         if flags.get("context-length") is not None:
-            inp = replace(inp, context_len_explicit=True)
+            values["context_len_explicit"] = True
     kv_flag = str(overrides.pop("kv_dtype", None) or flags.get("kv-cache-dtype") or "auto")
     weights_gib = overrides.pop("weights_gib", None)
-    contexts = overrides.pop("contexts", None)
-    inp = replace(inp, **{k: v for k, v in overrides.items() if v is not None})
-    if contexts:
-        inp = replace(inp, contexts=tuple(int(c) for c in contexts))
+    if not overrides.get("contexts"):
+        overrides.pop("contexts", None)   # an empty list: the default contexts
+    values.update({k: v for k, v in overrides.items() if v is not None})
     if overrides.get("context_len") is not None:
-        inp = replace(inp, context_len_explicit=True)
+        values["context_len_explicit"] = True
+    inp = validate(kvmem.Inputs, values, cli=True)
     findings: list[Finding] = []
     if str(flags.get("device", "")).lower() == "cpu":
         inp, cpu_finding = _cpu_memory(inp, given=overrides.get("gpu_mem_gib") is not None)
         findings.append(cpu_finding)
     inp, source = _weights(inp, ck, spec, weights_gib, note)
     auto, auto_why = _auto_kv_dtype(a, qrep.kv_cache.auto_resolves_to, inp.compute_capability)
-    inp = replace(inp, kv_dtype=auto if kv_flag == "auto" else kvmem.normalise_dtype(kv_flag),
+    inp = inp.but(kv_dtype=auto if kv_flag == "auto" else kvmem.normalise_dtype(kv_flag),
                   quantization=qrep.weights.sglang_quantization)
-    if inp.spec_algorithm and str(inp.spec_algorithm).upper() not in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"):
+    algorithm = inp.speculative_algorithm
+    if algorithm and algorithm.upper() not in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"):
         findings.append(Finding("kv.not_modelled", "warn",
-                                f"--speculative-algorithm {inp.spec_algorithm}: its draft memory is not modelled",
+                                f"--speculative-algorithm {algorithm}: its draft memory is not modelled",
                                 detail="the 48-request default is applied; the draft's own pool is not",
                                 remedy="Compare with the server's logged max_total_num_tokens / max_running_requests."))
     for flag in NOT_MODELLED_FLAGS:
@@ -161,7 +165,7 @@ def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrid
     result = kvmem.compute(a, inp)
     cands = []
     for d in dict.fromkeys(("bfloat16", "fp8_e4m3", inp.kv_dtype)):
-        cands.append(result if d == inp.kv_dtype else kvmem.compute(a, replace(inp, kv_dtype=d)))
+        cands.append(result if d == inp.kv_dtype else kvmem.compute(a, inp.but(kv_dtype=d)))
     scen = scenarios(a, inp, result)
     findings.append(Finding("kv.dtype", "info",
                             f"KV dtype {inp.kv_dtype}" + (f" (auto → {auto})" if kv_flag == "auto" else f" (--kv-cache-dtype {kv_flag})"),
@@ -173,7 +177,7 @@ def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrid
 def _cpu_memory(inp: kvmem.Inputs, given: bool) -> tuple[kvmem.Inputs, Finding]:
     """--device cpu: the memory the pool comes from is the host's free memory, not hardware.gpu_memory_gib."""
     if not given:
-        inp = replace(inp, gpu_mem_gib=host_free_gib())
+        inp = inp.but(gpu_mem_gib=host_free_gib())
     assert inp.gpu_mem_gib is not None
     return inp, Finding("kv.cpu_memory", "info", f"--device cpu: the pool is sized from the host's free memory, "
                         f"{inp.gpu_mem_gib:.2f} GiB " + ("(given)" if given else "now"),
@@ -204,11 +208,11 @@ def _auto_kv_dtype(a: arch_mod.Arch, from_checkpoint: str, cc: str | None) -> tu
 def _weights(inp: kvmem.Inputs, ck: checkpoint.Checkpoint, spec: Deployment | None, weights_gib: float | None, note: str):
     gpus = inp.tp * inp.pp
     if weights_gib is not None:
-        return replace(inp, weights_bytes_per_gpu=int(weights_gib * GIB)), f"{weights_gib:g} GiB per GPU (given)"
+        return inp.but(weights_bytes_per_gpu=int(weights_gib * GIB)), f"{weights_gib:g} GiB per GPU (given)"
     if ck.total_bytes:
-        return (replace(inp, weights_bytes_per_gpu=ck.total_bytes // gpus),
+        return (inp.but(weights_bytes_per_gpu=ck.total_bytes // gpus),
                 f"{ck.total_bytes / GIB:.1f} GiB checkpoint / {gpus} GPUs (from {ck.dir.name}'s index or headers)")
     if spec is not None and spec.model.size_gib:
-        return (replace(inp, weights_bytes_per_gpu=int(spec.model.size_gib * GIB / gpus)),
+        return (inp.but(weights_bytes_per_gpu=int(spec.model.size_gib * GIB / gpus)),
                 f"{spec.model.size_gib:g} GiB / {gpus} GPUs from the spec's model.size_gib (the checkpoint is not on this machine)")
     return inp, "unknown" + (f" ({note})" if note else "")

@@ -147,7 +147,7 @@ def story_frame(a: Arch, tp: int = 8):
     fp8_tp1 = kvmem.compute(a, kvmem.Inputs(kv_dtype="fp8_e4m3", tp=1))
     budget_gib = STORY["tokens"] * STORY["bf16_bytes"] / GIB   # what 1.28M tokens at 30,720 B cost
     sc = kvmem.compute(a, kvmem.Inputs(kv_dtype="bfloat16", tp=tp, kv_budget_gib=budget_gib,
-                                       contexts=(32768, 131072), context_len=262144))
+                                       contexts=[32768, 131072], context_len=262144))
     cap = (sc.max_state_slots or 0) // max(sc.state_slots_per_request, 1)
     rows = [
         ("KV bytes/token, whole model, BF16", STORY["bf16_bytes"], bf16_tp1.kv_bytes_per_token_per_gpu,

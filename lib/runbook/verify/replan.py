@@ -5,7 +5,6 @@ that is short because memory was not free at start (another process, a CUDA cont
 weights took more than planned."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from runbook import kv
@@ -54,9 +53,9 @@ def replan(plan: Any, facts: Facts, gpu_mem_gib: float | None, cpu: bool = False
     frac = getattr(getattr(plan, "result", None), "mem_fraction_static", None)
     if obs is None or frac is None or plan.inputs.kv_budget_gib is not None or obs["free_before_weights_gib"] <= 0:
         return None
-    inp = replace(plan.inputs, gpu_mem_gib=obs["free_before_weights_gib"], weights_bytes_per_gpu=int(obs["weights_gib"] * GIB),
-                  mem_fraction_static=frac)
     try:
+        inp = plan.inputs.but(gpu_mem_gib=obs["free_before_weights_gib"], weights_bytes_per_gpu=int(obs["weights_gib"] * GIB),
+                              mem_fraction_static=frac)
         r = kv.compute_pools(plan.arch, inp)   # kv/memory.py's own arithmetic, not a copy
     except InputError:
         return None

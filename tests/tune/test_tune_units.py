@@ -321,3 +321,16 @@ def test_the_sglang_demo_adds_the_upgrade_canary_only_where_it_is_built(tmp_path
     got = demo_tune.sglang_candidates()
     canary = got.pop(f"sglang-{demo.CANARY_SGLANG_VERSION}")
     assert got == demo_tune.SGLANG_CANDIDATES and canary["python"] == str(py) and "flags" not in canary
+
+
+def test_a_quantized_gguf_kv_cache_gets_llama_cpps_remedy_not_sglangs():
+    """The same kind of difference (the KV cache dtype) on llama-server is its block-quantized cache types: the remedy
+    names them, not SGLang's FP8 scaling factors."""
+    from runbook.tune import guard
+
+    ref = {"flags": {}, "python": None, "kv_dtype": "K f16, V f16"}
+    q8 = {"flags": {"cache-type-k": "q8_0", "cache-type-v": "q8_0"}, "python": None, "kv_dtype": "K q8_0, V q8_0"}
+    text = guard.remedy(guard.differences(ref, q8))
+    assert text.startswith("The quantized KV cache (--cache-type-k/--cache-type-v q8_0, q4_0)") and "SGLang" not in text
+    fp8 = {"flags": {"kv-cache-dtype": "fp8_e4m3"}, "python": "/py", "kv_dtype": "fp8_e4m3"}
+    assert "no scaling factors provided" in guard.remedy(guard.differences({**ref, "kv_dtype": "bfloat16"}, fp8))

@@ -29,10 +29,14 @@ KINDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("SGLang version", (),       # from each server's own /server_info, not a flag: an upgrade canary
      "Greedy output changed between SGLang versions: kernels and defaults change between releases. Check recall and "
      "the tool-call probe on the new version, and read its release notes, before upgrading."),
-    ("KV cache dtype", ("kv-cache-dtype", "quantization-param-path", "cache-type-k", "cache-type-v"),
+    ("KV cache dtype", ("kv-cache-dtype", "quantization-param-path"),
      "The KV cache dtype changed greedy output. An FP8 KV cache without calibrated k/v scales runs at scale 1.0 (SGLang "
      "logs \"no scaling factors provided\") and clips outliers: keep the BF16 KV cache (--kv-cache-dtype bf16, not "
      "auto on an FP8 checkpoint), or serve a checkpoint with KV scales and guard it again."),
+    # llama.cpp's block-quantized KV cache types: the same difference, its own remedy
+    ("KV cache dtype", ("cache-type-k", "cache-type-v"),
+     "The quantized KV cache (--cache-type-k/--cache-type-v q8_0, q4_0) changed greedy output: its per-block scales "
+     "round every cached key and value. Keep f16, or judge it by recall and the tool-call probe before serving it."),
     ("speculative decoding", ("speculative-", "model-draft", "spec-", "draft-"),
      "Speculative decoding changed greedy output: check the draft/verify path (dtype, backend) before enabling it."),
     ("weight dtype or quantization", ("dtype", "quantization"),
@@ -111,7 +115,10 @@ def remedy(diffs: list[dict[str, Any]] | None) -> str:
                 + (", and nothing in its flags differs from the reference's: the serving path is not deterministic."
                    if diffs == [] else "."))
     kinds = list(dict.fromkeys(d["what"] for d in diffs))
-    rem = next((r for label, _, r in KINDS if label == kinds[0]), None)
+    flags = {d["flag"] for d in diffs if d["what"] == kinds[0]}
+    named = [(keys, r) for label, keys, r in KINDS if label == kinds[0]]
+    # the entry whose flags differ (an engine's own KV types), else the kind's first
+    rem = next((r for keys, r in named if flags & set(keys)), named[0][1] if named else None)
     text = rem or f"Do not serve this candidate: {', '.join('--' + d['flag'] for d in diffs[:4])} changed the model's answers."
     if len(kinds) > 1:
         text = f"It differs from the reference in more than one way ({', '.join(kinds)}): change one at a time. {text}"

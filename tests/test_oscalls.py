@@ -82,16 +82,22 @@ def test_a_session_child_is_stopped_with_its_group(tmp_path):
     code = (f"import signal,subprocess,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
             f"p=subprocess.Popen([sys.executable,'-c','import time; time.sleep(300)']); open({str(kid)!r},'w').write(str(p.pid)); "
             f"time.sleep(300)")
-    fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
-    child = oscalls.SessionChild(sys.executable, [sys.executable, "-c", code], fd, os.environ)
-    os.close(fd)
-    deadline = time.monotonic() + 20
-    while not kid.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    child = _python_child(tmp_path, code, kid)
     assert child.alive() and os.getpgid(child.pid) == child.pid != os.getpgid(0)
     child.stop(grace=0.5)                                # SIGTERM ignored: SIGKILL to the whole group
     assert not child.alive() and child.exited() == "was killed by SIGKILL"
     assert not oscalls.pid_running(int(kid.read_text()))
+
+
+def _python_child(tmp_path, code: str, marker) -> oscalls.SessionChild:
+    """A Python child in a session of its own, returned once it has written `marker` (its handlers are set)."""
+    fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
+    child = oscalls.SessionChild(sys.executable, [sys.executable, "-c", code], fd, os.environ)
+    os.close(fd)
+    deadline = time.monotonic() + 20
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return child
 
 
 def test_a_leader_signal_reaches_the_leader_alone_and_every_process_of_the_group_is_waited_for(tmp_path):
@@ -104,12 +110,7 @@ def test_a_leader_signal_reaches_the_leader_alone_and_every_process_of_the_group
             f"open({str(kid)!r},'w').write(str(p.pid))\n"
             f"try: time.sleep(300)\n"
             f"except KeyboardInterrupt: open({str(got)!r},'w').write('SIGINT')\n")
-    fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
-    child = oscalls.SessionChild(sys.executable, [sys.executable, "-c", code], fd, os.environ)
-    os.close(fd)
-    deadline = time.monotonic() + 20
-    while not kid.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    child = _python_child(tmp_path, code, kid)
     time.sleep(0.3)                                      # the grandchild's handlers are set
     assert sorted(oscalls.group_pids(child.pid)) == sorted([child.pid, int(kid.read_text())])
     t0 = time.monotonic()
@@ -126,12 +127,7 @@ def test_a_leader_that_waits_on_the_first_signal_gets_a_second(tmp_path):
             f"signal.signal(signal.SIGINT, lambda *a: n.append(1) or (len(n) > 1 and sys.exit(3)))\n"
             f"open({str(ready)!r},'w').close()\n"
             f"while True: time.sleep(0.01)\n")
-    fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
-    child = oscalls.SessionChild(sys.executable, [sys.executable, "-c", code], fd, os.environ)
-    os.close(fd)
-    deadline = time.monotonic() + 20
-    while not ready.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    child = _python_child(tmp_path, code, ready)
     t0 = time.monotonic()
     child.stop(grace=10, leader_signal=signal.SIGINT)
     assert child.exited() == "exited with code 3" and time.monotonic() - t0 < 5     # not SIGKILLed after the grace

@@ -271,3 +271,36 @@ def test_a_spec_s_true_is_turned_off_through_param(tmp_path, value, status):
     if "env.gpu.driver" not in found:
         pytest.skip("this machine has an NVIDIA driver: no driver finding to turn into a skip")
     assert found["env.gpu.driver"] == status
+
+
+# 6. One notebook's parameter: NOTEBOOK.NAME, when two notebooks declare one name with two meanings.
+
+def _notebooks(*stems: str) -> list[Path]:
+    return [REPO / "notebooks" / f"{s}.ipynb" for s in stems]
+
+
+def test_a_name_two_notebooks_declare_differently_is_set_per_notebook():
+    """bench's `concurrency` is its levels (list[int]), accuracy's its batch size (int): a plain --param reaches both
+    and one value cannot fit them; `bench.concurrency` (or `benchmark.` / `40_benchmark.`) reaches 40 alone."""
+    nbs = _notebooks("40_benchmark", "50_accuracy")
+    with pytest.raises(SpecError, match="50_accuracy.ipynb declares concurrency"):
+        params.resolve(["concurrency=1,2,4"], nbs)
+    for scope in ("bench", "benchmark", "40_benchmark"):
+        got = params.resolve([f"{scope}.concurrency=1,2,4", "accuracy.concurrency=4"], nbs)
+        assert got == {nbs[0]: {"concurrency": [1, 2, 4]}, nbs[1]: {"concurrency": 4}}
+    # scoped wins over plain for its notebook, whatever the order given
+    got = params.resolve(["50_accuracy.concurrency=2", "concurrency=8"], nbs)
+    assert got == {nbs[0]: {"concurrency": [8]}, nbs[1]: {"concurrency": 2}}
+
+
+@pytest.mark.parametrize("pair, message", [
+    ("tune.concurrency=4", r"'tune' is not a selected notebook \(one of: 40_benchmark, 50_accuracy"),
+    ("nosuch.concurrency=4", "'nosuch' is not a selected notebook"),
+    ("accuracy.budget_s=4", "no notebook 50_accuracy has a parameter 'budget_s'"),
+    ("a.b.c=1", "is not a parameter name"),
+    ("bench.results_path=/x", "set by the runner"),
+    ("bench.api_key=x", "refusing to pass a secret"),
+])
+def test_a_scoped_param_names_its_fault(pair, message):
+    with pytest.raises(SpecError, match=message):
+        params.resolve([pair], _notebooks("40_benchmark", "50_accuracy"))

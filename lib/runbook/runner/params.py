@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from pydantic import TypeAdapter, ValidationError
 
-from runbook.core import secrets
+from runbook.core import registry, secrets
 from runbook.core.errors import SpecError
 from runbook.core.options import FINITE, describe
 from runbook.core.secrets import is_secret_key
@@ -114,21 +114,41 @@ def coerce(key: str, raw: str, type_name: str | None, where: str) -> Any:
 
 
 def parse_pairs(pairs: list[str]) -> dict[str, str]:
+    """KEY=VALUE pairs, each KEY a parameter name or NOTEBOOK.NAME (one notebook's parameter: a stage name, verb or
+    notebook stem before the dot), checked for what may never be a parameter."""
     out: dict[str, str] = {}
     for p in pairs:
         if "=" not in p:
             raise SpecError(f"--param {p!r}: expected KEY=VALUE")
         k, v = p.split("=", 1)
         k = k.strip()
-        if not k.isidentifier():
-            raise SpecError(f"--param {p!r}: {k!r} is not a parameter name")
-        if is_secret_key(k):
+        scope, _, name = k.rpartition(".")
+        if not name.isidentifier() or (scope and not re.fullmatch(r"\w+", scope)):
+            raise SpecError(f"--param {p!r}: {k!r} is not a parameter name (NAME, or NOTEBOOK.NAME for one notebook)")
+        if is_secret_key(name):
             raise SpecError(f"--param {k}: refusing to pass a secret as a notebook parameter (papermill stores parameters in "
                             "clear text); put it in the environment or in the spec's serving.env_file")
-        if k in RESERVED:
+        if name in RESERVED:
             raise SpecError(f"--param {k}: set by the runner; use --deployment / --out instead")
         out[k] = v
     return out
+
+
+def _scoped(key: str, notebooks: list[Path]) -> tuple[list[Path] | None, str]:
+    """The notebooks a key addresses (None: every one declaring it) and the parameter's name: `bench.concurrency`
+    is notebook 40's alone (stage name, verb or notebook stem before the dot)."""
+    scope, _, name = key.rpartition(".")
+    if not scope:
+        return None, name
+    try:
+        stem = registry.get(scope).notebook
+    except KeyError:
+        stem = scope
+    picked = [nb for nb in notebooks if nb.stem == stem]
+    if not picked:
+        raise SpecError(f"--param {key}: {scope!r} is not a selected notebook "
+                        f"(one of: {', '.join(nb.stem for nb in notebooks)}; or a stage's name or verb)")
+    return picked, name
 
 
 _SECRET_WHERE = ("notebooks read secrets at run time from the environment or serving.env_file (papermill writes "
@@ -175,20 +195,23 @@ def refuse_secrets(values: dict[str, Any], scrub: Iterable[str]) -> None:
 
 
 def resolve(pairs: list[str], notebooks: list[Path], scrub: Iterable[str] = ()) -> dict[Path, dict[str, Any]]:
-    """Typed parameters per notebook; every key must be declared by at least one selected notebook, and no value
-    may hold a secret (`scrub`: the run's secret values)."""
+    """Typed parameters per notebook; every key must be declared by at least one selected notebook (a scoped
+    NOTEBOOK.NAME by that notebook, and it wins there over a plain NAME), and no value may hold a secret (`scrub`:
+    the run's secret values)."""
     raw = parse_pairs(pairs)
     refuse_secrets({f"--param {k}": v for k, v in raw.items()}, scrub)   # before a type error could echo the value
     per_nb: dict[Path, dict[str, Any]] = {nb: {} for nb in notebooks}
     if not raw:
         return per_nb
     declared: dict[Path, dict[str, dict[str, Any]]] = {nb: inspect(nb) for nb in notebooks}
-    for k, v in raw.items():
-        takers = [nb for nb in notebooks if k in declared[nb]]
+    for k, v in sorted(raw.items(), key=lambda kv: "." in kv[0]):     # scoped last: they override a plain NAME
+        scope, name = _scoped(k, notebooks)
+        takers = [nb for nb in (scope or notebooks) if name in declared[nb]]
         if not takers:
-            known = sorted({n for d in declared.values() for n in d if n not in RESERVED})
-            raise SpecError(f"--param {k}: no selected notebook has a parameter {k!r} (known: {', '.join(known)})")
+            known = sorted({n for nb in (scope or notebooks) for n in declared[nb] if n not in RESERVED})
+            where = f"notebook {scope[0].stem}" if scope else "selected notebook"
+            raise SpecError(f"--param {k}: no {where} has a parameter {name!r} (known: {', '.join(known)})")
         for nb in takers:
-            per_nb[nb][k] = coerce(k, v, declared[nb][k].get("inferred_type_name"), nb.name)
-            refuse_secrets({f"--param {k}": per_nb[nb][k]}, scrub)
+            per_nb[nb][name] = coerce(k, v, declared[nb][name].get("inferred_type_name"), nb.name)
+            refuse_secrets({f"--param {k}": per_nb[nb][name]}, scrub)
     return per_nb

@@ -70,7 +70,8 @@ class RunOptions(Options):
         default_factory=list, description="run only these notebooks (e.g. environment,kv_memory)",
         json_schema_extra={"metavar": "NAME[,NAME]"})
     params: list[str] = Field(default_factory=list, alias="param", description="set a notebook parameter, typed by its "
-                              "parameters cell", json_schema_extra={"metavar": "KEY=VALUE"})
+                              "parameters cell; NOTEBOOK.KEY=VALUE sets one notebook's (e.g. bench.concurrency=1,2,4)",
+                              json_schema_extra={"metavar": "KEY=VALUE"})
     out: Path = Field(OUTPUTS, description="archive root (default: outputs/)", json_schema_extra={"metavar": "DIR"})
     timeout: PosFloat = Field(1800.0, description="bound per notebook", json_schema_extra={"metavar": "SECONDS"})
     run_timeout: PosFloat = Field(7200.0, description="bound for the whole run", json_schema_extra={"metavar": "SECONDS"})

@@ -62,6 +62,11 @@ def test_every_workload_against_sglang_matches_its_own_counters(sglang_server, t
     assert srv["cached_tokens"] == sum(r.cached_tokens or 0 for r in recs)      # --enable-cache-report's per-request count
     ok = [r for r in recs if r.ok]
     assert srv["ttft_ms"]["n"] == len(recs) and lv.summary["ttft_ms"]["n"] == len(ok)
+    # the client's own count is SGLang's per-chunk usage, equal to its final usage (the tokenizer is given, and the
+    # random model's text would re-tokenize to other counts)
+    assert lv.summary["count_sources"] == ["usage"], lv.summary["count_sources"]
+    assert lv.summary["output_tokens_client"] == lv.summary["output_tokens"] == sum(sum(r.chunk_tokens) for r in ok)
+    assert not [f.id for f in res.findings if f.id.startswith("bench.token_")]
     if name not in ("trace", "file"):
         assert all(r.usage["completion_tokens"] == 6 for r in recs)               # ignore_eos honoured
     assert (tmp_path / "out" / "summary.json").is_file()
@@ -75,6 +80,7 @@ def test_ttft_and_tpot_beside_the_servers_own_histograms(sglang_server):
     res = evaluate(sglang_server.spec, o)
     (s,) = res.summary["levels"]
     assert s["completed"] == 12, s["errors"]
+    assert s["output_tokens_client"] == s["output_tokens"] == 12 * 32 and s["count_sources"] == ["usage"]
     rows = {r["metric"]: r for r in server_side.beside(s)}
     assert set(rows) == {"TTFT", "TPOT", "ITL", "E2E"} and rows["TTFT"]["server_n"] == rows["TPOT"]["server_n"] == 12
     assert rows["TTFT"]["ours_mean_ms"] >= rows["TTFT"]["server_mean_ms"] - 0.5, rows["TTFT"]

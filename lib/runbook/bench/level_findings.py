@@ -15,6 +15,18 @@ _SOURCE_WHY = ("usage: the server's continuous usage, exact. usage_spread: the s
                "chunks carry several tokens).")
 
 
+def _count_remedy(sources: list[str]) -> str:
+    """What a gap between the server's final usage and the client's own count means, by where the client's came from."""
+    if set(sources) <= set(EXACT_SOURCES):
+        # the client's count is the server's own per-chunk usage: the two counts are both the server's
+        return ("The client's count is the server's own per-chunk usage (completion_tokens on each streamed chunk); "
+                "its final usage chunk says otherwise, so the server's two counts disagree. Not a client setting: "
+                "every reported figure uses the final usage.")
+    return ("Without per-chunk usage the client counts the streamed text with --tokenizer where given (decoded text "
+            "need not re-tokenize to the tokens generated), else the chunks; every reported figure uses the server's "
+            "usage. For an exact per-chunk count enable continuous usage stats on the server.")
+
+
 def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> list[Finding]:
     out: list[Finding] = list(workloads.resolve(workload).findings(levels))
     for s in levels:
@@ -42,10 +54,7 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
                 out.append(Finding(f"bench.token_count.{tag}", "warn", f"{tag}: server and client token counts differ by {gap:.1%}",
                                    detail=f"server usage {s['output_tokens']}, client {s['output_tokens_client']} "
                                           f"({'/'.join(s['count_sources'])}); reported figures use the server's",
-                                   remedy=("Re-tokenizing each chunk's text over-counts tokens split across chunks; "
-                                           "every reported figure uses the server's usage."
-                                           if "tokenizer" in s["count_sources"] else
-                                           "Give --tokenizer the model's tokenizer, or enable continuous usage stats on the server.")))
+                                   remedy=_count_remedy(s["count_sources"])))
         approx = [c for c in s.get("count_sources", []) if c not in EXACT_SOURCES]
         if s["completed"] and approx:
             st2: Status = "warn" if set(approx) - {"usage_spread"} else "info"

@@ -16,7 +16,9 @@
   trailing usage chunk) is spread evenly over the chunks it covers (`usage_spread`). Without usage:
   the local tokenizer's count of the whole text (`tokenizer`), else under ignore_eos with
   finish_reason "length" the requested count (`requested`), else one token per chunk (`chunks`).
-  `count_source` says which; only `usage` is exact.
+  `count_source` says which; only `usage` is exact. The client's own count (`client_tokens`, beside the server's
+  final usage): under `usage` the last per-chunk count the stream carried, else the local tokenizer's count of the
+  text, else the chunks.
 """
 from __future__ import annotations
 
@@ -205,12 +207,7 @@ class Client:
             raise _server_error(msg)
         usage = msg.get("usage")
         if usage is not None:
-            if type(usage) is not dict:
-                raise Failure("malformed", f"usage is {type(usage).__name__}, not an object")
-            details = usage.get("completion_tokens_details")
-            if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
-                usage = {**usage, "reasoning_tokens": details["reasoning_tokens"]}
-            rec.usage = usage
+            usage = rec.usage = self._usage(usage)
         ext = msg.get("sglext")
         if ext:
             details = ext.get("spec_tokens_details") if isinstance(ext, dict) else None
@@ -224,11 +221,25 @@ class Client:
         if type(choices) is not list:
             raise Failure("malformed", f"choices is {type(choices).__name__}, not a list")
         got = self._choices(choices, rec, text, reasoning)
+        completion = usage.get("completion_tokens") if usage is not None else None
         if got:
             rec.chunk_times.append(now)
-            completion = usage.get("completion_tokens") if usage is not None else None
             cum.append(completion if type(completion) is int else None)
+        elif choices and cum and type(completion) is int:
+            # a choice that carried no text (SGLang's finish chunk after a stop string) still counts its tokens:
+            # the last output chunk's, as the arrival that brought them to the client
+            cum[-1] = completion
         return False
+
+    @staticmethod
+    def _usage(usage: Any) -> dict[str, Any]:
+        """A chunk's usage object, with reasoning_tokens lifted out of completion_tokens_details."""
+        if type(usage) is not dict:
+            raise Failure("malformed", f"usage is {type(usage).__name__}, not an object")
+        details = usage.get("completion_tokens_details")
+        if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
+            usage = {**usage, "reasoning_tokens": details["reasoning_tokens"]}
+        return usage
 
     def _choices(self, choices: list[Any], rec: RequestRecord, text: list[str], reasoning: list[str]) -> bool:
         """Appends each choice's text and reasoning; True when any carried output."""
@@ -264,15 +275,15 @@ class Client:
     def _attribute(self, rec: RequestRecord, req: RequestSpec, cum: list[int | None]) -> None:
         """Tokens per chunk, and the client's own count; see the module docstring."""
         n = len(rec.chunk_times)
-        if self.tokenizer is not None and n:
-            rec.client_tokens = self._tok_count(rec.reasoning_text + rec.text)
-        else:
-            rec.client_tokens = n
         final_raw = (rec.usage or {}).get("completion_tokens")
         final: int | None = final_raw if isinstance(final_raw, int) and not isinstance(final_raw, bool) else None
         if not n:
-            rec.chunk_tokens = []
+            rec.chunk_tokens, rec.client_tokens = [], 0
             return
+        # the client's own count: the server's per-chunk counts where it sent them for every chunk (exact; the
+        # decoded text of arbitrary tokens does not re-tokenize to the same count), else the local tokenizer's
+        # count of the text, else the chunks
+        rec.client_tokens = self._tok_count(rec.reasoning_text + rec.text) if self.tokenizer is not None else n
         if final is not None:
             counts = [0] * n
             prev_i, prev_c, continuous = -1, 0, True
@@ -291,6 +302,8 @@ class Client:
                 counts[-1] += rest           # counted but never streamed as text (e.g. a stop token)
             rec.chunk_tokens = counts
             rec.count_source = "usage" if continuous else "usage_spread"
+            if continuous:
+                rec.client_tokens = prev_c
         elif self.tokenizer is not None:
             rec.chunk_tokens = spread(max(n, rec.client_tokens), n)
             rec.count_source = "tokenizer"

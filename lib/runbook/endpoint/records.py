@@ -27,7 +27,7 @@ class RequestRecord:
     reasoning_text: str = ""
     usage: dict[str, Any] | None = None
     count_source: str = "none"                                # usage | usage_spread | tokenizer | requested | chunks
-    client_tokens: int = 0                                    # the client's own count: tokenizer over the text, else chunks
+    client_tokens: int = 0                                    # the client's own count: per-chunk usage, else tokenizer, else chunks
     prompt_tokens_client: int | None = None
     max_tokens: int = 0
     status: int | None = None

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+import psutil
+
 from runbook.core.errors import RunbookError
 
 T = TypeVar("T")
@@ -44,6 +46,7 @@ TAIL_CHARS = 300
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 _POLL_S = 0.05
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)   # exited, not yet reaped: no longer running
 REPEAT_S = 0.5              # a leader signal is sent again when the leader is still there after this
 
 
@@ -437,19 +440,12 @@ class SessionChild:
 
 
 def group_pids(pgid: int) -> list[int]:
-    """The live processes (not zombies) of process group `pgid`, from /proc; [] where there is no /proc."""
+    """The live processes (not zombies) of process group `pgid`."""
     out = []
-    with contextlib.suppress(OSError):
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/stat", "rb") as fh:
-                    fields = fh.read().rsplit(b")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-                out.append(int(name))
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(p.pid) == pgid and p.status() not in _GONE:
+                out.append(p.pid)
     return out
 
 
@@ -462,15 +458,10 @@ def kill_group(pgid: int, sig: int) -> None:
 def pid_running(pid: int) -> bool:
     """pid exists and is not a zombie."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+        return psutil.Process(pid).status() not in _GONE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
         return True
 
 

@@ -323,7 +323,9 @@ def _run_stage(verb: str, a: argparse.Namespace) -> int:
     try:
         o = _options(verb, a)
     except InputError as e:
-        print(f"runbook {verb}: error: {stage.input_finding(e).detail}", file=sys.stderr)
+        # a flag's value may be an environment secret (a key pasted into --url): never echoed
+        print(f"runbook {verb}: error: {secrets.redact_text(stage.input_finding(e).detail, secrets.secret_values())}",
+              file=sys.stderr)
         return 2
     return _cmd_stage(stage, a, o)
 

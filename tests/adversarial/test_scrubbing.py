@@ -182,3 +182,14 @@ def test_an_error_quoting_what_was_typed_never_shows_a_secret(cli, tmp_path):
     cp = cli("kv", tmp_path / TOKEN, env={"HF_TOKEN": TOKEN}, timeout=60)
     assert cp.returncode == 2 and "no such directory" in cp.stderr and secrets.MASK in cp.stderr, cp.stderr
     assert not [f for f in spellings(TOKEN).values() if f in cp.stderr + cp.stdout], cp.stderr
+
+
+def test_a_stage_flag_holding_an_environment_secret_is_not_echoed_in_its_error(monkeypatch, capsys):
+    """A key pasted where a URL goes: the stage's one-line error names the flag, never the secret's value."""
+    from runbook import cli
+
+    key = "sk-live-0123456789abcdef"
+    monkeypatch.setenv("SGLANG_API_KEY", key)
+    assert cli.main(["bench", "--deployment", str(DEFAULT_SPEC), "--url", key]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("runbook bench: error: --url ") and key not in err and secrets.MASK in err

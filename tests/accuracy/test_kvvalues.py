@@ -242,8 +242,8 @@ def test_captured_k_is_after_rope_and_equals_a_hand_recomputation(tiny_decoder, 
         k0, v0, q0 = z["k0"][0], z["v0"], z["q0"]
     manual, before = np.load(tmp_path / "k0.npy")
     assert k0.shape == (2, 96, 32) and v0.shape == (1, 2, 96, 32) and q0.shape == (1, 4, 1, 32)
-    np.testing.assert_allclose(k0, manual, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(k0[:, 0], before[:, 0], rtol=1e-4, atol=1e-5)   # position 0: RoPE is the identity
+    np.testing.assert_allclose(k0, manual, rtol=1e-3, atol=1e-4)   # float32, other op order
+    np.testing.assert_allclose(k0[:, 0], before[:, 0], rtol=1e-3, atol=1e-4)   # position 0: RoPE is the identity
     assert np.abs(k0[:, 1:] - before[:, 1:]).max() > 1e-2                       # later positions: rotated, not raw k_proj
 
 

@@ -89,9 +89,14 @@ def test_calibrated_scale_is_absmax_over_the_format_maximum():
     assert kvstats.calibrated_scale(np.zeros((1, 1, 1, 1)), "fp8_e4m3") > 0 and kvstats.calibrated_scale(x, "bf16") == 1.0
 
 
-def test_gqa_maps_each_kv_head_to_its_query_heads():
-    k = np.stack([np.full((3, 2), h, dtype=np.float32) for h in range(2)])   # [kv_heads=2, n, d]
-    assert [int(h[0, 0]) for h in kvstats._gqa(k, 6)] == [0, 0, 0, 1, 1, 1]
+def test_grouped_queries_equal_attention_with_repeated_kv_heads():
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((6, 2, 8)).astype(np.float32)           # 6 query heads, 2 positions
+    k, v = rng.standard_normal((2, 2, 5, 8)).astype(np.float32)     # 2 KV heads (transformers' repeat_kv: 0,0,0,1,1,1)
+    rep = lambda x: np.repeat(x, 3, axis=0)                         # noqa: E731
+    want = kvquant.attention(q, rep(k), rep(v))
+    got = kvquant.attention(kvstats._grouped(q, 2), k, v).reshape(6, 2, 8)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def _arrays(rng, layers=2, w=2, kvh=2, heads=4, n=64, d=16, big=0.0):

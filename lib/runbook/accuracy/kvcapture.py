@@ -76,6 +76,11 @@ def check_model(model_dir: str | os.PathLike) -> checkpoint.Checkpoint:
     return ck
 
 
+def model_name(d: Path) -> str:
+    """A checkpoint dir's name for titles: its parent's too when the dir is a generic `hf` or `model` folder."""
+    return f"{d.parent.name}/{d.name}" if d.name.lower() in ("hf", "model", "checkpoint") else d.name
+
+
 def weight_bytes(ck: checkpoint.Checkpoint) -> int:
     return sum(h.file_size for h in ck.shards.values())
 
@@ -151,9 +156,10 @@ def capture(model_dir: str | os.PathLike, python: str, n: int = WINDOWS, tokens:
             meta = json.loads(str(z["meta"]))
             arrays = {k: z[k] for k in z.files if k != "meta"}
     t1 = time.perf_counter()
-    summary = kvstats.summarize(arrays, meta, positions, lengths, source or f"decoder (real K/V: {ck.dir.name})")
+    summary = kvstats.summarize(arrays, meta, positions, lengths, source or f"decoder (real K/V: {model_name(ck.dir)})")
     meta.update({"capture_s": round(capture_s, 2), "stats_s": round(time.perf_counter() - t1, 2), "windows": n,
                  "window_tokens": tokens, "lengths": list(lengths), "corpus_version": CORPUS_VERSION,
                  "job_version": JOB_VERSION, "weight_bytes": weight_bytes(ck)})
     atomic_write_json(cache, {"summary": summary, "meta": meta, "model_sha256": sha})
     return Capture(str(ck.dir), sha, summary, meta, False)
+

@@ -54,30 +54,35 @@ def calibrated_scale(x: np.ndarray, fmt: str) -> float:
     return max(float(np.abs(x).max()) / FORMATS[fmt][1], 1e-12)
 
 
-def _gqa(x: np.ndarray, heads: int) -> np.ndarray:
-    """[kv_heads, n, d] → [heads, n, d]: KV head j serves query heads j·r … j·r+r−1 (transformers' repeat_kv)."""
-    return np.repeat(x, heads // x.shape[0], axis=0)
+def _grouped(q: np.ndarray, kv_heads: int) -> np.ndarray:
+    """[heads, m, d] → [kv_heads, r·m, d]: query heads j·r … j·r+r−1 share KV head j (transformers' repeat_kv), so
+    attention over [kv_heads, …] keys equals attention with the KV heads repeated, without copying them."""
+    h, m, d = q.shape
+    return q.reshape(kv_heads, (h // kv_heads) * m, d)
 
 
-def attn_errors(q: np.ndarray, k: np.ndarray, v: np.ndarray, kq: np.ndarray, vq: np.ndarray, positions: Sequence[int],
-                lengths: Sequence[int]) -> dict[int, float]:
-    """Relative error of the attention output per length, over every window: the last QUERIES queries before the
-    length against the first `length` keys, quantized K and V against FP32 (kvquant.attn_error's definition).
-    q [windows, heads, len(positions), d]; k, v, kq, vq [windows, kv_heads, tokens, d]."""
+def attn_outputs(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: Sequence[int],
+                 lengths: Sequence[int]) -> dict[int, np.ndarray]:
+    """Attention output per length, every window stacked: the last QUERIES queries before the length against the
+    first `length` keys (kvquant.attn_error's definition). q [windows, heads, len(positions), d]; k, v [windows,
+    kv_heads, tokens, d]."""
     idx = {p: i for i, p in enumerate(positions)}
     out = {}
     for L in lengths:
         if k.shape[2] < L:
             continue
         rows = [idx[p] for p in range(max(0, L - QUERIES), L)]
-        ref, got = [], []
-        for w in range(k.shape[0]):
-            qq = q[w][:, rows]
-            h = qq.shape[0]
-            ref.append(attention(qq, _gqa(k[w, :, :L], h), _gqa(v[w, :, :L], h)))
-            got.append(attention(qq, _gqa(kq[w, :, :L], h), _gqa(vq[w, :, :L], h)))
-        out[L] = rel_err(np.stack(got), np.stack(ref))
+        out[L] = np.stack([attention(_grouped(q[w][:, rows], k.shape[1]), k[w, :, :L], v[w, :, :L]) for w in range(k.shape[0])])
     return out
+
+
+def attn_errors(q: np.ndarray, k: np.ndarray, v: np.ndarray, kq: np.ndarray, vq: np.ndarray, positions: Sequence[int],
+                lengths: Sequence[int], ref: dict[int, np.ndarray] | None = None) -> dict[int, float]:
+    """Relative error of the attention output per length, quantized K and V (kq, vq) against FP32 (k, v, or the
+    reference outputs `ref` already computed from them)."""
+    ref = ref if ref is not None else attn_outputs(q, k, v, positions, lengths)
+    got = attn_outputs(q, kq, vq, positions, lengths)
+    return {L: rel_err(got[L], ref[L]) for L in ref}
 
 
 def layer_rows(layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: Sequence[int], lengths: Sequence[int],
@@ -90,11 +95,12 @@ def layer_rows(layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, position
               "k_e5m2": calibrated_scale(kc, "fp8_e5m2"), "v_e5m2": calibrated_scale(vc, "fp8_e5m2")}
     k, v, q = k[ev], v[ev], q[ev]
     rows, growth = [], []
+    ref = attn_outputs(q, k, v, positions, lengths)
     for fmt, scaling in VARIANTS:
         tag = fmt.split("_")[-1]
         sk, sv = (scales[f"k_{tag}"], scales[f"v_{tag}"]) if scaling == "per_tensor" else (1.0, 1.0)
         kq, vq = quantize(k, fmt, sk), quantize(v, fmt, sv)
-        errs = attn_errors(q, k, v, kq.x, vq.x, positions, lengths)
+        errs = attn_errors(q, k, v, kq.x, vq.x, positions, lengths, ref)
         rows.append({"source": source, "format": fmt, "scaling": scaling, "layer": layer, "k_rel_err": rel_err(kq.x, k),
                      "v_rel_err": rel_err(vq.x, v), "clipped_frac": kq.clipped_frac, "v_clipped_frac": vq.clipped_frac,
                      "flushed_frac": kq.flushed_frac, "v_flushed_frac": vq.flushed_frac,

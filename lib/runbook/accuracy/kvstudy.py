@@ -124,8 +124,10 @@ def study(spec: Deployment | None, s: AccuracySettings, active: tuple[str, str])
     st = kvquant.run(thresholds, active=active, decoder={**cap.summary, "source": cap.summary["rows"][0]["source"]})
     st.decoder = decoder_data(cap, files)
     how = "read from the cache" if cap.cached else f"captured in {cap.meta.get('capture_s')} s"
-    st.findings[:0] = [Finding("accuracy.kvquant.source", "info", f"KV study on the K and V {kvcapture.model_name(Path(cap.model_dir))} caches "
-                               f"({choice.why})", detail=f"{cap.meta.get('windows')} windows × {cap.meta.get('window_tokens')} "
-                               f"tokens of corpus {cap.meta.get('corpus_version')}; {how}", evidence=cap.model_dir),
-                       clipping_finding(st.decoder["layers"], active, kvcapture.model_name(Path(cap.model_dir))), scales_finding(files)]
+    name = kvcapture.model_name(Path(cap.model_dir))
+    m = cap.meta
+    st.findings[:0] = [Finding("accuracy.kvquant.source", "info", f"KV study on the K and V {name} caches ({choice.why})",
+                               detail=f"{m.get('windows')} windows × {m.get('window_tokens')} tokens of corpus "
+                                      f"{m.get('corpus_version')}; {how}", evidence=cap.model_dir),
+                       clipping_finding(st.decoder["layers"], active, name), scales_finding(files)]
     return st

@@ -282,3 +282,75 @@ def test_sglang_reads_the_scales_file_with_its_own_schema_and_loader(tmp_path):
     cp = subprocess.run([_serving(), "-c", code.replace(", 3, 'llama'", ", 4, 'llama'"), p], capture_output=True, text=True,
                         timeout=300)
     assert json.loads(cp.stdout.strip().splitlines()[-1]) == []
+
+
+# ------------------------------------------------------------------ the study's source and its findings
+def test_the_default_deployment_falls_back_to_minilm_and_says_why(tmp_path):
+    from runbook.accuracy import kvstudy
+    from runbook.core import spec as specmod
+
+    c = kvstudy.choose(specmod.load(), None)
+    assert c.model_dir is None and not c.explicit and "not a checkpoint on this machine" in c.why
+
+
+def test_a_deployment_model_too_large_for_cpu_is_not_captured_unasked(tmp_path, monkeypatch):
+    from runbook.accuracy import kvstudy
+    from runbook.core import spec as specmod
+
+    d = _tiny_files(tmp_path)
+    base = specmod.load("deployments/tiny-llama-sglang-cpu.yaml")
+    dep = base.model_copy(update={"model": base.model.model_copy(update={"path": str(d)})})
+    monkeypatch.setattr(kvcapture, "MAX_AUTO_BYTES", 16)
+    c = kvstudy.choose(dep, None)
+    assert c.model_dir is None and "more than the" in c.why and "set kv_model" in c.why
+    monkeypatch.setattr(kvcapture, "MAX_AUTO_BYTES", 1 << 30)
+    monkeypatch.setenv("RUNBOOK_SERVING_PYTHON", SERVING)
+    assert kvstudy.choose(dep, None).model_dir == str(d)
+
+
+def test_kv_model_named_but_broken_is_the_stages_input_error(tmp_path, cli):
+    r = cli("accuracy", "kvquant", "--kv-model", str(tmp_path / "absent"))
+    assert r.returncode == 2
+    line = r.stderr.strip().splitlines()[-1]
+    assert "absent" in line and "no such directory" in line
+
+
+def test_clipping_finding_warns_only_for_this_deployments_fp8_at_scale_one():
+    from runbook.accuracy import kvstudy
+
+    layers = [{"layer": 0, "k_absmax": 10.0, "v_absmax": 1.0, "k_e4m3_clip_share": 0.0, "v_e4m3_clip_share": 0.0,
+               "clips_e4m3": False, "clips_e5m2": False},
+              {"layer": 1, "k_absmax": 900.0, "v_absmax": 1.0, "k_e4m3_clip_share": 0.01, "v_e4m3_clip_share": 0.0,
+               "clips_e4m3": True, "clips_e5m2": False}]
+    f = kvstudy.clipping_finding(layers, ("fp8_e4m3", "scale1"), "m")
+    assert f.status == "warn" and f.title.startswith("FP8 E4M3 at scale 1.0 clips in 1 of 2 layers") and "[1]" in f.detail
+    assert kvstudy.clipping_finding(layers, ("bf16", "none"), "m").status == "info"
+    assert kvstudy.clipping_finding(layers, ("fp8_e4m3", "per_tensor"), "m").status == "info"
+    assert "no layer" in kvstudy.clipping_finding(layers[:1], ("fp8_e4m3", "scale1"), "m").title
+
+
+@pytest.mark.serving
+def test_the_study_on_a_decoder_reports_its_source_layers_and_scale_files(tiny_decoder, tmp_path, monkeypatch):
+    from runbook.accuracy import kvstudy
+    from runbook.accuracy.settings import AccuracySettings
+
+    monkeypatch.setenv("RUNBOOK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RUNBOOK_SERVING_PYTHON", _serving())
+    monkeypatch.setattr(kvcapture, "WINDOW_TOKENS", 128)
+    monkeypatch.setattr(kvcapture, "capture", lambda d, py, **kw: _small_capture(d, py))
+    st = kvstudy.study(None, AccuracySettings(probe="kvquant", kv_model=str(tiny_decoder), out=str(tmp_path / "out")),
+                       ("fp8_e4m3", "scale1"))
+    ids = [f.id for f in st.findings]
+    assert ids[:3] == ["accuracy.kvquant.source", "accuracy.kvquant.clipping", "accuracy.kvquant.scales"]
+    assert "accuracy.kvquant.fp8_e4m3.scale1.decoder" in ids
+    d = st.to_json()
+    assert d["kind"] == "decoder" and len(d["layers"]) == 3 and d["capture"]["layers"] == 3
+    assert Path(d["scale_files"]["quantization_param_path"]).parent == tmp_path / "out" / "kv_scales"
+    assert json.loads(Path(d["scale_files"]["quantization_param_path"]).read_text())["kv_cache"]["dtype"] == "float8_e4m3fn"
+
+
+_REAL_CAPTURE = kvcapture.capture
+
+
+def _small_capture(d, py):
+    return _REAL_CAPTURE(d, py, n=2, tokens=128, lengths=(64, 128))

@@ -48,7 +48,7 @@ CLIENT_CEILING = "benchmarks/client_ceiling.py"
 SGLANG_BENCH = "SGLang's benchmark client (python -m sglang.benchmark.serving)"
 # Other programs' flags the docs quote, with their owner.
 EXTERNAL = {
-    "--kv-cache-dtype": SGLANG, "--quantization": SGLANG, "--tool-call-parser": SGLANG, "--model-path": SGLANG,
+    "--kv-cache-dtype": SGLANG, "--quantization": SGLANG, "--quantization-param-path": SGLANG, "--tool-call-parser": SGLANG, "--model-path": SGLANG,
     "--context-length": SGLANG, "--speculative-draft-model-path": SGLANG, "--dump-requests-folder": SGLANG_LOGGING,
     "--crash-dump-folder": SGLANG, "--dp-size": SGLANG, "--enable-dp-attention": SGLANG,
     "--device": SGLANG, "--sampling-backend": SGLANG, "--grammar-backend": SGLANG, "--dtype": SGLANG,

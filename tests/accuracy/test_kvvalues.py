@@ -299,13 +299,14 @@ def test_a_deployment_model_too_large_for_cpu_is_not_captured_unasked(tmp_path, 
 
     d = _tiny_files(tmp_path)
     base = specmod.load("deployments/tiny-llama-sglang-cpu.yaml")
-    dep = base.model_copy(update={"model": base.model.model_copy(update={"path": str(d)})})
+    dep = base.model_copy(update={"model": base.model.model_copy(update={"path": str(d)}),   # an interpreter named, not run
+                                  "serving": base.serving.model_copy(update={"python": sys.executable})})
     monkeypatch.setattr(kvcapture, "MAX_AUTO_BYTES", 16)
     c = kvstudy.choose(dep, None)
     assert c.model_dir is None and "more than the" in c.why and "set kv_model" in c.why
     monkeypatch.setattr(kvcapture, "MAX_AUTO_BYTES", 1 << 30)
-    monkeypatch.setenv("RUNBOOK_SERVING_PYTHON", SERVING)
-    assert kvstudy.choose(dep, None).model_dir == str(d)
+    c = kvstudy.choose(dep, None)
+    assert c.model_dir == str(d) and c.python == sys.executable and not c.explicit
 
 
 def test_kv_model_named_but_broken_is_the_stages_input_error(tmp_path, cli):

@@ -355,3 +355,43 @@ _REAL_CAPTURE = kvcapture.capture
 
 def _small_capture(d, py):
     return _REAL_CAPTURE(d, py, n=2, tokens=128, lengths=(64, 128))
+
+
+@pytest.mark.sglang
+def test_sglang_on_cpu_refuses_scales_it_cannot_apply(real_model, tmp_path):
+    """Differential, on the real server: SGLang 0.5.23 on CPU (--model-impl transformers) stops at start-up when given
+    the scales file (load_model_utils.py:131-135), so an FP8 KV cache on CPU is always scale 1.0 (docs/accuracy.md)."""
+    from runbook.demo import realmodel, sglang
+
+    scales = [{"layer": i, "k_e4m3": 0.04, "v_e4m3": 0.02} for i in range(30)]
+    p = kvscales.write(scales, "llama", tmp_path)["quantization_param_path"]
+    dep = sglang.deployment(sglang.free_port(), source=realmodel.spec_path(),
+                            flags={"kv-cache-dtype": "fp8_e4m3", "quantization-param-path": p})
+    srv = sglang.launch(dep, log_path=tmp_path / "server.log")
+    try:
+        with pytest.raises(sglang.EngineError):
+            sglang.wait_ready(srv, 300)
+    finally:
+        srv.stop()
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    assert "does not support loading scaling factors" in log and "TransformersForCausalLM" in log
+
+
+@pytest.mark.serving
+def test_the_real_models_spec_measures_its_own_cache(real_model):
+    """The smollm2 deployment's stage 50 captures the model it serves (cached under .cache/kvvalues after a first run)."""
+    from runbook.accuracy import kvstudy
+    from runbook.accuracy.settings import AccuracySettings
+    from runbook.core import spec as specmod
+    from runbook.demo import realmodel
+
+    dep = specmod.load(realmodel.spec_path())
+    st = kvstudy.study(dep, AccuracySettings.resolve(dep, None), ("fp8_e4m3", "scale1"))
+    d = st.to_json()
+    assert d["kind"] == "decoder" and "the deployment's model" in st.findings[0].title
+    cap = d["capture"]
+    assert (cap["layers"], cap["kv_heads"], cap["heads"], cap["head_dim"]) == (30, 3, 9, 64) and len(d["heads"]) == 180
+    rows = {(r["layer"], r["format"], r["scaling"]): r for r in d["rows"]}
+    assert all(rows[(i, "bf16", "none")]["k_rel_err"] < 0.004 for i in range(30))
+    assert all(0.01 < rows[(i, "fp8_e4m3", "scale1")]["k_rel_err"] < 0.05 for i in range(30))   # 3 mantissa bits
+    assert all(s["k_e4m3"] > 0 and s["v_e4m3"] > 0 for s in d["scales"])

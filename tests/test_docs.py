@@ -48,10 +48,10 @@ CLIENT_CEILING = "benchmarks/client_ceiling.py"
 SGLANG_BENCH = "SGLang's benchmark client (python -m sglang.benchmark.serving)"
 # Other programs' flags the docs quote, with their owner.
 EXTERNAL = {
-    "--kv-cache-dtype": SGLANG, "--quantization": SGLANG, "--quantization-param-path": SGLANG, "--tool-call-parser": SGLANG, "--model-path": SGLANG,
+    "--kv-cache-dtype": SGLANG, "--quantization": SGLANG, "--tool-call-parser": SGLANG, "--model-path": SGLANG,
     "--context-length": SGLANG, "--speculative-draft-model-path": SGLANG, "--dump-requests-folder": SGLANG_LOGGING,
     "--crash-dump-folder": SGLANG, "--dp-size": SGLANG, "--enable-dp-attention": SGLANG,
-    "--device": SGLANG, "--sampling-backend": SGLANG, "--grammar-backend": SGLANG, "--dtype": SGLANG,
+    "--quantization-param-path": SGLANG, "--device": SGLANG, "--sampling-backend": SGLANG, "--grammar-backend": SGLANG, "--dtype": SGLANG,
     "--model-impl": SGLANG, "--sleep-on-idle": SGLANG, "--no-deps": "pip", "--target": "pip",
     "--without-pip": "python -m venv",
     "--enable-metrics": SGLANG, "--enable-cache-report": SGLANG, "--schedule-conservativeness": SGLANG,

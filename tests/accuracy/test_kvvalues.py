@@ -395,3 +395,22 @@ def test_the_real_models_spec_measures_its_own_cache(real_model):
     assert all(rows[(i, "bf16", "none")]["k_rel_err"] < 0.004 for i in range(30))
     assert all(0.01 < rows[(i, "fp8_e4m3", "scale1")]["k_rel_err"] < 0.05 for i in range(30))   # 3 mantissa bits
     assert all(s["k_e4m3"] > 0 and s["v_e4m3"] > 0 for s in d["scales"])
+
+
+def test_a_deployment_model_that_cannot_be_captured_falls_back_to_minilm_with_a_warn(tmp_path, monkeypatch):
+    from runbook.accuracy import kvstudy
+    from runbook.accuracy.settings import AccuracySettings
+    from runbook.core import spec as specmod
+
+    d = _tiny_files(tmp_path)                 # its tokenizer.json ("{}") is no tokenizer: the capture stops there
+    base = specmod.load("deployments/tiny-llama-sglang-cpu.yaml")
+    dep = base.model_copy(update={"model": base.model.model_copy(update={"path": str(d)}),
+                                  "serving": base.serving.model_copy(update={"python": sys.executable})})
+    monkeypatch.setenv("RUNBOOK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(kvquant, "run", lambda *a, **kw: kvquant.Study(source="minilm (stub)"))   # MiniLM itself is not under test
+    st = kvstudy.study(dep, AccuracySettings(probe="kvquant"), ("bf16", "none"))
+    f = st.findings[0]
+    assert st.kind == "minilm" and f.id == "accuracy.kvquant.source" and f.status == "warn"
+    assert "could not be captured" in f.detail and "tokenizer.json" in f.detail and "\n" not in f.detail
+    with pytest.raises(InputError, match="tokenizer.json"):      # named by kv_model, the same fault is the stage's error
+        kvstudy.study(dep, AccuracySettings(probe="kvquant", kv_model=str(d)), ("bf16", "none"))

@@ -51,7 +51,7 @@ EXTERNAL = {
     "--kv-cache-dtype": SGLANG, "--quantization": SGLANG, "--tool-call-parser": SGLANG, "--model-path": SGLANG,
     "--context-length": SGLANG, "--speculative-draft-model-path": SGLANG, "--dump-requests-folder": SGLANG_LOGGING,
     "--crash-dump-folder": SGLANG, "--dp-size": SGLANG, "--enable-dp-attention": SGLANG,
-    "--device": SGLANG, "--sampling-backend": SGLANG, "--grammar-backend": SGLANG, "--dtype": SGLANG,
+    "--quantization-param-path": SGLANG, "--device": SGLANG, "--sampling-backend": SGLANG, "--grammar-backend": SGLANG, "--dtype": SGLANG,
     "--model-impl": SGLANG, "--sleep-on-idle": SGLANG, "--no-deps": "pip", "--target": "pip",
     "--without-pip": "python -m venv",
     "--enable-metrics": SGLANG, "--enable-cache-report": SGLANG, "--schedule-conservativeness": SGLANG,

@@ -9,8 +9,10 @@ from runbook.core.lazy import exports
 # Imported on first use (core/lazy.py): the registry imports this package to read its contract.
 __getattr__, __dir__ = exports(__name__, {"kv_table": "report", "toolcall_frames": "report", "plot_growth": "report",
     "plot_recall": "report",
+    "kv_layer_table": "report", "kv_layer_errors": "report", "plot_layers": "report",
     "AccuracyReport": "stage", "assess": "stage", "ToolCallReport": "toolcall", "probe_toolcalls": "toolcall:run",
     "first_difference": "identity", "greedy_outputs": "identity:outputs", "run_recall": "probes"})
 
 __all__ = ["STAGE", "AccuracyOptions", "AccuracySettings", "AccuracyReport", "assess", "ToolCallReport", "evaluate", "kv_table",
-           "plot_growth", "plot_recall", "probe_toolcalls", "toolcall_frames", "first_difference", "greedy_outputs", "run_recall"]
+           "plot_growth", "plot_recall", "kv_layer_table", "kv_layer_errors", "plot_layers", "probe_toolcalls", "toolcall_frames",
+           "first_difference", "greedy_outputs", "run_recall"]

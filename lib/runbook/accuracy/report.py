@@ -22,6 +22,54 @@ def kv_table(rows: Sequence[dict[str, Any]]):
     return (agg * 100).round(3).rename(columns=lambda c: c + " %")
 
 
+def kv_layer_table(layers: Sequence[dict[str, Any]]):
+    """Which layers clip at scale 1.0 (kvstats.clipping_layers: the worst KV head per layer), clipping ones first;
+    shares in percent."""
+    df = pd.DataFrame(layers)
+    if df.empty:
+        return df
+    df = df.sort_values(["clips_e4m3", "layer"], ascending=[False, True]).set_index("layer")
+    df["clips at 1.0"] = df["clips_e4m3"].map({True: "E4M3", False: "no"}).where(~df["clips_e5m2"], "E4M3 and E5M2")
+    for c in ("k_e4m3_clip_share", "v_e4m3_clip_share", "k_e5m2_clip_share", "v_e5m2_clip_share"):
+        df[c] = df[c] * 100
+    cols = {"clips at 1.0": "clips at 1.0", "k_absmax": "K |max|", "v_absmax": "V |max|", "k_e4m3_clip_share": "K > 448 %",
+            "v_e4m3_clip_share": "V > 448 %", "k_e5m2_clip_share": "K > 57,344 %", "v_e5m2_clip_share": "V > 57,344 %"}
+    return df[list(cols)].rename(columns=cols)
+
+
+def kv_layer_errors(rows: Sequence[dict[str, Any]]):
+    """Attention-output relative error (%) per layer (rows) and storage format × scaling (columns)."""
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    df["variant"] = df["format"] + " " + df["scaling"]
+    return (df.pivot_table(index="layer", columns="variant", values="attn_out_rel_err", aggfunc="max") * 100).round(3)
+
+
+def plot_layers(layers: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]):
+    """Per layer: |K| and |V| maxima against FP8's limits (left), attention-output error per format (right)."""
+    lf, rf = pd.DataFrame(layers), pd.DataFrame(rows)
+    fig, (a, b) = figure((11, 3.8), ncols=2)
+    if not lf.empty:
+        a.semilogy(lf["layer"], lf["k_absmax"], marker="o", label="K (after RoPE)")
+        a.semilogy(lf["layer"], lf["v_absmax"], marker="s", label="V")
+        a.axhline(448, color="red", ls="--", lw=1, label="E4M3 max 448")
+    a.set_title("Largest |value| per layer (worst KV head)", fontsize=10)
+    a.set_xlabel("layer")
+    a.grid(True, alpha=0.3)
+    a.legend(fontsize=7)
+    if not rf.empty:
+        for (fmt, sc), g in rf.groupby(["format", "scaling"]):
+            b.semilogy(g["layer"], g["attn_out_rel_err"].clip(lower=1e-6) * 100, marker=".", label=f"{fmt} {sc}")
+    b.set_title("Attention-output error per layer", fontsize=10)
+    b.set_xlabel("layer")
+    b.set_ylabel("relative error (%)")
+    b.grid(True, alpha=0.3)
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 # The tool-call cases as two tables that fit a page, one row per tool and mode: what came back, then the arguments.
 TOOLCALL_ANSWER = ["called", "name", "in_content", "in_reasoning", "content_chars", "finish_reason", "error"]
 TOOLCALL_ARGUMENTS = ["arguments_valid", "schema_errors", "arguments_chars", "argument_deltas", "last_delta_share"]

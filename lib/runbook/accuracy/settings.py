@@ -43,7 +43,10 @@ class AccuracySettings(Options):
         "auto", description="toolcall, report: auto (default: what agent loops send) or required (the server must call a "
                             "tool; prose is then a fail: the chat template or parser ignores the tools)")
     toolcall_max_tokens: PosInt = Field(1024, description="toolcall, report: tokens per tool-call answer (default 1024)")
-    out: str | None = Field(None, description="recall, report: archive the prompts here")
+    out: str | None = Field(None, description="recall, report: archive the prompts here (report, kvquant: and the KV scales)")
+    kv_model: str | None = Field(None, description="kvquant, report: an HF checkpoint dir whose cached K and V the KV study "
+                                                   "measures (default: the deployment's model when it is here and at most 2 "
+                                                   "GiB; else the MiniLM encoder)")
     # Set by the run itself, never a flag or a notebook parameter:
     api_key_env: str | None = internal(None, "the spec's serving.api_key_env: the variable holding the API key")
 

@@ -28,8 +28,7 @@ class AccuracyReport:
     identity_differences: list[dict[str, Any]] = field(default_factory=list)   # what differs between identity's A and B
 
     def data(self) -> dict[str, Any]:
-        return {"kvquant": {"rows": self.study.rows, "growth": self.study.growth, "source": self.study.source,
-                            "active": list(self.active)},
+        return {"kvquant": {**self.study.data(), "active": list(self.active)},
                 "recall": dict(self.recall), "identity": self.identity, "identity_batch": self.identity_batch,
                 "identity_differences": self.identity_differences, "toolcall": dict(self.toolcall)}
 
@@ -37,10 +36,10 @@ class AccuracyReport:
 def assess(spec: Deployment, s: AccuracySettings) -> AccuracyReport:
     """The KV study, then the live probes with the settings (`AccuracySettings.resolve`); greedy identity compares
     s.url with s.identity_b, and its findings name what differs between the two."""
-    from runbook.accuracy import kvquant, probes, toolcall  # lazy: numpy, ml_dtypes and aiohttp only when the stage runs
+    from runbook.accuracy import kvstudy, probes, toolcall  # lazy: numpy, ml_dtypes and aiohttp only when the stage runs
 
     active = probes.deployment_format(spec)
-    study = kvquant.run(spec.accuracy, active=active)
+    study = kvstudy.study(spec, s, active)
     rec, recall_findings = probes.run_recall(s)
     ident = probes.run_identity(s)
     tc = toolcall.run(s)
@@ -57,10 +56,11 @@ def evaluate(spec: Deployment, options: Options) -> AccuracyReport:
 
 
 def _kvquant(spec: Deployment, o: Options) -> Outcome:
-    from runbook.accuracy import kvquant, probes  # lazy: numpy and ml_dtypes (~0.7 s) only when a probe runs
+    from runbook.accuracy import kvstudy, probes  # lazy: numpy and ml_dtypes (~0.7 s) only when a probe runs
 
-    st = kvquant.run(spec.accuracy, active=probes.deployment_format(spec))
-    return Outcome(st.findings, {"kvquant": st.to_json()})
+    active = probes.deployment_format(spec)
+    st = kvstudy.study(spec, AccuracySettings.resolve(spec, o), active)
+    return Outcome(st.findings, {"kvquant": {**st.to_json(), "active": list(active)}})
 
 
 def _recall(spec: Deployment, o: Options) -> Outcome:

@@ -23,9 +23,9 @@ from runbook.endpoint.client import Client, RequestSpec
 ANSWER_TOKENS = 12        # an identifier's value, with room for quotes
 IN_FLIGHT = 4             # needles asked at once
 TIMEOUT_S = 600.0         # per request: a long haystack's prefill on a busy server
-# The answer is asked as a cloze ("KEY =" left for the model to complete), as key-value retrieval tests (RULER's
-"the special magic number for X is:") do: a real 135 M model then recalls 6/6 needles at 512-1,024 tokens with BF16 KV,
-where "Reply with the value only" got 1/6 (it continued the code's comments); a larger model answers either form.
+# The answer is asked as a cloze ("KEY =" left for the model to complete), as key-value retrieval tests do (RULER's
+# "the special magic number for X is:"): a real 135 M model then recalls 6/6 needles at 512-1,024 tokens with BF16
+# KV, where "Reply with the value only" got 1/6 (it continued the code's comments); a larger model answers either form.
 QUESTION = "\n\n# Question: in the code above, what is the value of {key}?\n# Answer: {key} ="
 
 

@@ -80,11 +80,11 @@ class Tune(Strict):
     min_gain: float = Field(default=0.05, ge=0, le=10, description="a candidate replaces the reference only when it carries "
                             "more load within the SLOs, or as much and a throughput gain outside the noise of at least this "
                             "much (0.05: 5 %)")
-    reference_runs: int = Field(default=2, ge=1, le=20, description="times the reference is launched and benchmarked, spread "
-                                "among the candidates (2: first and last): its change between the runs that bracket a "
-                                "candidate is the host's drift, added to the candidate's interval (1: drift not measured)")
-    confidence: float = Field(default=0.95, ge=0.5, le=0.999, description="the paired interval's coverage for a candidate's "
-                              "throughput gain over the reference")
+    reference_runs: int = Field(default=3, ge=1, le=20, description="times the reference is launched and benchmarked, spread "
+                                "among the candidates (first, then evenly to the last): its launch-to-launch spread is the "
+                                "noise a candidate's gain must clear (1: not measured; each run is one more launch)")
+    confidence: float = Field(default=0.95, ge=0.5, le=0.999, description="the coverage of the interval a candidate's "
+                              "throughput gain over the reference must clear")
     guard: Guard = Guard()
     budget_per_candidate_s: float = Field(default=3600, gt=0, le=MAX_SECONDS)
     budget_s: float = Field(default=8 * 3600, gt=0, le=MAX_SECONDS)

@@ -1,8 +1,9 @@
 """Each finished candidate's verdict, and the one to serve: among the candidates that ran and passed the
 accuracy guard, the highest load within the SLOs (the SLO search's limit), then the highest throughput gain — and the
 reference itself unless a candidate carries more load within the SLOs, or as much with a throughput gain outside the
-measured noise (noise.py: a paired interval widened by the reference's own drift) of at least `tune.min_gain`. For it,
-the unit diff against the installed unit (30_service's diff) and the exact command that installs it."""
+measured noise (noise.py: the requests' paired interval and the reference's launch-to-launch spread) of at least
+`tune.min_gain`. For it, the unit diff against the installed unit (30_service's diff) and the exact command that
+installs it."""
 from __future__ import annotations
 
 import shlex
@@ -60,8 +61,8 @@ def _why_not(row: dict[str, Any]) -> list[str]:
 
 
 def verdict(row: dict[str, Any], best: str | None) -> str:
-    """`recommended`, `ran, within noise of the reference: <gain>`, `ran, not the best`, `not recommended: <every
-    reason>`, or the status of one that did not run."""
+    """`recommended`, `ran, within noise of the reference`, `ran, not compared with the reference: <why>`, `ran, not
+    the best`, `not recommended: <every reason>`, or the status of one that did not run."""
     st = row.get("status")
     if st != "done":
         return {"skipped": "skipped", "failed": "failed", "not_run": "not run", "planned": "passed the pre-check"}.get(str(st), str(st))
@@ -71,10 +72,10 @@ def verdict(row: dict[str, Any], best: str | None) -> str:
     if row["name"] == best:
         return "recommended"
     g = row.get("gain")
-    if g and g.get("mean") is None:
+    if g and (g.get("ci") or [None])[0] is None:
         return "ran, not compared with the reference: " + str(g.get("note"))
     if g and not g.get("outside_noise"):
-        return "ran, within noise of the reference: " + noise.describe(g)
+        return "ran, within noise of the reference"      # the figures: the row's gain (noise.describe)
     return "ran, not the best"
 
 
@@ -111,11 +112,11 @@ def recommend(spec: Deployment, rows: list[dict[str, Any]]) -> dict[str, Any] | 
     ref_row = next((r for r in rows if r["name"] == t.reference), None)
     for r in rows:
         r.pop("gain", None)
-        r.pop("drift", None)
+        r.pop("noise", None)
         if ref_row is not None and r is not ref_row and r.get("status") == "done":
             r["gain"] = noise.gain(r, ref_row, t.confidence)
     if ref_row is not None:
-        ref_row["drift"] = noise.reference_drift(ref_row, t.confidence)
+        ref_row["noise"] = noise.reference_noise(ref_row, t.confidence)
     ok = [r for r in rows if eligible(r)]
     ref = ref_row if any(r is ref_row for r in ok) else None
     if ref is None:             # nothing to compare with: the best by its own figures

@@ -1,7 +1,8 @@
 """A tune run: pre-check every candidate (nothing launched), then — unless plan-only — launch the ones that
 passed, one at a time on the deployment's port, with the production unit paused around them (production.py);
 read each one's start-up log, benchmark it, guard its accuracy against the reference, take it down, check the
-GPU memory is free, and archive its result before the next one starts. `resume` continues an archived run,
+GPU memory is free, and archive its result before the next one starts. The reference is launched again among the
+others (`tune.reference_runs`, benchmarked only): its launch-to-launch spread is the noise a gain must clear. `resume` continues an archived run,
 skipping the candidates it finished.
 
 SIGINT, SIGTERM and SIGHUP are recorded for the whole run (core/oscalls.on_signals), never raised into whatever
@@ -219,13 +220,14 @@ def _guard(ctx: Ctx, cspec: Deployment, c: Candidate, row: dict[str, Any], url: 
 
 def plan(todo: list[str], reference: str, extra: int) -> list[tuple[str, bool]]:
     """The launch order: `todo` as given, with the reference `extra` more times (True) spread evenly among the
-    other candidates, the last after the last of them: every candidate then has a reference run on each side,
-    whose difference is the host's drift across it (noise.py). Nothing extra without another candidate."""
+    other candidates, the last after the last of them: the reference's runs then span the run, so their spread holds
+    the host's drift as well as a relaunch's difference (noise.py); all at the end when the others ran before a
+    --resume."""
     others = [n for n in todo if n != reference]
-    if not others or extra <= 0:
+    if extra <= 0:
         return [(n, False) for n in todo]
-    after = [max(1, round(j * len(others) / extra)) for j in range(1, extra + 1)]
-    out = [(n, False) for n in todo if n == reference]
+    after = [max(1, round(j * len(others) / extra)) for j in range(1, extra + 1)] if others else [0] * extra
+    out = [(n, False) for n in todo if n == reference] + [(reference, True)] * after.count(0)
     for i, n in enumerate(others, 1):
         out += [(n, False)] + [(reference, True)] * after.count(i)
     return out
@@ -257,9 +259,11 @@ def _launch_all(ctx: Ctx, todo: list[tuple[Candidate, PreCheck, dict[str, Any]]]
                 findings: list[Finding], ref: tuple[Candidate, PreCheck] | None = None) -> None:
     spec = ctx.spec
     ref_row = rows.get(spec.tune.reference) or next((r for _, _, r in todo if r["name"] == spec.tune.reference), {})
-    extra = spec.tune.reference_runs - 1 - _repeated(ref_row)
-    ref = ref or next(((c, p) for c, p, _ in todo if c.name == spec.tune.reference), None)
     by_name = {c.name: (c, p, r) for c, p, r in todo}
+    compared = any(n != spec.tune.reference for n in by_name) or any(
+        n != spec.tune.reference and r.get("status") == "done" for n, r in rows.items())
+    extra = spec.tune.reference_runs - 1 - _repeated(ref_row) if compared else 0    # alone: nothing to compare with
+    ref = ref or next(((c, p) for c, p, _ in todo if c.name == spec.tune.reference), None)
     unit = spec.systemd.unit_name      # the production server on this port (not active: nothing is stopped)
     ready = spec.serving.local_url + spec.systemd.ready_path
     ctx.baseline_gpu = energy.gpu_memory_used(ctx.nvml)

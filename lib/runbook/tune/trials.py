@@ -2,8 +2,8 @@
 passed, one at a time on the deployment's port, with the production unit paused around them (production.py);
 read each one's start-up log, benchmark it, guard its accuracy against the reference, take it down, check the
 GPU memory is free, and archive its result before the next one starts. The reference is launched again among the
-others (`tune.reference_runs`, benchmarked only): its launch-to-launch spread is the noise a gain must clear. `resume` continues an archived run,
-skipping the candidates it finished.
+others (`tune.reference_runs`, benchmarked only): its launch-to-launch spread is the noise a gain must clear.
+`resume` continues an archived run, skipping the candidates (and the reference's runs) it finished.
 
 SIGINT, SIGTERM and SIGHUP are recorded for the whole run (core/oscalls.on_signals), never raised into whatever
 frame runs: each step checks for one (the readiness wait and every sleep at once, the benchmark and the guard

@@ -138,6 +138,21 @@ def test_a_run_without_per_request_figures_never_replaces_the_reference():
     assert old["verdict"] == "ran, not compared with the reference: no per-request figures to pair"
 
 
+def test_an_archived_runs_bad_per_request_entries_are_left_out_not_a_crash():
+    """--resume reads the rows back from disk: entries that are not a key, a block and a positive number are dropped."""
+    dep = _dep(reference_runs=2, candidates={})
+    ref = _reference(_jitter(100, seed=1), _jitter(100, seed=2))
+    junk = [None, "x", {"key": "c1/0"}, {"key": "c1/1", "block": "c1/1", "tok_s": "fast"},
+            {"key": "c1/2", "block": "c1/2", "tok_s": -3}, {"key": "c1/3", "block": "c1/3", "tok_s": float("nan")},
+            {"key": 7, "block": "c1/4", "tok_s": 5.0}, {"key": "c1/5", "block": "c1/5", "tok_s": True}]
+    ref["repeats"][0]["bench"]["per_request"] = ref["repeats"][0]["bench"]["per_request"][2:] + junk
+    cand = _ran("cand", 5, _jitter(100, seed=3))
+    cand["bench"]["per_request"] = {"not": "a list"}
+    rec = recommend.recommend(dep, [ref, cand])
+    assert rec["is_reference"] and cand["gain"]["note"] == "no per-request figures to pair"
+    assert ref["noise"]["pairs"] == 14          # the two entries replaced by junk are not paired
+
+
 @settings(max_examples=60, deadline=None)
 @given(gain=st.floats(-0.5, 1.0), launches=st.lists(st.floats(-0.2, 0.2), min_size=2, max_size=5),
        base=st.lists(st.floats(1.0, 500.0), min_size=8, max_size=8), min_gain=st.sampled_from([0.0, 0.05]))

@@ -34,6 +34,8 @@ def _spec(tune: dict, tmp_path=None) -> spec_mod.Deployment:
     ({"budget_s": 0}, "tune.budget_s"),
     ({"engine": "vllm"}, "tune.engine"),
     ({"nonsense": 1}, "tune.nonsense: unknown key"),
+    ({"reference_runs": 0}, "tune.reference_runs"),
+    ({"confidence": 1.5}, "tune.confidence"),
 ])
 def test_bad_tune_sections_are_one_line_naming_the_key(tune, msg):
     with pytest.raises(SpecError) as e:

@@ -35,8 +35,16 @@ def reference_runs(ref: dict[str, Any]) -> list[list[dict[str, Any]]]:
             if (r.get("bench") or {}).get("per_request")]
 
 
-def _values(per_request: list[dict[str, Any]]) -> dict[str, tuple[str, float]]:
-    return {str(p["key"]): (str(p["block"]), math.log(float(p["tok_s"]))) for p in per_request if float(p.get("tok_s") or 0) > 0}
+def _values(per_request: Any) -> dict[str, tuple[str, float]]:
+    """key → (block, ln tok/s). Entries of an archived run (read back on --resume) that are not a key, a block and a
+    positive finite number are left out: they cannot be paired."""
+    out = {}
+    for p in per_request if isinstance(per_request, list) else []:
+        v = p.get("tok_s") if isinstance(p, dict) else None
+        if (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
+                and isinstance(p.get("key"), str) and isinstance(p.get("block"), str)):
+            out[p["key"]] = (p["block"], math.log(v))
+    return out
 
 
 def _block_means(xs: list[tuple[str, float]]) -> list[float]:

@@ -83,6 +83,8 @@ def test_the_demos_downgrade_is_within_the_noise_and_keeps_the_reference():
     assert flat["reference"]["gain vs reference"].startswith("launch-to-launch sd ")
     assert flat["sglang-0.5.20"]["gain vs reference"] == noise.describe(g)
     assert report.within_noise(canary) and not report.within_noise(ref)
+    labels = [t.get_text() for t in report.plot_pareto({"candidates": rows}).axes[0].texts]
+    assert labels == ["reference", "sglang-0.5.20 (within noise)"]
 
 
 def test_a_gain_outside_the_noise_wins_with_its_interval():

@@ -185,6 +185,6 @@ def plot_pareto(data: dict[str, Any]):
     ax.margins(0.12)                     # room for the labels at the edges
     ax.set_xlabel("TPOT p50 at the highest concurrency (ms)")
     ax.set_ylabel("output throughput (tok/s)")
-    ax.set_title("Candidates: throughput against latency (x: accuracy guard failed; hollow: gain within noise)")
+    ax.set_title("Candidates: throughput against latency\n(x: accuracy guard failed; hollow: gain within the noise)", fontsize=10)
     ax.grid(alpha=0.3)
     return fig

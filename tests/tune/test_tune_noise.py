@@ -19,6 +19,7 @@ from runbook.core import stats
 from runbook.endpoint.records import RequestRecord
 from runbook.tune import launch, measure, noise, recommend, report, trials
 from runbook.tune.engines import PreCheck, Startup
+from runbook.tune.findings import findings
 from runbook.tune.settings import TuneOptions, TuneSettings
 
 DEFAULT = REPO / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml"
@@ -83,6 +84,10 @@ def test_the_demos_downgrade_is_within_the_noise_and_keeps_the_reference():
     assert flat["reference"]["gain vs reference"].startswith("launch-to-launch sd ")
     assert flat["sglang-0.5.20"]["gain vs reference"] == noise.describe(g)
     assert report.within_noise(canary) and not report.within_noise(ref)
+    ran = {f.title: f for f in findings(dep, {"findings": [], "rows": rows, "plan_only": False, "recommendation": rec})}
+    assert ran["sglang-0.5.20: ran; ran, within noise of the reference"].detail == f"throughput: {noise.describe(g)}"
+    assert "no candidate's gain was outside the noise: sglang-0.5.20 +" in ran[
+        "keep the deployment as it is (reference is the best candidate)"].detail
     labels = [t.get_text() for t in report.plot_pareto({"candidates": rows}).axes[0].texts]
     assert labels == ["reference", "sglang-0.5.20 (within noise)"]
 

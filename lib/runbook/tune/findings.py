@@ -39,9 +39,11 @@ def _candidate(r: dict[str, Any], plan_only: bool) -> Finding:
         return Finding("tune.guard", "fail", f"{name}: accuracy guard failed: {bad}",
                        detail=f"tested: {g['tested']}" if g.get("tested") else "",
                        remedy=g.get("remedy") or "Do not serve this candidate: it changes the model's answers.")
+    gain = noise.describe(r.get("gain") or r.get("noise"))
     return Finding("tune.ran", "pass" if r.get("verdict") != "failed" else "fail",
                    f"{name}: ran; {r.get('verdict')}", detail="; ".join([c["title"] for c in g.get("checks", [])]
-                                                                        + ([f"tested: {g['tested']}"] if g.get("tested") else [])))
+                                                                        + ([f"tested: {g['tested']}"] if g.get("tested") else [])
+                                                                        + ([f"throughput: {gain}"] if gain else [])))
 
 
 def _startup(r: dict[str, Any]) -> Finding | None:

@@ -248,7 +248,7 @@ def _again(ctx: Ctx, ref: tuple[Candidate, PreCheck] | None, rows: dict[str, dic
     if _left(ctx) <= 0 or ctx.gpu_held:
         rep.update(status="not_run", reason="the run's budget was spent" if not ctx.gpu_held else "GPU memory was not freed")
     else:
-        _log(ctx, f"{row['name']}: launching again (run {rep['run']}: the host's drift)")
+        _log(ctx, f"{row['name']}: launching again (run {rep['run']}: the launches' noise)")
         run_candidate(ctx, ref[0], ref[1], rep, run=rep["run"])
         ctx.gpu_held = not rep["gpu_memory_freed"]["ok"]
     runs.append(rep)

@@ -337,3 +337,19 @@ def test_the_reference_alone_is_launched_once(tmp_path, fake_run):
     res = trials.tune(fake_run.dep, s, systemctl=("false",))
     assert fake_run.launched == ["reference.log"] and "repeats" not in res["rows"][0]
     assert res["recommendation"]["is_reference"] and res["rows"][0]["noise"] is None
+
+
+def test_no_repeat_when_every_other_launch_failed(tmp_path, fake_run, monkeypatch):
+    real = launch.launched
+
+    @contextlib.contextmanager
+    def fails_but_the_reference(lw):
+        if not lw.log_path.name.startswith("reference"):
+            fake_run.launched.append(lw.log_path.name)
+            raise launch.LaunchFailed("exited", "the server exited with code 1 before it was ready", "")
+        with real(lw) as srv:
+            yield srv
+
+    monkeypatch.setattr(launch, "launched", fails_but_the_reference)
+    res = trials.tune(fake_run.dep, TuneSettings.resolve(fake_run.dep, TuneOptions(archive=str(tmp_path))), systemctl=("false",))
+    assert fake_run.launched == ["reference.log", "a.log", "b.log"] and "repeats" not in res["rows"][0]

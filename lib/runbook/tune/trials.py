@@ -242,7 +242,9 @@ def _again(ctx: Ctx, ref: tuple[Candidate, PreCheck] | None, rows: dict[str, dic
     """The reference launched and benchmarked once more; its run goes to the reference row's `repeats`."""
     row = rows.get(ctx.spec.tune.reference)
     if ref is None or row is None or row.get("status") != "done":
-        return                       # no first run to repeat: nothing to measure drift against
+        return                       # no first run to repeat
+    if not any(r.get("status") == "done" for n, r in rows.items() if n != row["name"]):
+        return                       # every other launch so far failed: no gain to judge yet, save the launch
     runs = row.setdefault("repeats", [])
     rep: dict[str, Any] = {"name": row["name"], "run": _repeated(row) + 2, "status": "planned"}
     if _left(ctx) <= 0 or ctx.gpu_held:

@@ -2,8 +2,9 @@
 (behind the stand-in systemctl), stopped for the run and restored — active and answering; candidates over SGLang's
 own knobs launched for real, each with its start-up time and /server_info; a flag this SGLang refuses skipped by
 its own parser before any launch; and the story: an FP8 KV cache without scales, read from its own log, guarded
-against the BF16 reference with the difference named, and not recommended. One run, five SGLang starts (production,
-three candidates, the restore): SGLang takes 25-55 s to start on these CPUs."""
+against the BF16 reference with the difference named, and not recommended; the reference launched again at the end
+and every gain judged against that noise. One run, six SGLang starts (production, three candidates, the reference
+again, the restore): SGLang takes 25-55 s to start on these CPUs."""
 import json
 import subprocess
 import time
@@ -101,6 +102,18 @@ def test_tune_launches_sglang_candidates_and_restores_the_sglang_production_unit
             assert "FP8 KV cache without calibrated k/v scales" in ids["tune.guard"].remedy
             assert "peculative" not in ids["tune.guard"].remedy
         assert rep.recommendation["name"] != "fp8-kv"
+
+        # the reference launched again at the end (speed only); each candidate's gain against the noise it measured
+        again = rows["reference"]["repeats"]
+        assert [(r["status"], r["guard"]["status"]) for r in again] == [("done", "skip")]
+        assert again[0]["seq"] > max(rows[n]["seq"] for n in ("chunked-512", "fp8-kv"))
+        assert again[0]["log"].endswith("reference.run2.log") and again[0]["bench"]["per_request"]
+        assert rows["reference"]["noise"]["runs"] == 2
+        chunked = rows["chunked-512"]
+        assert chunked["gain"]["pairs"] > 0 and chunked["gain"]["reference_runs"] == 2
+        assert (rep.recommendation["name"] == "chunked-512") == (chunked["gain"]["ci"][0] is not None
+                                                                 and chunked["gain"]["ci"][0] > 0
+                                                                 and chunked["gain"]["mean"] >= dep.tune.min_gain)
 
         # the table shows each launch's start-up time and throughput
         table = {r["candidate"]: r for r in report.rows(rep.data())}

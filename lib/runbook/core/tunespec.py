@@ -78,7 +78,13 @@ class Tune(Strict):
     longest_context: _Tokens | None = Field(default=None, description="the workload's longest request (default: the largest "
                                             "bucket): a candidate that cannot hold one is skipped")
     min_gain: float = Field(default=0.05, ge=0, le=10, description="a candidate replaces the reference only when it carries "
-                            "more load within the SLOs, or as much and this much more throughput (0.05: 5 %, above noise)")
+                            "more load within the SLOs, or as much and a throughput gain outside the noise of at least this "
+                            "much (0.05: 5 %)")
+    reference_runs: int = Field(default=3, ge=1, le=20, description="times the reference is launched and benchmarked, spread "
+                                "among the candidates (first, then evenly to the last): its launch-to-launch spread is the "
+                                "noise a candidate's gain must clear (1: not measured; each run is one more launch)")
+    confidence: float = Field(default=0.95, ge=0.5, le=0.999, description="the coverage of the interval a candidate's "
+                              "throughput gain over the reference must clear")
     guard: Guard = Guard()
     budget_per_candidate_s: float = Field(default=3600, gt=0, le=MAX_SECONDS)
     budget_s: float = Field(default=8 * 3600, gt=0, le=MAX_SECONDS)

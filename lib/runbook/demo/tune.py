@@ -82,6 +82,7 @@ SGLANG_TUNE: dict[str, Any] = {
     "engine": "sglang", "workload": "code", "concurrency": [1, 2], "requests_per_level": 4, "turns": 1,
     "input_len": 128, "output_len": 16, "slo_search": False, "buckets": [512, 1024], "longest_context": 1024,
     "ready_timeout_s": 240, "budget_per_candidate_s": 600, "budget_s": 3600,
+    "reference_runs": 2,     # one more SGLang start (25-55 s here) at the end: the noise a gain must clear
     "guard": {"identity_prompts": 4, "identity_max_tokens": 24, "min_identical_tokens": 8, "recall_lengths": [512],
               "toolcall": False},
 }

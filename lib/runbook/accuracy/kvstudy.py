@@ -40,6 +40,7 @@ def choose(spec: Any, kv_model: str | None) -> Choice:
 
     py, _ = service.serving_python(spec) if spec is not None else (os.environ.get("RUNBOOK_SERVING_PYTHON"), [])
     if kv_model:
+        kvcapture.check_model(Path(kv_model))     # the named folder's own fault first: it is what the user can fix
         if not py:
             raise InputError(f"kv_model {kv_model}: no serving interpreter here to run it; {kvcapture.FIX_ENV}")
         return Choice(kv_model, py, f"kv_model {kv_model}", True)

@@ -13,14 +13,14 @@ from pydantic import Field
 from runbook.core.options import Fraction, Integer, Options, PosInt, Url, internal, validate
 from runbook.core.spec import Accuracy, Deployment
 
-PROBES = ("kvquant", "recall", "identity", "report", "toolcall")
+PROBES = ("kvquant", "recall", "identity", "report", "toolcall", "kld")
 _PLAN = Accuracy()          # the spec's defaults: the settings' defaults where no spec is given
 _SPEC_URL = ("recall", "toolcall")   # the probes that default to the spec's own server; report and identity skip without --url
 
 
 class AccuracySettings(Options):
-    probe: Literal["kvquant", "recall", "identity", "report", "toolcall"] = Field(
-        "report", description="report: all four, what 50_accuracy shows (live probes skip without --url)")
+    probe: Literal["kvquant", "recall", "identity", "report", "toolcall", "kld"] = Field(
+        "report", description="report: all of them, what 50_accuracy shows (live probes skip without --url)")
     url: Url | None = Field(None, description="recall, toolcall: the endpoint (default: the spec's); identity, report: A, and "
                                               "the server checked for batch invariance (default: none, skipped)")
     compare_url: Url | None = Field(None, description="recall, report: A/B second endpoint (e.g. BF16 KV); identity: B, a "
@@ -44,6 +44,16 @@ class AccuracySettings(Options):
                             "tool; prose is then a fail: the chat template or parser ignores the tools)")
     toolcall_max_tokens: PosInt = Field(1024, description="toolcall, report: tokens per tool-call answer (default 1024)")
     out: str | None = Field(None, description="recall, report: archive the prompts here")
+    kld_windows: PosInt = Field(4, description="kld, identity, report: windows of the frozen code corpus scored by both "
+                                               "servers (default 4)")
+    kld_window_tokens: PosInt = Field(1024, description="kld, identity, report: token ids per window, cut with --tokenizer "
+                                                        "(default 1024; at most the servers' context)")
+    kld_top_k: PosInt = Field(20, description="kld, identity, report: the reference's top-k per position; the rest is one "
+                                              "tail bucket (default 20)")
+    kld_chunk: PosInt = Field(128, description="kld, identity, report: positions per candidate request, which bounds its "
+                                               "answer (default 128)")
+    floor_url: Url | None = Field(None, description="kld, identity, report: a restart of the reference with the same "
+                                                    "settings, for the noise floor (default: a second pass on the reference)")
     # Set by the run itself, never a flag or a notebook parameter:
     api_key_env: str | None = internal(None, "the spec's serving.api_key_env: the variable holding the API key")
 

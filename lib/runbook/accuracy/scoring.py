@@ -1,0 +1,231 @@
+"""Asking a server to score token ids: SGLang's native `POST /generate` with prompt logprobs, on windows of the
+frozen code corpus cut with the model's tokenizer, so that two servers score the very same ids.
+
+- The reference: one request per window, `logprob_start_len` 0 and `top_logprobs_num` k: its top-k per position.
+- A candidate (and the reference's own second pass, the noise floor): the window in position chunks [s, e), each
+  request `input_ids[:e]` with `logprob_start_len` s, `top_logprobs_num` k and `token_ids_logprob` the union of the
+  reference's top-k ids over [s, e). SGLang returns the named ids' logprobs at every position of the request, so a
+  chunk keeps the answer bounded (~chunk × (k + union) entries). SGLang caps a request's radix-cache prefix at its
+  logprob_start_len (managers/schedule_batch.py: `max_prefix_len = min(max_prefix_len, self.logprob_start_len)`), so
+  [s, e) is always computed, over a cached [0, s) when the radix cache holds it (else recomputed: costlier, the same
+  logprobs); torch_native attention reads every key and value back from the KV pool, so an FP8 pool's rounding
+  applies to the cached prefix and the chunk alike.
+- SGLang's prompt logprobs are the log-softmax of the raw logits (layers/logprob_processor.py, InputLogprobProcessor:
+  `log_softmax(chunk_logits)`, or logits minus their logsumexp on the fast path): no temperature, no penalties.
+
+Every answer is checked before it is used: the ids echoed back must be the ids sent, each position must carry k
+finite logprobs and every id asked for. What is wrong is a `ScoringError`, one line naming the server and field."""
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from runbook.accuracy.kld import Scores
+from runbook.core.errors import InputError, RunbookError
+from runbook.core.secrets import redact_text
+from runbook.corpus import code_text
+from runbook.endpoint.reach import BadResponse, decode_json, fetch_json, read_bounded
+
+MAX_BODY_BYTES = 256 << 20      # a 2,048-token window's top-20 is ~2 MB; a chunk's named ids ~10 MB
+TIMEOUT_S = 900.0               # one request: a long window's prefill on a busy CPU
+
+
+class ScoringError(RunbookError):
+    """A server's answer to a scoring request cannot be used (no logprobs, ragged, not finite, other ids)."""
+
+
+def windows(tokenizer: Any, count: int, length: int) -> list[list[int]]:
+    """`count` consecutive windows of `length` token ids of the frozen code corpus (runbook.corpus.code_text), cut
+    with the served model's tokenizer; InputError when the corpus is too short for them."""
+    text, need = code_text(), count * length
+    cut = text.find("\n", 8 * need)          # a prefix ending at a line: its first `need` tokens are the whole text's
+    ids = tokenizer.encode(text[:cut + 1] if cut > 0 else text, add_special_tokens=False).ids
+    if len(ids) < need + 64 and cut > 0:
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+    if len(ids) < need:
+        raise InputError(f"the code corpus is {len(ids):,} tokens with this tokenizer: {count} windows × {length} tokens "
+                         f"need {count * length:,}; lower kld_windows or kld_window_tokens")
+    return [ids[i * length:(i + 1) * length] for i in range(count)]
+
+
+def context_length(url: str, api_key: str | None = None, timeout: float = 10.0) -> int | None:
+    """The server's context in tokens: /v1/models' max_model_len (SGLang), else /server_info's context_length;
+    None when neither says."""
+    base = url.rstrip("/")
+    try:
+        models = fetch_json(base + "/v1/models", api_key, timeout)
+        first = (models.get("data") or [{}])[0]
+        if isinstance(first, dict) and isinstance(first.get("max_model_len"), int):
+            return int(first["max_model_len"])
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        info = fetch_json(base + "/server_info", api_key, timeout)
+        if isinstance(info.get("context_length"), int):
+            return int(info["context_length"])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def check_fits(url: str, length: int, api_key: str | None = None) -> None:
+    """InputError before any scoring request when a window is longer than the server's context."""
+    ctx = context_length(url, api_key)
+    if ctx is not None and length > ctx:
+        raise InputError(f"{url}: a {length:,}-token window is longer than the server's context of {ctx:,} tokens; "
+                         f"lower kld_window_tokens to {ctx:,} or less")
+
+
+@dataclass(frozen=True)
+class Request:
+    url: str
+    api_key: str | None
+    top_k: int
+    chunk: int = 128
+
+
+def _entry(x: Any, url: str, where: str) -> tuple[float, int]:
+    """One `[logprob, token_id, text]` entry -> (logprob, id)."""
+    if not (isinstance(x, (list, tuple)) and len(x) >= 2 and isinstance(x[1], int)):
+        raise ScoringError(f"{url}: {where} is {str(x)[:60]!r}, not [logprob, token_id, text]")
+    lp = x[0]
+    if not isinstance(lp, (int, float)) or isinstance(lp, bool) or not math.isfinite(lp):
+        raise ScoringError(f"{url}: {where} has logprob {lp!r}: the server returned no finite logprob")
+    return float(lp), x[1]
+
+
+def parse(doc: Any, url: str, ids: Sequence[int], start: int, top_k: int,
+          named: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict[int, float]]]:
+    """One /generate answer for input_ids `ids` scored from `start` -> (actual, top_ids, top_lp, named logprobs) for
+    positions max(start, 1) … len(ids)−1; ScoringError for anything else."""
+    meta = doc.get("meta_info") if isinstance(doc, dict) else None
+    if not isinstance(meta, dict):
+        raise ScoringError(f"{url}: the answer has no meta_info: not SGLang's /generate")
+    tok = meta.get("input_token_logprobs")
+    top = meta.get("input_top_logprobs")
+    if not isinstance(tok, list) or not isinstance(top, list) or not tok:
+        raise ScoringError(f"{url}: meta_info has no input_token_logprobs/input_top_logprobs: the server returned no "
+                           "prompt logprobs (return_logprob ignored?)")
+    n = len(ids) - start
+    if len(tok) != n or len(top) != n:
+        raise ScoringError(f"{url}: {len(tok)} input_token_logprobs and {len(top)} input_top_logprobs for {n} positions "
+                           f"(input_ids {len(ids)}, logprob_start_len {start}): ragged answer")
+    got_named = meta.get("input_token_ids_logprobs") if named else None
+    if named and (not isinstance(got_named, list) or len(got_named) != n):
+        raise ScoringError(f"{url}: input_token_ids_logprobs missing or not one entry per position "
+                           f"({len(got_named) if isinstance(got_named, list) else 'none'} for {n})")
+    first = max(start, 1)
+    m = len(ids) - first
+    actual = np.empty(m)
+    top_ids = np.empty((m, top_k), dtype=np.int64)
+    top_lp = np.empty((m, top_k))
+    at: list[dict[int, float]] = []
+    for j, i in enumerate(range(first, len(ids))):
+        r = i - start
+        lp, tid = _entry(tok[r], url, f"input_token_logprobs[{r}]")
+        if tid != ids[i]:
+            raise ScoringError(f"{url}: position {i} echoed token id {tid} where {ids[i]} was sent: the server "
+                               "re-tokenized the input (mismatched tokenizer); refusing to compare")
+        actual[j] = lp
+        row = top[r]
+        if not isinstance(row, list) or len(row) != top_k:
+            raise ScoringError(f"{url}: input_top_logprobs[{r}] has {len(row) if isinstance(row, list) else 'no'} "
+                               f"entries, {top_k} asked for")
+        for c, e in enumerate(row):
+            top_lp[j, c], top_ids[j, c] = _entry(e, url, f"input_top_logprobs[{r}][{c}]")
+        if named:
+            cell = got_named[r]
+            if not isinstance(cell, list):
+                raise ScoringError(f"{url}: input_token_ids_logprobs[{r}] is {str(cell)[:40]!r}, not a list")
+            at.append(dict(_entry(e, url, f"input_token_ids_logprobs[{r}]")[::-1] for e in cell))  # type: ignore[misc]
+    return actual, top_ids, top_lp, at
+
+
+async def _generate(session: aiohttp.ClientSession, rq: Request, ids: Sequence[int], start: int,
+                    named: Sequence[int] | None) -> Any:
+    body: dict[str, Any] = {"input_ids": list(ids), "return_logprob": True, "logprob_start_len": start,
+                            "top_logprobs_num": rq.top_k, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    if named:
+        body["token_ids_logprob"] = list(named)
+    headers = {"Authorization": f"Bearer {rq.api_key}"} if rq.api_key else {}
+    url = rq.url.rstrip("/") + "/generate"
+    try:
+        async with session.post(url, json=body, headers=headers, allow_redirects=False) as r:
+            raw = await read_bounded(r, url, MAX_BODY_BYTES)
+            if r.status == 404:
+                raise ScoringError(f"{url}: HTTP 404: no native /generate (not SGLang): this server cannot score prompt "
+                                   "tokens by id")
+            if r.status >= 400:
+                raise ScoringError(f"{url}: HTTP {r.status}: {' '.join(raw[:160].decode('utf-8', 'replace').split())}")
+        return decode_json(url, raw)
+    except BadResponse as e:
+        raise ScoringError(f"{url}: not SGLang's JSON: {e.reason}") from None
+    except asyncio.TimeoutError:
+        raise ScoringError(f"{url}: no answer within {TIMEOUT_S:g} s") from None
+    except (aiohttp.ClientError, OSError) as e:
+        raise ScoringError(f"{url}: {type(e).__name__}: {' '.join(str(e).split())[:160]}") from None
+
+
+async def _reference_window(session: aiohttp.ClientSession, rq: Request, ids: Sequence[int]) -> Scores:
+    doc = await _generate(session, rq, ids, 0, None)
+    actual, top_ids, top_lp, _ = parse(doc, rq.url, ids, 0, rq.top_k, None)
+    return Scores(np.asarray(ids, dtype=np.int64), actual, top_ids, top_lp)
+
+
+async def _candidate_window(session: aiohttp.ClientSession, rq: Request, ref: Scores) -> Scores:
+    ids = ref.ids.tolist()
+    parts = []
+    for s in range(0, len(ids), rq.chunk):
+        e = min(len(ids), s + rq.chunk)
+        lo = max(s, 1)
+        if e <= lo:
+            continue
+        union = sorted({int(x) for x in ref.top_ids[lo - 1:e - 1].ravel()})
+        doc = await _generate(session, rq, ids[:e], s, union)
+        actual, top_ids, top_lp, at = parse(doc, rq.url, ids[:e], s, rq.top_k, union)
+        want = ref.top_ids[lo - 1:e - 1]
+        at_ref = np.empty(want.shape)
+        for j, row in enumerate(want):
+            try:
+                at_ref[j] = [at[j][int(t)] for t in row]
+            except KeyError as k:
+                raise ScoringError(f"{rq.url}: position {lo + j}: no logprob for token id {k} named in token_ids_logprob"
+                                   ) from None
+        parts.append((actual, top_ids, top_lp, at_ref))
+    return Scores(ref.ids, *(np.concatenate([p[i] for p in parts]) for i in range(4)))
+
+
+async def _run(rq: Request, jobs: Sequence[Any], one: Any, concurrency: int) -> list[Scores]:
+    sem = asyncio.Semaphore(max(1, concurrency))
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as session:
+        async def go(job: Any) -> Scores:
+            async with sem:
+                return await one(session, rq, job)
+        return list(await asyncio.gather(*(go(j) for j in jobs)))
+
+
+async def score_reference(rq: Request, wins: Sequence[Sequence[int]], concurrency: int = 1) -> list[Scores]:
+    """The reference's top-k at every position of each window."""
+    return await _guard(rq, _run(rq, wins, _reference_window, concurrency))
+
+
+async def score_candidate(rq: Request, ref: Sequence[Scores], concurrency: int = 1) -> list[Scores]:
+    """A candidate on the reference's windows: its own top-k and the logprobs of the reference's top-k ids.
+    `concurrency` windows in flight at once (the floor's batch pass); a window's chunks go in order."""
+    return await _guard(rq, _run(rq, ref, _candidate_window, concurrency))
+
+
+async def _guard(rq: Request, coro: Any) -> list[Scores]:
+    """The API key never appears in an error, even when the server echoes it."""
+    try:
+        return list(await coro)
+    except ScoringError as e:
+        if rq.api_key:
+            raise ScoringError(redact_text(str(e), [rq.api_key])) from None
+        raise

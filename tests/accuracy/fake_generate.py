@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 
+import httpfake
 import numpy as np
 from scipy.special import log_softmax
-
-import httpfake
 
 
 class Model:
@@ -32,8 +31,8 @@ def answer(model: Model, body: dict, mode: str = "") -> dict:
     named = body.get("token_ids_logprob")
     tok, top, nam = [], [], []
     for i in range(start, len(ids)):
-        if i == 0:
-            tok.append([None, ids[0], None])
+        if i == start:            # SGLang 0.5.23: the first entry is null whatever logprob_start_len is
+            tok.append([None, ids[i], None])
             top.append(None)
             nam.append(None)
             continue

@@ -68,7 +68,7 @@ def test_full_vocabulary_top_k_has_no_tail_and_equals_the_full_kld():
     rng = np.random.default_rng(2)
     ids, lr, lc = random_pair(rng, vocab=12)
     ref, cand = scores_from_logits(ids, lr, lc, k=12)
-    full = [entropy(np.exp(log_softmax(a)), np.exp(log_softmax(b))) for a, b in zip(lr, lc)]
+    full = [entropy(np.exp(log_softmax(a)), np.exp(log_softmax(b))) for a, b in zip(lr, lc, strict=False)]
     assert np.allclose(kld.position_kld(ref.top_lp, cand.at_ref), full, atol=1e-12)
 
 
@@ -92,7 +92,7 @@ def test_compare_statistics_match_numpy_and_hand_counts():
         refs.append(r)
         cands.append(c)
     res = kld.compare(refs, cands)
-    allk = np.concatenate([kld.position_kld(r.top_lp, c.at_ref) for r, c in zip(refs, cands)])
+    allk = np.concatenate([kld.position_kld(r.top_lp, c.at_ref) for r, c in zip(refs, cands, strict=False)])
     lr = np.concatenate([r.actual for r in refs])
     lc = np.concatenate([c.actual for c in cands])
     o = res.overall
@@ -104,7 +104,7 @@ def test_compare_statistics_match_numpy_and_hand_counts():
     assert o["ppl_ratio"] == pytest.approx(math.exp(-lc.mean()) / math.exp(-lr.mean()))
     dp = np.exp(lc) - np.exp(lr)
     assert o["dp_rms"] == pytest.approx(math.sqrt((dp ** 2).mean()))
-    same = np.concatenate([r.top_ids[:, 0] == c.top_ids[:, 0] for r, c in zip(refs, cands)])
+    same = np.concatenate([r.top_ids[:, 0] == c.top_ids[:, 0] for r, c in zip(refs, cands, strict=False)])
     assert o["same_top1"] == pytest.approx(same.mean())
     assert sum(b["positions"] for b in res.by_depth) == o["positions"]
     assert [(b["from"], b["to"]) for b in res.by_depth] == [(1, 128), (128, 200)]
@@ -192,3 +192,20 @@ def test_a_candidate_without_the_references_ids_is_refused():
     r, c = scores_from_logits(*random_pair(rng), k=5)
     with pytest.raises(InputError, match="reference's top-k"):
         kld.compare([r], [kld.Scores(**{**c.__dict__, "at_ref": None})])
+
+
+def test_the_table_and_plot_show_each_bucket_and_the_floor():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from runbook.accuracy import report
+
+    refs, same = _windows(10, 0.0, length=600)
+    _, cands = _windows(10, 0.1, length=600)
+    doc = {"candidate": kld.compare(refs, cands).data(), "floor": kld.compare(refs, same).data()}
+    t = report.kld_table(doc)
+    assert list(t.index) == ["[1, 128)", "[128, 512)", "[512, 600)", "all"]
+    assert t.loc["all", "positions"] == 4 * 599 and (t["floor mean KLD"] == 0).all()
+    assert t.loc["all", "mean KLD"] == pytest.approx(doc["candidate"]["overall"]["kld_mean"])
+    fig = report.plot_kld(doc)
+    assert len(fig.axes) == 2 and len(fig.axes[0].get_lines()) >= 2

@@ -7,9 +7,9 @@ import socket
 
 import numpy as np
 import pytest
-from accuracy.fake_generate import Model, serve, truth
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from accuracy.fake_generate import Model, serve, truth
 from runbook.accuracy import kld, probes, scoring
 from runbook.accuracy.settings import AccuracySettings
 from runbook.core.errors import InputError
@@ -58,7 +58,7 @@ def test_the_probe_reports_the_kld_of_the_two_models(tokdir):
     v = by_id["accuracy.kld.verdict"]
     assert v.status == doc["verdict"]["status"] != "pass"
     assert "KV cache dtype: auto vs fp8_e4m3" in v.title
-    # the reference: one request per window; the candidate: ceil(200 / 64) chunks per window, each from position s
+    # the reference: one request per window; the candidate: ceil(199 / 64) chunks of positions per window
     assert sum(p == "/generate" for p, _ in seen_ref) == WINDOWS + 2 * WINDOWS * 4
     assert sum(p == "/generate" for p, _ in seen_cand) == WINDOWS * 4
 
@@ -97,9 +97,9 @@ def test_a_server_without_generate_is_a_skip_saying_why(tokdir):
 
 
 def test_a_window_longer_than_the_context_is_refused_before_any_request(tokdir):
-    with serve(Model(vocab(tokdir))) as (ref, seen_ref), serve(Model(vocab(tokdir)), context=128) as (cand, seen_cand):
-        with pytest.raises(InputError, match=r"200-token window is longer than the server's context of 128 tokens") as e:
-            probes.run_kld(settings(cand, ref, tokdir))
+    with serve(Model(vocab(tokdir))) as (ref, seen_ref), serve(Model(vocab(tokdir)), context=128) as (cand, seen_cand), \
+            pytest.raises(InputError, match=r"200-token window is longer than the server's context of 128 tokens") as e:
+        probes.run_kld(settings(cand, ref, tokdir))
     assert "\n" not in str(e.value)
     assert not any(p == "/generate" for p, _ in seen_ref + seen_cand)
 
@@ -142,6 +142,9 @@ def test_parse_checks_every_field():
                         "input_top_logprobs": [None, [[-0.1, 7, None], [-2.0, 2, None]]]}}
     actual, top_ids, top_lp, _ = scoring.parse(ok, "u", [1, 2], 0, 2, None)
     assert actual.tolist() == [-0.5] and top_ids.tolist() == [[7, 2]] and np.allclose(top_lp, [[-0.1, -2.0]])
+    later = {"meta_info": {"input_token_logprobs": [[None, 2, None], [-0.7, 3, None]],      # start 1: its entry is null
+                           "input_top_logprobs": [None, [[-0.2, 3, None], [-1.9, 4, None]]]}}
+    assert scoring.parse(later, "u", [1, 2, 3], 1, 2, None)[0].tolist() == [-0.7]
     for doc, match in (({"text": "x"}, "no meta_info"),
                        ({"meta_info": {**ok["meta_info"], "input_top_logprobs": [None]}}, "ragged"),
                        ({"meta_info": {**ok["meta_info"], "input_token_logprobs": [[None, 1], ["x", 2]]}}, "logprob 'x'"),
@@ -162,4 +165,4 @@ def test_cli_kld_json(cli, tokdir):
     status = doc["kld"]["verdict"]["status"]
     assert status in ("warn", "fail") and r.returncode == (1 if status == "fail" else 0)
     assert set(doc["kld"]["candidate"]) >= {"overall", "by_depth", "top_k", "truncation", "window_kld_sum"}
-    assert kld.FAIL_KLD == doc["kld"]["verdict"]["thresholds"]["fail_kld"]
+    assert doc["kld"]["verdict"]["thresholds"]["fail_kld"] == kld.FAIL_KLD

@@ -139,7 +139,7 @@ def depth_buckets(window_tokens: int) -> list[tuple[int, int]]:
     while edges[-1] < window_tokens:
         edges.append(edges[-1] * 2)
     edges = [e for e in edges if e < window_tokens] + [window_tokens]
-    return list(zip(edges[:-1], edges[1:]))
+    return list(zip(edges[:-1], edges[1:], strict=False))
 
 
 def summary(p: Positions, mask: np.ndarray | None = None) -> dict[str, Any]:
@@ -282,9 +282,10 @@ def _n(x: float | None, digits: int = 4) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
 
-def verdict(result: KldResult, floor: KldResult, tested: str = "", finding_id: str = "accuracy.kld.verdict") -> Finding:
+def verdict(result: KldResult, floor: KldResult, tested: str = "") -> Finding:
     """One finding, in words a long-context coding operator reads: the candidate against the noise floor and the
-    thresholds, with what differs between the two servers (`tested`, identity.tested_difference)."""
+    thresholds, with what differs between the two servers (`tested`, identity.tested_difference). A caller with its
+    own id (tune's guard) replaces it (dataclasses.replace)."""
     v = judge(result, floor)
     o, f = result.overall, floor.overall
     d = v.deepest
@@ -297,18 +298,18 @@ def verdict(result: KldResult, floor: KldResult, tested: str = "", finding_id: s
               f"{100 * (d.get('same_top1') or 0):.1f} %; thresholds: pass below {PASS_KLD} nats and {PASS_TOP1_PTS:g} "
               f"points of top-1 above the floor, fail from {FAIL_KLD} nats or {FAIL_TOP1_PTS:g} points ({REFERENCE_TABLE})")
     if v.status == "pass":
-        return Finding(finding_id, "pass", f"next-token distributions inside the noise floor: {figures}{what}", detail=detail)
+        return Finding("accuracy.kld.verdict", "pass", f"next-token distributions inside the noise floor: {figures}{what}", detail=detail)
     share = 100 - 100 * o["same_top1"]
     words = (f"the candidate predicts a different next token than the reference at {share:.1f} % of positions "
              f"(the reference against itself: {100 - 100 * f['same_top1']:.1f} %), and the gap at depth "
              f"[{d.get('from')}, {d.get('to')}) is {_n(d.get('kld_mean'), 5)} nats")
     if v.status == "warn":
-        return Finding(finding_id, "warn", f"next-token distributions measurably off the reference, but small: {figures}{what}",
+        return Finding("accuracy.kld.verdict", "warn", f"next-token distributions measurably off the reference, but small: {figures}{what}",
                        detail=detail, evidence=words,
                        remedy=("Smaller than Q6_K weights move a model: unlikely to show in short answers. For long "
                                "agentic coding sessions re-check it at your longest context (more windows, longer "
                                "windows) before relying on it."))
-    return Finding(finding_id, "fail", f"next-token distributions materially off the reference: {figures}{what}",
+    return Finding("accuracy.kld.verdict", "fail", f"next-token distributions materially off the reference: {figures}{what}",
                    detail=detail, evidence=words,
                    remedy=("A shift this size is what Q5_K_M–Q4_K_M weights do to a model: in code, one different token "
                            "(an identifier, a bracket) changes everything generated after it, and the error grows with "

@@ -3,11 +3,12 @@ frozen code corpus cut with the model's tokenizer, so that two servers score the
 
 - The reference: one request per window, `logprob_start_len` 0 and `top_logprobs_num` k: its top-k per position.
 - A candidate (and the reference's own second pass, the noise floor): the window in position chunks [s, e), each
-  request `input_ids[:e]` with `logprob_start_len` s, `top_logprobs_num` k and `token_ids_logprob` the union of the
-  reference's top-k ids over [s, e). SGLang returns the named ids' logprobs at every position of the request, so a
-  chunk keeps the answer bounded (~chunk × (k + union) entries). SGLang caps a request's radix-cache prefix at its
-  logprob_start_len (managers/schedule_batch.py: `max_prefix_len = min(max_prefix_len, self.logprob_start_len)`), so
-  [s, e) is always computed, over a cached [0, s) when the radix cache holds it (else recomputed: costlier, the same
+  request `input_ids[:e]` with `logprob_start_len` s − 1 (SGLang's first entry is null, whatever the start),
+  `top_logprobs_num` k and `token_ids_logprob` the union of the reference's top-k ids over [s, e). SGLang returns the
+  named ids' logprobs at every position of the request, so a chunk keeps the answer bounded (~chunk × (k + union)
+  entries). SGLang caps a request's radix-cache prefix at its logprob_start_len (managers/schedule_batch.py:
+  `max_prefix_len = min(max_prefix_len, self.logprob_start_len)`; measured: `cached_tokens` = the start), so [s, e) is
+  always computed, over a cached [0, s) when the radix cache holds it (else recomputed: costlier, the same
   logprobs); torch_native attention reads every key and value back from the KV pool, so an FP8 pool's rounding
   applies to the cached prefix and the chunk alike.
 - SGLang's prompt logprobs are the log-softmax of the raw logits (layers/logprob_processor.py, InputLogprobProcessor:
@@ -102,8 +103,10 @@ def _entry(x: Any, url: str, where: str) -> tuple[float, int]:
 
 def parse(doc: Any, url: str, ids: Sequence[int], start: int, top_k: int,
           named: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict[int, float]]]:
-    """One /generate answer for input_ids `ids` scored from `start` -> (actual, top_ids, top_lp, named logprobs) for
-    positions max(start, 1) … len(ids)−1; ScoringError for anything else."""
+    """One /generate answer for input_ids `ids` with logprob_start_len `start` -> (actual, top_ids, top_lp, named
+    logprobs) for positions start+1 … len(ids)−1. SGLang answers one entry per position start … len(ids)−1, the first
+    one null whatever `start` is (its logprob needs the logits of the position before: measured on 0.5.23's CPU
+    server); ScoringError for anything else."""
     meta = doc.get("meta_info") if isinstance(doc, dict) else None
     if not isinstance(meta, dict):
         raise ScoringError(f"{url}: the answer has no meta_info: not SGLang's /generate")
@@ -120,7 +123,7 @@ def parse(doc: Any, url: str, ids: Sequence[int], start: int, top_k: int,
     if named and (not isinstance(got_named, list) or len(got_named) != n):
         raise ScoringError(f"{url}: input_token_ids_logprobs missing or not one entry per position "
                            f"({len(got_named) if isinstance(got_named, list) else 'none'} for {n})")
-    first = max(start, 1)
+    first = start + 1
     m = len(ids) - first
     actual = np.empty(m)
     top_ids = np.empty((m, top_k), dtype=np.int64)
@@ -139,7 +142,7 @@ def parse(doc: Any, url: str, ids: Sequence[int], start: int, top_k: int,
                                f"entries, {top_k} asked for")
         for c, e in enumerate(row):
             top_lp[j, c], top_ids[j, c] = _entry(e, url, f"input_top_logprobs[{r}][{c}]")
-        if named:
+        if named and got_named is not None:
             cell = got_named[r]
             if not isinstance(cell, list):
                 raise ScoringError(f"{url}: input_token_ids_logprobs[{r}] is {str(cell)[:40]!r}, not a list")
@@ -181,14 +184,11 @@ async def _reference_window(session: aiohttp.ClientSession, rq: Request, ids: Se
 async def _candidate_window(session: aiohttp.ClientSession, rq: Request, ref: Scores) -> Scores:
     ids = ref.ids.tolist()
     parts = []
-    for s in range(0, len(ids), rq.chunk):
-        e = min(len(ids), s + rq.chunk)
-        lo = max(s, 1)
-        if e <= lo:
-            continue
+    for lo in range(1, len(ids), rq.chunk):       # positions [lo, e): logprob_start_len lo − 1, whose entry is null
+        e = min(len(ids), lo + rq.chunk)
         union = sorted({int(x) for x in ref.top_ids[lo - 1:e - 1].ravel()})
-        doc = await _generate(session, rq, ids[:e], s, union)
-        actual, top_ids, top_lp, at = parse(doc, rq.url, ids[:e], s, rq.top_k, union)
+        doc = await _generate(session, rq, ids[:e], lo - 1, union)
+        actual, top_ids, top_lp, at = parse(doc, rq.url, ids[:e], lo - 1, rq.top_k, union)
         want = ref.top_ids[lo - 1:e - 1]
         at_ref = np.empty(want.shape)
         for j, row in enumerate(want):

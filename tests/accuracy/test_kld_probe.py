@@ -54,7 +54,7 @@ def test_the_probe_reports_the_kld_of_the_two_models(tokdir):
     assert doc["floor"]["overall"]["kld_mean"] == 0 and doc["floor"]["overall"]["same_top1"] == 1
     assert doc["floor_batch"]["overall"]["kld_mean"] == 0
     assert [(b["from"], b["to"]) for b in doc["candidate"]["by_depth"]] == [(1, 128), (128, 200)]
-    assert by_id["accuracy.kld.floor"].status == "pass"
+    assert by_id["accuracy.kld.floor"].status == "info"
     v = by_id["accuracy.kld.verdict"]
     assert v.status == doc["verdict"]["status"] != "pass"
     assert "KV cache dtype: auto vs fp8_e4m3" in v.title
@@ -166,3 +166,16 @@ def test_cli_kld_json(cli, tokdir):
     assert status in ("warn", "fail") and r.returncode == (1 if status == "fail" else 0)
     assert set(doc["kld"]["candidate"]) >= {"overall", "by_depth", "top_k", "truncation", "window_kld_sum"}
     assert doc["kld"]["verdict"]["thresholds"]["fail_kld"] == kld.FAIL_KLD
+
+
+def test_identity_judges_its_a_b_by_kld_too(tokdir):
+    """`accuracy identity`: greedy identity stays the first-divergence finding; the KLD verdict comes with it."""
+    from runbook.accuracy.stage import STAGE, AccuracyOptions
+
+    with serve(Model(vocab(tokdir))) as (ref, _), serve(Model(vocab(tokdir), shift=0.15)) as (cand, _):
+        o = AccuracyOptions(probe="identity", url=cand, compare_url=ref, tokenizer=str(tokdir), kld_windows=1,
+                            kld_window_tokens=LENGTH, kld_top_k=TOP_K, concurrency=1, prompts=1, max_tokens=4)
+        out = STAGE.actions["identity"](None, o)
+    ids = {f.id for f in out.findings}
+    assert {"accuracy.identity.mismatch", "accuracy.kld.floor", "accuracy.kld.verdict"} <= ids
+    assert out.payload["kld"]["reference_url"] == ref and out.payload["kld"]["candidate_url"] == cand

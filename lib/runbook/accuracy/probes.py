@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from runbook import quant
-from runbook.accuracy import identity, kld, recall, scoring
+from runbook.accuracy import identity, kldprobe, recall
 from runbook.accuracy.kvquant import active_format
 from runbook.accuracy.settings import AccuracySettings
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
-from runbook.corpus import VERSION as CORPUS_VERSION
 from runbook.corpus import code_prompts
 from runbook.endpoint.reach import probe as reachable
 from runbook.endpoint.reach import run_sync
@@ -107,70 +106,7 @@ def run_identity(s: AccuracySettings) -> IdentityResult:
     return IdentityResult(rows, batch, diffs, findings)
 
 
-KLD_SKIP_REMEDY = ("Give url (the candidate) and compare_url (the reference: the same model with the setting under test "
-                   "at its safe value, e.g. --kv-cache-dtype bf16), and tokenizer (the served checkpoint's directory).")
-
-
-def _kld_skip(title: str, evidence: str = "", remedy: str = KLD_SKIP_REMEDY) -> tuple[dict[str, Any], list[Finding]]:
-    return {}, [Finding("accuracy.kld.endpoint", "skip", f"KL-divergence check skipped: {title}", evidence=evidence, remedy=remedy)]
-
 
 def run_kld(s: AccuracySettings, reference: str | None = None) -> tuple[dict[str, Any], list[Finding]]:
-    """KL divergence of s.url (the candidate) from `reference` (default s.compare_url) on the same token ids, per
-    depth bucket, judged against the noise floor: the reference against itself (a second pass, or s.floor_url, a
-    restart) and its windows s.concurrency at once. (the `kld` document, findings)."""
-    cand_url, ref_url = s.url, reference or s.compare_url
-    if not (cand_url and ref_url):
-        return _kld_skip("needs two endpoints")
-    tok = load_tokenizer(s.tokenizer)
-    if tok is None:
-        return _kld_skip("needs the model's tokenizer to cut the windows into token ids",
-                         remedy="Give tokenizer: the served checkpoint's directory (with tokenizer.json).")
-    floor_url = s.floor_url or ref_url
-    for u in dict.fromkeys((ref_url, floor_url, cand_url)):
-        if (why := run_sync(reachable(u))):
-            return _kld_skip(f"no server at {u}", evidence=why, remedy="Start both servers, then run it again.")
-    wins = scoring.windows(tok, s.kld_windows, s.kld_window_tokens)
-    for u in dict.fromkeys((ref_url, floor_url, cand_url)):
-        scoring.check_fits(u, s.kld_window_tokens, s.api_key)
-
-    def rq(u: str) -> scoring.Request:
-        return scoring.Request(u, s.api_key, s.kld_top_k, s.kld_chunk)
-    try:
-        ref = run_sync(scoring.score_reference(rq(ref_url), wins))
-        floors = {"second_pass": kld.compare(ref, run_sync(scoring.score_candidate(rq(floor_url), ref)))}
-        if s.concurrency > 1:
-            floors["batch"] = kld.compare(ref, run_sync(scoring.score_candidate(rq(ref_url), ref, s.concurrency)))
-        result = kld.compare(ref, run_sync(scoring.score_candidate(rq(cand_url), ref)))
-    except scoring.ScoringError as e:
-        no_generate = "no native /generate" in str(e)
-        return {}, [Finding("accuracy.kld.scoring", "skip" if no_generate else "fail",
-                            "KL-divergence check not run: " + ("a server cannot score prompt tokens by id" if no_generate
-                                                               else "a server's logprobs could not be used"),
-                            detail=str(e), remedy=("The check needs SGLang's native /generate (prompt logprobs by token id) "
-                                                   "on both servers: llama-server returns logprobs of generated tokens only."
-                                                   if no_generate else "Check that both servers are SGLang serving the same "
-                                                   "model and tokenizer; see the server's log."))]
-    except InputError as e:
-        return {}, [Finding("accuracy.kld.scoring", "fail", "KL-divergence check refused: the two servers scored different "
-                            "tokens", detail=str(e))]
-    used = max(floors, key=lambda k: floors[k].overall["kld_mean"])
-    key = s.api_key
-    ca, cb = identity.server_config(ref_url, key), identity.server_config(cand_url, key)
-    diffs = identity.config_differences(ca, cb)
-    tested = identity.tested_difference(diffs, ca is not None and cb is not None)
-    doc = {"reference_url": ref_url, "candidate_url": cand_url, "floor_url": floor_url, "top_k": s.kld_top_k,
-           "chunk": s.kld_chunk, "corpus_version": CORPUS_VERSION, "candidate": result.data(),
-           "floor": floors["second_pass"].data(), "floor_batch": floors["batch"].data() if "batch" in floors else None,
-           "floor_used": used, "verdict": kld.judge(result, floors[used]).data(), "differences": diffs, "tested": tested}
-    fl = floors[used].overall
-    f_floor = Finding("accuracy.kld.floor", "pass" if fl["kld_mean"] < kld.PASS_KLD else "warn",
-                      f"noise floor: the reference against itself, mean KLD {fl['kld_mean']:.5f} nats, same top-1 "
-                      f"{100 * fl['same_top1']:.1f} %",
-                      detail="; ".join(f"{k}: mean KLD {v.overall['kld_mean']:.5f}, same top-1 {100 * v.overall['same_top1']:.1f} %"
-                                       for k, v in floors.items()) + f"; the verdict uses {used}",
-                      remedy="" if fl["kld_mean"] < kld.PASS_KLD else (
-                          "The reference does not reproduce its own logprobs: batch shapes or kernels chosen by shape "
-                          "move them. Enable deterministic inference on the reference, or read the verdict against this "
-                          "wider floor."))
-    return doc, [f_floor, kld.verdict(result, floors[used], tested)]
+    """KL divergence of s.url from `reference` (default s.compare_url) against the noise floor (accuracy/kldprobe.py)."""
+    return kldprobe.run(s, reference)

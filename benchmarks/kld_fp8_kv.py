@@ -21,15 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import pandas as pd  # noqa: E402
 
 from runbook.accuracy import kld, report, scoring  # noqa: E402
-from runbook.demo import sglang  # noqa: E402
+from runbook.demo import realmodel, sglang  # noqa: E402
 from runbook.endpoint.reach import run_sync  # noqa: E402
 from runbook.model.tokenizer import load_tokenizer  # noqa: E402
 
-MODEL = Path(__file__).resolve().parents[1] / ".cache" / "smollm2-135m-instruct" / "hf"
-
 
 def server(model: Path, log_dir: Path, name: str, flags: dict) -> sglang.SGLangServer:
-    dep = sglang.deployment(sglang.free_port(), model_dir=model, flags=flags)
+    dep = sglang.deployment(sglang.free_port(), source=realmodel.spec_path(), model_dir=model, flags=flags)
     t = time.monotonic()
     srv = sglang.start(dep, log_path=log_dir / f"{name}.log")
     print(f"# {name}: ready in {time.monotonic() - t:.0f} s", flush=True)
@@ -43,10 +41,11 @@ def main() -> int:
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--chunk", type=int, default=128)
     ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--model-dir", type=Path, default=MODEL)
+    ap.add_argument("--model-dir", type=Path, default=None, help="default: the real model (make real-model)")
     ap.add_argument("--kv", nargs="+", default=["fp8_e4m3", "fp8_e5m2"])
     ap.add_argument("--json", type=Path, help="also write every result here")
     a = ap.parse_args()
+    a.model_dir = a.model_dir or realmodel.hf_dir()
     wins = scoring.windows(load_tokenizer(a.model_dir), a.windows, a.tokens)
     logs = Path(tempfile.mkdtemp(prefix="kld-bench-"))
     results: dict[str, kld.KldResult] = {}

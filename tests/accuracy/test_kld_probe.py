@@ -179,3 +179,17 @@ def test_identity_judges_its_a_b_by_kld_too(tokdir):
     ids = {f.id for f in out.findings}
     assert {"accuracy.identity.mismatch", "accuracy.kld.floor", "accuracy.kld.verdict"} <= ids
     assert out.payload["kld"]["reference_url"] == ref and out.payload["kld"]["candidate_url"] == cand
+
+
+def test_kld_defaults_to_the_deployments_server_and_tokenizer(tmp_path, tokdir):
+    from runbook.core import spec as specmod
+    from runbook.demo import realmodel
+
+    dep = specmod.load(realmodel.spec_path())
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "tokenizer.json").write_bytes((tokdir / "tokenizer.json").read_bytes())
+    dep = dep.model_copy(update={"model": dep.model.model_copy(update={"path": str(model)})})
+    s = AccuracySettings.resolve(dep, None, probe="kld", compare_url="http://127.0.0.1:9")
+    assert (s.url, s.tokenizer) == (dep.serving.local_url, str(model))
+    assert AccuracySettings.resolve(dep, None, probe="report").tokenizer is None     # other probes: unchanged

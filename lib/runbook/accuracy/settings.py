@@ -6,6 +6,7 @@ notebook and tune's guard alike). A leaf: nothing else of runbook.accuracy is im
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -15,7 +16,7 @@ from runbook.core.spec import Accuracy, Deployment
 
 PROBES = ("kvquant", "recall", "identity", "report", "toolcall", "kld")
 _PLAN = Accuracy()          # the spec's defaults: the settings' defaults where no spec is given
-_SPEC_URL = ("recall", "toolcall")   # the probes that default to the spec's own server; report and identity skip without --url
+_SPEC_URL = ("recall", "toolcall", "kld")   # the probes that default to the spec's own server; report and identity skip without --url
 
 
 class AccuracySettings(Options):
@@ -32,7 +33,8 @@ class AccuracySettings(Options):
     depths: list[Fraction] = Field(default_factory=lambda: list(_PLAN.recall_depths),
                                    description="recall: needle depths as fractions (default: the spec's)")
     per_cell: PosInt = Field(1, description="recall: needles per length × depth cell (default 1)")
-    tokenizer: str | None = Field(None, description="dir with tokenizer.json: exact prompt lengths")
+    tokenizer: str | None = Field(None, description="dir with tokenizer.json: exact prompt lengths; kld: the windows' token "
+                                                    "ids (kld default: the spec's model dir when it has one)")
     seed: Integer = Field(0, description="the prompts are deterministic from this seed (default 0)")
     prompts: PosInt = Field(8, description="identity: number of prompts (default 8)")
     max_tokens: PosInt = Field(64, description="identity: greedy tokens per prompt (default 64)")
@@ -81,6 +83,8 @@ class AccuracySettings(Options):
                     "api_key_env": spec.serving.api_key_env}
             if given.get("probe", "report") in _SPEC_URL:
                 base["url"] = spec.serving.local_url
+            if given.get("probe") == "kld" and (Path(spec.model.path) / "tokenizer.json").is_file():
+                base["tokenizer"] = spec.model.path       # kld cuts windows into ids: the served checkpoint's tokenizer
         s = validate(cls, {**base, **given})
         if spec is not None:     # a prompt longer than the server's --context-length would be rejected
             ctx = spec.serving.flags.get("context-length")

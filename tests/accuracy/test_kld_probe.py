@@ -193,3 +193,11 @@ def test_kld_defaults_to_the_deployments_server_and_tokenizer(tmp_path, tokdir):
     s = AccuracySettings.resolve(dep, None, probe="kld", compare_url="http://127.0.0.1:9")
     assert (s.url, s.tokenizer) == (dep.serving.local_url, str(model))
     assert AccuracySettings.resolve(dep, None, probe="report").tokenizer is None     # other probes: unchanged
+
+
+def test_the_run_summary_takes_the_kld_figures():
+    from runbook.accuracy.stage import figures
+
+    data = {"kld": {"candidate": {"overall": {"kld_mean": 0.0123456789, "same_top1": 0.95, "ppl_ratio": 1.0123}}}}
+    assert figures(data) == {"kld_mean": 0.012346, "kld_same_top1": 0.95, "kld_ppl_ratio": 1.0123}
+    assert figures({"kld": {}}) == {}

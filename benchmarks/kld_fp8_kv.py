@@ -49,22 +49,41 @@ def main() -> int:
     wins = scoring.windows(load_tokenizer(a.model_dir), a.windows, a.tokens)
     logs = Path(tempfile.mkdtemp(prefix="kld-bench-"))
     results: dict[str, kld.KldResult] = {}
-    with server(a.model_dir, logs, "bf16", {}) as srv:
-        rq = scoring.Request(srv.url, None, a.top_k, a.chunk)
-        t = time.monotonic()
-        ref = run_sync(scoring.score_reference(rq, wins))
-        print(f"# reference pass: {time.monotonic() - t:.0f} s", flush=True)
-        t = time.monotonic()
-        results["bf16 second pass"] = kld.compare(ref, run_sync(scoring.score_candidate(rq, ref)))
-        print(f"# candidate-style pass: {time.monotonic() - t:.0f} s", flush=True)
-        results[f"bf16 {a.concurrency} at once"] = kld.compare(ref, run_sync(scoring.score_candidate(rq, ref, a.concurrency)))
+    ref: list[kld.Scores] = []
+
+    def phase(name: str, flags: dict, work) -> None:
+        """One server for `work`, started again (at most 3 times) when it dies under it: a busy shared host."""
+        for attempt in range(3):
+            try:
+                with server(a.model_dir, logs, f"{name.replace(' ', '-')}-{attempt}", flags) as srv:
+                    work(scoring.Request(srv.url, None, a.top_k, a.chunk))
+                return
+            except (scoring.ScoringError, sglang.EngineError) as e:
+                print(f"# {name}: attempt {attempt + 1} failed: {e}", flush=True)
+
+    def reference(rq: scoring.Request) -> None:
+        if not ref:
+            t = time.monotonic()
+            ref.extend(run_sync(scoring.score_reference(rq, wins)))
+            print(f"# reference pass: {time.monotonic() - t:.0f} s", flush=True)
+        for name, conc in (("bf16 second pass", 1), (f"bf16 {a.concurrency} at once", a.concurrency)):
+            if name not in results:
+                t = time.monotonic()
+                results[name] = kld.compare(ref, run_sync(scoring.score_candidate(rq, ref, conc)))
+                print(f"# {name}: {time.monotonic() - t:.0f} s", flush=True)
+
+    def candidate(name: str):
+        def work(rq: scoring.Request) -> None:
+            t = time.monotonic()
+            results[name] = kld.compare(ref, run_sync(scoring.score_candidate(rq, ref)))
+            print(f"# {name}: {time.monotonic() - t:.0f} s", flush=True)
+        return work
+
+    phase("bf16", {}, reference)
+    if not ref:
+        return 1
     for name, flags in [("bf16 restart", {})] + [(kv, {"kv-cache-dtype": kv}) for kv in a.kv]:
-        try:
-            with server(a.model_dir, logs, name.replace(" ", "-"), flags) as srv:
-                rq = scoring.Request(srv.url, None, a.top_k, a.chunk)
-                results[name] = kld.compare(ref, run_sync(scoring.score_candidate(rq, ref)))
-        except sglang.EngineError as e:
-            print(f"# {name}: did not start: {e}", flush=True)
+        phase(name, flags, candidate(name))
     floor = max((results[k] for k in results if k.startswith("bf16")), key=lambda r: r.overall["kld_mean"])
     pd.set_option("display.width", 200)
     for name, res in results.items():

@@ -19,19 +19,23 @@ finite logprobs and every id asked for. What is wrong is a `ScoringError`, one l
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import http.client
+import json
 import math
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import numpy as np
 
 from runbook.accuracy.kld import Scores
 from runbook.core.errors import InputError, RunbookError
 from runbook.core.secrets import redact_text
 from runbook.corpus import code_text
-from runbook.endpoint.reach import BadResponse, decode_json, fetch_json, read_bounded
+from runbook.endpoint.reach import BadResponse, decode_json, fetch_json
 
 MAX_BODY_BYTES = 256 << 20      # a 2,048-token window's top-20 is ~2 MB; a chunk's named ids ~10 MB
 TIMEOUT_S = 900.0               # one request: a long window's prefill on a busy CPU
@@ -150,44 +154,57 @@ def parse(doc: Any, url: str, ids: Sequence[int], start: int, top_k: int,
     return actual, top_ids, top_lp, at
 
 
-async def _generate(session: aiohttp.ClientSession, rq: Request, ids: Sequence[int], start: int,
+def _post(url: str, body: dict[str, Any], api_key: str | None) -> bytes:
+    """One POST, its answer read to at most MAX_BODY_BYTES. Blocking, so it runs in a thread: aiohttp dropped
+    SGLang's 30 MB answers mid-body on this host (ServerDisconnectedError) where the standard library read them whole."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
+            raw = r.read(MAX_BODY_BYTES + 1)
+    except urllib.error.HTTPError as e:
+        head = " ".join(e.read(160).decode("utf-8", "replace").split())
+        if e.code == 404:
+            raise ScoringError(f"{url}: HTTP 404: no native /generate (not SGLang): this server cannot score prompt "
+                               "tokens by id") from None
+        raise ScoringError(f"{url}: HTTP {e.code}: {head}") from None
+    except TimeoutError:
+        raise ScoringError(f"{url}: no answer within {TIMEOUT_S:g} s") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        why = getattr(e, "reason", None) or e
+        raise ScoringError(f"{url}: {type(e).__name__}: {' '.join(str(why).split())[:160]}") from None
+    if len(raw) > MAX_BODY_BYTES:
+        raise ScoringError(f"{url}: answer larger than the {MAX_BODY_BYTES:,} bytes allowed: lower kld_chunk")
+    return raw
+
+
+async def _generate(pool: concurrent.futures.Executor, rq: Request, ids: Sequence[int], start: int,
                     named: Sequence[int] | None) -> Any:
     body: dict[str, Any] = {"input_ids": list(ids), "return_logprob": True, "logprob_start_len": start,
                             "top_logprobs_num": rq.top_k, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
     if named:
         body["token_ids_logprob"] = list(named)
-    headers = {"Authorization": f"Bearer {rq.api_key}"} if rq.api_key else {}
     url = rq.url.rstrip("/") + "/generate"
+    raw = await asyncio.get_running_loop().run_in_executor(pool, _post, url, body, rq.api_key)
     try:
-        async with session.post(url, json=body, headers=headers, allow_redirects=False) as r:
-            raw = await read_bounded(r, url, MAX_BODY_BYTES)
-            if r.status == 404:
-                raise ScoringError(f"{url}: HTTP 404: no native /generate (not SGLang): this server cannot score prompt "
-                                   "tokens by id")
-            if r.status >= 400:
-                raise ScoringError(f"{url}: HTTP {r.status}: {' '.join(raw[:160].decode('utf-8', 'replace').split())}")
         return decode_json(url, raw)
     except BadResponse as e:
         raise ScoringError(f"{url}: not SGLang's JSON: {e.reason}") from None
-    except asyncio.TimeoutError:
-        raise ScoringError(f"{url}: no answer within {TIMEOUT_S:g} s") from None
-    except (aiohttp.ClientError, OSError) as e:
-        raise ScoringError(f"{url}: {type(e).__name__}: {' '.join(str(e).split())[:160]}") from None
 
 
-async def _reference_window(session: aiohttp.ClientSession, rq: Request, ids: Sequence[int]) -> Scores:
-    doc = await _generate(session, rq, ids, 0, None)
+async def _reference_window(pool: concurrent.futures.Executor, rq: Request, ids: Sequence[int]) -> Scores:
+    doc = await _generate(pool, rq, ids, 0, None)
     actual, top_ids, top_lp, _ = parse(doc, rq.url, ids, 0, rq.top_k, None)
     return Scores(np.asarray(ids, dtype=np.int64), actual, top_ids, top_lp)
 
 
-async def _candidate_window(session: aiohttp.ClientSession, rq: Request, ref: Scores) -> Scores:
+async def _candidate_window(pool: concurrent.futures.Executor, rq: Request, ref: Scores) -> Scores:
     ids = ref.ids.tolist()
     parts = []
     for lo in range(1, len(ids), rq.chunk):       # positions [lo, e): logprob_start_len lo − 1, whose entry is null
         e = min(len(ids), lo + rq.chunk)
         union = sorted({int(x) for x in ref.top_ids[lo - 1:e - 1].ravel()})
-        doc = await _generate(session, rq, ids[:e], lo - 1, union)
+        doc = await _generate(pool, rq, ids[:e], lo - 1, union)
         actual, top_ids, top_lp, at = parse(doc, rq.url, ids[:e], lo - 1, rq.top_k, union)
         want = ref.top_ids[lo - 1:e - 1]
         at_ref = np.empty(want.shape)
@@ -201,24 +218,26 @@ async def _candidate_window(session: aiohttp.ClientSession, rq: Request, ref: Sc
     return Scores(ref.ids, *(np.concatenate([p[i] for p in parts]) for i in range(4)))
 
 
-async def _run(rq: Request, jobs: Sequence[Any], one: Any, concurrency: int) -> list[Scores]:
-    sem = asyncio.Semaphore(max(1, concurrency))
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as session:
+async def _run(jobs: Sequence[Any], one: Any, rq: Request, concurrency: int) -> list[Scores]:
+    """`one(rq, job)` for every job, `concurrency` in flight, each request in a thread of a pool that size."""
+    n = max(1, concurrency)
+    sem = asyncio.Semaphore(n)
+    with concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="kld") as pool:
         async def go(job: Any) -> Scores:
             async with sem:
-                return await one(session, rq, job)
+                return await one(pool, rq, job)
         return list(await asyncio.gather(*(go(j) for j in jobs)))
 
 
 async def score_reference(rq: Request, wins: Sequence[Sequence[int]], concurrency: int = 1) -> list[Scores]:
     """The reference's top-k at every position of each window."""
-    return await _guard(rq, _run(rq, wins, _reference_window, concurrency))
+    return await _guard(rq, _run(wins, _reference_window, rq, concurrency))
 
 
 async def score_candidate(rq: Request, ref: Sequence[Scores], concurrency: int = 1) -> list[Scores]:
     """A candidate on the reference's windows: its own top-k and the logprobs of the reference's top-k ids.
     `concurrency` windows in flight at once (the floor's batch pass); a window's chunks go in order."""
-    return await _guard(rq, _run(rq, ref, _candidate_window, concurrency))
+    return await _guard(rq, _run(ref, _candidate_window, rq, concurrency))
 
 
 async def _guard(rq: Request, coro: Any) -> list[Scores]:

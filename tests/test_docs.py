@@ -57,7 +57,7 @@ EXTERNAL = {
     "--enable-metrics": SGLANG, "--enable-cache-report": SGLANG, "--schedule-conservativeness": SGLANG,
     "--random-range-ratio": SGLANG_BENCH,
     "--lag": CLIENT_CEILING, "--send-overhead": CLIENT_CEILING, "--engine": "benchmarks/tune_overhead.py",
-    "--jinja": "llama.cpp's llama-server",
+    "--jinja": "llama.cpp's llama-server", "--kl-divergence": "llama.cpp's llama-perplexity",
     "--retry": "curl", "--retry-all-errors": "curl",
     "--no-pager": "journalctl", "--now": "systemctl", "--test": "systemd", "--user": "systemd-run",
     "--limit": "ansible-playbook", "--tags": "ansible-playbook",

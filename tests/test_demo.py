@@ -16,7 +16,7 @@ def test_the_demo_run_params_fit_every_notebook_of_the_run():
     typed = params.resolve(pairs, notebooks)    # raises on a value a declaring notebook's type refuses
     by_name = {nb.stem: v for nb, v in typed.items()}
     assert by_name["50_accuracy"]["lengths"] == [512, 1024]
-    assert by_name["40_benchmark"]["url"] == by_name["50_accuracy"]["url"] == "http://127.0.0.1:30000"
+    assert by_name["40_benchmark"]["url"] == by_name["50_accuracy"]["compare_url"] == "http://127.0.0.1:30000"
     assert "concurrency" not in by_name["40_benchmark"]   # the spec's levels, not a --param accuracy reads too
-    assert by_name["50_accuracy"]["compare_url"] == "http://127.0.0.1:30001"     # 50's A/B: the FP8-KV candidate
+    assert by_name["50_accuracy"]["url"] == "http://127.0.0.1:30001"     # 50 judges the FP8-KV candidate against it
     assert "compare_url" not in by_name["40_benchmark"]

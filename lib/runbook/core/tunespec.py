@@ -53,6 +53,10 @@ class Guard(Strict):
     recall_depths: list[_Fraction] = Field(default_factory=lambda: [0.5], max_length=MAX_LIST)
     max_recall_drop: float = Field(default=0.0, ge=0, le=1, description="recall below the reference's by more than this fails")
     toolcall: bool = Field(default=True, description="run the tool-call probe (fails when fewer cases pass than on the reference)")
+    kld_windows: int = Field(default=2, ge=0, le=1000, description="SGLang: windows of the code corpus both servers score "
+                             "for the KL divergence against the reference, its noise floor first (0: off; greedy identity "
+                             "then judges)")
+    kld_window_tokens: _Tokens = Field(default=512, description="token ids per KL-divergence window (at most the context)")
 
 
 class Tune(Strict):

@@ -32,14 +32,15 @@ def _log(msg: str) -> None:
     print(f"demo: {msg}", file=sys.stderr, flush=True)
 
 
-def run_params(url: str, log: Path, tokenizer: str, compare_url: str) -> list[str]:
+def run_params(url: str, log: Path, tokenizer: str, candidate: str) -> list[str]:
     """The `runbook run --param`s of the demo's SGLang run: 30/35 check the live server at the spec's address (drift,
-    /server_info), 35 reads this start's log; 40 and 50 are given the server (50's live probes run only with a url),
-    and 50 alone the candidate beside it (`accuracy.compare_url`: the same model with an FP8 KV cache without scales)
-    for its A/B. The benchmark's levels and lengths are the spec's: a --param reaches every notebook declaring that
-    name, and `concurrency` is bench's levels but accuracy's batch size."""
+    /server_info), 35 reads this start's log; 40 is given the server; 50 judges the candidate beside it (`candidate`:
+    the same model with an FP8 KV cache without scales) against it, the reference (accuracy's url is what is judged,
+    its compare_url the reference: recall's A/B, greedy identity, the KL divergence). The benchmark's levels and
+    lengths are the spec's: a --param reaches every notebook declaring that name (`concurrency` is bench's levels but
+    accuracy's batch size); NOTEBOOK.KEY reaches that notebook alone and wins over the plain name there."""
     return ["--param", f"url={url}", "--param", f"log_file={log}", "--param", f"tokenizer={tokenizer}",
-            "--param", f"accuracy.compare_url={compare_url}",
+            "--param", f"accuracy.url={candidate}", "--param", f"accuracy.compare_url={url}",
             "--param", "lengths=512,1024", "--param", "toolcall_max_tokens=64"]
 
 

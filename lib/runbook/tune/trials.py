@@ -58,6 +58,7 @@ class Ctx:
     t0: float = field(default_factory=time.monotonic)
     baseline_gpu: list[float] | None = None
     reference: dict[str, Any] | None = None     # the reference's recorded guard outputs
+    kld: Any = None                             # the reference's KL-divergence scores and floor (memory only; guard.py)
     gpu_held: bool = False                      # a candidate's GPU memory was not given back: launch no more
     pause: Any = None                           # production.Pause while the production unit is paused
     seq: int = 0                                # launches so far: each run's `seq` orders it among the reference's runs
@@ -208,6 +209,12 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any], ru
 def _guard(ctx: Ctx, cspec: Deployment, c: Candidate, row: dict[str, Any], url: str) -> None:
     context = (row.get("observed") or {}).get("context_len") or (row.get("predicted") or {}).get("context_len")
     got = guard.record(cspec, url, context, row.get("observed"), row.get("sglang_version"))
+    if c.name == ctx.spec.tune.reference:
+        ctx.kld = guard.kld_reference(cspec, url, context)
+        if ctx.kld is not None and not isinstance(ctx.kld, str):
+            row["kld_floor"] = {k: f.overall for k, f in ctx.kld.floors.items()}
+    elif (k := guard.kld_candidate(cspec, ctx.kld, url, context)) is not None:
+        got["kld"] = k
     row["guard_outputs"] = got
     if c.name == ctx.spec.tune.reference:
         ctx.reference = got

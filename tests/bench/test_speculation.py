@@ -1,0 +1,128 @@
+"""bench/speculation.py: draft counters judged, buckets summed, the verdict's words; hostile timings refused one line each."""
+import math
+
+import pytest
+
+from runbook.bench import speculation as sp
+from runbook.endpoint.records import RequestRecord
+
+
+def rec(i, drafted=None, accepted=None, predicted=33, span=1.0, ok=True, timings=True, prompt=100):
+    """A finished request: `predicted` output tokens streamed over `span` seconds after the first."""
+    r = RequestRecord(i, send_time=0.0, chunk_times=[0.5, 0.5 + span], chunk_tokens=[1, predicted - 1],
+                      usage={"completion_tokens": predicted, "prompt_tokens": prompt})
+    if timings:
+        r.timings = {"predicted_n": predicted, **({"draft_n": drafted, "draft_n_accepted": accepted} if drafted is not None else {})}
+    if not ok:
+        r.error_kind, r.error = "timeout", "no complete response within 600 s"
+    return r
+
+
+@pytest.mark.parametrize("timings, why", [
+    (None, "no `timings` object"),
+    ("draft_n=4", "no `timings` object"),
+    ({"draft_n": 4, "draft_n_accepted": 2}, "predicted_n is None"),
+    ({"predicted_n": -1}, "predicted_n is -1"),
+    ({"predicted_n": True}, "predicted_n is True"),
+    ({"predicted_n": 10, "draft_n": "4", "draft_n_accepted": 2}, "are not both integers"),
+    ({"predicted_n": 10, "draft_n": 4}, "are not both integers"),
+    ({"predicted_n": 10, "draft_n": 4.0, "draft_n_accepted": 2}, "are not both integers"),
+    ({"predicted_n": 10, "draft_n": -4, "draft_n_accepted": 0}, "negative draft counters"),
+    ({"predicted_n": 10, "draft_n": 4, "draft_n_accepted": -1}, "negative draft counters"),
+    ({"predicted_n": 10, "draft_n": 4, "draft_n_accepted": 5}, "exceeds draft_n 4"),
+    ({"predicted_n": 10, "draft_n": 40, "draft_n_accepted": 10}, "is not below predicted_n 10"),
+    ({"predicted_n": 10, "draft_n": 10**9, "draft_n_accepted": 3}, "more than any drafter's limit"),
+])
+def test_hostile_timings_are_refused_with_one_line(timings, why):
+    counts, msg = sp.draft_counts(timings)
+    assert counts is None and why in msg and "\n" not in msg
+
+
+def test_counters_absent_mean_nothing_drafted_and_valid_ones_pass():
+    assert sp.draft_counts({"predicted_n": 12}) == (sp.DraftCounts(0, 0, 12), None)
+    assert sp.draft_counts({"predicted_n": 12, "draft_n": 8, "draft_n_accepted": 6}) == (sp.DraftCounts(8, 6, 12), None)
+    assert sp.draft_counts({"predicted_n": 12, "draft_n": 0, "draft_n_accepted": 0}) == (sp.DraftCounts(0, 0, 12), None)
+
+
+def test_bucket_sums_tokens_not_request_ratios_and_reads_steps_from_metrics():
+    # 3/4 and 10/20: token-weighted 13/24, not the mean of ratios (0.625)
+    spec = [rec(0, 4, 3, span=0.5), rec(1, 20, 10, span=0.5)]
+    base = [rec(0, span=1.0, timings=False), rec(1, span=2.0, timings=False)]
+    deltas = {"llamacpp:spec_decode_num_draft_tokens_total": 24.0, "llamacpp:spec_decode_num_accepted_tokens_total": 13.0,
+              "llamacpp:spec_decode_num_drafts_total": 8.0, "llamacpp:tokens_predicted_total": 66.0}
+    row, problems = sp.bucket_row("code", 256, spec, base, deltas)
+    assert problems == []
+    assert row["acceptance"] == pytest.approx(13 / 24)
+    assert row["accept_length"] == pytest.approx(1 + 13 / 8)
+    assert row["tokens_per_pass"] == pytest.approx(66 / (66 - 13))
+    assert row["tok_s"] == pytest.approx(64 / 1.0) and row["tok_s_base"] == pytest.approx(64 / 3.0)
+    assert row["speedup"] == pytest.approx(3.0)
+    # per prompt: 2x and 4x -> geometric mean sqrt(8)
+    lo, hi = row["speedup_ci"]
+    assert lo <= math.sqrt(8) <= hi and lo >= 2.0 - 1e-9 and hi <= 4.0 + 1e-9
+    assert (row["requests"], row["base_requests"], row["real"], row["prompt_tokens_mean"]) == (2, 2, True, 100)
+
+
+def test_bucket_when_metrics_disagree_keeps_the_responses_and_says_so():
+    spec = [rec(0, 4, 3)]
+    deltas = {"llamacpp:spec_decode_num_draft_tokens_total": 40.0, "llamacpp:spec_decode_num_accepted_tokens_total": 30.0,
+              "llamacpp:spec_decode_num_drafts_total": 8.0}
+    row, problems = sp.bucket_row("random", 256, spec, [], deltas)
+    assert row["acceptance"] == pytest.approx(0.75) and row["accept_length"] is None
+    assert len(problems) == 1 and "another client shares the server" in problems[0]
+    assert row["speedup"] is None and row["tok_s_base"] is None and row["real"] is False
+
+
+def test_bucket_counts_failed_and_unusable_responses_out():
+    spec = [rec(0, 4, 2), rec(1, ok=False), rec(2, timings=False), rec(3, 5, 9)]
+    row, problems = sp.bucket_row("code", 512, spec, [])
+    assert row["requests"] == 1 and row["drafted"] == 4
+    assert [p.split(":")[0] for p in problems] == ["request 1", "request 2", "request 3"]
+    f = sp.problem_findings({"code-512": problems, "random-512": []})
+    assert [x.id for x in f] == ["bench.spec.responses.code-512"]
+    assert f[0].title.startswith("code-512: 3 response(s)") and "(+2 more)" in f[0].detail
+
+
+def test_zero_drafted_gives_no_acceptance_rather_than_zero():
+    row, _ = sp.bucket_row("random", 256, [rec(0), rec(1)], [])
+    assert row["drafted"] == 0 and row["acceptance"] is None and row["tokens_per_pass"] == 1.0
+
+
+def test_tok_s_ignores_requests_without_a_decode_span():
+    one_token = RequestRecord(0, chunk_times=[0.3], chunk_tokens=[1], usage={"completion_tokens": 1})
+    same_time = RequestRecord(1, chunk_times=[0.3, 0.3], chunk_tokens=[1, 1], usage={"completion_tokens": 2})
+    assert sp.tok_s([one_token, same_time]) is None
+    assert sp.tok_s([one_token, rec(2, predicted=11, span=2.0)]) == pytest.approx(5.0)
+
+
+def rows(real_acc, rnd_acc, up_real=1.5, up_rnd=0.9):
+    def row(kind, acc, up):
+        d = 100
+        return {"kind": kind, "real": kind in sp.REAL, "drafted": d if acc is not None else 0,
+                "accepted": round(d * acc) if acc is not None else 0, "requests": 3, "speedup": up}
+    return [row("code", real_acc, up_real), row("agentic", real_acc, up_real), row("random", rnd_acc, up_rnd)]
+
+
+def test_verdict_says_by_how_much_random_tokens_understate():
+    f = sp.verdict(rows(0.62, 0.08), "ngram-simple")
+    assert f.id == "bench.spec.real_vs_random" and f.status == "info"
+    assert f.title == ("acceptance on real text 62 % vs random tokens 8 % (ngram-simple): judging speculation on random "
+                       "tokens understates it by 54 points")
+    assert "speed-up on real text 1.50×, on random tokens 0.90×" in f.detail
+
+
+def test_verdict_can_say_overstates():
+    assert "overstates it by 30 points" in sp.verdict(rows(0.1, 0.4)).title
+
+
+def test_verdict_when_nothing_or_one_side_drafted():
+    none = sp.verdict(rows(None, None))
+    assert none.status == "warn" and "no draft tokens on any prompt" in none.title and "--spec-type" in none.remedy
+    one = sp.verdict(rows(0.5, None))
+    assert one.status == "warn" and one.title.endswith("nothing drafted on random tokens")
+
+
+def test_metric_counts_ignores_other_and_non_finite_series():
+    got = sp.metric_counts({"llamacpp:spec_decode_num_drafts_total": 3.0, "sglang:spec_decode_num_drafts_total{x=1}": float("nan"),
+                            "llamacpp:tokens_predicted_total": 9.0})
+    assert got == {"steps": 3.0}

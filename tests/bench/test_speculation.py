@@ -126,3 +126,63 @@ def test_metric_counts_ignores_other_and_non_finite_series():
     got = sp.metric_counts({"llamacpp:spec_decode_num_drafts_total": 3.0, "sglang:spec_decode_num_drafts_total{x=1}": float("nan"),
                             "llamacpp:tokens_predicted_total": 9.0})
     assert got == {"steps": 3.0}
+
+
+def test_plan_builds_every_kind_and_length_the_same_on_every_call():
+    from runbook.bench import spec_study
+
+    a = spec_study.plan(contexts=(64, 128), requests=2)
+    assert list(a) == ["code-64", "agentic-64", "random-64", "code-128", "agentic-128", "random-128"]
+    assert all(len(reqs) == 2 and not any(r.ignore_eos for r in reqs) for _, _, reqs in a.values())
+    assert isinstance(a["agentic-64"][2][0].prompt, list) and a["agentic-64"][2][0].prompt[0]["role"] == "system"
+    assert a["code-64"][2][0].prompt != a["code-64"][2][1].prompt        # no two prompts share a prefix the cache could serve
+    b = spec_study.plan(contexts=(64, 128), requests=2)
+    assert [r.prompt for _, _, rs in a.values() for r in rs] == [r.prompt for _, _, rs in b.values() for r in rs]
+
+
+def test_plan_refuses_an_unknown_kind_in_one_line():
+    from runbook.bench import spec_study
+    from runbook.core.errors import InputError
+
+    with pytest.raises(InputError, match=r"^speculation kinds prose: each one of code, agentic, random$"):
+        spec_study.plan(kinds=("code", "prose"))
+
+
+def test_summarise_without_a_baseline_says_so_and_keeps_the_verdict_first():
+    from runbook.bench import spec_study
+
+    buckets = {"code-64": ("code", 64, []), "random-64": ("random", 64, [])}
+    spec = {"code-64": spec_study.Collected([rec(0, 10, 8)]), "random-64": spec_study.Collected([rec(0, 10, 1)])}
+    st = spec_study.summarise(buckets, spec, None, "ngram-simple")
+    assert [f.id for f in st.findings] == ["bench.spec.real_vs_random", "bench.spec.baseline"]
+    assert st.findings[0].title.startswith("acceptance on real text 80 % vs random tokens 10 % (ngram-simple)")
+    d = st.data()
+    assert d["mode"] == "ngram-simple" and d["real"]["acceptance"] == 0.8 and d["random"]["acceptance"] == 0.1
+    assert [b["speedup"] for b in d["buckets"]] == [None, None]
+
+
+def test_the_baseline_url_needs_the_study():
+    from runbook.bench.settings import BenchSettings
+    from runbook.core.errors import InputError
+
+    with pytest.raises(InputError, match="add --speculation"):
+        BenchSettings.resolve(None, url="http://127.0.0.1:1", speculation_baseline_url="http://127.0.0.1:2")
+    s = BenchSettings.resolve(None, url="http://127.0.0.1:1", speculation=True, speculation_baseline_url="http://127.0.0.1:2")
+    assert s.speculation_contexts == [256, 1024] and s.speculation_requests == 3
+
+
+def test_frame_plot_and_headline_from_a_summary():
+    from runbook.bench import report, spec_study
+
+    buckets = {f"{k}-{c}": (k, c, []) for c in (256, 1024) for k in ("code", "random")}
+    spec = {n: spec_study.Collected([rec(0, 10, 7 if n.startswith("code") else 1, span=0.5)]) for n in buckets}
+    base = {n: spec_study.Collected([rec(0, span=1.0, timings=False)]) for n in buckets}
+    st = spec_study.summarise(buckets, spec, base, "ngram-mod")
+    res = type("R", (), {"summary": {"speculation": st.data()}, "findings": st.findings})()
+    df = report.speculation_frame(res.summary)
+    assert df.loc[("code", 256), "acceptance %"] == 70.0 and df.loc[("random", 1024), "speed-up"] == 2.0
+    fig = report.plot_speculation(res.summary)
+    assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["code", "random"]
+    assert report.speculation_headline(res).startswith("acceptance on real text 70 % vs random tokens 10 % (ngram-mod)")
+    assert report.speculation_headline(None).startswith("not measured: run with speculation=True")
+    assert report.speculation_frame({}).empty

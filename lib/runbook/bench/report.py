@@ -315,3 +315,12 @@ def plot_speculation(summary: dict[str, Any]):
     axes[1].set_title("decode speed-up over speculation off")
     fig.tight_layout()
     return fig
+
+
+def speculation_headline(result: Any) -> str:
+    """--speculation's verdict line (its `bench.spec.real_vs_random` finding), or what to do to get one."""
+    f = next((f for f in result.findings if f.id == "bench.spec.real_vs_random"), None) if result else None
+    if f is not None:
+        return f"{f.title}\n{f.detail}"
+    return ("not measured: run with speculation=True (--speculation) against a server that speculates, and "
+            "speculation_baseline_url (--speculation-baseline-url) set to the same server with speculation off")

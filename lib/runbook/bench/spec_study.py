@@ -48,35 +48,75 @@ def requests_for(kind: str, context: int, n: int, output_len: int, tokenizer: An
     if kind == "agentic":
         from runbook.model.tokenizer import chat_counter  # lazy: jinja2 only for chat prompts
 
-        plan = sessions.SessionPlan(n, o, tokenizer, chat=chat_counter(tokenizer_dir, tokenizer), ignore_eos=False)
-        return [RequestSpec(k, m, output_len, plan.prompt_tokens(m), False) for k in range(n) for m in [plan.opening(k)]]
+        sp = sessions.SessionPlan(n, o, tokenizer, chat=chat_counter(tokenizer_dir, tokenizer), ignore_eos=False)
+        return [RequestSpec(k, m, output_len, sp.prompt_tokens(m), False) for k in range(n) for m in [sp.opening(k)]]
     if kind not in speculation.KINDS:
-        raise InputError(f"--spec-kinds {kind}: one of {', '.join(speculation.KINDS)}")
+        raise InputError(f"speculation kind {kind}: one of {', '.join(speculation.KINDS)}")
     return list(workloads.WORKLOADS[o.workload].build(o, n, ctx).requests)
 
 
-async def _scrape(session: Any, url: str) -> dict[str, float] | None:
-    from runbook.bench.sweep import scrape  # lazy: prometheus_client only when the study runs
+@dataclass
+class Collected:
+    """One server's answers to one bucket's prompts, and its /metrics counters' deltas over them (None: no /metrics)."""
+    records: list[RequestRecord]
+    deltas: dict[str, float] | None = None
 
-    return await scrape(session, url)
+
+Plan = dict[str, tuple[str, int, list[RequestSpec]]]     # "code-256" -> (kind, context tokens, its prompts)
 
 
-async def _bucket(spec_clients: dict[bool, Client], base_clients: dict[bool, Client] | None, reqs: list[RequestSpec]
-                  ) -> tuple[list[RequestRecord], list[RequestRecord], dict[str, float] | None]:
-    """The bucket's prompts one at a time: to the speculating server between two /metrics reads, then to the baseline."""
-    from runbook.bench.sweep import server_deltas  # lazy: with the scrape
+def plan(kinds: tuple[str, ...] = speculation.KINDS, contexts: tuple[int, ...] = (256, 1024), requests: int = 3,
+         output_len: int = 64, tokenizer_dir: str | None = None, seed: int = 0) -> Plan:
+    """Every bucket's prompts, built before any server is asked (a bad kind or tokenizer is an InputError first)."""
+    from runbook.model.tokenizer import load_tokenizer  # lazy: tokenizers only when the study runs
 
-    chat = bool(reqs) and isinstance(reqs[0].prompt, list)
-    client = spec_clients[chat]
-    async with client.session(limit=1) as s:
-        before = await _scrape(s, client.base_url)
-        spec = [await client.send(s, r, "spec") for r in reqs]
-        after = await _scrape(s, client.base_url)
-    base: list[RequestRecord] = []
-    if base_clients is not None:
-        async with base_clients[chat].session(limit=1) as s:
-            base = [await base_clients[chat].send(s, r, "base") for r in reqs]
-    return spec, base, server_deltas(before, after).get("deltas")
+    bad = [k for k in kinds if k not in speculation.KINDS]
+    if bad:
+        raise InputError(f"speculation kinds {','.join(bad)}: each one of {', '.join(speculation.KINDS)}")
+    tok = load_tokenizer(tokenizer_dir)
+    return {f"{k}-{c}": (k, c, requests_for(k, c, requests, output_len, tok, tokenizer_dir, seed)) for c in contexts for k in kinds}
+
+
+def collect(url: str, buckets: Plan, model: str | None = None, api_key: str | None = None, timeout_s: float = 600.0,
+            tokenizer_dir: str | None = None) -> dict[str, Collected]:
+    """Each bucket's prompts sent to `url` one at a time, its /metrics read before and after the bucket."""
+    from runbook.bench.sweep import scrape, server_deltas  # lazy: prometheus_client and aiohttp only when the study runs
+    from runbook.model.tokenizer import load_tokenizer  # lazy: as above
+
+    tok = load_tokenizer(tokenizer_dir)
+    clients = {chat: Client(url, model, chat, api_key, timeout_s, tok) for chat in (False, True)}
+
+    async def go() -> dict[str, Collected]:
+        out = {}
+        for name, (_, _, reqs) in buckets.items():
+            client = clients[bool(reqs) and isinstance(reqs[0].prompt, list)]
+            async with client.session(limit=1) as s:
+                before = await scrape(s, client.base_url)
+                recs = [await client.send(s, r, name) for r in reqs]
+                after = await scrape(s, client.base_url)
+            out[name] = Collected(recs, server_deltas(before, after).get("deltas"))
+        return out
+
+    return run_sync(go())
+
+
+def summarise(buckets: Plan, spec: dict[str, Collected], base: dict[str, Collected] | None, mode: str = "") -> StudyResult:
+    """The buckets' figures from the speculating server's answers and the baseline's (None: no speed-up)."""
+    rows: list[dict[str, Any]] = []
+    problems: dict[str, list[str]] = {}
+    records: dict[str, list[RequestRecord]] = {}
+    for name, (kind, ctx, _) in buckets.items():
+        got = spec.get(name) or Collected([])
+        off = (base or {}).get(name) or Collected([])
+        row, problems[name] = speculation.bucket_row(kind, ctx, got.records, off.records, got.deltas)
+        rows.append(row)
+        records[name] = got.records + off.records
+    findings = [speculation.verdict(rows, mode)] + speculation.problem_findings(problems)
+    if base is None:
+        findings.append(Finding("bench.spec.baseline", "info", "speculative decoding: no speed-up measured",
+                                detail="no server with speculation off was given",
+                                remedy="Start the same server without --spec-type/--model-draft and pass --speculation-baseline-url."))
+    return StudyResult(mode, rows, findings, records)
 
 
 def server_mode(url: str, api_key: str | None = None) -> str:
@@ -94,33 +134,8 @@ def run(url: str, baseline_url: str | None = None, kinds: tuple[str, ...] = spec
         contexts: tuple[int, ...] = (256, 1024), requests: int = 3, output_len: int = 64, tokenizer_dir: str | None = None,
         model: str | None = None, api_key: str | None = None, timeout_s: float = 600.0, seed: int = 0) -> StudyResult:
     """The study against `url` (speculating) and `baseline_url` (the same server, speculation off; None: no speed-up)."""
-    from runbook.model.tokenizer import load_tokenizer  # lazy: tokenizers only when the study runs
-
-    bad = [k for k in kinds if k not in speculation.KINDS]
-    if bad:
-        raise InputError(f"--spec-kinds {','.join(bad)}: each one of {', '.join(speculation.KINDS)}")
-    tok = load_tokenizer(tokenizer_dir)
-    plans = {f"{k}-{c}": (k, c, requests_for(k, c, requests, output_len, tok, tokenizer_dir, seed)) for c in contexts for k in kinds}
+    buckets = plan(kinds, contexts, requests, output_len, tokenizer_dir, seed)
     mode = server_mode(url, api_key)
-
-    async def go() -> StudyResult:
-        def pair(u: str) -> dict[bool, Client]:
-            return {chat: Client(u, model, chat, api_key, timeout_s, tok) for chat in (False, True)}
-
-        spec_clients, base_clients = pair(url), pair(baseline_url) if baseline_url else None
-        rows: list[dict[str, Any]] = []
-        problems: dict[str, list[str]] = {}
-        records: dict[str, list[RequestRecord]] = {}
-        for name, (kind, ctx, reqs) in plans.items():
-            spec, base, deltas = await _bucket(spec_clients, base_clients, reqs)
-            row, problems[name] = speculation.bucket_row(kind, ctx, spec, base, deltas)
-            rows.append(row)
-            records[name] = spec + base
-        findings = [speculation.verdict(rows, mode)] + speculation.problem_findings(problems)
-        if baseline_url is None:
-            findings.append(Finding("bench.spec.baseline", "info", "speculative decoding: no speed-up measured",
-                                    detail="no server with speculation off was given",
-                                    remedy="Start the same server without --spec-type/--model-draft and pass --spec-baseline-url."))
-        return StudyResult(mode, rows, findings, records)
-
-    return run_sync(go())
+    spec = collect(url, buckets, model, api_key, timeout_s, tokenizer_dir)
+    base = collect(baseline_url, buckets, model, api_key, timeout_s, tokenizer_dir) if baseline_url else None
+    return summarise(buckets, spec, base, mode)

@@ -58,6 +58,7 @@ EXTERNAL = {
     "--random-range-ratio": SGLANG_BENCH,
     "--lag": CLIENT_CEILING, "--send-overhead": CLIENT_CEILING, "--engine": "benchmarks/tune_overhead.py",
     "--jinja": "llama.cpp's llama-server",
+    "--metrics": "llama.cpp's llama-server", "--spec-type": "llama.cpp's llama-server", "--model-draft": "llama.cpp's llama-server",
     "--retry": "curl", "--retry-all-errors": "curl",
     "--no-pager": "journalctl", "--now": "systemctl", "--test": "systemd", "--user": "systemd-run",
     "--limit": "ansible-playbook", "--tags": "ansible-playbook",

@@ -130,22 +130,25 @@ def test_metric_counts_ignores_other_and_non_finite_series():
 
 def test_plan_builds_every_kind_and_length_the_same_on_every_call():
     from runbook.bench import spec_study
+    from runbook.bench.settings import BenchSettings
 
-    a = spec_study.plan(contexts=(64, 128), requests=2)
+    o = BenchSettings.resolve(None, speculation=True, speculation_contexts=[64, 128], speculation_requests=2)
+    a = spec_study.plan(o)
     assert list(a) == ["code-64", "agentic-64", "random-64", "code-128", "agentic-128", "random-128"]
     assert all(len(reqs) == 2 and not any(r.ignore_eos for r in reqs) for _, _, reqs in a.values())
     assert isinstance(a["agentic-64"][2][0].prompt, list) and a["agentic-64"][2][0].prompt[0]["role"] == "system"
     assert a["code-64"][2][0].prompt != a["code-64"][2][1].prompt        # no two prompts share a prefix the cache could serve
-    b = spec_study.plan(contexts=(64, 128), requests=2)
+    b = spec_study.plan(o)
     assert [r.prompt for _, _, rs in a.values() for r in rs] == [r.prompt for _, _, rs in b.values() for r in rs]
 
 
 def test_plan_refuses_an_unknown_kind_in_one_line():
     from runbook.bench import spec_study
+    from runbook.bench.settings import BenchSettings
     from runbook.core.errors import InputError
 
     with pytest.raises(InputError, match=r"^speculation kinds prose: each one of code, agentic, random$"):
-        spec_study.plan(kinds=("code", "prose"))
+        spec_study.plan(BenchSettings(), kinds=("code", "prose"))
 
 
 def test_summarise_without_a_baseline_says_so_and_keeps_the_verdict_first():

@@ -65,16 +65,17 @@ class Collected:
 Plan = dict[str, tuple[str, int, list[RequestSpec]]]     # "code-256" -> (kind, context tokens, its prompts)
 
 
-def plan(kinds: tuple[str, ...] = speculation.KINDS, contexts: tuple[int, ...] = (256, 1024), requests: int = 3,
-         output_len: int = 64, tokenizer_dir: str | None = None, seed: int = 0) -> Plan:
-    """Every bucket's prompts, built before any server is asked (a bad kind or tokenizer is an InputError first)."""
+def plan(o: BenchSettings, kinds: tuple[str, ...] = speculation.KINDS) -> Plan:
+    """Every bucket's prompts under `o` (speculation_contexts, speculation_requests, output_len, seed, tokenizer), built
+    before any server is asked: a bad kind or tokenizer is an InputError first."""
     from runbook.model.tokenizer import load_tokenizer  # lazy: tokenizers only when the study runs
 
     bad = [k for k in kinds if k not in speculation.KINDS]
     if bad:
         raise InputError(f"speculation kinds {','.join(bad)}: each one of {', '.join(speculation.KINDS)}")
-    tok = load_tokenizer(tokenizer_dir)
-    return {f"{k}-{c}": (k, c, requests_for(k, c, requests, output_len, tok, tokenizer_dir, seed)) for c in contexts for k in kinds}
+    tok = load_tokenizer(o.tokenizer)
+    return {f"{k}-{c}": (k, c, requests_for(k, c, o.speculation_requests, o.output_len, tok, o.tokenizer, o.seed))
+            for c in o.speculation_contexts for k in kinds}
 
 
 def collect(url: str, buckets: Plan, model: str | None = None, api_key: str | None = None, timeout_s: float = 600.0,
@@ -130,12 +131,11 @@ def server_mode(url: str, api_key: str | None = None) -> str:
         return ""
 
 
-def run(url: str, baseline_url: str | None = None, kinds: tuple[str, ...] = speculation.KINDS,
-        contexts: tuple[int, ...] = (256, 1024), requests: int = 3, output_len: int = 64, tokenizer_dir: str | None = None,
-        model: str | None = None, api_key: str | None = None, timeout_s: float = 600.0, seed: int = 0) -> StudyResult:
-    """The study against `url` (speculating) and `baseline_url` (the same server, speculation off; None: no speed-up)."""
-    buckets = plan(kinds, contexts, requests, output_len, tokenizer_dir, seed)
-    mode = server_mode(url, api_key)
-    spec = collect(url, buckets, model, api_key, timeout_s, tokenizer_dir)
-    base = collect(baseline_url, buckets, model, api_key, timeout_s, tokenizer_dir) if baseline_url else None
+def run(o: BenchSettings, model: str | None = None, api_key: str | None = None) -> StudyResult:
+    """The study against `o.server` (speculating) and `o.speculation_baseline_url` (the same server with speculation off;
+    None: no speed-up)."""
+    buckets = plan(o)
+    mode = server_mode(o.server, api_key)
+    spec = collect(o.server, buckets, model, api_key, o.timeout, o.tokenizer)
+    base = collect(o.speculation_baseline_url, buckets, model, api_key, o.timeout, o.tokenizer) if o.speculation_baseline_url else None
     return summarise(buckets, spec, base, mode)

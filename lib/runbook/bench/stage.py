@@ -39,10 +39,7 @@ def _speculation(res: BenchResult, s: BenchSettings) -> None:
     """--speculation: the study's figures as the summary's `speculation`, its findings (the verdict first) before the rest."""
     from runbook.bench import spec_study  # lazy: the study's client only when asked for
 
-    st = spec_study.run(s.server, s.speculation_baseline_url, contexts=tuple(s.speculation_contexts),
-                        requests=s.speculation_requests, output_len=s.output_len, tokenizer_dir=s.tokenizer,
-                        model=s.model or res.summary.get("model"), timeout_s=s.timeout, seed=s.seed,
-                        api_key=os.environ.get(s.api_key_env) if s.api_key_env else None)
+    st = spec_study.run(s, s.model or res.summary.get("model"), os.environ.get(s.api_key_env) if s.api_key_env else None)
     res.summary["speculation"] = st.data()
     res.findings[:0] = st.findings
 

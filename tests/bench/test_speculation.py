@@ -189,3 +189,8 @@ def test_frame_plot_and_headline_from_a_summary():
     assert report.speculation_headline(res).startswith("acceptance on real text 70 % vs random tokens 10 % (ngram-mod)")
     assert report.speculation_headline(None).startswith("not measured: run with speculation=True")
     assert report.speculation_frame({}).empty
+
+
+def test_steps_without_the_counts_to_check_them_give_no_accept_length():
+    row, problems = sp.bucket_row("code", 256, [rec(0, 4, 3)], [], {"llamacpp:spec_decode_num_drafts_total": 2.0})
+    assert row["accept_length"] is None and problems == [] and row["acceptance"] == 0.75

@@ -43,7 +43,8 @@ class FakeLlama(ThreadedApp):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for k in range(8):
-            await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, "text": f" t{k}", "finish_reason": None}]}).encode() + b"\n\n")
+            chunk = {"choices": [{"index": 0, "text": f" t{k}", "finish_reason": None}]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         last = {"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
                 "usage": {"prompt_tokens": 64, "completion_tokens": 8}}
         if t != "absent":

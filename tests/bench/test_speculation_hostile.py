@@ -25,10 +25,14 @@ class FakeLlama(ThreadedApp):
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
         if self.metrics is not None:
             app.router.add_get("/metrics", self.metrics_page)
         if self.props:
             app.router.add_get("/props", self.props_page)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "smollm2", "object": "model"}]})
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         return web.Response(text=self.metrics)
@@ -92,3 +96,18 @@ def test_a_server_without_props_or_metrics_still_gives_the_responses_figures():
     assert got["code-64"].deltas is None and st.mode == ""
     assert (st.rows[0]["acceptance"], st.rows[0]["accept_length"]) == (4 / 6, None)
     assert [f.id for f in st.findings] == ["bench.spec.real_vs_random", "bench.spec.baseline"]
+
+
+def test_the_stage_runs_the_study_after_its_levels_and_records_it(fake):
+    from runbook import bench
+    from runbook.core import spec as specmod
+
+    spec = specmod.load()
+    opts = bench.BenchStageOptions(url=fake.url, concurrency=[1], requests=2, warmup=0, workload="code", output_len=8,
+                                   archive="", speculation=True, speculation_contexts=[64], speculation_requests=1)
+    res = bench.evaluate(spec, opts)
+    assert res.summary["levels"][0]["completed"] == 2
+    study = res.data()["speculation"]
+    assert study["mode"] == "ngram-simple" and [b["kind"] for b in study["buckets"]] == ["code", "agentic", "random"]
+    assert res.findings[0].id == "bench.spec.real_vs_random"
+    assert "Speculative decoding per corpus kind and context" in bench.text_table(res)

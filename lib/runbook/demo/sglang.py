@@ -37,6 +37,7 @@ from runbook.core import SGLANG_VERSION, oscalls, paths
 from runbook.core import spec as specmod
 from runbook.core.errors import RunbookError
 from runbook.core.spec import Deployment
+from runbook.demo import realmodel
 from runbook.demo.llama import train_tokenizer
 from runbook.endpoint.reach import fetch_json
 from runbook.service import build
@@ -196,6 +197,14 @@ def tiny_model(dest: Path | None = None, python: Path | None = None, timeout: fl
         shutil.rmtree(work, ignore_errors=True)
 
 
+def ensure_model(model_dir: Path, python: Path) -> Path:
+    """The model a demo deployment names, built once when it is missing: the real model (runbook.demo.realmodel) at
+    its own place, the tiny random one anywhere else (a checkpoint already there is served as it is)."""
+    if realmodel.is_real_model(model_dir):
+        return realmodel.build(model_dir.parent, python=python) / realmodel.HF
+    return tiny_model(model_dir, python=python)
+
+
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         try:
@@ -341,7 +350,7 @@ def launch(dep: Deployment | None = None, *, port: int | None = None, flags: Map
         raise EngineError(f"port {port} on {dep.serving.host} is in use; SGLang was not started (pick another port)")
     py = Path(dep.serving.python)
     check_engine(py)
-    tiny_model(Path(dep.model.path), python=py)
+    ensure_model(Path(dep.model.path), py)
     cmd = list(argv) if argv is not None else launch_argv(dep)
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="sglang-", suffix=".log")

@@ -194,3 +194,12 @@ def test_frame_plot_and_headline_from_a_summary():
 def test_steps_without_the_counts_to_check_them_give_no_accept_length():
     row, problems = sp.bucket_row("code", 256, [rec(0, 4, 3)], [], {"llamacpp:spec_decode_num_drafts_total": 2.0})
     assert row["accept_length"] is None and problems == [] and row["acceptance"] == 0.75
+
+
+def test_token_id_prompts_go_to_completions_and_messages_to_chat():
+    from runbook.bench import spec_study
+    from runbook.endpoint.records import RequestSpec
+
+    assert spec_study.is_chat([RequestSpec(0, [{"role": "user", "content": "hi"}], 8)])
+    assert not spec_study.is_chat([RequestSpec(0, [41802, 31305], 8)])          # random token ids: a list, not chat
+    assert not spec_study.is_chat([RequestSpec(0, "def f():", 8)]) and not spec_study.is_chat([])

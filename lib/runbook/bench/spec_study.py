@@ -78,6 +78,11 @@ def plan(o: BenchSettings, kinds: tuple[str, ...] = speculation.KINDS) -> Plan:
             for c in o.speculation_contexts for k in kinds}
 
 
+def is_chat(reqs: list[RequestSpec]) -> bool:
+    """Chat messages (a list of dicts), not a completion's text or token ids (a list of ints)."""
+    return bool(reqs) and isinstance(reqs[0].prompt, list) and bool(reqs[0].prompt) and isinstance(reqs[0].prompt[0], dict)
+
+
 def collect(url: str, buckets: Plan, model: str | None = None, api_key: str | None = None, timeout_s: float = 600.0,
             tokenizer_dir: str | None = None) -> dict[str, Collected]:
     """Each bucket's prompts sent to `url` one at a time, its /metrics read before and after the bucket."""
@@ -90,7 +95,7 @@ def collect(url: str, buckets: Plan, model: str | None = None, api_key: str | No
     async def go() -> dict[str, Collected]:
         out = {}
         for name, (_, _, reqs) in buckets.items():
-            client = clients[bool(reqs) and isinstance(reqs[0].prompt, list)]
+            client = clients[is_chat(reqs)]
             async with client.session(limit=1) as s:
                 before = await scrape(s, client.base_url)
                 recs = [await client.send(s, r, name) for r in reqs]

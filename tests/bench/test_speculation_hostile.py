@@ -93,7 +93,7 @@ def test_a_server_without_props_or_metrics_still_gives_the_responses_figures():
         st = spec_study.summarise(buckets, got, None, spec_study.server_mode(srv.url))
     finally:
         srv.stop()
-    assert got["code-64"].deltas is None and st.mode == ""
+    assert got["code-64"].deltas is None and st.mode == ""          # neither /props nor /slots answered
     assert (st.rows[0]["acceptance"], st.rows[0]["accept_length"]) == (4 / 6, None)
     assert [f.id for f in st.findings] == ["bench.spec.real_vs_random", "bench.spec.baseline"]
 
@@ -111,3 +111,33 @@ def test_the_stage_runs_the_study_after_its_levels_and_records_it(fake):
     assert study["mode"] == "ngram-simple" and [b["kind"] for b in study["buckets"]] == ["code", "agentic", "random"]
     assert res.findings[0].id == "bench.spec.real_vs_random"
     assert "Speculative decoding per corpus kind and context" in bench.text_table(res)
+
+
+@pytest.mark.parametrize("props, slots, mode", [
+    ("ngram-mod", None, "ngram-mod"),
+    ("none", [{"id": 0, "speculative": True}], "on"),          # 0.3.36: /props says none while the slots speculate
+    ("none", [{"id": 0, "speculative": False}], "none"),
+    (None, ["junk", {"id": 0}], ""),
+    (None, {"not": "a list"}, ""),
+])
+def test_server_mode_from_props_then_slots(props, slots, mode):
+    class Modes(ThreadedApp):
+        url = ""
+
+        def routes(self, app: web.Application) -> None:
+            if props is not None:
+                app.router.add_get("/props", self.p)
+            if slots is not None:
+                app.router.add_get("/slots", self.s)
+
+        async def p(self, request: web.Request) -> web.Response:
+            return web.json_response({"default_generation_settings": {"params": {"speculative.types": props}}})
+
+        async def s(self, request: web.Request) -> web.Response:
+            return web.json_response(slots)
+
+    srv = Modes().start()
+    try:
+        assert spec_study.server_mode(srv.url) == mode
+    finally:
+        srv.stop()

@@ -126,13 +126,22 @@ def summarise(buckets: Plan, spec: dict[str, Collected], base: dict[str, Collect
 
 
 def server_mode(url: str, api_key: str | None = None) -> str:
-    """What speculation the server says it runs: llama-server's /props `speculative.types` ('' where not said)."""
+    """What speculation the server runs, as far as it says: llama-server's /props `speculative.types` where it names
+    one; else its /slots `speculative` flag ("on" / "none"; 0.3.36's /props reports `none` per slot even while the
+    server speculates); "" where neither answers."""
+    base = url.rstrip("/")
     try:
-        props = fetch_json(url.rstrip("/") + "/props", api_key, 10.0)
-        params = (props.get("default_generation_settings") or {}).get("params") or {}
-        v = params.get("speculative.types")
-        return str(v) if isinstance(v, (str, list)) and v else ""
+        props = fetch_json(base + "/props", api_key, 10.0)
+        v = ((props.get("default_generation_settings") or {}).get("params") or {}).get("speculative.types")
+        if isinstance(v, str) and v and v != "none":
+            return v
     except Exception:  # noqa: BLE001 - an unknown mode is said as such, never a failure of the study
+        pass
+    try:
+        slots = fetch_json(base + "/slots", api_key, 10.0, expect=list)
+        flags = {s.get("speculative") for s in slots if isinstance(s, dict)}
+        return "on" if True in flags else "none" if flags == {False} else ""
+    except Exception:  # noqa: BLE001 - as above
         return ""
 
 

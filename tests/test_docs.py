@@ -59,6 +59,8 @@ EXTERNAL = {
     "--lag": CLIENT_CEILING, "--send-overhead": CLIENT_CEILING, "--engine": "benchmarks/tune_overhead.py",
     "--jinja": "llama.cpp's llama-server",
     "--metrics": "llama.cpp's llama-server", "--spec-type": "llama.cpp's llama-server", "--model-draft": "llama.cpp's llama-server",
+    "--spec-ngram-simple-size-n": "llama.cpp's llama-server", "--spec-ngram-simple-size-m": "llama.cpp's llama-server",
+    "--modes": "benchmarks/spec_real_vs_random.py", "--threads": "benchmarks/spec_real_vs_random.py",
     "--retry": "curl", "--retry-all-errors": "curl",
     "--no-pager": "journalctl", "--now": "systemctl", "--test": "systemd", "--user": "systemd-run",
     "--limit": "ansible-playbook", "--tags": "ansible-playbook",

@@ -108,12 +108,26 @@ def real_sglang(real_model, tmp_path_factory):
     srv.stop()
 
 
+@pytest.fixture(scope="session")
+def real_sglang_fp8(real_model, tmp_path_factory):
+    """The same real model with `--kv-cache-dtype fp8_e4m3` and no scaling factors (scale 1.0, as SGLang logs): the
+    story's configuration, the candidate every real-weights accuracy comparison measures against `real_sglang`."""
+    from runbook.demo import realmodel
+    from runbook.demo import sglang as demo
+
+    dep = demo.deployment(demo.free_port(), source=realmodel.spec_path(), flags={"kv-cache-dtype": "fp8_e4m3"})
+    srv = demo.start(dep, log_path=tmp_path_factory.mktemp("sglang-real-fp8") / "server.log")
+    yield srv
+    srv.stop()
+
+
 # ---------------------------------------------------------------- markers: what `make test-fast` leaves out
 # A reason marker (pyproject's `markers`) implies `slow`; a test that takes one of these fixtures, directly or
 # through another fixture, gets the fixture's reason. tests/test_markers.py checks that every test whose source
 # shows a reason (running the serving interpreter, `runbook run`, llama-server, chromium) carries it.
 SLOW_REASONS = ("serving", "llama", "sglang", "browser", "notebook", "server")
-SLOW_FIXTURES = {"llama": "llama", "sglang_server": "sglang", "real_sglang": "sglang", "real_model": "serving",
+SLOW_FIXTURES = {"llama": "llama", "sglang_server": "sglang", "real_sglang": "sglang", "real_sglang_fp8": "sglang",
+                 "real_model": "serving",
                  "browser": "browser", "lab": "browser", "default_run": "notebook",
                  "s3": "server", "wheel_venv": "server"}
 

@@ -1,4 +1,5 @@
-"""A real local HTTP server on a free loopback port, answering from a table (path -> status, JSON)."""
+"""A real local HTTP server on a free loopback port, answering from a table (path -> status, JSON; for a POST a
+callable JSON is called with the request's JSON body)."""
 from __future__ import annotations
 
 import json
@@ -20,6 +21,14 @@ def serve(routes: dict, require_bearer: str | None = None):
             status, body = routes.get(self.path, (404, {"error": "not found"}))
             if callable(body):
                 body = body()
+            self._send(status, body)
+
+        def do_POST(self):  # noqa: N802 - a route's callable gets the request's JSON body
+            sent = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
+            seen.append((self.path, self.headers.get("Authorization")))
+            status, body = routes.get(self.path, (404, {"error": "not found"}))
+            if callable(body):
+                body = body(sent)
             self._send(status, body)
 
         def _send(self, status, body):

@@ -11,9 +11,12 @@ from runbook.runner import params
 
 def test_the_demo_run_params_fit_every_notebook_of_the_run():
     notebooks = [REPO / "notebooks" / f"{s.notebook}.ipynb" for s in registry.stages() if s.in_default_run]
-    pairs = run_params("http://127.0.0.1:30000", Path("/tmp/demo-sglang-server.log"), "/models/tiny")[1::2]
+    pairs = run_params("http://127.0.0.1:30000", Path("/tmp/demo-sglang-server.log"), "/models/tiny",
+                       "http://127.0.0.1:30001")[1::2]
     typed = params.resolve(pairs, notebooks)    # raises on a value a declaring notebook's type refuses
     by_name = {nb.stem: v for nb, v in typed.items()}
     assert by_name["50_accuracy"]["lengths"] == [512, 1024]
-    assert by_name["40_benchmark"]["url"] == by_name["50_accuracy"]["url"] == "http://127.0.0.1:30000"
+    assert by_name["40_benchmark"]["url"] == by_name["50_accuracy"]["compare_url"] == "http://127.0.0.1:30000"
     assert "concurrency" not in by_name["40_benchmark"]   # the spec's levels, not a --param accuracy reads too
+    assert by_name["50_accuracy"]["url"] == "http://127.0.0.1:30001"     # 50 judges the FP8-KV candidate against it
+    assert "compare_url" not in by_name["40_benchmark"]

@@ -211,7 +211,7 @@ def test_tune_tables_fit_the_page_and_show_gaps_and_figures_as_a_reader_expects(
     from runbook import tune
 
     parts = tune.frames(TUNE)
-    assert [list(p.columns)[:2] for p in parts] == [["pre-check", "KV dtype"], ["load within SLO", "tok/s"], ["guard", "verdict"]]
+    assert [list(p.columns)[:2] for p in parts] == [["pre-check", "KV dtype"], ["load within SLO", "tok/s"], ["gain vs reference", "guard"]]
     assert sorted(c for p in parts for c in p.columns) == sorted(tune.frame(TUNE).columns)     # split, nothing lost
     shown = [tables.text(p) for p in parts] + [tables.text(tune.buckets_frame(TUNE)), tables.text(tune.launches_frame(TUNE))]
     for t in shown:

@@ -142,7 +142,9 @@ def test_resume_after_a_kill_skips_the_finished_candidates(tmp_path):
         time.sleep(0.2)
     rep = run(path, tmp_path, resume=run_id)
     assert rep.run_id == run_id and "reference" in rep.resumed
-    assert first.read_bytes() == before                    # not run again
+    again = json.loads(first.read_text())                  # its first run not run again; its repeats (the noise) added
+    assert {k: v for k, v in again.items() if k != "repeats"} == json.loads(before)
+    assert [r["status"] for r in again["repeats"]] == ["done", "done"] and again["repeats"][0]["seq"] > 1
     rows = {r["name"]: r for r in rep.rows}
     assert rows["q8-kv"]["status"] == rows["np4"]["status"] == "done"
     assert rows["q8-kv"]["guard"]["status"] in ("pass", "fail")   # compared with the archived reference's outputs

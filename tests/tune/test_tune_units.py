@@ -34,6 +34,8 @@ def _spec(tune: dict, tmp_path=None) -> spec_mod.Deployment:
     ({"budget_s": 0}, "tune.budget_s"),
     ({"engine": "vllm"}, "tune.engine"),
     ({"nonsense": 1}, "tune.nonsense: unknown key"),
+    ({"reference_runs": 0}, "tune.reference_runs"),
+    ({"confidence": 1.5}, "tune.confidence"),
 ])
 def test_bad_tune_sections_are_one_line_naming_the_key(tune, msg):
     with pytest.raises(SpecError) as e:
@@ -120,14 +122,14 @@ def test_recommendation_is_the_highest_load_within_slo_then_throughput_among_gua
     rec = recommend.recommend(dep, rows)
     assert rec["name"] == "fp8" and not rec["is_reference"]
     assert [r["verdict"] for r in rows] == ["ran, not the best", "not recommended: accuracy guard failed — ", "recommended",
-                                            "skipped", "ran, not the best"]
+                                            "skipped", "ran, not compared with the reference: no per-request figures to pair"]
     assert rec["command"].startswith("python -m runbook service install --deployment ")
     assert "--arg kv-cache-dtype=fp8_e4m3 --yes" in rec["command"]
     assert recommend.recommend(dep, [_row("x", status="failed")]) is None
-    # a few per cent more throughput at the same load is noise: keep the deployment as it is
-    close = [_row("reference", guard="reference", limit=8, tps=100), _row("fp8", limit=8, tps=104)]
-    assert recommend.recommend(dep, close)["is_reference"] and close[1]["verdict"] == "ran, not the best"
-    assert recommend.recommend(dep, [close[0], _row("fp8", limit=8, tps=106)])["name"] == "fp8"
+    # more throughput at the same load wins only outside the measured noise (test_tune_noise.py); one figure each
+    # has no noise to measure: keep the deployment as it is
+    close = [_row("reference", guard="reference", limit=8, tps=100), _row("fp8", limit=8, tps=150)]
+    assert recommend.recommend(dep, close)["is_reference"] and close[1]["verdict"].startswith("ran, not compared")
     # started, but not as planned: not a configuration to serve
     bad_start = {**_row("fp8", limit=64, tps=900), "startup": [{"id": "verify.kv_dtype", "status": "fail", "title": "x"}]}
     assert recommend.recommend(dep, [close[0], bad_start])["is_reference"]

@@ -1,5 +1,5 @@
-"""Stage 50: KV-quantization error offline (kvquant), long-context recall, greedy identity and
-tool calls (`toolcall`) live.
+"""Stage 50: KV-quantization error offline (kvquant), long-context recall, greedy identity, tool calls (`toolcall`)
+and KL divergence against a reference (`kld`) live.
 `evaluate(spec, ...)` is the entry point (`runbook accuracy report`, 50_accuracy); `report` holds
 its tables and plots."""
 from runbook.accuracy.settings import AccuracySettings
@@ -8,9 +8,14 @@ from runbook.core.lazy import exports
 
 # Imported on first use (core/lazy.py): the registry imports this package to read its contract.
 __getattr__, __dir__ = exports(__name__, {"kv_table": "report", "toolcall_frames": "report", "plot_growth": "report",
-    "plot_recall": "report",
+    "plot_recall": "report", "kld_table": "report", "plot_kld": "report",
+    "kv_layer_table": "report", "kv_layer_errors": "report", "plot_layers": "report",
+    "kld_windows": "scoring:windows", "measure_reference": "kldprobe", "measure_candidate": "kldprobe",
+    "kld_verdict": "kld:judge", "kld_finding": "kld:verdict",
     "AccuracyReport": "stage", "assess": "stage", "ToolCallReport": "toolcall", "probe_toolcalls": "toolcall:run",
     "first_difference": "identity", "greedy_outputs": "identity:outputs", "run_recall": "probes"})
 
 __all__ = ["STAGE", "AccuracyOptions", "AccuracySettings", "AccuracyReport", "assess", "ToolCallReport", "evaluate", "kv_table",
-           "plot_growth", "plot_recall", "probe_toolcalls", "toolcall_frames", "first_difference", "greedy_outputs", "run_recall"]
+           "plot_growth", "plot_recall", "kv_layer_table", "kv_layer_errors", "plot_layers", "probe_toolcalls", "toolcall_frames",
+           "first_difference", "greedy_outputs", "run_recall", "kld_table", "plot_kld", "kld_windows", "measure_reference",
+           "measure_candidate", "kld_verdict", "kld_finding"]

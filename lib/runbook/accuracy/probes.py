@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook import quant
-from runbook.accuracy import identity, recall
+from runbook.accuracy import identity, kldprobe, recall
 from runbook.accuracy.kvquant import active_format
 from runbook.accuracy.settings import AccuracySettings
 from runbook.core.errors import InputError
@@ -104,3 +104,9 @@ def run_identity(s: AccuracySettings) -> IdentityResult:
         batch, f = run_sync(identity.batch_invariance(s, url, texts, tok))
         findings.append(f)
     return IdentityResult(rows, batch, diffs, findings)
+
+
+
+def run_kld(s: AccuracySettings, reference: str | None = None) -> tuple[dict[str, Any], list[Finding]]:
+    """KL divergence of s.url from `reference` (default s.compare_url) against the noise floor (accuracy/kldprobe.py)."""
+    return kldprobe.run(s, reference)

@@ -22,6 +22,54 @@ def kv_table(rows: Sequence[dict[str, Any]]):
     return (agg * 100).round(3).rename(columns=lambda c: c + " %")
 
 
+def kv_layer_table(layers: Sequence[dict[str, Any]]):
+    """Which layers clip at scale 1.0 (kvstats.clipping_layers: the worst KV head per layer), clipping ones first;
+    shares in percent."""
+    df = pd.DataFrame(layers)
+    if df.empty:
+        return df
+    df = df.sort_values(["clips_e4m3", "layer"], ascending=[False, True]).set_index("layer")
+    df["clips at 1.0"] = df["clips_e4m3"].map({True: "E4M3", False: "no"}).where(~df["clips_e5m2"], "E4M3 and E5M2")
+    for c in ("k_e4m3_clip_share", "v_e4m3_clip_share", "k_e5m2_clip_share", "v_e5m2_clip_share"):
+        df[c] = df[c] * 100
+    cols = {"clips at 1.0": "clips at 1.0", "k_absmax": "K |max|", "v_absmax": "V |max|", "k_e4m3_clip_share": "K > 448 %",
+            "v_e4m3_clip_share": "V > 448 %", "k_e5m2_clip_share": "K > 57,344 %", "v_e5m2_clip_share": "V > 57,344 %"}
+    return df[list(cols)].rename(columns=cols)
+
+
+def kv_layer_errors(rows: Sequence[dict[str, Any]]):
+    """Attention-output relative error (%) per layer (rows) and storage format × scaling (columns)."""
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    df["variant"] = df["format"] + " " + df["scaling"]
+    return (df.pivot_table(index="layer", columns="variant", values="attn_out_rel_err", aggfunc="max") * 100).round(3)
+
+
+def plot_layers(layers: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]):
+    """Per layer: |K| and |V| maxima against FP8's limits (left), attention-output error per format (right)."""
+    lf, rf = pd.DataFrame(layers), pd.DataFrame(rows)
+    fig, (a, b) = figure((11, 3.8), ncols=2)
+    if not lf.empty:
+        a.semilogy(lf["layer"], lf["k_absmax"], marker="o", label="K (after RoPE)")
+        a.semilogy(lf["layer"], lf["v_absmax"], marker="s", label="V")
+        a.axhline(448, color="red", ls="--", lw=1, label="E4M3 max 448")
+    a.set_title("Largest |value| per layer (worst KV head)", fontsize=10)
+    a.set_xlabel("layer")
+    a.grid(True, alpha=0.3)
+    a.legend(fontsize=7)
+    if not rf.empty:
+        for (fmt, sc), g in rf.groupby(["format", "scaling"]):
+            b.semilogy(g["layer"], g["attn_out_rel_err"].clip(lower=1e-6) * 100, marker=".", label=f"{fmt} {sc}")
+    b.set_title("Attention-output error per layer", fontsize=10)
+    b.set_xlabel("layer")
+    b.set_ylabel("relative error (%)")
+    b.grid(True, alpha=0.3)
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 # The tool-call cases as two tables that fit a page, one row per tool and mode: what came back, then the arguments.
 TOOLCALL_ANSWER = ["called", "name", "in_content", "in_reasoning", "content_chars", "finish_reason", "error"]
 TOOLCALL_ARGUMENTS = ["arguments_valid", "schema_errors", "arguments_chars", "argument_deltas", "last_delta_share"]
@@ -71,5 +119,57 @@ def plot_recall(grid: Sequence[dict[str, Any]], title: str = "Needle recall (exa
     ax.set_ylabel("needle depth")
     ax.set_title(title)
     fig.colorbar(im, ax=ax, label="fraction recalled")
+    fig.tight_layout()
+    return fig
+
+
+def _bucket(r: dict[str, Any]) -> str:
+    return f"[{r['from']:,}, {r['to']:,})"
+
+
+def kld_table(doc: dict[str, Any]):
+    """The KLD probe per depth bucket and overall: the candidate beside the noise floor (`doc`: probes.run_kld's
+    document, or any {"candidate": KldResult.data(), "floor": KldResult.data()})."""
+    cand, floor = doc.get("candidate") or {}, doc.get("floor") or {}
+    rows = list(cand.get("by_depth") or []) + ([{**cand["overall"], "from": None}] if cand.get("overall") else [])
+    frows = list(floor.get("by_depth") or []) + ([floor["overall"]] if floor.get("overall") else [])
+    out = []
+    for i, r in enumerate(rows):
+        f = frows[i] if i < len(frows) else {}
+        ci = r.get("kld_ci") or [None, None]
+        out.append({"depth": "all" if r.get("from") is None else _bucket(r), "positions": r.get("positions"),
+                    "mean KLD": r.get("kld_mean"), "KLD 95 % CI": (f"{ci[0]:.5f} … {ci[1]:.5f}" if ci[0] is not None else None),
+                    "floor mean KLD": f.get("kld_mean"), "KLD p99": r.get("kld_p99"), "KLD max": r.get("kld_max"),
+                    "same top-1 %": 100 * r["same_top1"] if r.get("same_top1") is not None else None,
+                    "floor same top-1 %": 100 * f["same_top1"] if f.get("same_top1") is not None else None,
+                    "PPL ratio": r.get("ppl_ratio"), "RMS Δp %": 100 * r["dp_rms"] if r.get("dp_rms") is not None else None})
+    df = pd.DataFrame(out)
+    return df.set_index("depth") if not df.empty else df
+
+
+def plot_kld(doc: dict[str, Any]):
+    """Mean KLD (with its bootstrap CI) and same-top-1 by depth bucket: the noise floor(s) and the candidate."""
+    series = [("reference vs itself (second pass)", doc.get("floor")), ("reference vs itself (batched)", doc.get("floor_batch")),
+              ("candidate", doc.get("candidate"))]
+    shown = [(n, d) for n, d in series if d and d.get("by_depth")]
+    fig, axes = figure((10, 3.6), ncols=2)
+    for name, d in shown:
+        rows = [r for r in (d or {})["by_depth"] if r.get("positions")]
+        x = np.arange(len(rows))
+        y = np.array([r["kld_mean"] for r in rows])
+        lo = np.array([r["kld_ci"][0] if r.get("kld_ci") and r["kld_ci"][0] is not None else m for r, m in zip(rows, y, strict=False)])
+        hi = np.array([r["kld_ci"][1] if r.get("kld_ci") and r["kld_ci"][1] is not None else m for r, m in zip(rows, y, strict=False)])
+        axes[0].errorbar(x, y, yerr=[np.maximum(y - lo, 0), np.maximum(hi - y, 0)], marker="o", capsize=3, label=name)
+        axes[1].plot(x, [100 * r["same_top1"] for r in rows], marker="o", label=name)
+        for ax in axes:
+            ax.set_xticks(x, [_bucket(r) for r in rows], fontsize=7)
+    axes[0].set_title("Mean KL divergence from the reference by depth", fontsize=10)
+    axes[0].set_ylabel("nats per token")
+    axes[1].set_title("Same top-1 token as the reference by depth", fontsize=10)
+    axes[1].set_ylabel("%")
+    for ax in axes:
+        ax.set_xlabel("depth (tokens of context)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

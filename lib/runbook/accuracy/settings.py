@@ -6,6 +6,7 @@ notebook and tune's guard alike). A leaf: nothing else of runbook.accuracy is im
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -13,14 +14,14 @@ from pydantic import Field
 from runbook.core.options import Fraction, Integer, Options, PosInt, Url, internal, validate
 from runbook.core.spec import Accuracy, Deployment
 
-PROBES = ("kvquant", "recall", "identity", "report", "toolcall")
+PROBES = ("kvquant", "recall", "identity", "report", "toolcall", "kld")
 _PLAN = Accuracy()          # the spec's defaults: the settings' defaults where no spec is given
-_SPEC_URL = ("recall", "toolcall")   # the probes that default to the spec's own server; report and identity skip without --url
+_SPEC_URL = ("recall", "toolcall", "kld")   # the probes that default to the spec's own server; report and identity skip without --url
 
 
 class AccuracySettings(Options):
-    probe: Literal["kvquant", "recall", "identity", "report", "toolcall"] = Field(
-        "report", description="report: all four, what 50_accuracy shows (live probes skip without --url)")
+    probe: Literal["kvquant", "recall", "identity", "report", "toolcall", "kld"] = Field(
+        "report", description="report: all of them, what 50_accuracy shows (live probes skip without --url)")
     url: Url | None = Field(None, description="recall, toolcall: the endpoint (default: the spec's); identity, report: A, and "
                                               "the server checked for batch invariance (default: none, skipped)")
     compare_url: Url | None = Field(None, description="recall, report: A/B second endpoint (e.g. BF16 KV); identity: B, a "
@@ -32,7 +33,8 @@ class AccuracySettings(Options):
     depths: list[Fraction] = Field(default_factory=lambda: list(_PLAN.recall_depths),
                                    description="recall: needle depths as fractions (default: the spec's)")
     per_cell: PosInt = Field(1, description="recall: needles per length × depth cell (default 1)")
-    tokenizer: str | None = Field(None, description="dir with tokenizer.json: exact prompt lengths")
+    tokenizer: str | None = Field(None, description="dir with tokenizer.json: exact prompt lengths; kld: the windows' token "
+                                                    "ids (kld default: the spec's model dir when it has one)")
     seed: Integer = Field(0, description="the prompts are deterministic from this seed (default 0)")
     prompts: PosInt = Field(8, description="identity: number of prompts (default 8)")
     max_tokens: PosInt = Field(64, description="identity: greedy tokens per prompt (default 64)")
@@ -43,7 +45,20 @@ class AccuracySettings(Options):
         "auto", description="toolcall, report: auto (default: what agent loops send) or required (the server must call a "
                             "tool; prose is then a fail: the chat template or parser ignores the tools)")
     toolcall_max_tokens: PosInt = Field(1024, description="toolcall, report: tokens per tool-call answer (default 1024)")
-    out: str | None = Field(None, description="recall, report: archive the prompts here")
+    out: str | None = Field(None, description="recall, report: archive the prompts here (report, kvquant: and the KV scales)")
+    kv_model: str | None = Field(None, description="kvquant, report: an HF checkpoint dir whose cached K and V the KV study "
+                                                   "measures (default: the deployment's model when it is here and at most 2 "
+                                                   "GiB; else the MiniLM encoder)")
+    kld_windows: PosInt = Field(4, description="kld, identity, report: windows of the frozen code corpus scored by both "
+                                               "servers (default 4)")
+    kld_window_tokens: PosInt = Field(1024, description="kld, identity, report: token ids per window, cut with --tokenizer "
+                                                        "(default 1024; at most the servers' context)")
+    kld_top_k: PosInt = Field(20, description="kld, identity, report: the reference's top-k per position; the rest is one "
+                                              "tail bucket (default 20)")
+    kld_chunk: PosInt = Field(128, description="kld, identity, report: positions per candidate request, which bounds its "
+                                               "answer (default 128)")
+    floor_url: Url | None = Field(None, description="kld, identity, report: a restart of the reference with the same "
+                                                    "settings, for the noise floor (default: a second pass on the reference)")
     # Set by the run itself, never a flag or a notebook parameter:
     api_key_env: str | None = internal(None, "the spec's serving.api_key_env: the variable holding the API key")
 
@@ -71,6 +86,8 @@ class AccuracySettings(Options):
                     "api_key_env": spec.serving.api_key_env}
             if given.get("probe", "report") in _SPEC_URL:
                 base["url"] = spec.serving.local_url
+            if given.get("probe") == "kld" and (Path(spec.model.path) / "tokenizer.json").is_file():
+                base["tokenizer"] = spec.model.path       # kld cuts windows into ids: the served checkpoint's tokenizer
         s = validate(cls, {**base, **given})
         if spec is not None:     # a prompt longer than the server's --context-length would be rejected
             ctx = spec.serving.flags.get("context-length")

@@ -1,5 +1,5 @@
-"""Stage 50's contract and entry point: the offline KV-quantization study plus the live recall, greedy-identity and
-tool-call probes (each a `skip` finding when its endpoint is not given or not reachable)."""
+"""Stage 50's contract and entry point: the offline KV-quantization study plus the live recall, greedy-identity,
+tool-call and KL-divergence probes (each a `skip` finding when its endpoint is not given or not reachable)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,26 +26,28 @@ class AccuracyReport:
     toolcall: dict[str, Any] = field(default_factory=dict)     # accuracy.toolcall.ToolCallReport.data()
     identity_batch: list[dict[str, Any]] = field(default_factory=list)         # url at concurrency 1 vs N
     identity_differences: list[dict[str, Any]] = field(default_factory=list)   # what differs between identity's A and B
+    kld: dict[str, Any] = field(default_factory=dict)        # probes.run_kld: url against compare_url, per depth
 
     def data(self) -> dict[str, Any]:
-        return {"kvquant": {"rows": self.study.rows, "growth": self.study.growth, "source": self.study.source,
-                            "active": list(self.active)},
+        return {"kvquant": {**self.study.data(), "active": list(self.active)},
                 "recall": dict(self.recall), "identity": self.identity, "identity_batch": self.identity_batch,
-                "identity_differences": self.identity_differences, "toolcall": dict(self.toolcall)}
+                "identity_differences": self.identity_differences, "toolcall": dict(self.toolcall), "kld": dict(self.kld)}
 
 
 def assess(spec: Deployment, s: AccuracySettings) -> AccuracyReport:
     """The KV study, then the live probes with the settings (`AccuracySettings.resolve`); greedy identity compares
     s.url with s.identity_b, and its findings name what differs between the two."""
-    from runbook.accuracy import kvquant, probes, toolcall  # lazy: numpy, ml_dtypes and aiohttp only when the stage runs
+    from runbook.accuracy import kvstudy, probes, toolcall  # lazy: numpy, ml_dtypes and aiohttp only when the stage runs
 
     active = probes.deployment_format(spec)
-    study = kvquant.run(spec.accuracy, active=active)
+    study = kvstudy.study(spec, s, active)
     rec, recall_findings = probes.run_recall(s)
     ident = probes.run_identity(s)
     tc = toolcall.run(s)
-    return AccuracyReport(study, active, rec, ident.rows, study.findings + recall_findings + ident.findings + tc.findings,
-                          tc.data(), ident.batch, ident.differences)
+    kl, kld_findings = probes.run_kld(s)
+    return AccuracyReport(study, active, rec, ident.rows,
+                          study.findings + recall_findings + ident.findings + tc.findings + kld_findings,
+                          tc.data(), ident.batch, ident.differences, kl)
 
 
 # The flags and notebook parameters: the settings (accuracy/settings.py) a user sets, None meaning the spec's value.
@@ -57,10 +59,11 @@ def evaluate(spec: Deployment, options: Options) -> AccuracyReport:
 
 
 def _kvquant(spec: Deployment, o: Options) -> Outcome:
-    from runbook.accuracy import kvquant, probes  # lazy: numpy and ml_dtypes (~0.7 s) only when a probe runs
+    from runbook.accuracy import kvstudy, probes  # lazy: numpy and ml_dtypes (~0.7 s) only when a probe runs
 
-    st = kvquant.run(spec.accuracy, active=probes.deployment_format(spec))
-    return Outcome(st.findings, {"kvquant": st.to_json()})
+    active = probes.deployment_format(spec)
+    st = kvstudy.study(spec, AccuracySettings.resolve(spec, o), active)
+    return Outcome(st.findings, {"kvquant": {**st.to_json(), "active": list(active)}})
 
 
 def _recall(spec: Deployment, o: Options) -> Outcome:
@@ -80,14 +83,25 @@ def _toolcall(spec: Deployment, o: Options) -> Outcome:
 def _identity(spec: Deployment, o: Options) -> Outcome:
     from runbook.accuracy import probes  # lazy: numpy and aiohttp only when a probe runs
 
-    ident = probes.run_identity(AccuracySettings.resolve(spec, o))
-    return Outcome(ident.findings, {"identity": ident.rows, "identity_batch": ident.batch,
-                                    "identity_differences": ident.differences})
+    s = AccuracySettings.resolve(spec, o)
+    ident = probes.run_identity(s)
+    # the A/B judged by KL divergence against the noise floor too; greedy identity stays the first-divergence finding
+    kl, kld_findings = probes.run_kld(s, reference=s.identity_b) if s.identity_b else ({}, [])
+    return Outcome(ident.findings + kld_findings, {"identity": ident.rows, "identity_batch": ident.batch,
+                                                   "identity_differences": ident.differences, "kld": kl})
+
+
+def _kld(spec: Deployment, o: Options) -> Outcome:
+    from runbook.accuracy import probes  # lazy: numpy and aiohttp only when a probe runs
+
+    kl, findings = probes.run_kld(AccuracySettings.resolve(spec, o))
+    return Outcome(findings, {"kld": kl})
 
 
 def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
-    """recall (share of needles found), greedy_identical (share of identical prompts) and the KV study's
-    largest attention-output error for this deployment's own KV format."""
+    """recall (share of needles found), greedy_identical (share of identical prompts), the KV study's largest
+    attention-output error for this deployment's own KV format, and the KLD probe's mean KLD, same-top-1 share and
+    PPL ratio against the reference."""
     out: dict[str, Any] = {}
     grid = [c for c in ((data.get("recall") or {}).get("grid") or []) if isinstance(c, dict)]
     total = sum(int(c.get("total") or 0) for c in grid)
@@ -104,12 +118,19 @@ def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
                 if e is not None]
         if errs:
             out["kvquant_attn_rel_err_max"] = round(max(errs), 6)
+    cand = ((data.get("kld") or {}).get("candidate") or {}).get("overall") or {}
+    for key, name in (("kld_mean", "kld_mean"), ("same_top1", "kld_same_top1"), ("ppl_ratio", "kld_ppl_ratio")):
+        v = number(cand.get(key))
+        if v is not None:
+            out[name] = round(v, 6)
     return out
 
 
 STAGE = register(Stage(50, "accuracy", "accuracy",
-                       "KV-quantization error offline; long-context recall, greedy identity and tool calls live",
+                       "KV-quantization error offline; long-context recall, greedy identity, tool calls and KL "
+                       "divergence against a reference live",
                        AccuracyOptions, evaluate, figures=figures, trends=("recall", "greedy_identical", "kvquant_attn_rel_err_max"),
                        runner_params={"artifact_dir": "out"},
-                       actions={"kvquant": _kvquant, "recall": _recall, "toolcall": _toolcall, "identity": _identity},
+                       actions={"kvquant": _kvquant, "recall": _recall, "toolcall": _toolcall, "identity": _identity,
+                                "kld": _kld},
                        action_field="probe"))

@@ -188,10 +188,11 @@ class ToolCallReport:
     cases: list[Case] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     server: dict[str, Any] = field(default_factory=dict)     # what /server_info says of tool calls (SGLang)
+    template: dict[str, Any] = field(default_factory=dict)   # prompt tokens with and without the tools (rendered_tools)
 
     def data(self) -> dict[str, Any]:
         return {"url": self.settings.url, "model": self.model, "tool_choice": self.settings.tool_choice, "server": dict(self.server),
-                "cases": [c.to_dict() for c in self.cases]}
+                "template": dict(self.template), "cases": [c.to_dict() for c in self.cases]}
 
     def to_json(self) -> dict[str, Any]:
         return {"toolcall": self.data(), "findings": [f.to_dict() for f in self.findings]}
@@ -362,6 +363,45 @@ async def probe(s: AccuracySettings, url: str, model: str | None, tools: list[st
     return cases
 
 
+async def _prompt_tokens(session: aiohttp.ClientSession, url: str, headers: dict[str, str], body: dict[str, Any]) -> int | None:
+    """usage.prompt_tokens of a one-token answer to `body`; None when the server reports none."""
+    async with session.post(url, json={**body, "max_tokens": 1, "stream": False}, headers=headers, allow_redirects=False) as r:
+        raw = await read_bounded(r, str(r.url), MAX_BODY_BYTES)
+        if r.status >= 400:
+            return None
+    n = (decode_json(url, raw).get("usage") or {}).get("prompt_tokens")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
+async def rendered_tools(s: AccuracySettings, url: str, model: str | None, timeout_s: float = 180.0) -> dict[str, Any]:
+    """The same conversation with and without the tools, counted by the server (usage.prompt_tokens): equal counts
+    mean the chat template dropped the tools, so the model never saw one and cannot call it, whatever the parser."""
+    c = Client(url, model, chat=True, api_key=s.api_key)
+    body = _body(s, "read_file", False, model)
+    bare = {k: v for k, v in body.items() if k not in ("tools", "tool_choice")}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            with_tools = await _prompt_tokens(session, c.url, c.headers(), body)
+            without = await _prompt_tokens(session, c.url, c.headers(), bare)
+    except (BadResponse, asyncio.TimeoutError, aiohttp.ClientError, OSError, ValueError):
+        with_tools = without = None
+    return {"prompt_tokens_with_tools": with_tools, "prompt_tokens_without_tools": without}
+
+
+def template_finding(t: dict[str, Any], tool_choice: str = "auto") -> Finding:
+    a, b = t.get("prompt_tokens_with_tools"), t.get("prompt_tokens_without_tools")
+    fid, title = "accuracy.toolcall.template", "the chat template renders the tools"
+    if a is None or b is None:
+        return Finding(fid, "skip", f"{title}: not measured (the server reported no prompt token count)")
+    if a > b:
+        return Finding(fid, "pass", f"{title}: the prompt is {a - b} tokens longer with them ({b} → {a})")
+    return Finding(fid, "fail" if tool_choice == "required" else "warn",
+                   f"{title}: no — the prompt is {a} tokens with the tools and {b} without: the model never sees them",
+                   detail="so no answer can be a tool call, whatever the model or the parser",
+                   remedy="Serve a chat template that renders tools (SGLang: --chat-template FILE; llama-server: --jinja "
+                          "with a tool-aware template), or a tool-trained model whose own template does.")
+
+
 def _came_back(c: Case) -> str:
     head = " ".join(c.content_head.split())[:40]
     return repr(head + ("…" if c.content_chars > len(head) else "")) if head else "no text"
@@ -460,13 +500,14 @@ def run(s: AccuracySettings, tools: list[str] | None = None, timeout_s: float = 
             evidence=redact_text(why, [api_key]) if api_key else why, remedy="Start the server, or give its URL.")])
     model = s.model or run_sync(model_name(url, api_key))
     cases = run_sync(probe(s, url, model, tools, timeout_s))
+    template = run_sync(rendered_tools(s, url, model, timeout_s))
     server = server_settings(url, api_key)
-    out = findings(cases, s.tool_choice)
+    out = [template_finding(template, s.tool_choice), *findings(cases, s.tool_choice)]
     if server:
         said = "; ".join(f"{k}: {v}" for k, v in server.items())
         out = [replace(f, detail=f"{f.detail + '; ' if f.detail else ''}server's {said}")
                if f.id == "accuracy.toolcall.parsed" else f for f in out]
-    return ToolCallReport(s, model, cases, out, server)
+    return ToolCallReport(s, model, cases, out, server, template)
 
 
 def server_settings(url: str, api_key: str | None = None) -> dict[str, Any]:

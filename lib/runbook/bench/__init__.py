@@ -13,9 +13,9 @@ __getattr__, __dir__ = exports(__name__, {"frame": "report", "frames": "report",
     "text_table": "report",
     "turns_frame": "report", "server_frame": "report", "queue_frame": "report",
     "BenchResult": "run", "compare_previous": "regression", "measure": "run",
-    "stats": "metrics", "tpot_s": "metrics", "ttft_s": "metrics"})
+    "stats": "metrics", "tpot_s": "metrics", "ttft_s": "metrics", "e2e_s": "metrics", "sign_flip_interval": "ab"})
 
-__all__ = ["STAGE", "BenchResult", "BenchSettings", "BenchStageOptions", "measure", "compare_previous", "evaluate",
+__all__ = ["STAGE", "BenchResult", "BenchSettings", "BenchStageOptions", "measure", "compare_previous", "e2e_s", "evaluate",
            "frame", "frames", "plot_cdf", "plot_latency", "plot_slo_search", "plot_telemetry", "plot_throughput",
-           "plot_turns", "queue_frame", "server_frame", "spec_decoding_frame", "speculation_frame", "plot_speculation",
-           "speculation_headline", "stats", "text_table", "tpot_s", "ttft_s", "turns_frame"]
+           "plot_turns", "queue_frame", "server_frame", "sign_flip_interval", "spec_decoding_frame", "speculation_frame",
+           "plot_speculation", "speculation_headline", "stats", "text_table", "tpot_s", "ttft_s", "turns_frame"]

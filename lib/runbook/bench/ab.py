@@ -69,8 +69,9 @@ AB_SIGN_FLIPS = 20_000
 AB_MIN_INTERVAL_BLOCKS = 6    # 2^5 = 32 orders cannot make a 95% interval: 1 − 2/32 < 0.95
 
 
-def sign_flip_interval(xs: list[float], seed: int = 0) -> tuple[float | None, float | None, float | None]:
-    """Mean of the block differences with a 95% randomisation interval for their shift.
+def sign_flip_interval(xs: list[float], seed: int = 0,
+                       confidence: float = 0.95) -> tuple[float | None, float | None, float | None]:
+    """Mean of the block differences with a randomisation interval for their shift (95% by default).
 
     Each block's order (AB or BA) is a fair coin, so under "B = A + δ" each block difference is
     symmetric about δ and only its sign is random. Inverting the sign-flip test gives Hartigan's (1969)
@@ -97,7 +98,7 @@ def sign_flip_interval(xs: list[float], seed: int = 0) -> tuple[float | None, fl
             parts.append((drawn[size > 0] @ a) / size[size > 0])
             empty += int((size == 0).sum())
         sub = np.sort(np.concatenate(parts))
-    k = math.floor(0.025 * (len(sub) + empty + 1)) - empty
+    k = math.floor((1 - confidence) / 2 * (len(sub) + empty + 1)) - empty
     if k < 1:
         return m, None, None
     return m, float(sub[k - 1]), float(sub[len(sub) - k])

@@ -53,6 +53,10 @@ class Guard(Strict):
     recall_depths: list[_Fraction] = Field(default_factory=lambda: [0.5], max_length=MAX_LIST)
     max_recall_drop: float = Field(default=0.0, ge=0, le=1, description="recall below the reference's by more than this fails")
     toolcall: bool = Field(default=True, description="run the tool-call probe (fails when fewer cases pass than on the reference)")
+    kld_windows: int = Field(default=2, ge=0, le=1000, description="SGLang: windows of the code corpus both servers score "
+                             "for the KL divergence against the reference, its noise floor first (0: off; greedy identity "
+                             "then judges)")
+    kld_window_tokens: _Tokens = Field(default=512, description="token ids per KL-divergence window (at most the context)")
 
 
 class Tune(Strict):
@@ -78,7 +82,13 @@ class Tune(Strict):
     longest_context: _Tokens | None = Field(default=None, description="the workload's longest request (default: the largest "
                                             "bucket): a candidate that cannot hold one is skipped")
     min_gain: float = Field(default=0.05, ge=0, le=10, description="a candidate replaces the reference only when it carries "
-                            "more load within the SLOs, or as much and this much more throughput (0.05: 5 %, above noise)")
+                            "more load within the SLOs, or as much and a throughput gain outside the noise of at least this "
+                            "much (0.05: 5 %)")
+    reference_runs: int = Field(default=3, ge=1, le=20, description="times the reference is launched and benchmarked, spread "
+                                "among the candidates (first, then evenly to the last): its launch-to-launch spread is the "
+                                "noise a candidate's gain must clear (1: not measured; each run is one more launch)")
+    confidence: float = Field(default=0.95, ge=0.5, le=0.999, description="the coverage of the interval a candidate's "
+                              "throughput gain over the reference must clear")
     guard: Guard = Guard()
     budget_per_candidate_s: float = Field(default=3600, gt=0, le=MAX_SECONDS)
     budget_s: float = Field(default=8 * 3600, gt=0, le=MAX_SECONDS)

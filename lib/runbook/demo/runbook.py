@@ -2,15 +2,16 @@
 tune on SGLang's own knobs, then tune on llama-server where it adds something SGLang on CPU has not (GGUF KV cache
 types, its n-gram speculative decoding).
 
-1. SGLang (runbook.demo.sglang) serves the tiny HF Llama on a port of its own; every notebook runs on the SGLang
-   demo deployment (deployments/tiny-llama-sglang-cpu.yaml on that port): the plan, the unit, verify on the
-   server's own log and /server_info, the benchmark and accuracy against it.
-2. The server is stopped (tune takes the deployment's port), and stage 60 launches SGLang candidates for real
+1. SGLang (runbook.demo.sglang) serves the real model (runbook.demo.realmodel: SmolLM2-135M-Instruct) on a port of
+   its own, and the same model with an FP8 KV cache without scales beside it; every notebook runs on the real
+   model's deployment (deployments/smollm2-sglang-cpu.yaml on that port): the plan, the unit, verify on the server's
+   own log and /server_info, the benchmark, and accuracy against it with the FP8 server as its A/B candidate.
+2. The servers are stopped (tune takes the deployment's port), and stage 60 launches SGLang candidates for real
    (demo/tune.py: radix cache off, chunked prefill, an FP8 KV cache without scales, a flag SGLang refuses, and the
    same flags on SGLang 0.5.20 where `make serving-canary` built it: the upgrade canary's A/B).
 3. Stage 60 on llama-server candidates (its own CPU deployment).
 
-Each `runbook run` archives under --out; the figures come from tiny CPU models and say nothing about a deployment."""
+Each `runbook run` archives under --out; the figures come from small CPU models and say nothing about a deployment."""
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ from runbook.core import paths
 from runbook.core import spec as spec_mod
 from runbook.core.errors import RunbookError
 from runbook.demo import llama as llama_demo
-from runbook.demo import sglang
+from runbook.demo import realmodel, sglang
 from runbook.demo.tune import write_sglang_spec, write_spec
 
 
@@ -31,32 +32,47 @@ def _log(msg: str) -> None:
     print(f"demo: {msg}", file=sys.stderr, flush=True)
 
 
-def run_params(url: str, log: Path, tokenizer: str) -> list[str]:
+def run_params(url: str, log: Path, tokenizer: str, candidate: str) -> list[str]:
     """The `runbook run --param`s of the demo's SGLang run: 30/35 check the live server at the spec's address (drift,
-    /server_info), 35 reads this start's log; 40 and 50 are given the server (50's live probes run only with a url).
-    The benchmark's levels and lengths are the spec's: a --param reaches every notebook declaring that name, and
-    `concurrency` is bench's levels but accuracy's batch size."""
+    /server_info), 35 reads this start's log; 40 is given the server; 50 judges the candidate beside it (`candidate`:
+    the same model with an FP8 KV cache without scales) against it, the reference (accuracy's url is what is judged,
+    its compare_url the reference: recall's A/B, greedy identity, the KL divergence). The benchmark's levels and
+    lengths are the spec's: a --param reaches every notebook declaring that name (`concurrency` is bench's levels but
+    accuracy's batch size); NOTEBOOK.KEY reaches that notebook alone and wins over the plain name there."""
     return ["--param", f"url={url}", "--param", f"log_file={log}", "--param", f"tokenizer={tokenizer}",
+            "--param", f"accuracy.url={candidate}", "--param", f"accuracy.compare_url={url}",
             "--param", "lengths=512,1024", "--param", "toolcall_max_tokens=64"]
+
+
+# The candidate notebook 50 compares with the reference in the demo: the story's configuration.
+CANDIDATE_FLAGS = {"kv-cache-dtype": "fp8_e4m3"}
 
 
 def run(out: str, llama: bool = True) -> int:
     t0 = time.monotonic()
     cache = paths.cache_dir()
     port = sglang.free_port()
-    spec = write_sglang_spec(cache / "demo-sglang.yaml", port)
+    spec = write_sglang_spec(cache / "demo-sglang.yaml", port, source=realmodel.spec_path())
     dep = spec_mod.load(spec)             # the server runs what the notebooks check (30's drift, 35's plan)
     log = Path(out) / "demo-sglang-server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    cand_dep = sglang.deployment(sglang.free_port(), source=spec, flags=CANDIDATE_FLAGS)
     try:
         srv = sglang.start(dep, log_path=log)
+        try:
+            cand = sglang.start(cand_dep, log_path=Path(out) / "demo-sglang-candidate.log")
+        except BaseException:
+            srv.stop()
+            raise
     except RunbookError as e:
         _log(f"SGLang did not start: {e}")
         return 2
-    _log(f"SGLang {srv.url} ready in {srv.startup_s:.0f} s (log {log}): a tiny random-weight CPU model")
+    _log(f"SGLang {srv.url} ready in {srv.startup_s:.0f} s (log {log}), and beside it {cand.url} with "
+         f"{CANDIDATE_FLAGS}: {realmodel.MODEL_VERSION}, a real 135 M model on CPU")
     try:
-        code = cli(["run", "--deployment", str(spec), "--out", out, *run_params(srv.url, log, dep.model.path)])
+        code = cli(["run", "--deployment", str(spec), "--out", out, *run_params(srv.url, log, dep.model.path, cand.url)])
     finally:
+        cand.stop()
         srv.stop()
     # tune is not part of a plain run (it takes the server down): its own run, SGLang candidates on that port
     _log(f"tune on SGLang: {spec} (a launch takes 25-55 s here)")

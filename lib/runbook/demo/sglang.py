@@ -414,20 +414,23 @@ def wait_ready(srv: SGLangServer, timeout: float = 240.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m runbook.demo.sglang build|serve`: build the tiny model, or serve it until Ctrl-C."""
+    """`python -m runbook.demo.sglang build|serve`: build the demo's model, or serve it until Ctrl-C; `--deployment`
+    picks the demo spec (deployments/smollm2-sglang-cpu.yaml: the real model)."""
     ap = argparse.ArgumentParser(prog="python -m runbook.demo.sglang")
     ap.add_argument("action", choices=["build", "serve"])
     ap.add_argument("--port", type=int)
     ap.add_argument("--mem-fraction-static", type=float)
+    ap.add_argument("--deployment", type=Path, help="a demo spec (default: deployments/" + SPEC_FILE + ")")
     a = ap.parse_args(argv)
+    flags = {"mem-fraction-static": a.mem_fraction_static} if a.mem_fraction_static else None
     try:
+        dep = deployment(a.port or free_port(), flags=flags, source=a.deployment)
         if a.action == "build":
-            dep = deployment()
             version = check_engine(Path(dep.serving.python))
-            model = tiny_model(Path(dep.model.path), python=Path(dep.serving.python))
-            print(f"tiny model at {model}; SGLang {version} in {dep.serving.python}", file=sys.stderr)
+            model = ensure_model(Path(dep.model.path), Path(dep.serving.python))
+            print(f"model at {model}; SGLang {version} in {dep.serving.python}", file=sys.stderr)
             return 0
-        srv = start(port=a.port, flags={"mem-fraction-static": a.mem_fraction_static} if a.mem_fraction_static else None)
+        srv = start(dep)
     except RunbookError as e:
         print(f"sglang: {e}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ from typing import Any
 
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
+from runbook.tune import noise
 
 
 def _candidate(r: dict[str, Any], plan_only: bool) -> Finding:
@@ -38,9 +39,11 @@ def _candidate(r: dict[str, Any], plan_only: bool) -> Finding:
         return Finding("tune.guard", "fail", f"{name}: accuracy guard failed: {bad}",
                        detail=f"tested: {g['tested']}" if g.get("tested") else "",
                        remedy=g.get("remedy") or "Do not serve this candidate: it changes the model's answers.")
+    gain = noise.describe(r.get("gain") or r.get("noise"))
     return Finding("tune.ran", "pass" if r.get("verdict") != "failed" else "fail",
                    f"{name}: ran; {r.get('verdict')}", detail="; ".join([c["title"] for c in g.get("checks", [])]
-                                                                        + ([f"tested: {g['tested']}"] if g.get("tested") else [])))
+                                                                        + ([f"tested: {g['tested']}"] if g.get("tested") else [])
+                                                                        + ([f"throughput: {gain}"] if gain else [])))
 
 
 def _startup(r: dict[str, Any]) -> Finding | None:
@@ -73,8 +76,11 @@ def findings(spec: Deployment, res: dict[str, Any]) -> list[Finding]:
         out.append(Finding("tune.recommendation", "fail", "no candidate ran and passed the accuracy guard",
                            remedy="Read the candidates' findings above."))
     elif rec["is_reference"]:
-        out.append(Finding("tune.recommendation", "pass", f"keep the deployment as it is ({rec['name']} is the best candidate)"))
+        quiet = "; ".join(f"{w['name']} {w['gain']}" for w in rec.get("within_noise") or [])
+        out.append(Finding("tune.recommendation", "pass", f"keep the deployment as it is ({rec['name']} is the best candidate)",
+                           detail=f"no candidate's gain was outside the noise: {quiet}" if quiet else ""))
     else:
-        out.append(Finding("tune.recommendation", "info", f"serve {rec['name']}", detail=rec.get("note") or "",
-                           remedy=rec.get("command") or ""))
+        gain = f"throughput gain {noise.describe(rec['gain'])}" if rec.get("gain") else ""
+        out.append(Finding("tune.recommendation", "info", f"serve {rec['name']}",
+                           detail="; ".join(x for x in (gain, rec.get("note") or "") if x), remedy=rec.get("command") or ""))
     return out

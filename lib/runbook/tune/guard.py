@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from runbook import accuracy
+from runbook.core.errors import RunbookError
 from runbook.core.spec import Deployment
 from runbook.corpus import code_prompts
 from runbook.endpoint.reach import run_sync
@@ -150,6 +151,48 @@ def record(spec: Deployment, url: str, context: int | None, observed: dict[str, 
     return out
 
 
+def _kld_settings(spec: Deployment, url: str, context: int | None) -> accuracy.AccuracySettings:
+    g = spec.tune.guard
+    tokens = min(g.kld_window_tokens, context - 1) if context else g.kld_window_tokens
+    return accuracy.AccuracySettings.resolve(None, url=url, tokenizer=tokenizer_dir(spec), kld_windows=g.kld_windows,
+                                             kld_window_tokens=tokens, concurrency=min(2, g.kld_windows) or None)
+
+
+def kld_reference(spec: Deployment, url: str, context: int | None) -> Any:
+    """While the reference serves: its scores of the KL-divergence windows and its noise floor (accuracy.Reference,
+    kept in memory for the candidates); None where the engine cannot score prompt tokens (llama-server) or it is off;
+    a string saying why it could not be measured."""
+    g = spec.tune.guard
+    if not g.kld_windows or spec.tune.engine != "sglang":
+        return None
+    s = _kld_settings(spec, url, context)
+    tok = load_tokenizer(s.tokenizer)
+    if tok is None:
+        return "no tokenizer.json beside the model to cut the windows into token ids"
+    try:
+        wins = accuracy.kld_windows(tok, s.kld_windows, s.kld_window_tokens)
+        return accuracy.measure_reference(s, wins, url)
+    except RunbookError as e:
+        return " ".join(str(e).split())
+
+
+def kld_candidate(spec: Deployment, reference: Any, url: str, context: int | None) -> dict[str, Any] | None:
+    """The candidate on the reference's windows: its KL divergence, same top-1 and PPL ratio against the reference, and
+    the verdict against the reference's noise floor (accuracy/kld.py: pass, warn, fail); None where not measured."""
+    if reference is None:
+        return None
+    if isinstance(reference, str):
+        return {"status": "skip", "title": f"KL divergence not measured: {reference}"}
+    try:
+        result = accuracy.measure_candidate(_kld_settings(spec, url, context), reference, url)
+    except RunbookError as e:
+        return {"status": "skip", "title": "KL divergence not measured: " + " ".join(str(e).split())}
+    floor = reference.floors[reference.floor_used]
+    v = accuracy.kld_verdict(result, floor)
+    return {"status": v.status, "title": accuracy.kld_finding(result, floor).title, "verdict": v.data(),
+            "overall": result.overall, "by_depth": result.by_depth, "floor": floor.overall, "floor_used": reference.floor_used}
+
+
 def _identity(ref: list[str | None], got: list[str | None], min_tokens: int, tok: Any) -> tuple[str, str, list[Any]]:
     points = []
     for a, b in zip(ref, got, strict=False):
@@ -171,10 +214,16 @@ def compare(spec: Deployment, ref: dict[str, Any], got: dict[str, Any]) -> dict[
     g = spec.tune.guard
     diffs = differences(ref.get("setup"), got.get("setup"))
     checks: list[dict[str, Any]] = []
+    kld = got.get("kld") or {}
+    judged = kld.get("status") in ("pass", "warn", "fail")
+    if kld:
+        checks.append({"probe": "kld", **kld})
     if ref.get("identity") and got.get("identity"):
         tok = load_tokenizer(tokenizer_dir(spec))
         st, line, points = _identity(ref["identity"], got["identity"], g.min_identical_tokens, tok)
-        checks.append({"probe": "identity", "status": st, "title": line, "first_divergence": points})
+        # Where the KL divergence judged, greedy identity is where the outputs first part, not a verdict: on a real
+        # model a near-tie flips a greedy token under any numeric change, harmless or not.
+        checks.append({"probe": "identity", "status": "info" if judged else st, "title": line, "first_divergence": points})
     r, c = ref.get("recall"), got.get("recall")
     if r and c and r["total"] and c["total"]:
         drop = r["correct"] / r["total"] - c["correct"] / c["total"]

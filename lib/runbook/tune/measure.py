@@ -56,6 +56,25 @@ def buckets(records: list[Any], bounds: list[int]) -> list[dict[str, Any]]:
     return out
 
 
+def per_request(levels: list[Any]) -> list[dict[str, Any]]:
+    """Each successful request's output tok/s (its output tokens over its send-to-last-token time), keyed so that the
+    same prompt pairs across candidates: level and request id, or level, session and turn (agentic sessions take ids in
+    send order). `block`: requests of one level that ran side by side (a concurrency's width of ids or sessions) share
+    the server's state, so they are one unit of the paired interval (tune/noise.py), as in stage 40's A/B."""
+    out = []
+    for lv in levels:
+        width = max(1, lv.level.concurrency or 1)
+        for r in lv.records:
+            e2e = bench.e2e_s(r)
+            if not r.ok or not e2e or r.output_tokens <= 0:
+                continue
+            s, t = r.meta.get("session"), r.meta.get("turn")
+            key, unit = (f"s{s}t{t}", s) if isinstance(s, int) and isinstance(t, int) else (str(r.id), r.id)
+            out.append({"key": f"{lv.level.label}/{key}", "block": f"{lv.level.label}/{unit // width}",
+                        "tok_s": round(r.output_tokens / e2e, 4)})
+    return out
+
+
 def _settings(spec: Deployment, url: str, **kw: Any) -> bench.BenchSettings:
     t = spec.tune
     return bench.BenchSettings.resolve(spec, url=url, workload=t.workload, concurrency=list(t.concurrency),
@@ -85,7 +104,8 @@ def run(spec: Deployment, url: str, out: Path | None = None, nvml: Any = None, d
                            "output_tok_s": max((lv["output_tok_s"] or 0 for lv in levels), default=None),
                            "failed_requests": sum(lv["failed"] or 0 for lv in levels),
                            "j_per_token": round(joules / out_tokens, 4) if joules is not None and out_tokens else None,
-                           "energy_skipped": meter.skipped, "findings": [f.to_dict() for f in fixed.findings]}
+                           "energy_skipped": meter.skipped, "findings": [f.to_dict() for f in fixed.findings],
+                           "per_request": per_request(fixed.levels)}
     acc = [r.spec_accept_length for r in recs if r.ok and r.spec_accept_length]
     doc["accept_length"] = round(sum(acc) / len(acc), 3) if acc else None
     if t.slo_search and has_slo(slo) and (deadline is None or time.monotonic() < deadline):

@@ -1,7 +1,9 @@
 """Each finished candidate's verdict, and the one to serve: among the candidates that ran and passed the
-accuracy guard, the highest load within the SLOs (the SLO search's limit), then the highest output
-throughput — and the reference itself unless that candidate beats it by more than `tune.min_gain`. For it,
-the unit diff against the installed unit (30_service's diff) and the exact command that installs it."""
+accuracy guard, the highest load within the SLOs (the SLO search's limit), then the highest throughput gain — and the
+reference itself unless a candidate carries more load within the SLOs, or as much with a throughput gain outside the
+measured noise (noise.py: the requests' paired interval and the reference's launch-to-launch spread) of at least
+`tune.min_gain`. For it, the unit diff against the installed unit (30_service's diff) and the exact command that
+installs it."""
 from __future__ import annotations
 
 import shlex
@@ -12,6 +14,7 @@ from runbook import service
 from runbook.core.errors import InputError, SpecError
 from runbook.core.spec import Deployment
 from runbook.tune import candidates as cands_mod
+from runbook.tune import noise
 
 
 def _score(row: dict[str, Any]) -> tuple[float, float]:
@@ -19,9 +22,17 @@ def _score(row: dict[str, Any]) -> tuple[float, float]:
     return float(b.get("slo_limit") or 0), float(b.get("output_tok_s") or 0)
 
 
+def _gain_mean(row: dict[str, Any]) -> float:
+    return float((row.get("gain") or {}).get("mean") or 0)
+
+
 def _beats(a: dict[str, Any], ref: dict[str, Any], min_gain: float) -> bool:
-    (la, ta), (lr, tr) = _score(a), _score(ref)
-    return la > lr or (la == lr and ta > tr * (1 + min_gain))
+    """More load within the SLOs, or as much and a throughput gain whose interval is above zero and whose estimate is
+    at least min_gain (a gain inside the noise, or too small to be worth a change, keeps the reference)."""
+    (la, _), (lr, _) = _score(a), _score(ref)
+    g = a.get("gain") or {}
+    lo = (g.get("ci") or [None])[0]
+    return la > lr or (la == lr and lo is not None and lo > 0 and _gain_mean(a) >= min_gain)
 
 
 def _startup_failed(row: dict[str, Any]) -> bool:
@@ -50,14 +61,29 @@ def _why_not(row: dict[str, Any]) -> list[str]:
 
 
 def verdict(row: dict[str, Any], best: str | None) -> str:
-    """`recommended`, `ran, not the best`, `not recommended: <every reason>`, or the status of one that did not run."""
+    """`recommended`, `ran, within noise of the reference`, `ran, not compared with the reference: <why>`, `ran, not
+    the best`, `not recommended: <every reason>`, or the status of one that did not run."""
     st = row.get("status")
     if st != "done":
         return {"skipped": "skipped", "failed": "failed", "not_run": "not run", "planned": "passed the pre-check"}.get(str(st), str(st))
     why = _why_not(row)
     if why:
         return "not recommended: " + "; ".join(why)
-    return "recommended" if row["name"] == best else "ran, not the best"
+    if row["name"] == best:
+        return "recommended"
+    g = row.get("gain")
+    if g and (g.get("ci") or [None])[0] is None:
+        return "ran, not compared with the reference: " + str(g.get("note"))
+    if g and not g.get("outside_noise"):
+        return "ran, within noise of the reference"      # the figures: the row's gain (noise.describe)
+    return "ran, not the best"
+
+
+def _within_noise(ok: list[dict[str, Any]], ref: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The eligible candidates that read faster than the reference but not outside the noise: what the verdict names
+    when it keeps the reference."""
+    return [{"name": r["name"], "gain": noise.describe(r.get("gain"))} for r in ok
+            if r is not ref and _gain_mean(r) > 0 and not (r.get("gain") or {}).get("outside_noise")]
 
 
 def _install_command(spec: Deployment, row: dict[str, Any]) -> str:
@@ -82,11 +108,22 @@ def _unit_diff(spec: Deployment, row: dict[str, Any]) -> dict[str, Any]:
 
 def recommend(spec: Deployment, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The recommendation (None when no candidate ran and passed the guard); every row gets its verdict."""
+    t = spec.tune
+    ref_row = next((r for r in rows if r["name"] == t.reference), None)
+    for r in rows:
+        r.pop("gain", None)
+        r.pop("noise", None)
+        if ref_row is not None and r is not ref_row and r.get("status") == "done":
+            r["gain"] = noise.gain(r, ref_row, t.confidence)
+    if ref_row is not None:
+        ref_row["noise"] = noise.reference_noise(ref_row, t.confidence)
     ok = [r for r in rows if eligible(r)]
-    best = max(ok, key=_score) if ok else None
-    ref = next((r for r in ok if r["name"] == spec.tune.reference), None)
-    if best is not None and ref is not None and not _beats(best, ref, spec.tune.min_gain):
-        best = ref                  # within noise of the deployment as it is: nothing to change
+    ref = ref_row if any(r is ref_row for r in ok) else None
+    if ref is None:             # nothing to compare with: the best by its own figures
+        best = max(ok, key=_score) if ok else None
+    else:
+        wins = [r for r in ok if r is not ref and _beats(r, ref, t.min_gain)]
+        best = max(wins, key=lambda r: (_score(r)[0], _gain_mean(r))) if wins else ref
     for r in rows:
         r["verdict"] = verdict(r, best["name"] if best else None)
     if best is None:
@@ -94,7 +131,8 @@ def recommend(spec: Deployment, rows: list[dict[str, Any]]) -> dict[str, Any] | 
     rec: dict[str, Any] = {"name": best["name"], "overlay": best.get("overlay") or {}, "python": best.get("python"),
                            "slo_limit": (best.get("bench") or {}).get("slo_limit"),
                            "output_tok_s": (best.get("bench") or {}).get("output_tok_s"),
-                           "is_reference": best["name"] == spec.tune.reference}
+                           "is_reference": best["name"] == t.reference, "gain": best.get("gain"),
+                           "within_noise": _within_noise(ok, ref) if best is ref else []}
     if spec.tune.engine == "sglang":
         rec.update(_unit_diff(spec, best), command=_install_command(spec, best))
     else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from runbook.core.plots import figure
+from runbook.tune import noise
 
 
 def _ms(a: Any, b: Any) -> str:
@@ -21,7 +22,8 @@ def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                "KV B/token": pred.get("kv_bytes_per_token"),
                "start-up s": r.get("ready_s"), "tokens predicted": pred.get("max_total_num_tokens"),
                "tokens observed": obs.get("max_total_num_tokens"), "running cap": pred.get("max_running_requests"),
-               "load within SLO": b.get("slo_limit"), "tok/s": round(b["output_tok_s"], 1) if b.get("output_tok_s") else None}
+               "load within SLO": b.get("slo_limit"), "tok/s": round(b["output_tok_s"], 1) if b.get("output_tok_s") else None,
+               "gain vs reference": noise.describe(r.get("gain") or r.get("noise")) or None}
         for k in b.get("buckets", []):
             row[f"TTFT p50/p99 ms {k['bucket']}"] = _ms(k["ttft_ms_p50"], k["ttft_ms_p99"])
             row[f"TPOT p50/p99 ms {k['bucket']}"] = _ms(k["tpot_ms_p50"], k["tpot_ms_p99"])
@@ -42,7 +44,7 @@ def frame(data: dict[str, Any]):
 
 # The candidates table as three that fit a page: what was planned and launched, what was measured, the verdict.
 PLAN_COLUMNS = ["pre-check", "KV dtype", "KV B/token", "tokens predicted", "tokens observed", "running cap", "start-up s"]
-VERDICT_COLUMNS = ["guard", "verdict", "reason"]
+VERDICT_COLUMNS = ["gain vs reference", "guard", "verdict", "reason"]
 
 
 def frames(data: dict[str, Any]) -> list[Any]:
@@ -94,7 +96,7 @@ def text_table(rep: Any) -> str:
     """Plain text for the CLI: the table's main columns, then the recommendation."""
     data = rep.data()
     cols = ["candidate", "pre-check", "tokens predicted", "running cap", "start-up s", "tokens observed", "load within SLO",
-            "tok/s", "acceptance", "J/token", "guard", "verdict"]
+            "tok/s", "gain vs reference", "acceptance", "J/token", "guard", "verdict"]
     if data.get("plan_only"):
         cols = ["candidate", "pre-check", "KV dtype", "KV B/token", "tokens predicted", "running cap", "reason"]
     table = [[("—" if r.get(c) is None else str(r.get(c))) for c in cols] for r in rows(data)]
@@ -118,6 +120,11 @@ def recommendation_text(data: dict[str, Any]) -> str:
         parts.append(f"  load within SLO: {rec['slo_limit']} concurrent requests")
     if rec.get("output_tok_s"):
         parts.append(f"  output throughput: {rec['output_tok_s']:.1f} tok/s")
+    if not rec.get("is_reference") and rec.get("gain"):
+        parts.append(f"  throughput gain over the reference: {noise.describe(rec['gain'])}")
+    if rec.get("within_noise"):
+        parts.append("  no candidate's gain was outside the noise: "
+                     + "; ".join(f"{w['name']} {w['gain']}" for w in rec["within_noise"]))
     if not rec.get("is_reference"):
         parts.append(f"  install: {rec.get('command')}")
         if rec.get("diff"):
@@ -148,6 +155,12 @@ def pareto(data: dict[str, Any]) -> list[str]:
     return [n for n, t, lat in pts if not any(t2 >= t and l2 <= lat and (t2, l2) != (t, lat) for _, t2, l2 in pts)]
 
 
+def within_noise(r: dict[str, Any]) -> bool:
+    """A candidate whose throughput gain over the reference could not be told from the noise."""
+    g = r.get("gain") or {}
+    return bool(g) and not g.get("outside_noise")
+
+
 def plot_pareto(data: dict[str, Any]):
     """Throughput against TPOT at the highest level; the front joined, accuracy failures as red crosses."""
     fig, ax = figure((7, 4.5))
@@ -158,11 +171,13 @@ def plot_pareto(data: dict[str, Any]):
         if tps is None or lat is None:
             continue
         bad = (r.get("guard") or {}).get("status") == "fail"
+        quiet = within_noise(r)
         pts.append((lat, tps, r["name"]))
-        ax.scatter([lat], [tps], marker="x" if bad else "o", s=70, color="#c0392b" if bad else
-                   ("#1e8449" if r.get("verdict") == "recommended" else "#2e86c1"), zorder=3)
-        ax.annotate(r["name"] + (" (accuracy guard failed)" if bad else ""), (lat, tps), textcoords="offset points",
-                    xytext=(6, 4), fontsize=8)
+        color = "#c0392b" if bad else ("#1e8449" if r.get("verdict") == "recommended" else "#2e86c1")
+        ax.scatter([lat], [tps], marker="x" if bad else "o", s=70, zorder=3, color=color,
+                   **({"facecolors": "none", "edgecolors": color} if quiet and not bad else {}))
+        ax.annotate(r["name"] + (" (accuracy guard failed)" if bad else " (within noise)" if quiet else ""), (lat, tps),
+                    textcoords="offset points", xytext=(6, 4), fontsize=8)
     fr = sorted(p for p in pts if p[2] in front)
     if len(fr) > 1:
         ax.plot([p[0] for p in fr], [p[1] for p in fr], color="#7f8c8d", lw=1, ls="--", zorder=2, label="Pareto front")
@@ -170,6 +185,6 @@ def plot_pareto(data: dict[str, Any]):
     ax.margins(0.12)                     # room for the labels at the edges
     ax.set_xlabel("TPOT p50 at the highest concurrency (ms)")
     ax.set_ylabel("output throughput (tok/s)")
-    ax.set_title("Candidates: throughput against latency (x: accuracy guard failed)")
+    ax.set_title("Candidates: throughput against latency\n(x: accuracy guard failed; hollow: gain within the noise)", fontsize=10)
     ax.grid(alpha=0.3)
     return fig

@@ -1,8 +1,9 @@
 """A tune run: pre-check every candidate (nothing launched), then — unless plan-only — launch the ones that
 passed, one at a time on the deployment's port, with the production unit paused around them (production.py);
 read each one's start-up log, benchmark it, guard its accuracy against the reference, take it down, check the
-GPU memory is free, and archive its result before the next one starts. `resume` continues an archived run,
-skipping the candidates it finished.
+GPU memory is free, and archive its result before the next one starts. The reference is launched again among the
+others (`tune.reference_runs`, benchmarked only): its launch-to-launch spread is the noise a gain must clear.
+`resume` continues an archived run, skipping the candidates (and the reference's runs) it finished.
 
 SIGINT, SIGTERM and SIGHUP are recorded for the whole run (core/oscalls.on_signals), never raised into whatever
 frame runs: each step checks for one (the readiness wait and every sleep at once, the benchmark and the guard
@@ -57,8 +58,10 @@ class Ctx:
     t0: float = field(default_factory=time.monotonic)
     baseline_gpu: list[float] | None = None
     reference: dict[str, Any] | None = None     # the reference's recorded guard outputs
+    kld: Any = None                             # the reference's KL-divergence scores and floor (memory only; guard.py)
     gpu_held: bool = False                      # a candidate's GPU memory was not given back: launch no more
     pause: Any = None                           # production.Pause while the production unit is paused
+    seq: int = 0                                # launches so far: each run's `seq` orders it among the reference's runs
 
 
 def tune_dir(archive: str) -> Path:
@@ -151,13 +154,16 @@ def _launch(ctx: Ctx, cspec: Deployment, log_path: Path) -> Any:
                   systemd=t.systemd_run, stop_signal=ctx.engine.stop_signal)
 
 
-def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) -> dict[str, Any]:
-    """Launch, read the start-up log, benchmark, guard, take down: the candidate's archived row."""
+def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any], run: int = 1) -> dict[str, Any]:
+    """Launch, read the start-up log, benchmark, guard, take down: the candidate's archived row. `run` > 1: the
+    reference again, benchmarked only (its guard outputs are the first run's)."""
     cspec = cands_mod.apply(ctx.spec, c)
     t_start = time.monotonic()
+    ctx.seq += 1
+    row["seq"] = ctx.seq
     log_dir = (ctx.run_dir or Path(paths.outputs_dir())) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / (_file_name(c.name)[:-5] + ".log")
+    log_path = log_dir / (_file_name(c.name)[:-5] + (f".run{run}" if run > 1 else "") + ".log")
     row["log"] = str(log_path)
     shutdown = oscalls.current()
     try:
@@ -175,7 +181,9 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
             row["bench_s"] = round(time.monotonic() - t_bench, 2)
             shutdown.check()
             t_guard = time.monotonic()
-            if time.monotonic() < deadline or c.name == ctx.spec.tune.reference:   # the others need the reference's
+            if run > 1:
+                row["guard"] = {"status": "skip", "checks": [], "title": "the reference again: its speed only"}
+            elif time.monotonic() < deadline or c.name == ctx.spec.tune.reference:   # the others need the reference's
                 _log(ctx, f"{c.name}: accuracy guard")
                 _guard(ctx, cspec, c, row, srv.url)
             else:
@@ -201,6 +209,12 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any]) ->
 def _guard(ctx: Ctx, cspec: Deployment, c: Candidate, row: dict[str, Any], url: str) -> None:
     context = (row.get("observed") or {}).get("context_len") or (row.get("predicted") or {}).get("context_len")
     got = guard.record(cspec, url, context, row.get("observed"), row.get("sglang_version"))
+    if c.name == ctx.spec.tune.reference:
+        ctx.kld = guard.kld_reference(cspec, url, context)
+        if ctx.kld is not None and not isinstance(ctx.kld, str):
+            row["kld_floor"] = {k: f.overall for k, f in ctx.kld.floors.items()}
+    elif (k := guard.kld_candidate(cspec, ctx.kld, url, context)) is not None:
+        got["kld"] = k
     row["guard_outputs"] = got
     if c.name == ctx.spec.tune.reference:
         ctx.reference = got
@@ -211,9 +225,54 @@ def _guard(ctx: Ctx, cspec: Deployment, c: Candidate, row: dict[str, Any], url: 
         row["guard"] = guard.compare(cspec, ctx.reference, got)
 
 
+def plan(todo: list[str], reference: str, extra: int) -> list[tuple[str, bool]]:
+    """The launch order: `todo` as given, with the reference `extra` more times (True) spread evenly among the
+    other candidates, the last after the last of them: the reference's runs then span the run, so their spread holds
+    the host's drift as well as a relaunch's difference (noise.py); all at the end when the others ran before a
+    --resume."""
+    others = [n for n in todo if n != reference]
+    if extra <= 0:
+        return [(n, False) for n in todo]
+    after = [max(1, round(j * len(others) / extra)) for j in range(1, extra + 1)] if others else [0] * extra
+    out = [(n, False) for n in todo if n == reference] + [(reference, True)] * after.count(0)
+    for i, n in enumerate(others, 1):
+        out += [(n, False)] + [(reference, True)] * after.count(i)
+    return out
+
+
+def _repeated(ref_row: dict[str, Any]) -> int:
+    """The reference's finished runs after its first (one cut short or not run is run again on --resume)."""
+    return sum(r.get("status") == "done" for r in ref_row.get("repeats") or [])
+
+
+def _again(ctx: Ctx, ref: tuple[Candidate, PreCheck] | None, rows: dict[str, dict[str, Any]]) -> None:
+    """The reference launched and benchmarked once more; its run goes to the reference row's `repeats`."""
+    row = rows.get(ctx.spec.tune.reference)
+    if ref is None or row is None or row.get("status") != "done":
+        return                       # no first run to repeat
+    if not any(r.get("status") == "done" for n, r in rows.items() if n != row["name"]):
+        return                       # every other launch so far failed: no gain to judge yet, save the launch
+    runs = row.setdefault("repeats", [])
+    rep: dict[str, Any] = {"name": row["name"], "run": _repeated(row) + 2, "status": "planned"}
+    if _left(ctx) <= 0 or ctx.gpu_held:
+        rep.update(status="not_run", reason="the run's budget was spent" if not ctx.gpu_held else "GPU memory was not freed")
+    else:
+        _log(ctx, f"{row['name']}: launching again (run {rep['run']}: the launches' noise)")
+        run_candidate(ctx, ref[0], ref[1], rep, run=rep["run"])
+        ctx.gpu_held = not rep["gpu_memory_freed"]["ok"]
+    runs.append(rep)
+    archive_candidate(ctx, row)
+
+
 def _launch_all(ctx: Ctx, todo: list[tuple[Candidate, PreCheck, dict[str, Any]]], rows: dict[str, dict[str, Any]],
-                findings: list[Finding]) -> None:
+                findings: list[Finding], ref: tuple[Candidate, PreCheck] | None = None) -> None:
     spec = ctx.spec
+    ref_row = rows.get(spec.tune.reference) or next((r for _, _, r in todo if r["name"] == spec.tune.reference), {})
+    by_name = {c.name: (c, p, r) for c, p, r in todo}
+    compared = any(n != spec.tune.reference for n in by_name) or any(
+        n != spec.tune.reference and r.get("status") == "done" for n, r in rows.items())
+    extra = spec.tune.reference_runs - 1 - _repeated(ref_row) if compared else 0    # alone: nothing to compare with
+    ref = ref or next(((c, p) for c, p, _ in todo if c.name == spec.tune.reference), None)
     unit = spec.systemd.unit_name      # the production server on this port (not active: nothing is stopped)
     ready = spec.serving.local_url + spec.systemd.ready_path
     ctx.baseline_gpu = energy.gpu_memory_used(ctx.nvml)
@@ -221,8 +280,12 @@ def _launch_all(ctx: Ctx, todo: list[tuple[Candidate, PreCheck, dict[str, Any]]]
     with production.paused(unit, yes=ctx.settings.yes, ready_url=ready, ready_timeout_s=float(spec.systemd.timeout_start_sec),
                            systemctl=ctx.systemctl) as pause:
         ctx.pause = pause
-        for c, pre, row in todo:
+        for name, again in plan([c.name for c, _, _ in todo], spec.tune.reference, extra):
             shutdown.check()
+            if again:
+                _again(ctx, ref, rows)
+                continue
+            c, pre, row = by_name[name]
             if _left(ctx) <= 0:
                 row.update(status="not_run", reason=f"the run's budget of {ctx.settings.budget_s:g} s was spent")
             elif ctx.gpu_held:
@@ -280,7 +343,12 @@ def _run(ctx: Ctx, cands: list[Candidate]) -> dict[str, Any]:
     if ctx.run_dir is not None:
         atomic_write_json(ctx.run_dir / "run.json", {"deployment": spec.name, "engine": spec.tune.engine,
                                                      "candidates": [c.name for c in cands]})
-    checked = precheck_all(ctx, [c for c in cands if c.name not in done])
+    ref_done = done.get(spec.tune.reference)
+    again = ref_done is not None and spec.tune.reference_runs - 1 > _repeated(ref_done)
+    checked = precheck_all(ctx, [c for c in cands if c.name not in done or (again and c.name == spec.tune.reference)])
+    again_ref = next(((c, p) for c, p, _ in checked if c.name in done and p.status == "ok"), None)   # resumed: run it again
+    checked = [x for x in checked if x[0].name not in done]
+    ctx.seq = max([int(r.get("seq") or 0) for d in done.values() for r in [d, *(d.get("repeats") or [])]], default=0)
     _log(ctx, f"pre-check: {sum(p.status == 'ok' for _, p, _ in checked)} of {len(checked)} candidates pass"
          + (f" ({len(done)} finished in {s.resume})" if done else ""))
     rows: dict[str, dict[str, Any]] = dict(done)
@@ -295,7 +363,7 @@ def _run(ctx: Ctx, cands: list[Candidate]) -> dict[str, Any]:
             if pre.status == "skipped":
                 rows[row["name"]] = row
                 archive_candidate(ctx, row)
-        _launch_all(ctx, [x for x in checked if x[1].status == "ok"], rows, findings)
+        _launch_all(ctx, [x for x in checked if x[1].status == "ok"], rows, findings, again_ref)
     ordered = [rows[c.name] for c in cands if c.name in rows]
     rec = None if s.plan_only else recommend(spec, ordered)
     return {"rows": ordered, "recommendation": rec, "run_dir": str(ctx.run_dir) if ctx.run_dir else None,

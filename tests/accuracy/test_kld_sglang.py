@@ -1,0 +1,50 @@
+"""The KLD probe against the real SGLang server on CPU serving the real model (SmolLM2-135M-Instruct, BF16 weights):
+the reference (BF16 KV) reproduces its own next-token distributions (the noise floor), and an FP8 E4M3 KV cache
+without scales moves them measurably. The reference is the session's BF16 server (real_sglang); its scores are
+kept and the FP8 server is scored against them, as tune's guard would. Small on purpose (2 windows × 1,024 tokens);
+benchmarks/kld_fp8_kv.py measures more."""
+import pytest
+
+from runbook.accuracy import kld, kldprobe, scoring
+from runbook.accuracy.settings import AccuracySettings
+from runbook.demo import realmodel, sglang
+from runbook.model.tokenizer import load_tokenizer
+
+pytestmark = [pytest.mark.sglang]
+
+WINDOWS, TOKENS = 2, 1024
+
+
+def settings(url):
+    return AccuracySettings.resolve(None, None, probe="kld", url=url, tokenizer=str(realmodel.hf_dir()), kld_windows=WINDOWS,
+                                    kld_window_tokens=TOKENS, kld_chunk=256, concurrency=2)
+
+
+def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, real_sglang, tmp_path):
+    wins = scoring.windows(load_tokenizer(realmodel.hf_dir()), WINDOWS, TOKENS)
+    s = settings(real_sglang.url)
+    scoring.check_fits(real_sglang.url, TOKENS)                   # /v1/models' max_model_len: 8,192
+    with pytest.raises(Exception, match="longer than the server's context of 8,192"):
+        scoring.check_fits(real_sglang.url, 8193)
+    ref = kldprobe.measure_reference(s, wins, real_sglang.url)
+    # The same BF16 server, the same positions at other shapes (chunks over a cached prefix vs one pass; two windows
+    # at once): BF16 rounding alone moves the distribution, measured here at ~0.0015 nats — below Q6_K weights' shift.
+    for name, floor in ref.floors.items():
+        o = floor.overall
+        assert o["positions"] == WINDOWS * (TOKENS - 1), name
+        assert 0 <= o["kld_mean"] < 0.005 and o["same_top1"] > 0.97, (name, o)
+    # a trained model on real code: perplexity is a meaningful number, far below the vocabulary's 49,152
+    assert 1.5 < ref.floors["second_pass"].overall["ppl_ref"] < 30
+
+    fp8 = sglang.deployment(sglang.free_port(), source=realmodel.spec_path(), flags={"kv-cache-dtype": "fp8_e4m3"})
+    with sglang.start(fp8, log_path=tmp_path / "fp8.log") as srv:
+        result = kldprobe.measure_candidate(s, ref, srv.url)
+    floor = ref.floors[ref.floor_used]
+    v = kld.judge(result, floor)
+    o = result.overall
+    assert v.excess_ci[0] > 0, (o, v)                          # measurable: every window above the floor
+    assert o["kld_mean"] > 10 * max(floor.overall["kld_mean"], 1e-5)
+    assert o["same_top1"] < 1 and o["ppl_ratio"] > 1
+    assert [(b["from"], b["to"]) for b in result.by_depth] == [(1, 128), (128, 512), (512, 1024)]
+    f = kldprobe.findings(ref, result, "KV cache dtype: auto vs fp8_e4m3")[1]
+    assert f.status == v.status != "pass" and "fp8_e4m3" in f.title

@@ -9,11 +9,13 @@ from runbook.core.lazy import exports
 # Imported on first use (core/lazy.py): the registry imports this package to read its contract.
 __getattr__, __dir__ = exports(__name__, {"frame": "report", "frames": "report", "plot_cdf": "report", "plot_latency": "report",
     "plot_slo_search": "report", "plot_telemetry": "report", "plot_throughput": "report", "plot_turns": "report",
-    "spec_decoding_frame": "report", "text_table": "report", "turns_frame": "report", "server_frame": "report", "queue_frame": "report",
+    "spec_decoding_frame": "report", "speculation_frame": "report", "plot_speculation": "report", "speculation_headline": "report",
+    "text_table": "report",
+    "turns_frame": "report", "server_frame": "report", "queue_frame": "report",
     "BenchResult": "run", "compare_previous": "regression", "measure": "run",
     "stats": "metrics", "tpot_s": "metrics", "ttft_s": "metrics", "e2e_s": "metrics", "sign_flip_interval": "ab"})
 
 __all__ = ["STAGE", "BenchResult", "BenchSettings", "BenchStageOptions", "measure", "compare_previous", "e2e_s", "evaluate",
            "frame", "frames", "plot_cdf", "plot_latency", "plot_slo_search", "plot_telemetry", "plot_throughput",
-           "plot_turns", "queue_frame", "server_frame", "sign_flip_interval", "spec_decoding_frame", "stats", "text_table",
-           "tpot_s", "ttft_s", "turns_frame"]
+           "plot_turns", "queue_frame", "server_frame", "sign_flip_interval", "spec_decoding_frame", "speculation_frame",
+           "plot_speculation", "speculation_headline", "stats", "text_table", "tpot_s", "ttft_s", "turns_frame"]

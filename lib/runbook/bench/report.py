@@ -51,6 +51,9 @@ def text_table(result: Any) -> str:
     if not srv.empty:
         cols = ["ours_mean_ms", "server_mean_ms", "ratio_mean", "ours_p50_ms", "server_p50_ms", "ours_p99_ms", "server_p99_ms"]
         text += "\n\nOurs beside the server's own figures (its /metrics; percentiles within its buckets):\n" + tables.text(srv[cols])
+    spec = speculation_frame(result.summary)
+    if not spec.empty:
+        text += "\n\nSpeculative decoding per corpus kind and context (--speculation):\n" + tables.text(spec)
     return text
 
 
@@ -271,3 +274,53 @@ def plot_telemetry(samples: Any):
             ax.legend(handles=handles, fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig
+
+
+def speculation_frame(summary: dict[str, Any]):
+    """--speculation: one row per corpus kind and context length (bench/speculation.py's figures)."""
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
+
+    rows = [{"kind": b["kind"], "context": b["context_tokens"], "prompt tokens": b["prompt_tokens_mean"],
+             "requests": b["requests"], "drafted": b["drafted"], "accepted": b["accepted"],
+             "acceptance %": None if b["acceptance"] is None else round(100 * b["acceptance"], 1),
+             "accept length": b["accept_length"], "tokens/pass": b["tokens_per_pass"],
+             "tok/s spec": b["tok_s"], "tok/s off": b["tok_s_base"], "speed-up": b["speedup"],
+             "speed-up 95% CI": "—" if not b.get("speedup_ci") else f"{b['speedup_ci'][0]:.2f}–{b['speedup_ci'][1]:.2f}"}
+            for b in (summary.get("speculation") or {}).get("buckets", [])]
+    df = pd.DataFrame(rows)
+    return df.set_index(["kind", "context"]).round(2) if not df.empty else df
+
+
+def plot_speculation(summary: dict[str, Any]):
+    """--speculation: acceptance (left) and speed-up (right) by context length, one line per corpus kind; random
+    tokens dashed."""
+    study = summary.get("speculation") or {}
+    fig, axes = figure((9, 3.4), ncols=2)
+    for key, ax, scale, label in (("acceptance", axes[0], 100, "acceptance (%)"), ("speedup", axes[1], 1, "speed-up (×)")):
+        kinds = dict.fromkeys(b["kind"] for b in study.get("buckets", []))
+        for kind in kinds:
+            pts = [(b["context_tokens"], b[key] * scale) for b in study["buckets"] if b["kind"] == kind and b[key] is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", ls="--" if kind == "random" else "-", label=kind)
+        if key == "speedup":
+            ax.axhline(1.0, color="0.6", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (prompt tokens)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        if ax.get_lines():
+            ax.legend(fontsize=8)
+    mode = study.get("mode")
+    axes[0].set_title(f"draft acceptance: real text vs random tokens{f' ({mode})' if mode else ''}")
+    axes[1].set_title("decode speed-up over speculation off")
+    fig.tight_layout()
+    return fig
+
+
+def speculation_headline(result: Any) -> str:
+    """--speculation's verdict line (its `bench.spec.real_vs_random` finding), or what to do to get one."""
+    f = next((f for f in result.findings if f.id == "bench.spec.real_vs_random"), None) if result else None
+    if f is not None:
+        return f"{f.title}\n{f.detail}"
+    return ("not measured: run with speculation=True (--speculation) against a server that speculates, and "
+            "speculation_baseline_url (--speculation-baseline-url) set to the same server with speculation off")

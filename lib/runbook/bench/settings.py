@@ -78,6 +78,13 @@ class BenchSettings(Options):
     archive: str | None = Field(default=None, description="compare with this deployment's newest benchmark archived here "
                                                   "(default: outputs/; '' to skip)")
     progress: bool = Field(default=False, description="progress bars on stderr")
+    speculation: bool = Field(default=False, description="after the levels, speculative decoding on real text vs random tokens: "
+                                                         "acceptance and speed-up per context length (bench/spec_study.py)")
+    speculation_baseline_url: Url | None = Field(default=None, description="--speculation: the same server with speculative "
+                                                                           "decoding off, for the speed-up (default: none)")
+    speculation_contexts: list[PosInt] = Field(default_factory=lambda: [256, 1024],
+                                               description="--speculation: prompt lengths in tokens, one bucket each (default 256,1024)")
+    speculation_requests: PosInt = Field(default=3, description="--speculation: prompts per corpus kind and length (default 3)")
     # Set by the run itself, never a flag or a notebook parameter:
     api_key_env: str | None = internal(None, "the spec's serving.api_key_env: the variable holding the API key")
     range_ratio: Fraction = internal(0.0, "random: input lengths drawn from U[L·(1−r), L·(1+r)]")
@@ -92,6 +99,8 @@ class BenchSettings(Options):
             raise ValueError("--requests and --duration both bound a level: give one")
         if self.find_max is not None and self.rates and self.concurrency:
             raise ValueError("--find-max slo searches concurrency or rate, not both: give --concurrency START or --rate START")
+        if self.speculation_baseline_url and not self.speculation:
+            raise ValueError("--speculation-baseline-url is the study's baseline: add --speculation")
         if self.workers != 1 and (self.rates or self.duration or self.compare_url):
             raise ValueError("--workers N splits fixed-concurrency levels of --requests over N processes; "
                              "--rate, --duration and --compare-url run in one process: drop --workers")

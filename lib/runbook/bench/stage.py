@@ -2,6 +2,7 @@
 deployment's newest archived benchmark."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,19 @@ def evaluate(spec: Deployment, options: Options) -> BenchResult:
     from runbook.bench.run import measure  # lazy: the HTTP client and numpy only when the stage runs
 
     s = BenchSettings.resolve(spec, options)
-    return measure(spec, s, archive_root=_archive(s.archive))
+    res = measure(spec, s, archive_root=_archive(s.archive))
+    if s.speculation and res.summary.get("levels"):     # a server that answered the levels: the study after them
+        _speculation(res, s)
+    return res
+
+
+def _speculation(res: BenchResult, s: BenchSettings) -> None:
+    """--speculation: the study's figures as the summary's `speculation`, its findings (the verdict first) before the rest."""
+    from runbook.bench import spec_study  # lazy: the study's client only when asked for
+
+    st = spec_study.run(s, s.model or res.summary.get("model"), os.environ.get(s.api_key_env) if s.api_key_env else None)
+    res.summary["speculation"] = st.data()
+    res.findings[:0] = st.findings
 
 
 def _archive(archive: str | None) -> Path | None:

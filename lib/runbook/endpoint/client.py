@@ -70,7 +70,10 @@ def register_transport(cls: type[Transport]) -> type[Transport]:
 
 def _draft_counters(timings: Any, rec: RequestRecord) -> None:
     """llama-server's per-request draft counters (its final chunk's `timings`) as the acceptance length:
-    tokens per target forward pass, each accepted draft token having saved one."""
+    tokens per target forward pass, each accepted draft token having saved one. The object itself is kept as sent
+    (`timings`): bench/speculation.py judges its counters."""
+    if isinstance(timings, dict):
+        rec.timings = timings
     if isinstance(timings, dict) and type(timings.get("draft_n")) is int and type(timings.get("predicted_n")) is int:
         accepted, made = timings.get("draft_n_accepted"), timings["predicted_n"]
         if type(accepted) is int and 0 <= accepted < made:

@@ -36,6 +36,7 @@ class RequestRecord:
     retries: int = 0
     finish_reason: str | None = None
     spec_accept_length: float | None = None
+    timings: dict[str, Any] | None = None                      # llama-server's last `timings` object as sent (draft_n …)
     queue_s: float = 0.0                                      # asked to send → headers on the wire (connection-pool wait)
     level: str = ""
     meta: dict[str, Any] = field(default_factory=dict)

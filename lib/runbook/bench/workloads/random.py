@@ -1,6 +1,6 @@
 """random: uniformly random token ids; input length drawn from U[L·(1−r), L·(1+r)] (integers, both ends
-included; r = range_ratio, default 0 = exactly L). Random tokens make speculative-decoding drafts
-useless: never judge spec decoding on this workload."""
+included; r = range_ratio, default 0 = exactly L). Never judge spec decoding on this workload: drafts on random
+tokens say nothing about real prompts, in either direction (`bench --speculation` measures both)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -46,9 +46,10 @@ class Random(WorkloadType):
 
     def findings(self, summary_levels: list[dict[str, Any]]) -> list[Finding]:
         return [Finding("bench.workload", "warn", "random-token prompts: speculative decoding cannot be judged on them",
-                        detail="Draft models accept almost nothing on random tokens: MTP measured on them looks worse "
-                               "than it is on real prompts.",
-                        remedy="Use --workload code or prefix for spec-decoding decisions.")]
+                        detail="Random tokens say nothing about real prompts: a draft model accepts almost nothing on them, "
+                               "while a model that loops on them lets n-gram drafting accept more than on real text "
+                               "(measured: bench --speculation).",
+                        remedy="Use --workload code or prefix, or --speculation, for spec-decoding decisions.")]
 
 
 WORKLOAD = Random()

@@ -28,11 +28,12 @@ def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, rea
         scoring.check_fits(real_sglang.url, 8193)
     ref = kldprobe.measure_reference(s, wins, real_sglang.url)
     # The same BF16 server, the same positions at other shapes (chunks over a cached prefix vs one pass; two windows
-    # at once): BF16 rounding alone moves the distribution, measured here at ~0.0015 nats — below Q6_K weights' shift.
+    # at once): BF16 rounding alone moves the distribution, measured here at ~0.0015 nats and ~97 % same top-1 (the
+    # small model's near-ties flip) — below Q6_K weights' shift.
     for name, floor in ref.floors.items():
         o = floor.overall
         assert o["positions"] == WINDOWS * (TOKENS - 1), name
-        assert 0 <= o["kld_mean"] < 0.005 and o["same_top1"] > 0.97, (name, o)
+        assert 0 <= o["kld_mean"] < 0.005 and o["same_top1"] > 0.95, (name, o)
     # a trained model on real code: perplexity is a meaningful number, far below the vocabulary's 49,152
     assert 1.5 < ref.floors["second_pass"].overall["ppl_ref"] < 30
 
@@ -43,7 +44,7 @@ def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, rea
     v = kld.judge(result, floor)
     o = result.overall
     assert v.excess_ci[0] > 0, (o, v)                          # measurable: every window above the floor
-    assert o["kld_mean"] > 10 * max(floor.overall["kld_mean"], 1e-5)
+    assert o["kld_mean"] > 3 * floor.overall["kld_mean"]             # measured: ~0.009 against ~0.0015
     assert o["same_top1"] < 1 and o["ppl_ratio"] > 1
     assert [(b["from"], b["to"]) for b in result.by_depth] == [(1, 128), (128, 512), (512, 1024)]
     f = kldprobe.findings(ref, result, "KV cache dtype: auto vs fp8_e4m3")[1]

@@ -165,3 +165,19 @@ def test_secrets_in_server_info_never_show(servers):
     d = identity.config_differences(identity.server_config(a.url), identity.server_config(b.url))
     text = json.dumps([f.to_dict(), d, rows])
     assert key[:10] not in text and MASK in json.dumps(d)     # not even the start of it
+
+
+def test_identity_is_information_where_the_kl_divergence_judged_the_same_pair():
+    """On a real model greedy identity fails under any numeric change; where the KLD judged the same two servers its
+    mismatch becomes where outputs part (info), the verdict the KLD's. Without a KLD verdict, identity still judges."""
+    from runbook.accuracy.probes import judged_by_kld
+    from runbook.core.findings import Finding
+
+    ident = [Finding("accuracy.identity.mismatch", "fail", "greedy outputs differ on 5 of 8 prompts", remedy="r"),
+             Finding("accuracy.identity.batch", "fail", "batch")]
+    for st in ("pass", "warn", "fail"):
+        got = judged_by_kld(ident, [Finding("accuracy.kld.verdict", st, "kld")])
+        assert (got[0].status, got[0].remedy) == ("info", "") and f"accuracy.kld.verdict: {st}" in got[0].detail
+        assert got[1].status == "fail"                       # batch invariance is its own question
+    assert judged_by_kld(ident, []) == ident
+    assert judged_by_kld(ident, [Finding("accuracy.kld.endpoint", "skip", "no")]) == ident

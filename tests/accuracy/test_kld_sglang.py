@@ -7,7 +7,7 @@ import pytest
 
 from runbook.accuracy import kld, kldprobe, scoring
 from runbook.accuracy.settings import AccuracySettings
-from runbook.demo import realmodel, sglang
+from runbook.demo import realmodel
 from runbook.model.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.sglang]
@@ -20,7 +20,7 @@ def settings(url):
                                     kld_window_tokens=TOKENS, kld_chunk=256, concurrency=2)
 
 
-def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, real_sglang, tmp_path):
+def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, real_sglang, real_sglang_fp8):
     wins = scoring.windows(load_tokenizer(realmodel.hf_dir()), WINDOWS, TOKENS)
     s = settings(real_sglang.url)
     scoring.check_fits(real_sglang.url, TOKENS)                   # /v1/models' max_model_len: 8,192
@@ -37,9 +37,7 @@ def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, rea
     # a trained model on real code: perplexity is a meaningful number, far below the vocabulary's 49,152
     assert 1.5 < ref.floors["second_pass"].overall["ppl_ref"] < 30
 
-    fp8 = sglang.deployment(sglang.free_port(), source=realmodel.spec_path(), flags={"kv-cache-dtype": "fp8_e4m3"})
-    with sglang.start(fp8, log_path=tmp_path / "fp8.log") as srv:
-        result = kldprobe.measure_candidate(s, ref, srv.url)
+    result = kldprobe.measure_candidate(s, ref, real_sglang_fp8.url)      # the session's FP8 E4M3 KV server
     floor = ref.floors[ref.floor_used]
     v = kld.judge(result, floor)
     o = result.overall

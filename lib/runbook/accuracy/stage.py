@@ -45,8 +45,10 @@ def assess(spec: Deployment, s: AccuracySettings) -> AccuracyReport:
     ident = probes.run_identity(s)
     tc = toolcall.run(s)
     kl, kld_findings = probes.run_kld(s)
+    # the KLD compares url with compare_url; identity url with identity_b: the same pair unless spec_off_url is given
+    ident_findings = probes.judged_by_kld(ident.findings, kld_findings) if s.identity_b == s.compare_url else ident.findings
     return AccuracyReport(study, active, rec, ident.rows,
-                          study.findings + recall_findings + ident.findings + tc.findings + kld_findings,
+                          study.findings + recall_findings + ident_findings + tc.findings + kld_findings,
                           tc.data(), ident.batch, ident.differences, kl)
 
 
@@ -87,7 +89,8 @@ def _identity(spec: Deployment, o: Options) -> Outcome:
     ident = probes.run_identity(s)
     # the A/B judged by KL divergence against the noise floor too; greedy identity stays the first-divergence finding
     kl, kld_findings = probes.run_kld(s, reference=s.identity_b) if s.identity_b else ({}, [])
-    return Outcome(ident.findings + kld_findings, {"identity": ident.rows, "identity_batch": ident.batch,
+    return Outcome(probes.judged_by_kld(ident.findings, kld_findings) + kld_findings, {
+        "identity": ident.rows, "identity_batch": ident.batch,
                                                    "identity_differences": ident.differences, "kld": kl})
 
 

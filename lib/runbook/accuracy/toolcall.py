@@ -38,7 +38,7 @@ LARGE_ARG_CHARS = 200             # a string argument at least this long should 
 MIN_DELTAS = 3                    # "several" argument deltas before the end
 HEAD_CHARS = 60                   # of an answer without a call, shown as evidence
 PARSER_REMEDY = ("Start SGLang with the tool-call parser for this model family, e.g. `--tool-call-parser qwen3_coder` "
-                 "(Qwen3-Coder), `qwen25`, `llama3`, `deepseekv3`, `glm45`, `kimi_k2`; check the chat template renders tools.")
+                 "(Qwen3-Coder), `qwen` (Qwen2.5), `llama3`, `deepseekv3`, `glm`, `kimi_k2`; check the chat template renders tools.")
 
 # SGLang constrains tool_choice=required (and a named function) with its grammar backend; without one it refuses.
 GRAMMAR_REMEDY = ("The server refused constrained decoding: tool_choice=required needs a grammar backend, and it was "

@@ -81,6 +81,7 @@ serving-canary: $(CANARY_STAMP)
 
 $(REAL_MODEL): $(RUNTIME) $(SERVING_STAMP) deploy/models/smollm2.txt
 	RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python $(PY) -m runbook.demo.realmodel build
+	@touch $@
 
 real-model: $(REAL_MODEL)
 

@@ -28,7 +28,7 @@ def test_recall_passes_with_bf16_kv_and_fp8_is_measured_beside_it(real_sglang, r
 def test_toolcall_says_what_this_model_does(real_sglang):
     """SmolLM2's own ChatML template has no tool section: SGLang counts the same prompt with and without the tools,
     so the probe says the model never saw them — a result about this model, not a parser fault."""
-    rep = toolcall.run(AccuracySettings(probe="toolcall", url=real_sglang.url, toolcall_max_tokens=48), ["read_file"])
+    rep = toolcall.run(AccuracySettings(probe="toolcall", url=real_sglang.url, toolcall_max_tokens=16), ["read_file"])
     st = {f.id.rsplit(".", 1)[1]: f for f in rep.findings}
     assert st["template"].status == "warn", rep.template
     assert rep.template["prompt_tokens_with_tools"] == rep.template["prompt_tokens_without_tools"] > 20

@@ -25,7 +25,7 @@ CANARY_SGLANG_VERSION ?= $(shell sed -n 's/^CANARY_SGLANG_VERSION = "\(.*\)".*/\
 # for SGLang, converted in the serving interpreter and checked by SHA-256 (manifest.json); built once, cached.
 REAL_MODEL := .cache/$(shell sed -n 's/^MODEL_VERSION = "\(.*\)"/\1/p' lib/runbook/demo/realmodel.py)/manifest.json
 
-.PHONY: run test test-fast lint lab venv serving-env serving-canary real-model demo clean-venv docs docs-check
+.PHONY: run test test-fast lint lab venv serving-env serving-canary gateway-env real-model demo clean-venv docs docs-check
 
 $(RUNTIME): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,19 @@ $(CANARY_STAMP): $(SERVING_STAMP)
 
 serving-canary: $(CANARY_STAMP)
 
+# SGLang's gateway (smg) in its own environment, as on a gateway host: the topology tests start the real binary and
+# check every rendered gateway flag with its own argument parser (runbook.service.gateway).
+GATEWAY := .venv-gateway
+GATEWAY_STAMP := $(GATEWAY)/.installed
+$(GATEWAY_STAMP): requirements-gateway.txt
+	@test -x $(GATEWAY)/bin/python || $(PYTHON) -m venv $(GATEWAY)
+	$(GATEWAY)/bin/python -m pip install -q -r requirements-gateway.txt
+	$(GATEWAY)/bin/python -c 'import smg.launch_router' \
+	  || { echo "gateway-env: smg does not import in $(GATEWAY)" >&2; exit 1; }
+	@touch $@
+
+gateway-env: $(GATEWAY_STAMP)
+
 $(REAL_MODEL): $(RUNTIME) $(SERVING_STAMP) deploy/models/smollm2.txt
 	RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python $(PY) -m runbook.demo.realmodel build
 	@touch $@
@@ -119,8 +132,9 @@ docs-check: $(DEV)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir "$$out/site" >"$$out/log" 2>&1 \
 	  || { cat "$$out/log"; echo "docs-check: mkdocs build --strict failed" >&2; exit 1; }
 
-test: $(DEV) $(SERVING_STAMP) $(CANARY_STAMP) $(LLAMA_SERVER) $(REAL_MODEL) lint docs-check
-	RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python $(PY) -m pytest $(PYTEST_ARGS)
+test: $(DEV) $(SERVING_STAMP) $(CANARY_STAMP) $(GATEWAY_STAMP) $(LLAMA_SERVER) $(REAL_MODEL) lint docs-check
+	RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python RUNBOOK_GATEWAY_PYTHON=$(CURDIR)/$(GATEWAY)/bin/python \
+	  $(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
 # The unit tests in under two minutes: no serving interpreter, llama-server, notebooks, browser or servers
 # (the `slow` marker and its reasons: pyproject's [tool.pytest.ini_options] markers, tests/conftest.py).

@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from runbook.core import paths, specyaml
+from runbook.core import paths, specyaml, topospec
 from runbook.core.errors import SpecError
 from runbook.core.secrets import is_secret_key
 from runbook.core.specbase import (
@@ -37,6 +37,7 @@ from runbook.core.specbase import (
     check_flag_names,
     check_flag_values,
 )
+from runbook.core.topospec import Topology
 from runbook.core.tunespec import Tune
 
 DEFAULT_SPEC = paths.default_deployment()   # the checkout's deployments/, or the wheel's packaged copy
@@ -283,6 +284,7 @@ class Deployment(Strict):
     archive: Archive = Archive(url=None)
     alerts: Alerts = Alerts()
     tune: Tune = Field(Tune(), description="stage 60's candidates, workload and budgets")
+    topology: Topology = Field(Topology(), description="replicas behind SGLang's gateway; absent: one server")
     # Filled by load(): where the spec came from, for resolving relative paths and for messages.
     source: str | None = Field(None, exclude=True)
 
@@ -294,7 +296,19 @@ class Deployment(Strict):
                 f"parallelism needs {self.parallelism.gpus} GPUs (tp {self.parallelism.tp} × pp {self.parallelism.pp}) "
                 f"but hardware.gpu_count is {self.hardware.gpu_count}" + (f" × {nodes} nodes" if nodes > 1 else "")
             )
+        if nodes > 1 and self.parallelism.gpus % nodes:
+            raise ValueError(f"parallelism.tp: tp × pp ({self.parallelism.gpus}) must be a multiple of the "
+                             f"{nodes} nodes (SGLang splits the ranks evenly across nodes)")
+        topospec.check(self.topology, gpus_per_server=self.parallelism.gpus, gpu_count=self.hardware.gpu_count,
+                       nodes=nodes, cpu=self.serving.flags.get("device") == "cpu")
         return self
+
+    @property
+    def servers(self) -> list[tuple[str, str]]:
+        """(name, url) of every SGLang server the deployment runs: each replica, or the one server."""
+        if self.topology.replicas:
+            return [(r.name, r.url) for r in self.topology.replicas]
+        return [(self.name, self.serving.local_url)]
 
     def resolve_path(self, p: str) -> Path:
         """A path from the spec: absolute as is, relative to the spec file's directory."""
@@ -322,7 +336,7 @@ def _describe(err: Mapping[str, Any], model: type[BaseModel]) -> str:
     msg = msg.removeprefix("Value error, ")
     # A mapping's validator names the entry first ("context-length: must be ..."): make it part of the key path.
     m = re.match(r"^([^\s:]+): (.*)$", msg)
-    if kind == "value_error" and isinstance(got, dict) and m and m.group(1) in got:
+    if kind == "value_error" and isinstance(got, dict) and m and re.split(r"[.\[]", m.group(1))[0] in got:
         return f"{loc}.{m.group(1)}: {m.group(2)}"
     return f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}"
 

@@ -121,12 +121,24 @@ def real_sglang_fp8(real_model, tmp_path_factory):
     srv.stop()
 
 
+@pytest.fixture(scope="session")
+def gateway_fleet(tmp_path_factory):
+    """Two SGLang CPU replicas of the tiny model behind the real gateway (smg from `make gateway-env`), each started
+    from its rendered unit's ExecStart (runbook.demo.topology), policy cache_aware; shared by the session."""
+    from runbook.demo import topology
+
+    fleet = topology.start(topology.deployment(2), tmp_path_factory.mktemp("fleet"))
+    yield fleet
+    fleet.stop()
+
+
 # ---------------------------------------------------------------- markers: what `make test-fast` leaves out
 # A reason marker (pyproject's `markers`) implies `slow`; a test that takes one of these fixtures, directly or
 # through another fixture, gets the fixture's reason. tests/test_markers.py checks that every test whose source
 # shows a reason (running the serving interpreter, `runbook run`, llama-server, chromium) carries it.
 SLOW_REASONS = ("serving", "llama", "sglang", "browser", "notebook", "server")
-SLOW_FIXTURES = {"llama": "llama", "sglang_server": "sglang", "real_sglang": "sglang", "real_sglang_fp8": "sglang",
+SLOW_FIXTURES = {"llama": "llama", "sglang_server": "sglang", "gateway_fleet": "sglang", "real_sglang": "sglang",
+                 "real_sglang_fp8": "sglang",
                  "real_model": "serving",
                  "browser": "browser", "lab": "browser", "default_run": "notebook",
                  "s3": "server", "wheel_venv": "server"}

@@ -20,7 +20,7 @@ from runbook.core.secrets import is_secret_key
 from runbook.core.spec import Deployment, Node
 from runbook.service import unitfile
 
-_ENV = jinja2.Environment(loader=jinja2.PackageLoader("runbook.service", "templates"), keep_trailing_newline=True,
+TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("runbook.service", "templates"), keep_trailing_newline=True,
                           trim_blocks=False, lstrip_blocks=False, autoescape=False)
 _FLAG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -34,11 +34,11 @@ _CONTROL_BUT_TAB = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 _CONTROL_NAMES = {"\n": "a newline", "\r": "a carriage return", "\0": "a NUL byte", "\t": "a tab"}
 
 
-class _EnvRef(str):
+class EnvRef(str):
     """An ExecStart word the renderer itself writes as ${VAR} for systemd to expand (the API key)."""
 
 
-def _control(value: str, allow_tab: bool = False) -> str | None:
+def control(value: str, allow_tab: bool = False) -> str | None:
     m = (_CONTROL_BUT_TAB if allow_tab else _CONTROL).search(value)
     if not m:
         return None
@@ -46,19 +46,19 @@ def _control(value: str, allow_tab: bool = False) -> str | None:
 
 
 def _no_control(value: str, field: str, fix: str, allow_tab: bool = False) -> None:
-    what = _control(value, allow_tab)
+    what = control(value, allow_tab)
     if what:
         raise SpecError(f"{field}: contains {what}, which a systemd unit line cannot carry; {fix}")
 
 
-def _account(value: str, field: str) -> None:
+def check_account(value: str, field: str) -> None:
     _no_control(value, field, "use a POSIX user/group name (letters, digits, _ . -) or a numeric id")
     if not _ACCOUNT.fullmatch(value):
         raise SpecError(f"{field}: {value!r} is not a valid user/group name; use a POSIX name "
                         "(letters, digits, _ . -, not starting with a digit or -, at most 32 characters) or a numeric id")
 
 
-def _abs_path(value: str, field: str) -> None:
+def abs_path(value: str, field: str) -> None:
     _no_control(value, field, "use an absolute path without control characters")
     if not value.startswith("/") or value != value.strip() or "\\" in value:
         raise SpecError(f"{field}: {value!r} is not a plain absolute path; use an absolute path (starting with /, "
@@ -75,7 +75,7 @@ def _is_host(value: str) -> bool:
     return 0 < len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in name.split("."))
 
 
-def _host(value: str, field: str, wildcard_ok: bool = True) -> None:
+def check_host(value: str, field: str, wildcard_ok: bool = True) -> None:
     if wildcard_ok and value == "":
         return
     if not _is_host(value):
@@ -83,7 +83,7 @@ def _host(value: str, field: str, wildcard_ok: bool = True) -> None:
                         "(letters, digits, - and .) or an IPv4/IPv6 literal without brackets or port")
 
 
-def _pct(value: str) -> str:
+def pct(value: str) -> str:
     """A directive value with systemd specifiers disabled (% -> %%)."""
     return value.replace("%", "%%")
 
@@ -108,15 +108,15 @@ def _validate_places(spec: Deployment) -> None:
     sd, s = spec.systemd, spec.serving
     for field, v in (("systemd.user", sd.user), ("systemd.group", sd.group)):
         if v:
-            _account(v, field)
+            check_account(v, field)
     if sd.working_directory:
-        _abs_path(sd.working_directory, "systemd.working_directory")
+        abs_path(sd.working_directory, "systemd.working_directory")
     if s.env_file:
-        _abs_path(str(spec.resolve_path(s.env_file)), "serving.env_file")
-    _abs_path(s.python, "serving.python")
-    _host(s.host, "serving.host")
+        abs_path(str(spec.resolve_path(s.env_file)), "serving.env_file")
+    abs_path(s.python, "serving.python")
+    check_host(s.host, "serving.host")
     for i, node in enumerate(spec.parallelism.nodes):
-        _host(node.address, f"parallelism.nodes[{i}].address", wildcard_ok=False)
+        check_host(node.address, f"parallelism.nodes[{i}].address", wildcard_ok=False)
     _no_control(spec.model.path, "model.path", "remove it")
     if spec.model.served_name is not None:
         _no_control(spec.model.served_name, "model.served_name", "remove it")
@@ -136,7 +136,7 @@ def _validate_flags(spec: Deployment, args: dict[str, Any] | None, flags: dict[s
         if not _FLAG.fullmatch(k):
             raise SpecError(f"{where}: flag names are lower-case letters, digits and hyphens (e.g. kv-cache-dtype)")
         for item in (v if isinstance(v, (list, tuple)) else [v]):
-            what = _control(str(item), allow_tab=True) if isinstance(item, str) else None
+            what = control(str(item), allow_tab=True) if isinstance(item, str) else None
             if what:
                 raise SpecError(f"--{k}: contains {what}, which a systemd unit line cannot carry; remove it from {where}")
 
@@ -146,7 +146,7 @@ def _validate_env(env: dict[str, str]) -> None:
     for k, v in env.items():
         if not _ENV_NAME.fullmatch(k):
             raise SpecError(f"serving.env.{k}: not a valid environment variable name")
-        what = _control(v, allow_tab=True)
+        what = control(v, allow_tab=True)
         if what:
             raise SpecError(f"environment variable {k}: contains {what}, which a systemd unit line cannot carry; "
                             f"remove it from serving.env.{k}")
@@ -160,6 +160,9 @@ class Rendered:
     unit_name: str
     node: str | None = None
     rank: int = 0
+    replica: str | None = None      # topology.replicas[].name
+    host: str | None = None         # the machine the unit is installed on (a replica's or the gateway's host)
+    env: dict[str, str] | None = None   # Environment= the unit sets, as the server gets it
 
 
 
@@ -188,13 +191,13 @@ def effective_flags(spec: Deployment, args: dict[str, Any] | None = None,
     return flags
 
 
-def _argv(spec: Deployment, flags: dict[str, Any], rank: int = 0) -> list[tuple[str, ...]]:
-    """Groups of words (one group per flag) for ExecStart, in a stable, readable order."""
+def _argv(spec: Deployment, flags: dict[str, Any], rank: int = 0, port: int | None = None) -> list[tuple[str, ...]]:
+    """Groups of words (one group per flag) for ExecStart, in a stable, readable order. `port`: a replica's."""
     s, par = spec.serving, spec.parallelism
     groups: list[tuple[str, ...]] = [(s.python, "-m", "sglang.launch_server"), ("--model-path", spec.model.path)]
     if spec.model.served_name:
         groups.append(("--served-model-name", spec.model.served_name))
-    groups += [("--host", s.host), ("--port", str(s.port)), ("--tp-size", str(par.tp))]
+    groups += [("--host", s.host), ("--port", str(port or s.port)), ("--tp-size", str(par.tp))]
     if par.pp > 1:
         groups.append(("--pp-size", str(par.pp)))
     if par.attn_dp > 1:
@@ -212,25 +215,25 @@ def _argv(spec: Deployment, flags: dict[str, Any], rank: int = 0) -> list[tuple[
         else:
             groups.append((f"--{k}", str(v)))
     if s.api_key_env:
-        groups.append(("--api-key", _EnvRef("${" + s.api_key_env + "}")))
+        groups.append(("--api-key", EnvRef("${" + s.api_key_env + "}")))
     return groups
 
 
-def _exec_start(groups: list[tuple[str, ...]]) -> str:
+def exec_start(groups: list[tuple[str, ...]]) -> str:
     lines = []
     for g in groups:
         words = []
         for w in g:
             # Only the renderer's own ${VAR} reference is left for systemd to expand; a `$` in any
             # spec or --arg value is written `$$` so the server gets it literally.
-            expand = isinstance(w, _EnvRef)
+            expand = isinstance(w, EnvRef)
             words.append(unitfile.quote_word(w, g[0] if g[0].startswith("--") else "ExecStart", expand))
         lines.append(" ".join(words))
     return " \\\n    ".join(lines)
 
 
-def _ready_url(spec: Deployment) -> str:
-    host, port = spec.serving.host, spec.serving.port
+def _ready_url(spec: Deployment, port: int | None = None) -> str:
+    host, port = spec.serving.host, port or spec.serving.port
     host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     if ":" in host:
         host = f"[{host}]"  # an IPv6 literal in a URL
@@ -239,46 +242,63 @@ def _ready_url(spec: Deployment) -> str:
 
 # GET URL until it answers 2xx, at most N tries 5 s apart. The serving interpreter runs it (curl's
 # --retry-all-errors needs curl >= 7.71, which Ubuntu 20.04 and RHEL 8 lack); no shell, values as argv.
-_READY_PROBE = ("import sys,time,urllib.request as u\nfor i in range(int(sys.argv[2])):\n try:\n"
+READY_PROBE = ("import sys,time,urllib.request as u\nfor i in range(int(sys.argv[2])):\n try:\n"
                 "  u.urlopen(sys.argv[1],timeout=5).close();sys.exit(0)\n except Exception:\n  time.sleep(5)\nsys.exit(1)")
 
 
-def _ready_argv(spec: Deployment) -> list[str]:
+def _ready_argv(spec: Deployment, port: int | None = None) -> list[str]:
     """The readiness check: the serving interpreter, no shell. As many tries, 5 s apart, as TimeoutStartSec allows."""
     tries = max(1, spec.systemd.timeout_start_sec // 5)
-    return [spec.serving.python, "-I", "-c", f"exec({_READY_PROBE!r})", _ready_url(spec), str(tries)]
+    return [spec.serving.python, "-I", "-c", f"exec({READY_PROBE!r})", _ready_url(spec, port), str(tries)]
 
 
-def _ready_cmd(spec: Deployment) -> str:
-    return " ".join(unitfile.quote_word(w, "serving.host") for w in _ready_argv(spec))
+def _ready_cmd(spec: Deployment, port: int | None = None) -> str:
+    return " ".join(unitfile.quote_word(w, "serving.host") for w in _ready_argv(spec, port))
 
 
-def _comment(value: str) -> str:
+def comment(value: str) -> str:
     """A value shown in a # comment line: control characters escaped, so it stays one line."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], value)
 
 
 def render(spec: Deployment, args: dict[str, Any] | None = None, recommended: dict[str, str] | None = None) -> list[Rendered]:
-    """One unit per node (one unit when the spec names no nodes)."""
+    """One unit per node, or per replica (one unit when the spec names neither); the gateway's is gateway.render."""
     flags = effective_flags(spec, args, recommended)
     _validate(spec, args, flags)
+    if spec.topology.replicas:
+        return [_replica_unit(spec, flags, r) for r in spec.topology.replicas]
     nodes: Sequence[Node | None] = spec.parallelism.nodes or [None]
     out = []
     for rank, node in enumerate(nodes):
-        groups = _argv(spec, flags, rank)
-        env_lines = [unitfile.quote_assignment(k, v) for k, v in spec.serving.env.items()]
         name = spec.systemd.unit_name + (f"-{node.name}" if node and len(nodes) > 1 else "")
-        text = _ENV.get_template("sglang.service.j2").render(
-            source=_comment(Path(spec.source).name) if spec.source else "a spec", name=spec.name,
-            node={"name": node.name, "rank": rank, "count": len(nodes)} if node else None,
-            user=spec.systemd.user, group=spec.systemd.group,
-            workdir=_pct(spec.systemd.working_directory) if spec.systemd.working_directory else None,
-            environment=env_lines, env_file=_pct(str(spec.resolve_path(spec.serving.env_file))) if spec.serving.env_file else None,
-            exec_start=_exec_start(groups),
-            exec_start_post=_ready_cmd(spec), restart_sec=spec.systemd.restart_sec,
-            timeout_start_sec=spec.systemd.timeout_start_sec)
-        out.append(Rendered(text, [str(w) for g in groups for w in g], flags, name, node.name if node else None, rank))
+        about = {"name": node.name, "rank": rank, "count": len(nodes)} if node else None
+        env = dict(spec.serving.env)
+        out.append(_unit(spec, _argv(spec, flags, rank), env, name, about, _ready_cmd(spec), flags,
+                         node=node.name if node else None, rank=rank, host=node.address if node else None))
     return out
+
+
+def _replica_unit(spec: Deployment, flags: dict[str, Any], r: Any) -> Rendered:
+    """A replica's unit: the one server's flags on the replica's port, its GPUs only (CUDA_VISIBLE_DEVICES)."""
+    env = dict(spec.serving.env)
+    if r.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, r.gpus))
+    check_host(r.host, f"topology.replicas[{spec.topology.replicas.index(r)}].host", wildcard_ok=False)
+    return _unit(spec, _argv(spec, flags, port=r.port), env, f"{spec.systemd.unit_name}-{r.name}",
+                 {"replica": r.name, "host": r.host}, _ready_cmd(spec, r.port), flags, replica=r.name, host=r.host)
+
+
+def _unit(spec: Deployment, groups: list[tuple[str, ...]], env: dict[str, str], name: str, about: dict | None,
+          ready: str, flags: dict[str, Any], **where: Any) -> Rendered:
+    text = TEMPLATES.get_template("sglang.service.j2").render(
+        source=comment(Path(spec.source).name) if spec.source else "a spec", name=spec.name, node=about,
+        user=spec.systemd.user, group=spec.systemd.group,
+        workdir=pct(spec.systemd.working_directory) if spec.systemd.working_directory else None,
+        environment=[unitfile.quote_assignment(k, v) for k, v in env.items()],
+        env_file=pct(str(spec.resolve_path(spec.serving.env_file))) if spec.serving.env_file else None,
+        exec_start=exec_start(groups), exec_start_post=ready, restart_sec=spec.systemd.restart_sec,
+        timeout_start_sec=spec.systemd.timeout_start_sec)
+    return Rendered(text, [str(w) for g in groups for w in g], flags, name, env=env, **where)
 
 
 def recommended_flags(spec: Deployment) -> tuple[dict[str, str] | None, Any]:

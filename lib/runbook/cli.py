@@ -21,14 +21,13 @@ from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDic
 
 from runbook import alerts, fleet
 from runbook.core import registry, secrets
-from runbook.core.errors import InputError, LockHeld, RunbookError, SafetyStop
+from runbook.core.errors import EXIT_LOCKED, EXIT_SAFETY_STOP, InputError, LockHeld, RunbookError, SafetyStop
 from runbook.core.findings import exit_code, format_text
 from runbook.core.options import FINITE, FiniteFloat, PosInt, Url, describe, flag, phrase, validate
 from runbook.core.oscalls import Interrupted
 from runbook.core.registry import Outcome, Stage, document
-from runbook.core.spec import archive_url_problem
 from runbook.core.spec import load as load_spec
-from runbook.runner.run import OUTPUTS, RunOptions, push, run
+from runbook.runner.run import OUTPUTS, ArchiveUrl, RunOptions, push, run
 from runbook.runner.upload import open_store
 
 
@@ -68,6 +67,7 @@ def _typed(tp: Any, name: str, echo: bool = True) -> Callable[[str], Any]:
 
 _POS_INT = _typed(PosInt, "int")
 _URL = _typed(Url, "url")
+_ARCHIVE_URL = _typed(ArchiveUrl, "archive_url", echo=False)   # the run verb's own check: one rule for both
 _LINK_LIFETIME = _typed(Annotated[FiniteFloat, Field(ge=1, le=7 * 86400)], "float")
 
 
@@ -126,13 +126,6 @@ def _add_model_flags(p: argparse.ArgumentParser, model: type[BaseModel]) -> None
                 tp, kw["action"] = typing.get_args(f.annotation)[0], "append"
             kw["type"], kw["metavar"] = _typed(tp, name, echo=extra.get("echo", True) is True), extra.get("metavar")
         p.add_argument(flag(model, name), **kw)
-
-
-def _archive_url(s: str) -> str:
-    problem = archive_url_problem(s)
-    if problem:
-        raise argparse.ArgumentTypeError(problem)
-    return s
 
 
 def _cmd_push(a: argparse.Namespace) -> int:
@@ -296,14 +289,14 @@ def build_parser() -> argparse.ArgumentParser:
     pu = sub.add_parser("push", help="upload local runs that are not yet in the archive store (what a failed upload left)")
     _add_deployment(pu)
     pu.add_argument("--out", default=str(OUTPUTS), metavar="DIR", help="archive root (default: outputs/)")
-    pu.add_argument("--archive-url", type=_archive_url, default=None, metavar="URL",
+    pu.add_argument("--archive-url", type=_ARCHIVE_URL, default=None, metavar="URL",
                     help="s3://BUCKET/PREFIX (default: $RUNBOOK_ARCHIVE_URL, else the spec's archive.url)")
     pu.add_argument("--run", action="append", default=[], metavar="RUN_ID", help="upload exactly this run (again); repeatable")
     pu.add_argument("--json", action="store_true", help="print the uploads as JSON")
     pu.set_defaults(fn=_cmd_push)
 
     fl = sub.add_parser("fleet", help="one static index of every host's runs in an archive store")
-    fl.add_argument("--from", dest="source", required=True, type=_archive_url, metavar="URL", help="s3://BUCKET/PREFIX the hosts upload to")
+    fl.add_argument("--from", dest="source", required=True, type=_ARCHIVE_URL, metavar="URL", help="s3://BUCKET/PREFIX the hosts upload to")
     fl.add_argument("--out", default="fleet", metavar="DIR", help="write index.html and fleet.json here (default: fleet/)")
     fl.add_argument("--links", choices=["relative", "presigned"], default="relative",
                     help="run links relative to PREFIX (the page served from the store; see --publish) or presigned URLs")
@@ -330,8 +323,6 @@ def _run_stage(verb: str, a: argparse.Namespace) -> int:
     return _cmd_stage(stage, a, o)
 
 
-EXIT_LOCKED = 75
-EXIT_SAFETY_STOP = 77     # sysexits' EX_NOPERM: not allowed without the operator's consent
 
 
 def resume_command(argv: list[str], run_id: str) -> str:

@@ -14,7 +14,6 @@ from pydantic import Field
 from runbook.core.options import Fraction, Integer, Options, PosInt, Url, internal, validate
 from runbook.core.spec import Accuracy, Deployment
 
-PROBES = ("kvquant", "recall", "identity", "report", "toolcall", "kld")
 _PLAN = Accuracy()          # the spec's defaults: the settings' defaults where no spec is given
 _SPEC_URL = ("recall", "toolcall", "kld")   # the probes that default to the spec's own server; report and identity skip without --url
 

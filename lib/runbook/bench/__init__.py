@@ -1,4 +1,4 @@
-"""Stage 40: serving benchmarks. `evaluate(spec, options, archive_root)` is the entry point (`runbook
+"""Stage 40: serving benchmarks. `evaluate(spec, options)` is the entry point (`runbook
 bench`, 40_benchmark): workload from the frozen corpus, sweep, summary, regression check against the
 previous archived run. settings.py declares every setting once (BenchSettings; the options are its view);
 metrics.py is pure arithmetic; report.py holds the tables and plots."""

@@ -29,6 +29,10 @@ class LockHeld(RunbookError):
     """Another run of the same deployment holds the lock."""
 
 
+EXIT_LOCKED = 75          # sysexits' EX_TEMPFAIL: another run holds the lock; cron tries again later
+EXIT_SAFETY_STOP = 77     # sysexits' EX_NOPERM: not allowed without the operator's consent
+
+
 class SafetyStop(RunbookError):
     """Stopped before changing what serves production, because the operator has not allowed it (e.g. without
     `--yes`): not an error in the input, a stop on purpose."""

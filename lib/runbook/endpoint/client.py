@@ -34,8 +34,6 @@ import orjson
 from runbook.endpoint.records import RequestRecord, RequestSpec
 from runbook.endpoint.transport import AiohttpTransport, Failure, H1Transport, ReusedConnectionClosed, Stream, Transport
 
-ERROR_KINDS = ("connect", "http_4xx", "http_5xx", "redirect", "timeout", "stream_closed", "malformed", "server_error",
-               "no_output", "short_output", "client_error")
 EXACT_SOURCES = ("usage",)
 # the streamed requests' HTTP client by name (--transport, the summary's client.transport); endpoint/h1.py: why two
 TRANSPORT_TABLE: dict[str, type[Transport]] = {t.name: t for t in (H1Transport, AiohttpTransport)}

@@ -17,7 +17,6 @@ from runbook.model.arch import Arch
 _AUTO_SPEC = {"LlamaForCausalLM": (5, 4, 8), "Grok1ForCausalLM": (5, 4, 8), "Grok1VForCausalLM": (5, 4, 8)}
 SPEC_RUNNING_REQUESTS = 48          # speculative_hook.py: every algorithm resets an unset --max-running-requests
 _EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE", "FROZEN_KV_MTP")
-SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO")
 
 
 @dataclass(frozen=True)

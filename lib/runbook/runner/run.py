@@ -41,7 +41,6 @@ from runbook.runner.summary import attention, one_screen, summary_md
 
 NOTEBOOKS = paths.notebooks_dir()
 OUTPUTS = paths.outputs_dir()
-EXIT_LOCKED = 75
 DEPLOYMENT_NAME = re.compile(spec_mod.DEPLOYMENT_NAME)   # a name a spec accepts is a safe lock file name
 
 

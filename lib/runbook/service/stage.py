@@ -53,9 +53,6 @@ def assemble(spec: Deployment, args: dict[str, Any] | None = None, installed: st
                          plan.steps, rows, server)
 
 
-ACTIONS = ("render", "check", "diff", "install", "drift", "report")
-
-
 class ServiceOptions(Options):
     action: Literal["render", "check", "diff", "install", "drift", "report"] = Field(
         "report", description="report: check + diff + install plan + drift, what 30_service shows")

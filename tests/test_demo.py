@@ -20,3 +20,12 @@ def test_the_demo_run_params_fit_every_notebook_of_the_run():
     assert "concurrency" not in by_name["40_benchmark"]   # the spec's levels, not a --param accuracy reads too
     assert by_name["50_accuracy"]["url"] == "http://127.0.0.1:30001"     # 50 judges the FP8-KV candidate against it
     assert "compare_url" not in by_name["40_benchmark"]
+
+
+def test_a_plain_concurrency_param_reaches_the_benchmark_only():
+    """The cron line `runbook run --param concurrency=1,2` sets the benchmark's levels; accuracy's batch is its own
+    name (batch_size), so no notebook of the run refuses the value."""
+    notebooks = [REPO / "notebooks" / f"{s.notebook}.ipynb" for s in registry.stages() if s.in_default_run]
+    typed = {nb.stem: v for nb, v in params.resolve(["concurrency=1,2"], notebooks).items()}
+    assert typed["40_benchmark"]["concurrency"] == [1, 2]
+    assert all("concurrency" not in v for name, v in typed.items() if name != "40_benchmark")

@@ -81,7 +81,7 @@ def test_fp8_vs_bf16_is_named_the_kv_dtype_not_speculative_decoding(servers):
 def test_entry_point_carries_the_differences_and_a_batch_finding_of_its_own(servers):
     spec = dict(BASE, speculative_algorithm="EAGLE", speculative_num_steps=3)
     a, b = servers(OTHER, spec), servers(SAME, BASE)
-    res = probes.run_identity(AccuracySettings(probe="identity", url=a.url, compare_url=b.url, prompts=4, max_tokens=8, concurrency=4))
+    res = probes.run_identity(AccuracySettings(probe="identity", url=a.url, compare_url=b.url, prompts=4, max_tokens=8, batch_size=4))
     f = {x.id: x for x in res.findings}
     mism = f["accuracy.identity.mismatch"]
     assert mism.status == "fail" and "speculative decoding: EAGLE vs off" in mism.title
@@ -104,7 +104,7 @@ def test_batch_variance_is_a_warn_naming_the_prompts(servers):
             r = InfoServer(["", "", "seven EIGHT", ""], None)._reply(body)
         return r
     a.handler = flaky
-    res = probes.run_identity(AccuracySettings(url=a.url, prompts=4, max_tokens=8, concurrency=4))
+    res = probes.run_identity(AccuracySettings(url=a.url, prompts=4, max_tokens=8, batch_size=4))
     f = {x.id: x for x in res.findings}
     assert f["accuracy.identity.endpoint"].status == "skip"          # no second server: no pair check
     bf = f["accuracy.identity.batch"]

@@ -33,7 +33,7 @@ def tokdir(tmp_path_factory):
 def settings(url, ref, tokdir, **kw):
     return AccuracySettings.resolve(None, None, **{"probe": "kld", "url": url, "compare_url": ref, "tokenizer": str(tokdir),
                                                    "kld_windows": WINDOWS, "kld_window_tokens": LENGTH, "kld_top_k": TOP_K,
-                                                   "kld_chunk": CHUNK, "concurrency": 2, **kw})
+                                                   "kld_chunk": CHUNK, "batch_size": 2, **kw})
 
 
 def vocab(tokdir):
@@ -158,7 +158,7 @@ def test_cli_kld_json(cli, tokdir):
     ref_m, cand_m = Model(vocab(tokdir)), Model(vocab(tokdir), shift=0.15)
     with serve(ref_m) as (ref, _), serve(cand_m) as (cand, _):
         r = cli("accuracy", "kld", "--url", cand, "--compare-url", ref, "--tokenizer", tokdir, "--kld-windows", WINDOWS,
-                "--kld-window-tokens", LENGTH, "--kld-top-k", TOP_K, "--concurrency", 1, "--json")
+                "--kld-window-tokens", LENGTH, "--kld-top-k", TOP_K, "--batch-size", 1, "--json")
     doc = json.loads(r.stdout)
     assert {f["id"] for f in doc["findings"]} == {"accuracy.kld.floor", "accuracy.kld.verdict"}
     assert doc["kld"]["floor_batch"] is None and doc["kld"]["candidate"]["overall"]["positions"] == WINDOWS * (LENGTH - 1)
@@ -174,7 +174,7 @@ def test_identity_judges_its_a_b_by_kld_too(tokdir):
 
     with serve(Model(vocab(tokdir))) as (ref, _), serve(Model(vocab(tokdir), shift=0.15)) as (cand, _):
         o = AccuracyOptions(probe="identity", url=cand, compare_url=ref, tokenizer=str(tokdir), kld_windows=1,
-                            kld_window_tokens=LENGTH, kld_top_k=TOP_K, concurrency=1, prompts=1, max_tokens=4)
+                            kld_window_tokens=LENGTH, kld_top_k=TOP_K, batch_size=1, prompts=1, max_tokens=4)
         out = STAGE.actions["identity"](None, o)
     ids = {f.id for f in out.findings}
     assert {"accuracy.identity.mismatch", "accuracy.kld.floor", "accuracy.kld.verdict"} <= ids

@@ -17,7 +17,7 @@ WINDOWS, TOKENS = 2, 1024
 
 def settings(url):
     return AccuracySettings.resolve(None, None, probe="kld", url=url, tokenizer=str(realmodel.hf_dir()), kld_windows=WINDOWS,
-                                    kld_window_tokens=TOKENS, kld_chunk=256, concurrency=2)
+                                    kld_window_tokens=TOKENS, kld_chunk=256, batch_size=2)
 
 
 def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, real_sglang, real_sglang_fp8):

@@ -64,7 +64,7 @@ class TestRadixCacheAndToolCalls:
         run_sync(identity.outputs(AccuracySettings(max_tokens=MAX_TOKENS), a.url, code_prompts()[:PROMPTS]))
         at_a, at_b = _size(a.log), _size(b.log)
         res = probes.run_identity(AccuracySettings(probe="identity", url=a.url, compare_url=b.url, prompts=PROMPTS,
-                                                     max_tokens=MAX_TOKENS, tokenizer=str(a.model_dir), concurrency=1))
+                                                     max_tokens=MAX_TOKENS, tokenizer=str(a.model_dir), batch_size=1))
         f = _by_id(res.findings)["accuracy.identity.mismatch"]
         assert f.status == "pass", (f.title, f.evidence)
         assert f.title == f"greedy outputs identical on all {PROMPTS} prompts — radix cache: on vs off"
@@ -84,7 +84,7 @@ class TestRadixCacheAndToolCalls:
         a = sglang_server
         at = _size(a.log)
         res = probes.run_identity(AccuracySettings(url=a.url, prompts=PROMPTS, max_tokens=MAX_TOKENS,
-                                                     tokenizer=str(a.model_dir), concurrency=PROMPTS))
+                                                     tokenizer=str(a.model_dir), batch_size=PROMPTS))
         found = _by_id(res.findings)
         assert found["accuracy.identity.endpoint"].status == "skip" and not res.rows      # one server: no pair check
         f = found["accuracy.identity.batch"]
@@ -134,7 +134,7 @@ class TestFP8KV:
         assert "Using FP8 KV cache but no scaling factors provided" in log and "dtype: torch.float8_e4m3fn" in log
         cp = cli("accuracy", "identity", "--deployment", sglang.spec_path(), "--url", fp8.url, "--compare-url",
                  sglang_server.url, "--tokenizer", sglang_server.model_dir, "--prompts", PROMPTS, "--max-tokens", MAX_TOKENS,
-                 "--concurrency", 1, "--json")
+                 "--batch-size", 1, "--json")
         j = json.loads(cp.stdout)
         f = _by_id_dict(j["findings"])["accuracy.identity.mismatch"]
         differ = [r for r in j["identity"] if not r["identical"]]

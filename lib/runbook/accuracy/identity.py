@@ -35,9 +35,9 @@ def first_difference(a: str, b: str, tokenizer: Any = None) -> int | None:
 
 async def outputs(s: AccuracySettings, url: str, texts: Sequence[str], batched: bool = False) -> list[Any]:
     """Greedy completions of `texts` (s.max_tokens each): one at a time (batching cannot be what differs), else
-    (`batched`) up to s.concurrency in flight together, so that the server batches them."""
+    (`batched`) up to s.batch_size in flight together, so that the server batches them."""
     c = Client(url, s.model, api_key=s.api_key)
-    n = s.concurrency if batched else 1
+    n = s.batch_size if batched else 1
     async with c.session(limit=n) as session:
         if n <= 1:
             return [await c.send(session, RequestSpec(i, p, s.max_tokens, ignore_eos=False)) for i, p in enumerate(texts)]
@@ -302,7 +302,7 @@ BATCH_REMEDY = ("Greedy output depends on what else is in the batch: batched ker
 
 async def batch_invariance(s: AccuracySettings, url: str, texts: Sequence[str],
                            tok: Any = None) -> tuple[list[dict[str, Any]], Finding]:
-    """The same prompts against one server one at a time (A), then s.concurrency at once (B): greedy output must not
+    """The same prompts against one server one at a time (A), then s.batch_size at once (B): greedy output must not
     depend on the batch it was decoded in. A difference is a `warn`: accuracy under load differs from the
     accuracy measured one request at a time."""
     a = await outputs(s, url, texts)
@@ -310,7 +310,7 @@ async def batch_invariance(s: AccuracySettings, url: str, texts: Sequence[str],
     rows = _rows(a, b, tok, texts)
     bad = [r for r in rows if not r["identical"]]
     unit = "token" if tok is not None else "character"
-    n = min(s.concurrency, len(texts))
+    n = min(s.batch_size, len(texts))
     detail = f"{url}: {len(texts)} prompts one at a time (A), then {n} at once (B), {s.max_tokens} greedy tokens each"
     status: Status = "warn" if bad else "pass"
     if bad:

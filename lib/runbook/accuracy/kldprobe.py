@@ -41,11 +41,11 @@ def _request(s: AccuracySettings, url: str) -> scoring.Request:
 
 def measure_reference(s: AccuracySettings, wins: list[list[int]], url: str, floor_url: str | None = None) -> Reference:
     """The reference's top-k on every window, then itself scored as a candidate is: a second pass (on floor_url when
-    given: a restart) and, with s.concurrency > 1, its windows that many at once. ScoringError when an answer is unusable."""
+    given: a restart) and, with s.batch_size > 1, its windows that many at once. ScoringError when an answer is unusable."""
     ref = run_sync(scoring.score_reference(_request(s, url), wins))
     floors = {"second_pass": kld.compare(ref, run_sync(scoring.score_candidate(_request(s, floor_url or url), ref)))}
-    if s.concurrency > 1:
-        floors["batch"] = kld.compare(ref, run_sync(scoring.score_candidate(_request(s, url), ref, s.concurrency)))
+    if s.batch_size > 1:
+        floors["batch"] = kld.compare(ref, run_sync(scoring.score_candidate(_request(s, url), ref, s.batch_size)))
     return Reference(url, ref, floors)
 
 

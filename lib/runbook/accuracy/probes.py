@@ -73,7 +73,7 @@ class IdentityResult:
 
 def run_identity(s: AccuracySettings) -> IdentityResult:
     """Greedy identity between s.url (A) and s.identity_b (B), named by what differs between them, and batch
-    invariance of s.url (its prompts one at a time, then s.concurrency at once; 1: not checked)."""
+    invariance of s.url (its prompts one at a time, then s.batch_size at once; 1: not checked)."""
     url, compare_url = s.url, s.identity_b
     if not url:
         return IdentityResult([], [], [], [Finding("accuracy.identity.endpoint", "skip", "greedy-identity check skipped: no endpoint given",
@@ -100,7 +100,7 @@ def run_identity(s: AccuracySettings) -> IdentityResult:
         rows, diffs = c.rows, c.differences
         findings.append(c.finding)
     batch: list[dict[str, Any]] = []
-    if s.concurrency > 1:
+    if s.batch_size > 1:
         batch, f = run_sync(identity.batch_invariance(s, url, texts, tok))
         findings.append(f)
     return IdentityResult(rows, batch, diffs, findings)

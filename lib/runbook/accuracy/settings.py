@@ -37,8 +37,8 @@ class AccuracySettings(Options):
     seed: Integer = Field(0, description="the prompts are deterministic from this seed (default 0)")
     prompts: PosInt = Field(8, description="identity: number of prompts (default 8)")
     max_tokens: PosInt = Field(64, description="identity: greedy tokens per prompt (default 64)")
-    concurrency: PosInt = Field(8, description="identity, report: the prompts sent this many at once, against their answers "
-                                               "one at a time (batch invariance; default 8; 1: not checked)")
+    batch_size: PosInt = Field(8, description="identity, kld, report: the prompts (kld: windows) sent this many at once, "
+                                              "against their answers one at a time (batch invariance; default 8; 1: not checked)")
     model: str | None = Field(None, description="the served model name (default: the first /v1/models lists)")
     tool_choice: Literal["auto", "required"] = Field(
         "auto", description="toolcall, report: auto (default: what agent loops send) or required (the server must call a "

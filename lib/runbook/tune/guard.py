@@ -155,7 +155,7 @@ def _kld_settings(spec: Deployment, url: str, context: int | None) -> accuracy.A
     g = spec.tune.guard
     tokens = min(g.kld_window_tokens, context - 1) if context else g.kld_window_tokens
     return accuracy.AccuracySettings.resolve(None, url=url, tokenizer=tokenizer_dir(spec), kld_windows=g.kld_windows,
-                                             kld_window_tokens=tokens, concurrency=min(2, g.kld_windows) or None)
+                                             kld_window_tokens=tokens, batch_size=min(2, g.kld_windows) or None)
 
 
 def kld_reference(spec: Deployment, url: str, context: int | None) -> Any:

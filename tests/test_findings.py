@@ -70,3 +70,22 @@ def test_every_finding_id_starts_with_its_stage_and_renamed_ids_carry_their_alia
                     if first and not any(str(first).startswith(x + ".") for x in prefixes[pkg]):
                         bad.append(f"{p.name}:{node.lineno} {first}")
     assert not bad, bad
+
+
+def test_the_verdict_holds_what_needs_action_and_one_line_for_the_rest():
+    from runbook.core.findings import verdict
+
+    study = [Finding(f"accuracy.kvquant.fp8_e4m3.s{i}", "info", f"row {i}") for i in range(13)]
+    raw = "the model said:\n" + "\n".join(f"line {i} of its answer" for i in range(12))
+    fs = [*study, Finding("a.ok", "pass", "fine"), Finding("a.ok2", "pass", "fine too"),
+          Finding("a.skip", "skip", "no url"), Finding("a.bad", "fail", "broken", evidence=raw, remedy="fix it"),
+          Finding("a.meh", "warn", "slow", evidence="x" * 500)]
+    rows = verdict(fs)
+    assert [(r.id, r.status) for r in rows] == [("a.bad", "fail"), ("a.meh", "warn"), ("1 skip", "skip"),
+                                               ("2 pass", "pass"), ("13 info", "info")]
+    bad, meh = rows[0], rows[1]
+    assert bad.evidence == "the model said: … (the whole text: the run's JSON)" and bad.remedy == "fix it"
+    assert "\n" not in meh.evidence and len(meh.evidence) < 220 and meh.evidence.startswith("x" * 100)
+    assert rows[3].title == "a.ok, a.ok2" and "\n" not in rows[4].title
+    # nothing is lost: the findings themselves are untouched, the JSON keeps every one
+    assert fs[-2].evidence == raw

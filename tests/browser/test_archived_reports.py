@@ -20,8 +20,8 @@ WIDTH = 1280
 _SECTIONS = """() => {
   const out = {}; let name = '';
   for (const cell of document.querySelectorAll('.jp-Cell')) {
-    const h = cell.querySelector('.jp-MarkdownCell h2');
-    if (h) name = h.innerText.replace(/¶/g, '').trim();
+    const hs = cell.querySelectorAll('.jp-MarkdownCell h2');    // a cell's last heading names what follows it
+    if (hs.length) name = hs[hs.length - 1].innerText.replace(/¶/g, '').trim();
     const s = out[name] = out[name] || {stderr: 0, rows: []};
     s.stderr += cell.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]').length;
     for (const t of cell.querySelectorAll('.jp-OutputArea-output table')) {

@@ -161,6 +161,31 @@ def grouped(findings: Iterable[Finding]) -> list[Finding]:
     return out
 
 
+ACTION = ("fail", "warn")     # what a verdict shows in full: what needs the operator
+EVIDENCE_CHARS = 160          # a verdict's evidence: one line; the whole text is in the run's JSON
+
+
+def _one_line(text: str, limit: int = EVIDENCE_CHARS) -> str:
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    cut = first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
+    return cut + (" … (the whole text: the run's JSON)" if cut != text.strip() else "")
+
+
+def verdict(findings: Iterable[Finding]) -> list[Finding]:
+    """What a notebook's verdict shows: fail and warn rows (grouped, evidence cut to one line), then one line each
+    for the checks that passed, could not run, or only inform, naming them. Every finding stays in the JSON and in
+    the section that explains it."""
+    rows = sort(grouped(findings))
+    out = [dataclasses.replace(f, evidence=_one_line(f.evidence)) for f in rows if f.status in ACTION]
+    for status in ("skip", "pass", "info"):
+        these = [f for f in rows if f.status == status]
+        if these:
+            names = ", ".join(f.id for f in these)
+            out.append(Finding(f"{len(these)} {status}", status, _one_line(names, 240).removesuffix(
+                " … (the whole text: the run's JSON)")))
+    return out
+
+
 def to_frame(findings: Iterable[Finding]):
     import pandas as pd  # lazy: pandas (~0.35 s); every CLI verb imports this module
 

@@ -8,7 +8,7 @@ from typing import Any
 from runbook.core import registry
 from runbook.core import spec as spec_mod
 from runbook.core.errors import RunbookError
-from runbook.core.findings import Finding, format_text, sort, styled
+from runbook.core.findings import Finding, format_text, sort, styled, verdict
 from runbook.core.options import from_params
 from runbook.runner import results
 
@@ -28,15 +28,30 @@ def options(stage: str, **params: Any) -> Any:
 
 
 def show(findings: Iterable[Finding]):
-    """Display findings as a colour-coded table (a plain table outside Jupyter)."""
+    """Display the verdict as a colour-coded table: what needs action in full, then one line each for what passed,
+    skipped or informs (findings.verdict); a plain listing of every finding outside Jupyter."""
     findings = sort(findings)
     if _ipython():
         from IPython.display import display  # lazy: IPython only inside a kernel
 
-        display(styled(findings))
+        display(styled(verdict(findings)))
         return None
     print(format_text(findings))
     return None
+
+
+def findings(report: Any, prefix: str) -> None:
+    """A section's own findings in full (e.g. the KV study's `accuracy.kvquant` rows), where the verdict gave them
+    one line; nothing when the report is empty (an input error) or has none."""
+    mine = [f for f in getattr(report, "findings", None) or [] if f.id == prefix or f.id.startswith(prefix + ".")]
+    if not mine:
+        return
+    if _ipython():
+        from IPython.display import display  # lazy: IPython only inside a kernel
+
+        display(styled(mine))
+        return
+    print(format_text(mine))
 
 
 def table(*frames: Any) -> None:

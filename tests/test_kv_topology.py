@@ -206,3 +206,21 @@ def test_rank_placement_runs_every_rank_once(tp, pp, nnodes):
 ])
 def test_a_placement_sglang_cannot_launch_is_named(tp, pp, nnodes, words):
     assert words in topospec.placement_problem(tp, pp, nnodes)
+
+
+def test_json_md_names_exactly_the_topology_and_rank_keys():
+    """docs/json.md's topology entry: every key it names is in `kv --json` over replicas or nodes, and every key
+    there is named."""
+    import re
+
+    text = (REPO / "docs" / "json.md").read_text()
+    entry = text[text.index("- `kv --json` over a topology:"):]
+    entry = entry[:entry.index("\n- `", 3)]
+    named = set(re.findall(r"`([a-z_0-9]+)(?:\[\])?`", entry))
+    reps = kv.evaluate(spec.load(REPLICAS), kv.KvOptions()).data()
+    nodes = kv.evaluate(_dep(**{"parallelism.tp": 16, "parallelism.nodes": _nodes(2)}), kv.KvOptions()).data()
+    t = reps["topology"]
+    keys = ({"topology", "ranks", "ranks_total"} | set(t) | set(t["replicas"][0]) | set(t["total"]) | set(t["gateway"])
+            | set(nodes["ranks"][0]) | set(nodes["ranks_total"]))
+    assert keys <= named, keys - named
+    assert named - keys <= {"null", "keeps", "spreads", "first"}, named - keys

@@ -176,12 +176,8 @@ def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrid
                             f"KV dtype {inp.kv_dtype}" + (f" (auto → {auto})" if kv_flag == "auto" else f" (--kv-cache-dtype {kv_flag})"),
                             detail=(auto_why + "; " if auto_why and kv_flag == "auto" else "") + f"weights per GPU: {source}"))
     findings += result.findings
-    topo = rank_list = total_ranks = None
-    if spec is not None:
-        topo, rank_list = kvtopo.replicas(spec, inp, result), kvtopo.ranks(spec, inp, result)
-        total_ranks = kvtopo.ranks_total(spec, inp, result)
-        findings += kvtopo.findings(spec, topo, rank_list, total_ranks)
-    return Plan(a, inp, result, cands, findings, auto, source, scen, topo, rank_list, total_ranks)
+    topo, rank_list, total_ranks, topo_findings = kvtopo.whole(spec, inp, result)
+    return Plan(a, inp, result, cands, findings + topo_findings, auto, source, scen, topo, rank_list, total_ranks)
 
 
 def plan_for_rank(spec: Deployment, rank: int, **overrides: Any) -> dict[str, Any]:

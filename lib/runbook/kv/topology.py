@@ -71,7 +71,8 @@ def replicas(spec: Deployment, inp: kvmem.Inputs, res: kvmem.Result) -> dict[str
         "requests_at_context": {c: _sum([n for _ in rows]) for c, n in res.requests_at_context.items()},
     }
     g = topo.gateway
-    affinity, note = policy_note(spec, pool, total["kv_tokens"])
+    kv_tokens = total["kv_tokens"]
+    affinity, note = policy_note(spec, pool, kv_tokens if isinstance(kv_tokens, int) else None)
     return {"replicas": rows, "total": total,
             "gateway": None if g is None else {"binary": g.binary, "url": g.url, "policy": g.policy},
             "session_tokens": pool, "policy_affinity": affinity, "policy_note": note}
@@ -137,7 +138,16 @@ def ranks_total(spec: Deployment, inp: kvmem.Inputs, res: kvmem.Result) -> dict[
             "requests_at_context": dict(res.requests_at_context), "pools": inp.attn_dp}
 
 
-def findings(spec: Deployment, topology: dict[str, Any] | None, rank_list: list[dict[str, Any]] | None,
+def whole(spec: Deployment | None, inp: kvmem.Inputs, res: kvmem.Result) -> tuple[
+        dict[str, Any] | None, list[dict[str, Any]] | None, dict[str, Any] | None, list[Finding]]:
+    """(`topology`, `ranks`, `ranks_total`, their findings) for the plan; all empty without a spec."""
+    if spec is None:
+        return None, None, None, []
+    topo, rank_list, total_ranks = replicas(spec, inp, res), ranks(spec, inp, res), ranks_total(spec, inp, res)
+    return topo, rank_list, total_ranks, findings(topo, rank_list, total_ranks)
+
+
+def findings(topology: dict[str, Any] | None, rank_list: list[dict[str, Any]] | None,
              total_ranks: dict[str, Any] | None) -> list[Finding]:
     """`kv.topology.total`, `kv.topology.policy` and `kv.ranks`: the whole deployment in one line each."""
     out: list[Finding] = []

@@ -224,3 +224,18 @@ def test_json_md_names_exactly_the_topology_and_rank_keys():
             | set(nodes["ranks"][0]) | set(nodes["ranks_total"]))
     assert keys <= named, keys - named
     assert named - keys <= {"null", "keeps", "spreads", "first"}, named - keys
+
+
+@pytest.mark.parametrize("what_if, words", [
+    ({"tp": 3}, "TP 3 × PP 1 = 3 GPUs is not a multiple of the 2 nodes: SGLang refuses it"),
+    ({"tp": 32}, "TP 32 × PP 1 over 2 nodes needs 16 GPUs per node; hardware.gpu_count is 8"),
+    ({"tp": 2, "pp": 3}, "TP 2 × PP 3 over 2 nodes: PP rank 2, TP rank 0 would run on no node"),
+])
+def test_a_what_if_the_nodes_cannot_place_is_a_fail_not_a_table(what_if, words):
+    dep = _dep(**{"parallelism.tp": 16, "parallelism.nodes": _nodes(2)})
+    p = kv.evaluate(dep, kv.KvOptions(**what_if))
+    assert p.ranks is None and p.ranks_total is None
+    f = next(f for f in p.findings if f.id == "kv.ranks")
+    assert f.status == "fail" and f.title == words
+    with pytest.raises(InputError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        kv.plan_for_rank(dep, 0, **what_if)

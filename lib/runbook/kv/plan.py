@@ -189,6 +189,9 @@ def plan_for_rank(spec: Deployment, rank: int, **overrides: Any) -> dict[str, An
         raise InputError(f"node rank {rank}: {spec.source or 'the spec'} has {nnodes} node(s) under parallelism.nodes "
                          f"(ranks 0–{nnodes - 1})")
     p = plan(spec, **overrides)
+    problem = kvtopo.placement(spec, p.inputs)
+    if problem:
+        raise InputError(problem)
     node = nodes[rank] if nodes else None
     return kvtopo.rank_entry(p.inputs, p.result, nnodes, rank, node.name if node else None, node.address if node else None)
 

@@ -47,8 +47,8 @@ def _figures(inp: kvmem.Inputs, res: kvmem.Result) -> dict[str, Any]:
             "pools": inp.attn_dp}
 
 
-def _sum(values: list[int | None]) -> int | None:
-    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+def _times(v: int | None, k: int) -> int | None:
+    return None if v is None else v * k
 
 
 def replicas(spec: Deployment, inp: kvmem.Inputs, res: kvmem.Result) -> dict[str, Any] | None:
@@ -61,18 +61,14 @@ def replicas(spec: Deployment, inp: kvmem.Inputs, res: kvmem.Result) -> dict[str
     one = _figures(inp, res)
     rows = [{"name": r.name, "host": r.host, "port": r.port, "url": r.url, "gpus": r.gpus, "gpu_count": gpus, **one}
             for r in topo.replicas]
-    pool = res.max_total_num_tokens
-    total = {
-        "replicas": len(rows), "gpus": gpus * len(rows),
-        "weights_bytes": None if res.weights_bytes_per_gpu is None else res.weights_bytes_per_gpu * gpus * len(rows),
-        "kv_tokens": _sum([None if pool is None else pool * inp.attn_dp for _ in rows]),
-        "running_requests": _sum([None if res.max_running_requests is None else res.max_running_requests * inp.attn_dp
-                                  for _ in rows]),
-        "requests_at_context": {c: _sum([n for _ in rows]) for c, n in res.requests_at_context.items()},
-    }
+    pool, n, dp = res.max_total_num_tokens, len(rows), inp.attn_dp
+    # identical servers: the sum over replicas is n times one (each with attn_dp pools); unknown stays unknown
+    kv_tokens = _times(pool, n * dp)
+    total = {"replicas": n, "gpus": gpus * n, "weights_bytes": _times(res.weights_bytes_per_gpu, gpus * n),
+             "kv_tokens": kv_tokens, "running_requests": _times(res.max_running_requests, n * dp),
+             "requests_at_context": {c: _times(k, n) for c, k in res.requests_at_context.items()}}
     g = topo.gateway
-    kv_tokens = total["kv_tokens"]
-    affinity, note = policy_note(spec, pool, kv_tokens if isinstance(kv_tokens, int) else None)
+    affinity, note = policy_note(spec, pool, kv_tokens)
     return {"replicas": rows, "total": total,
             "gateway": None if g is None else {"binary": g.binary, "url": g.url, "policy": g.policy},
             "session_tokens": pool, "policy_affinity": affinity, "policy_note": note}
@@ -92,11 +88,11 @@ def policy_note(spec: Deployment, pool: int | None, total: int | None = None) ->
                          f"from one replica's pool ({one}) and the other {n - 1} stand by" if n > 1 else
                          f"passthrough to the one replica: its pool ({one}) serves everything")
     if g.policy in KEEPS_PREFIX or sticky:
+        name = g.policy if g.policy in KEEPS_PREFIX else f"{g.policy} with --{sticky}"
         how = KEEPS_PREFIX.get(g.policy) or f"--{sticky} pins each conversation to one replica"
-        return "keeps", (f"{g.policy}{' with --' + sticky if sticky and g.policy not in KEEPS_PREFIX else ''}: "
-                         f"a session's prefix stays on one replica ({how}), so one replica's pool ({one}), not the "
-                         f"total of {n} replicas{f' ({total:,})' if total is not None else ''}, bounds one session's context and its "
-                         "prefix cache")
+        whole = f"the total of {n} replicas" + (f" ({total:,})" if total is not None else "")
+        return "keeps", (f"{name}: a session's prefix stays on one replica ({how}), so one replica's pool ({one}), "
+                         f"not {whole}, bounds one session's context and its prefix cache")
     return "spreads", (f"{g.policy} {SPREADS.get(g.policy, 'does not follow a prefix')}: a session's turns land on "
                        f"any of the {n} replicas, so the prefix-cache hit rate falls as replicas grow (each replica "
                        f"caches its own copy of a prefix it saw); one request still needs one replica's pool ({one})")
@@ -143,8 +139,26 @@ def whole(spec: Deployment | None, inp: kvmem.Inputs, res: kvmem.Result) -> tupl
     """(`topology`, `ranks`, `ranks_total`, their findings) for the plan; all empty without a spec."""
     if spec is None:
         return None, None, None, []
-    topo, rank_list, total_ranks = replicas(spec, inp, res), ranks(spec, inp, res), ranks_total(spec, inp, res)
+    topo = replicas(spec, inp, res)
+    problem = placement(spec, inp)
+    if problem:   # a what-if (--tp, --pp) the spec's nodes cannot hold; the spec itself is checked when it loads
+        return topo, None, None, findings(topo, None, None) + [Finding("kv.ranks", "fail", problem)]
+    rank_list, total_ranks = ranks(spec, inp, res), ranks_total(spec, inp, res)
     return topo, rank_list, total_ranks, findings(topo, rank_list, total_ranks)
+
+
+def placement(spec: Deployment, inp: kvmem.Inputs) -> str | None:
+    """Why SGLang cannot place the plan's tp × pp over the spec's nodes, or None (one node, or it can)."""
+    nnodes, gpus = len(spec.parallelism.nodes), inp.tp * inp.pp
+    if nnodes < 2:
+        return None
+    if gpus % nnodes:
+        return f"TP {inp.tp} × PP {inp.pp} = {gpus} GPUs is not a multiple of the {nnodes} nodes: SGLang refuses it"
+    if gpus // nnodes > spec.hardware.gpu_count:
+        return (f"TP {inp.tp} × PP {inp.pp} over {nnodes} nodes needs {gpus // nnodes} GPUs per node; "
+                f"hardware.gpu_count is {spec.hardware.gpu_count}")
+    why = topospec.placement_problem(inp.tp, inp.pp, nnodes)
+    return f"TP {inp.tp} × PP {inp.pp} over {nnodes} nodes: {why}" if why else None
 
 
 def findings(topology: dict[str, Any] | None, rank_list: list[dict[str, Any]] | None,

@@ -16,6 +16,7 @@ from runbook.core.fsutil import write_output
 from runbook.core.options import Options, PosFloat, Url
 from runbook.core.registry import Outcome, Stage, register
 from runbook.core.spec import Deployment
+from runbook.service import gateway
 from runbook.service.check import check
 from runbook.service.diff import diff
 from runbook.service.drift import drift
@@ -35,10 +36,21 @@ class ServiceReport:
 
     def data(self) -> dict[str, Any]:
         """The results-JSON data (the notebook's and `service report --json`'s, less the findings)."""
-        return {"units": [{"unit": u.unit_name, "node": u.node, "argv": u.argv} for u in self.units],
+        return {"units": [unit_row(u) for u in self.units],
                 "diff": self.diff_text, "changes": self.changes, "install_plan": self.install_plan,
                 "drift": self.drift, "server": self.server}
 
+
+def unit_row(u: Rendered) -> dict[str, Any]:
+    """One unit in --json and the results: where it goes (host, replica, node rank, role) and its argv."""
+    return {"unit": u.unit_name, "node": u.node, "argv": u.argv, "role": u.role,
+            "replica": u.replica, "host": u.host, "rank": u.rank}
+
+
+def all_units(spec: Deployment, args: dict[str, Any] | None = None) -> list[Rendered]:
+    """Every unit the spec renders: each server's (one, each replica's or each node rank's), then the gateway's."""
+    units = build(spec, args).units
+    return units + ([gateway.render_unit(spec)] if spec.topology.gateway is not None else [])
 
 
 def assemble(spec: Deployment, args: dict[str, Any] | None = None, installed: str | Path | None = None,
@@ -64,7 +76,8 @@ class ServiceOptions(Options):
                                           "(default: systemd.unit_path or /etc/systemd/system/<name>.service)")
     server_url: Url | None = Field(None, alias="url",
                                    description="drift, report: server base URL (default: http://host:port from the spec)")
-    out: str | None = Field(None, description="render: write the unit here (a directory for multi-node)")
+    out: str | None = Field(None, description="render: write the unit here (a directory when the spec renders more than "
+                            "one unit: node ranks, replicas, the gateway); k8s: write the manifests here (a directory)")
     yes: bool = Field(False, description="install: really do it (default: dry run)")
     root: str | None = Field(None, description="install: prefix for the unit path (testing, chroots)")
     systemctl: str | None = Field(None, description="install: systemctl command to use")
@@ -78,14 +91,14 @@ def evaluate(spec: Deployment, options: ServiceOptions) -> ServiceReport:
 
 def _render(spec: Deployment, o: ServiceOptions) -> Outcome:
     """The unit files: written under --out (a line on stderr each), else printed; --json lists them."""
-    units = build(spec, parse_args(o.args)).units
+    units = all_units(spec, parse_args(o.args))
     if o.out:
         out = Path(o.out)
         for u in units:
             target = out if len(units) == 1 else out / f"{u.unit_name}.service"
             write_output(target, u.text)   # one line naming --out when it is a directory or not writable
             print(f"wrote {target}", file=sys.stderr)
-    return Outcome([], {"units": [{"unit": u.unit_name, "node": u.node, "argv": u.argv, "text": u.text} for u in units]},
+    return Outcome([], {"units": [{**unit_row(u), "text": u.text} for u in units]},
                    shown="" if o.out else "\n".join(u.text for u in units), listed=False)
 
 

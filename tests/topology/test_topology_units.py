@@ -1,42 +1,20 @@
 """Stage 30 over every unit of a topology: each replica's, each node rank's and the gateway's, checked by systemd
 itself and by each program's own parser (SGLang's for servers, the pinned gateway wheel's for the gateway)."""
 import json
-import os
 import shutil
 
 import pytest
-from conftest import DEFAULT_SPEC, spec_data
+from conftest import DEFAULT_SPEC
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runbook import service
-from runbook.core import spec
 from runbook.core.errors import SpecError
 from runbook.service import gateway, unitfile
 
-GATEWAY_PY = os.environ.get("RUNBOOK_GATEWAY_PYTHON")
-needs_gateway = pytest.mark.skipif(not (GATEWAY_PY and os.path.exists(GATEWAY_PY)),
-                                   reason="the gateway's env is missing: `make gateway-env` (make test builds it)")
+from .specs import needs_gateway, nodes_dep, topo
+
 needs_systemd = pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed (.ci/run installs it)")
-
-
-def topo(gateway_flags=None, gateway_python=None, **changes):
-    """The default spec at TP 4: two replicas sharing gpu-01 (GPUs 0-3, 4-7), one on gpu-02, smg on gw-01."""
-    data = spec_data(**{"parallelism.tp": 4, **changes})
-    data["topology"] = {
-        "replicas": [{"name": "r0", "host": "gpu-01", "port": 30000, "gpus": [0, 1, 2, 3]},
-                     {"name": "r1", "host": "gpu-01", "port": 30001, "gpus": [4, 5, 6, 7]},
-                     {"name": "r2", "host": "gpu-02", "port": 30000}],
-        "gateway": {"python": gateway_python or GATEWAY_PY or "/opt/smg/bin/python", "host": "gw-01", "port": 8000,
-                    "prometheus_port": 29000, "api_key_env": "GATEWAY_API_KEY",
-                    "flags": gateway_flags if gateway_flags is not None else {"health-check-interval-secs": 30}}}
-    return spec.from_dict(data, str(DEFAULT_SPEC))
-
-
-def nodes_dep():
-    return spec.from_dict(spec_data(**{"parallelism.tp": 16, "parallelism.nodes": [
-        {"name": "a", "address": "10.0.0.1"}, {"name": "b", "address": "10.0.0.2"}]}), str(DEFAULT_SPEC))
-
 
 def exec_start(text):
     return unitfile.values(unitfile.parse(text), "Service", "ExecStart")[0]

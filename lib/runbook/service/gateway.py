@@ -18,7 +18,7 @@ from runbook.core import paths
 from runbook.core.errors import SpecError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
-from runbook.core.topospec import OWNED_GATEWAY_FLAGS, GATEWAYS, Gateway
+from runbook.core.topospec import GATEWAYS, OWNED_GATEWAY_FLAGS, Gateway
 from runbook.service import unitfile
 from runbook.service.render import (
     READY_PROBE,

@@ -16,7 +16,7 @@ from runbook.core.fsutil import write_output
 from runbook.core.options import Options, PosFloat, Url
 from runbook.core.registry import Outcome, Stage, register
 from runbook.core.spec import Deployment
-from runbook.service import gateway
+from runbook.service import gateway, kubernetes
 from runbook.service.check import check
 from runbook.service.diff import diff
 from runbook.service.drift import drift
@@ -65,11 +65,11 @@ def assemble(spec: Deployment, args: dict[str, Any] | None = None, installed: st
                          plan.steps, rows, server)
 
 
-ACTIONS = ("render", "check", "diff", "install", "drift", "report")
+ACTIONS = ("render", "check", "diff", "install", "drift", "k8s", "report")
 
 
 class ServiceOptions(Options):
-    action: Literal["render", "check", "diff", "install", "drift", "report"] = Field(
+    action: Literal["render", "check", "diff", "install", "drift", "k8s", "report"] = Field(
         "report", description="report: check + diff + install plan + drift, what 30_service shows")
     args: list[str] = Field([], alias="arg", description="add or override one SGLang flag, NAME=VALUE (what-if)")
     installed_unit: str | None = Field(None, alias="installed", description="diff, report: the installed unit "
@@ -78,6 +78,9 @@ class ServiceOptions(Options):
                                    description="drift, report: server base URL (default: http://host:port from the spec)")
     out: str | None = Field(None, description="render: write the unit here (a directory when the spec renders more than "
                             "one unit: node ranks, replicas, the gateway); k8s: write the manifests here (a directory)")
+    image: str | None = Field(None, description="k8s: the SGLang container image (default lmsysorg/sglang:v<SGLang version>)")
+    gateway_image: str | None = Field(None, description="k8s: the gateway's container image, holding its wheel "
+                                      "(default: --image)")
     yes: bool = Field(False, description="install: really do it (default: dry run)")
     root: str | None = Field(None, description="install: prefix for the unit path (testing, chroots)")
     systemctl: str | None = Field(None, description="install: systemctl command to use")
@@ -121,6 +124,25 @@ def _install(spec: Deployment, o: ServiceOptions) -> Outcome:
     return Outcome(res.findings, {"steps": res.steps, "rolled_back": res.rolled_back, "backup": res.backup})
 
 
+def _k8s(spec: Deployment, o: ServiceOptions) -> Outcome:
+    """Kubernetes manifests from the spec: validated against the schemas, their commands by the programs' parsers;
+    written to --out DIR/<name>.yaml, else printed."""
+    docs = kubernetes.manifests(spec, o.image or kubernetes.DEFAULT_IMAGE, o.gateway_image)
+    findings = kubernetes.validate(docs) + kubernetes.check_commands(spec, docs)
+    text = kubernetes.to_yaml(spec, docs)
+    target = None
+    if o.out:
+        target = Path(o.out) / f"{kubernetes.base_name(spec)}.yaml"
+        write_output(target, text)
+        print(f"wrote {target}", file=sys.stderr)
+    else:   # the YAML is stdout: what failed goes to stderr
+        for f in findings:
+            if f.status == "fail":
+                print(f"fail {f.id}: {f.title}", file=sys.stderr)
+    return Outcome(findings, {"manifests": [kubernetes.plain(d) for d in docs], "file": str(target) if target else None},
+                   shown=None if o.out else text)
+
+
 def _drift(spec: Deployment, o: ServiceOptions) -> Outcome:
     rows, findings, info = drift(spec, o.server_url, parse_args(o.args))
     return Outcome(findings, {"differences": rows, "server": info})
@@ -135,5 +157,6 @@ def figures(data: dict[str, Any], slo: Any = None) -> dict[str, Any]:
 
 STAGE = register(Stage(30, "service", "service", "render, check, diff, install or drift-check the systemd unit",
                        ServiceOptions, evaluate, figures=figures, trends=("kv_tokens_observed",),
-                       actions={"render": _render, "check": _check, "diff": _diff, "install": _install, "drift": _drift},
+                       actions={"render": _render, "check": _check, "diff": _diff, "install": _install, "drift": _drift,
+                                "k8s": _k8s},
                        action_field="action"))

@@ -27,3 +27,13 @@ def topo(gateway_flags=None, gateway_python=None, **changes):
 def nodes_dep():
     return spec.from_dict(spec_data(**{"parallelism.tp": 16, "parallelism.nodes": [
         {"name": "a", "address": "10.0.0.1"}, {"name": "b", "address": "10.0.0.2"}]}), str(DEFAULT_SPEC))
+
+
+def loopback(replica_ports, gateway_port, policy="cache_aware"):
+    """Two replicas and the gateway on 127.0.0.1 at the given ports (fake servers stand behind them)."""
+    data = spec_data(**{"parallelism.tp": 4})
+    data["topology"] = {
+        "replicas": [{"name": f"r{i}", "host": "127.0.0.1", "port": p, "gpus": [4 * i + j for j in range(4)]}
+                     for i, p in enumerate(replica_ports)],
+        "gateway": {"python": GATEWAY_PY or "/opt/smg/bin/python", "host": "127.0.0.1", "port": gateway_port, "policy": policy}}
+    return spec.from_dict(data, str(DEFAULT_SPEC))

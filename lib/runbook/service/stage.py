@@ -19,9 +19,9 @@ from runbook.core.spec import Deployment
 from runbook.service import gateway, kubernetes
 from runbook.service.check import check
 from runbook.service.diff import diff
-from runbook.service.drift import drift
 from runbook.service.install import install
 from runbook.service.render import Rendered, build, parse_args
+from runbook.service.topodrift import drift_all
 
 
 @dataclass
@@ -60,7 +60,7 @@ def assemble(spec: Deployment, args: dict[str, Any] | None = None, installed: st
     units, findings = check(spec, args, built=b)
     text, changes, diff_findings = diff(b.unit, Path(installed or spec.systemd.installed_path))
     plan = install(spec, b.unit, dry_run=True)  # its "dry run: nothing changed" is not a finding of the check
-    rows, drift_findings, server = drift(spec, url or None, args, built=b)
+    rows, drift_findings, server = drift_all(spec, url or None, args, built=b)
     return ServiceReport(units, findings + diff_findings + drift_findings, text, changes,
                          plan.steps, rows, server)
 
@@ -144,7 +144,7 @@ def _k8s(spec: Deployment, o: ServiceOptions) -> Outcome:
 
 
 def _drift(spec: Deployment, o: ServiceOptions) -> Outcome:
-    rows, findings, info = drift(spec, o.server_url, parse_args(o.args))
+    rows, findings, info = drift_all(spec, o.server_url, parse_args(o.args))
     return Outcome(findings, {"differences": rows, "server": info})
 
 

@@ -1,6 +1,7 @@
 """`service drift` over a topology: every replica against its own unit, the gateway's own worker list against the
 spec's replicas. Fake servers here (each answer chosen); the live fleet in test_fleet_drift.py."""
 import contextlib
+import importlib
 
 import pytest
 from httpfake import serve
@@ -66,7 +67,8 @@ def test_url_with_replicas_is_refused_in_one_line():
 
 
 def test_the_report_carries_every_replica_and_the_gateway(tmp_path, monkeypatch):
-    monkeypatch.delenv("RUNBOOK_SERVING_PYTHON", raising=False)   # SGLang's parser is not what this test is about
+    check = importlib.import_module("runbook.service.check")   # the package binds `check` to the function
+    monkeypatch.setattr(check, "serving_python", lambda spec: (None, []))   # SGLang's parser is not this test's subject
     with fleet() as (d, _, _):
         rep = service.assemble(d, installed=tmp_path / "none.service")
     data = rep.data()

@@ -16,7 +16,7 @@ from runbook.service import unitfile
 from runbook.service.render import Build, Rendered, build
 
 
-def _get(url: str, api_key: str | None, timeout: float = 10.0) -> Any:
+def get_json(url: str, api_key: str | None, timeout: float = 10.0) -> Any:
     """Bounded in size and time (reach.fetch_json): a body that never ends or is gigabytes long is a BadResponse."""
     return fetch_json(url, api_key, timeout=timeout, expect=None)
 
@@ -103,7 +103,7 @@ def server_state(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def drift(spec: Deployment, url: str | None = None, args: dict[str, Any] | None = None,
-          fetch: Callable[[str, str | None], Any] = _get,
+          fetch: Callable[[str, str | None], Any] = get_json,
           built: Build | None = None, unit: Rendered | None = None) -> tuple[list[dict[str, str]], list[Finding], dict[str, Any]]:
     """Compare the running server's effective arguments with the unit `install` writes (recommendations included);
     `unit`: one of the built units (a replica's), default the first."""

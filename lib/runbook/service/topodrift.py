@@ -13,14 +13,14 @@ from runbook.core.errors import InputError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
 from runbook.endpoint.reach import BadResponse, failure_finding
-from runbook.service.drift import _get, drift
+from runbook.service.drift import drift, get_json
 from runbook.service.render import Build, build
 
 Rows = list[dict[str, str]]
 
 
 def drift_all(spec: Deployment, url: str | None = None, args: dict[str, Any] | None = None,
-              fetch: Callable[[str, str | None], Any] = _get,
+              fetch: Callable[[str, str | None], Any] = get_json,
               built: Build | None = None) -> tuple[Rows, list[Finding], dict[str, Any]]:
     """Each replica at its topology.replicas[].url against its unit (rows and titles name the replica), then the
     gateway's /workers against the spec. `server` (the third item) is the first replica's, with `replicas` (each
@@ -39,7 +39,7 @@ def drift_all(spec: Deployment, url: str | None = None, args: dict[str, Any] | N
         rows += [{"replica": r.name, **row} for row in got]
         findings += [replace(f, title=f"{r.name}: {f.title}") for f in fs]
         servers[r.name] = info
-    first = next(iter(servers.values()), {})
+    first: dict[str, Any] = next(iter(servers.values()), {})
     out: dict[str, Any] = {**first, "replicas": servers}
     if spec.topology.gateway is not None:
         gfs, workers = gateway_drift(spec, fetch)
@@ -48,7 +48,7 @@ def drift_all(spec: Deployment, url: str | None = None, args: dict[str, Any] | N
     return rows, findings, out
 
 
-def gateway_drift(spec: Deployment, fetch: Callable[[str, str | None], Any] = _get) -> tuple[list[Finding], list[dict[str, Any]]]:
+def gateway_drift(spec: Deployment, fetch: Callable[[str, str | None], Any] = get_json) -> tuple[list[Finding], list[dict[str, Any]]]:
     """The gateway's own view (GET /workers) against the spec: a replica it does not route to, or a worker the spec
     does not declare, is a fail each; its workers as (url, is_healthy)."""
     g = spec.topology.gateway
@@ -69,7 +69,7 @@ def gateway_drift(spec: Deployment, fetch: Callable[[str, str | None], Any] = _g
     if not isinstance(listed, list):
         return [failure_finding("service.drift.gateway", url, BadResponse(url, "expected {\"workers\": [...]}"))], []
     workers = [{"url": str(w.get("url")), "is_healthy": w.get("is_healthy")} for w in listed if isinstance(w, dict)]
-    have = {w["url"].rstrip("/") for w in workers}
+    have = {str(w["url"]).rstrip("/") for w in workers}
     want = {r.url: r.name for r in spec.topology.replicas}
     out = [Finding("service.drift.gateway.missing", "fail", f"{name}: {u} is not among the gateway's workers",
                    detail=f"the gateway lists {len(have)} worker(s): {', '.join(sorted(have)) or 'none'}",

@@ -46,6 +46,7 @@ SGLANG = "SGLang's server (sglang.launch_server)"
 SGLANG_LOGGING = "SGLang's configure_logging client (python -m sglang.srt.managers.configure_logging)"
 CLIENT_CEILING = "benchmarks/client_ceiling.py"
 SGLANG_BENCH = "SGLang's benchmark client (python -m sglang.benchmark.serving)"
+GATEWAY = "SGLang's gateway (smg launch: smg.launch_router.parse_router_args)"
 # Other programs' flags the docs quote, with their owner.
 EXTERNAL = {
     "--kv-cache-dtype": SGLANG, "--quantization": SGLANG, "--tool-call-parser": SGLANG, "--model-path": SGLANG,
@@ -66,6 +67,9 @@ EXTERNAL = {
     "--no-pager": "journalctl", "--now": "systemctl", "--test": "systemd", "--user": "systemd-run",
     "--limit": "ansible-playbook", "--tags": "ansible-playbook",
     "--collector": "prometheus-node-exporter (--collector.textfile.directory)",
+    "--node-rank": SGLANG, "--dist-init-addr": SGLANG,
+    "--worker-urls": GATEWAY, "--service-discovery": GATEWAY, "--selector": GATEWAY, "--service-discovery-port": GATEWAY,
+    "--service-discovery-namespace": GATEWAY, "--from-env-file": "kubectl", "--dry-run": "kubectl",
 }
 
 
@@ -131,6 +135,19 @@ def test_external_flags_belong_to_their_owner():
     assert all(f'"{f}"' in ceiling for f, owner in EXTERNAL.items() if owner == CLIENT_CEILING)
     runbook_flags = set().union(*_verbs().values())
     assert not runbook_flags & set(EXTERNAL), "a runbook option is listed as another program's"
+
+
+def test_gateway_flags_exist_in_the_gateway():
+    """The gateway's own parser (the pinned smg wheel, run by its interpreter) knows every flag the docs call its own."""
+    python = os.environ.get("RUNBOOK_GATEWAY_PYTHON") or str(REPO / ".venv-gateway" / "bin" / "python")
+    if not Path(python).is_file():
+        pytest.skip(f"no gateway interpreter at {python} (make gateway-env)")
+    code = ("import argparse; from smg.router_args import RouterArgs; p = argparse.ArgumentParser(); "
+            "RouterArgs.add_cli_args(p, use_router_prefix=False); print(' '.join(p._option_string_actions))")
+    out = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    missing = [f for f, owner in EXTERNAL.items() if owner == GATEWAY and f not in out.stdout.split()]
+    assert not missing, f"not flags of the installed gateway: {missing}"
 
 
 @pytest.mark.serving

@@ -31,7 +31,7 @@ POLICIES = ("random", "round_robin", "passthrough", "cache_aware", "power_of_two
 Policy = Literal["random", "round_robin", "passthrough", "cache_aware", "power_of_two", "least_load", "manual",
                  "consistent_hashing", "prefix_hash"]
 # Gateway flags the topology section owns, so the spec cannot say the same thing twice.
-_OWNED_GATEWAY_FLAGS = {
+OWNED_GATEWAY_FLAGS = {
     "worker-urls": "topology.replicas", "policy": "topology.gateway.policy", "host": "topology.gateway.bind",
     "port": "topology.gateway.port", "prometheus-port": "topology.gateway.prometheus_port",
     "api-key": "topology.gateway.api_key_env (never inline a key)",
@@ -90,8 +90,8 @@ class Gateway(Strict):
         for k in v:
             if k.startswith("-") or not _FLAG_NAME.match(k):
                 raise ValueError(f"{k!r}: write flags without leading dashes, lower-case with hyphens (e.g. health-check-interval-secs)")
-            if k in _OWNED_GATEWAY_FLAGS:
-                raise ValueError(f"{k}: set it through {_OWNED_GATEWAY_FLAGS[k]}, not topology.gateway.flags")
+            if k in OWNED_GATEWAY_FLAGS:
+                raise ValueError(f"{k}: set it through {OWNED_GATEWAY_FLAGS[k]}, not topology.gateway.flags")
         return v
 
     @field_validator("api_key_env")

@@ -17,10 +17,10 @@ __getattr__, __dir__ = exports(__name__, {"check_flags": "check", "check_flags_m
     "serving_python": "check", "verify_unit": "check", "redact_server_info": "drift",
     "server_state": "drift", "InstallResult": "install", "wait_ready": "install",
     "Build": "render", "Rendered": "render", "build": "render", "effective_flags": "render", "parse_args": "render",
-    "recommended_flags": "render", "changes_frame": "report", "drift_frame": "report",
+    "recommended_flags": "render", "changes_frame": "report", "units_frame": "report", "drift_frame": "report",
     "plan_frame": "report", "ServiceReport": "stage", "assemble": "stage"})
 
 __all__ = ["STAGE", "Build", "InstallResult", "Rendered", "ServiceOptions", "ServiceReport", "assemble", "build",
            "changes_frame", "check", "check_flags", "check_flags_many", "cross_checks", "diff", "drift", "drift_frame", "effective_flags",
            "evaluate", "install", "parse_args", "plan_frame", "recommended_flags", "redact_server_info", "render",
-           "server_state", "serving_python", "verify_unit", "wait_ready"]
+           "server_state", "serving_python", "units_frame", "verify_unit", "wait_ready"]

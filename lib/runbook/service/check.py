@@ -20,6 +20,7 @@ from runbook.core.errors import InputError, SpecError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
 from runbook.model import sglang_names
+from runbook.service import gateway
 from runbook.service.render import Build, Rendered, build
 
 PROBE = Path(__file__).with_name("sglang_probe.py")
@@ -97,9 +98,16 @@ def check_flags_many(rs: list[Rendered], python: str, run: Callable = subprocess
     return [_parser_findings(r, a, x) for r, a, x in zip(rs, argvs, res, strict=True)]
 
 
+def unit_label(r: Rendered) -> str:
+    """Which unit a finding is about, for its title: a replica, a node rank, or nothing for the one server."""
+    if r.replica:
+        return f" (replica {r.replica})"
+    return f" on node {r.node}" if r.node else ""
+
+
 def _parser_findings(r: Rendered, argv: list[str], res: dict[str, Any]) -> list[Finding]:
     ver = res.get("version")
-    where = f" on node {r.node}" if r.node else ""
+    where = unit_label(r)
     known = res.get("known_flags", [])
     abbrev = abbreviations(argv, known, ver)
     if res["ok"]:
@@ -150,7 +158,8 @@ def verify_unit(r: Rendered, run: Callable = subprocess.run) -> list[Finding]:
                            f"systemd-analyze: {ln.split(': ', 1)[-1]}",
                            evidence=ln.replace(str(Path(d)), "<tmp>"), remedy="Fix the spec value that produced this line."))
     if not out:
-        out.append(Finding("service.systemd", "pass", "systemd-analyze verify: no warnings" + (f" (node {r.node})" if r.node else "")))
+        what = f" ({r.unit_name})" if (r.node or r.replica or r.host) else ""
+        out.append(Finding("service.systemd", "pass", "systemd-analyze verify: no warnings" + what))
     return out
 
 
@@ -233,12 +242,18 @@ def env_file_finding(spec: Deployment) -> Finding:
 
 def check(spec: Deployment, args: dict[str, Any] | None = None, run: Callable = subprocess.run,
           built: Build | None = None) -> tuple[list[Rendered], list[Finding]]:
+    """Every unit the spec renders (each replica or node rank, and the gateway's): systemd-analyze on each, SGLang's
+    parser on each server's flags (one run for all), the gateway's own parser on the gateway's."""
     b = built or build(spec, args, with_quant=True)
     units = b.units
     python, findings = serving_python(spec)
-    for r in units:
-        if python:
-            findings += check_flags(r, python, run)
+    parsed = ([check_flags(units[0], python, run)] if len(units) == 1 else check_flags_many(units, python, run)) if python else []
+    for i, r in enumerate(units):
+        findings += parsed[i] if parsed else []
         findings += verify_unit(r, run)
-    findings += cross_checks(spec, units[0], b.quant)
+    if spec.topology.gateway is not None:
+        g = gateway.render_unit(spec)
+        findings += gateway.check_gateway(spec, g, run) + verify_unit(g, run)
+        units = [*units, g]
+    findings += cross_checks(spec, b.unit, b.quant)
     return units, findings

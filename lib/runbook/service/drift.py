@@ -13,10 +13,10 @@ from runbook.core.spec import Deployment
 from runbook.endpoint.reach import BadResponse, failure_finding, fetch_json, served_models
 from runbook.model import sglang_names
 from runbook.service import unitfile
-from runbook.service.render import Build, build
+from runbook.service.render import Build, Rendered, build
 
 
-def _get(url: str, api_key: str | None, timeout: float = 10.0) -> Any:
+def get_json(url: str, api_key: str | None, timeout: float = 10.0) -> Any:
     """Bounded in size and time (reach.fetch_json): a body that never ends or is gigabytes long is a BadResponse."""
     return fetch_json(url, api_key, timeout=timeout, expect=None)
 
@@ -103,9 +103,10 @@ def server_state(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def drift(spec: Deployment, url: str | None = None, args: dict[str, Any] | None = None,
-          fetch: Callable[[str, str | None], Any] = _get,
-          built: Build | None = None) -> tuple[list[dict[str, str]], list[Finding], dict[str, Any]]:
-    """Compare the running server's effective arguments with the unit `install` writes (recommendations included)."""
+          fetch: Callable[[str, str | None], Any] = get_json,
+          built: Build | None = None, unit: Rendered | None = None) -> tuple[list[dict[str, str]], list[Finding], dict[str, Any]]:
+    """Compare the running server's effective arguments with the unit `install` writes (recommendations included);
+    `unit`: one of the built units (a replica's), default the first."""
     base = (url or spec.serving.local_url).rstrip("/")
     api_key = os.environ.get(spec.serving.api_key_env) if spec.serving.api_key_env else None
     raw, problems = _server_info(spec, base, api_key, fetch)
@@ -113,7 +114,7 @@ def drift(spec: Deployment, url: str | None = None, args: dict[str, Any] | None 
         return [], problems, {}
     info = redact_server_info(raw, api_key)
     b = built or build(spec, args)
-    expected = unitfile.flags_of(b.unit.argv[3:])
+    expected = unitfile.flags_of((unit or b.unit).argv[3:])
     expected.pop("api-key", None)
     state = server_state(info)
     rows = _flag_rows(expected, info) + _runtime_rows(expected, info, state, b)

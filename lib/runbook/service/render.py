@@ -163,6 +163,7 @@ class Rendered:
     replica: str | None = None      # topology.replicas[].name
     host: str | None = None         # the machine the unit is installed on (a replica's or the gateway's host)
     env: dict[str, str] | None = None   # Environment= the unit sets, as the server gets it
+    role: str = "server"                # "gateway" for the gateway's unit (service.gateway.render_unit)
 
 
 

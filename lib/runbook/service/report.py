@@ -1,9 +1,15 @@
-"""Tables for 30_service: what installing would change, the install plan, the drift against the server."""
+"""Tables for 30_service: every unit, what installing would change, the install plan, the drift against the server."""
 from __future__ import annotations
 
 from typing import Any
 
 import pandas as pd
+
+
+def units_frame(rep: Any) -> pd.DataFrame:
+    """Every unit the spec renders, where it goes: each server's (one, each replica's, each node rank's), the gateway's."""
+    return pd.DataFrame([{"unit": f"{u.unit_name}.service", "role": u.role, "host": u.host or "this host",
+                          "replica": u.replica, "node": u.node, "rank": u.rank if u.node else None} for u in rep.units])
 
 
 def changes_frame(rep: Any) -> pd.DataFrame | None:

@@ -16,11 +16,12 @@ from runbook.core.fsutil import write_output
 from runbook.core.options import Options, PosFloat, Url
 from runbook.core.registry import Outcome, Stage, register
 from runbook.core.spec import Deployment
+from runbook.service import gateway, kubernetes
 from runbook.service.check import check
 from runbook.service.diff import diff
-from runbook.service.drift import drift
 from runbook.service.install import install
 from runbook.service.render import Rendered, build, parse_args
+from runbook.service.topodrift import drift_all
 
 
 @dataclass
@@ -35,10 +36,21 @@ class ServiceReport:
 
     def data(self) -> dict[str, Any]:
         """The results-JSON data (the notebook's and `service report --json`'s, less the findings)."""
-        return {"units": [{"unit": u.unit_name, "node": u.node, "argv": u.argv} for u in self.units],
+        return {"units": [unit_row(u) for u in self.units],
                 "diff": self.diff_text, "changes": self.changes, "install_plan": self.install_plan,
                 "drift": self.drift, "server": self.server}
 
+
+def unit_row(u: Rendered) -> dict[str, Any]:
+    """One unit in --json and the results: where it goes (host, replica, node rank, role) and its argv."""
+    return {"unit": u.unit_name, "node": u.node, "argv": u.argv, "role": u.role,
+            "replica": u.replica, "host": u.host, "rank": u.rank}
+
+
+def all_units(spec: Deployment, args: dict[str, Any] | None = None) -> list[Rendered]:
+    """Every unit the spec renders: each server's (one, each replica's or each node rank's), then the gateway's."""
+    units = build(spec, args).units
+    return units + ([gateway.render_unit(spec)] if spec.topology.gateway is not None else [])
 
 
 def assemble(spec: Deployment, args: dict[str, Any] | None = None, installed: str | Path | None = None,
@@ -48,20 +60,24 @@ def assemble(spec: Deployment, args: dict[str, Any] | None = None, installed: st
     units, findings = check(spec, args, built=b)
     text, changes, diff_findings = diff(b.unit, Path(installed or spec.systemd.installed_path))
     plan = install(spec, b.unit, dry_run=True)  # its "dry run: nothing changed" is not a finding of the check
-    rows, drift_findings, server = drift(spec, url or None, args, built=b)
+    rows, drift_findings, server = drift_all(spec, url or None, args, built=b)
     return ServiceReport(units, findings + diff_findings + drift_findings, text, changes,
                          plan.steps, rows, server)
 
 
 class ServiceOptions(Options):
-    action: Literal["render", "check", "diff", "install", "drift", "report"] = Field(
+    action: Literal["render", "check", "diff", "install", "drift", "k8s", "report"] = Field(
         "report", description="report: check + diff + install plan + drift, what 30_service shows")
     args: list[str] = Field([], alias="arg", description="add or override one SGLang flag, NAME=VALUE (what-if)")
     installed_unit: str | None = Field(None, alias="installed", description="diff, report: the installed unit "
                                           "(default: systemd.unit_path or /etc/systemd/system/<name>.service)")
     server_url: Url | None = Field(None, alias="url",
                                    description="drift, report: server base URL (default: http://host:port from the spec)")
-    out: str | None = Field(None, description="render: write the unit here (a directory for multi-node)")
+    out: str | None = Field(None, description="render: write the unit here (a directory when the spec renders more than "
+                            "one unit: node ranks, replicas, the gateway); k8s: write the manifests here (a directory)")
+    image: str | None = Field(None, description="k8s: the SGLang container image (default lmsysorg/sglang:v<SGLang version>)")
+    gateway_image: str | None = Field(None, description="k8s: the gateway's container image, holding its wheel "
+                                      "(default: --image)")
     yes: bool = Field(False, description="install: really do it (default: dry run)")
     root: str | None = Field(None, description="install: prefix for the unit path (testing, chroots)")
     systemctl: str | None = Field(None, description="install: systemctl command to use")
@@ -75,14 +91,14 @@ def evaluate(spec: Deployment, options: ServiceOptions) -> ServiceReport:
 
 def _render(spec: Deployment, o: ServiceOptions) -> Outcome:
     """The unit files: written under --out (a line on stderr each), else printed; --json lists them."""
-    units = build(spec, parse_args(o.args)).units
+    units = all_units(spec, parse_args(o.args))
     if o.out:
         out = Path(o.out)
         for u in units:
             target = out if len(units) == 1 else out / f"{u.unit_name}.service"
             write_output(target, u.text)   # one line naming --out when it is a directory or not writable
             print(f"wrote {target}", file=sys.stderr)
-    return Outcome([], {"units": [{"unit": u.unit_name, "node": u.node, "argv": u.argv, "text": u.text} for u in units]},
+    return Outcome([], {"units": [{**unit_row(u), "text": u.text} for u in units]},
                    shown="" if o.out else "\n".join(u.text for u in units), listed=False)
 
 
@@ -105,8 +121,27 @@ def _install(spec: Deployment, o: ServiceOptions) -> Outcome:
     return Outcome(res.findings, {"steps": res.steps, "rolled_back": res.rolled_back, "backup": res.backup})
 
 
+def _k8s(spec: Deployment, o: ServiceOptions) -> Outcome:
+    """Kubernetes manifests from the spec: validated against the schemas, their commands by the programs' parsers;
+    written to --out DIR/<name>.yaml, else printed."""
+    docs = kubernetes.manifests(spec, o.image or kubernetes.DEFAULT_IMAGE, o.gateway_image)
+    findings = kubernetes.validate(docs) + kubernetes.check_commands(spec, docs)
+    text = kubernetes.to_yaml(spec, docs)
+    target = None
+    if o.out:
+        target = Path(o.out) / f"{kubernetes.base_name(spec)}.yaml"
+        write_output(target, text)
+        print(f"wrote {target}", file=sys.stderr)
+    else:   # the YAML is stdout: what failed goes to stderr
+        for f in findings:
+            if f.status == "fail":
+                print(f"fail {f.id}: {f.title}", file=sys.stderr)
+    return Outcome(findings, {"manifests": [kubernetes.plain(d) for d in docs], "file": str(target) if target else None},
+                   shown=None if o.out else text)
+
+
 def _drift(spec: Deployment, o: ServiceOptions) -> Outcome:
-    rows, findings, info = drift(spec, o.server_url, parse_args(o.args))
+    rows, findings, info = drift_all(spec, o.server_url, parse_args(o.args))
     return Outcome(findings, {"differences": rows, "server": info})
 
 
@@ -119,5 +154,6 @@ def figures(data: dict[str, Any], slo: Any = None) -> dict[str, Any]:
 
 STAGE = register(Stage(30, "service", "service", "render, check, diff, install or drift-check the systemd unit",
                        ServiceOptions, evaluate, figures=figures, trends=("kv_tokens_observed",),
-                       actions={"render": _render, "check": _check, "diff": _diff, "install": _install, "drift": _drift},
+                       actions={"render": _render, "check": _check, "diff": _diff, "install": _install, "drift": _drift,
+                                "k8s": _k8s},
                        action_field="action"))

@@ -73,5 +73,7 @@ def test_the_report_carries_every_replica_and_the_gateway(tmp_path, monkeypatch)
         rep = service.assemble(d, installed=tmp_path / "none.service")
     data = rep.data()
     assert [u["role"] for u in data["units"]] == ["server", "server", "gateway"]
-    assert {f.id for f in rep.findings} >= {"service.gateway.parser", "service.drift.gateway", "service.systemd"}
+    ids = {f.id for f in rep.findings}
+    assert ids >= {"service.gateway.parser", "service.drift.gateway"}
+    assert any(i.startswith("service.systemd") for i in ids)    # systemd-analyze read each unit (binaries may be absent here)
     assert set(data["server"]["replicas"]) == {"r0", "r1"} and len(data["server"]["gateway"]["workers"]) == 2

@@ -14,6 +14,7 @@ import datetime as dt
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 import urllib.error
@@ -23,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from runbook.core import oscalls
+from runbook.core.errors import InputError
 from runbook.core.findings import Finding
 from runbook.core.oscalls import CommandFailed, Interrupted
 from runbook.core.spec import Deployment
 from runbook.endpoint import reach
-from runbook.service.render import Rendered
+from runbook.service.gateway import render_unit as render_gateway
+from runbook.service.render import Rendered, build
 
 CTL_TIMEOUT_S = 120.0   # one systemctl call (daemon-reload on a busy host takes seconds, restart returns once started)
 _STDERR_TAIL = 300
@@ -172,19 +175,68 @@ class _Install:
         return " ".join(self.sysctl + list(a))
 
 
+_LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+def this_host() -> set[str]:
+    """The names this machine answers to: its hostname, short and fully qualified, and loopback."""
+    name = socket.gethostname()
+    return {name, name.split(".")[0], socket.getfqdn(), *_LOOPBACK}
+
+
+def local_units(spec: Deployment, args: dict[str, Any] | None = None, one: bool = False,
+                here: set[str] | None = None) -> list[Rendered]:
+    """The units this host installs: the one server's, or, with replicas, node ranks or a gateway, those whose host
+    (topology.replicas[].host, parallelism.nodes[].address, topology.gateway.host) names this machine. None placed
+    here is an InputError naming the fields, so a unit is never installed on a host the spec gives it no place on;
+    `one`: an option that speaks of one unit (--installed, --ready-url) with several here is refused."""
+    units = build(spec, args).units
+    if spec.topology.gateway is not None:
+        units = [*units, render_gateway(spec)]
+    if len(units) == 1:
+        return units
+    names = here if here is not None else this_host()
+    mine = [u for u in units if u.host in names or u.node in names]
+    if not mine:
+        raise InputError(f"service: this host ({socket.gethostname()}) runs none of the spec's {len(units)} units; "
+                         "run it on a host that topology.replicas[].host, topology.gateway.host or "
+                         "parallelism.nodes[] names (or install per host with the Ansible playbook's units tag)")
+    if one and len(mine) > 1:
+        raise InputError(f"service: --installed and --ready-url name one unit, but this host runs {len(mine)} "
+                         f"({', '.join(u.unit_name for u in mine)}); leave them out")
+    return mine
+
+
+def unit_path(spec: Deployment, r: Rendered) -> Path:
+    """Where a unit is installed: systemd.installed_path for the one server; beside it, under its own name, for a
+    replica's, a node rank's or the gateway's unit."""
+    target = Path(spec.systemd.installed_path)
+    return target if r.unit_name == spec.systemd.unit_name else target.with_name(f"{r.unit_name}.service")
+
+
+def unit_ready_url(spec: Deployment, r: Rendered) -> str:
+    """The URL that answers 200 once the unit's process serves: the gateway's /health, a replica's own port."""
+    if r.role == "gateway" and spec.topology.gateway is not None:
+        g = spec.topology.gateway
+        host = "127.0.0.1" if g.bind in ("0.0.0.0", "::", "") else g.bind
+        return f"http://{f'[{host}]' if ':' in host else host}:{g.port}/health"
+    port = next((x.port for x in spec.topology.replicas if x.name == r.replica), spec.serving.port)
+    return spec.serving.model_copy(update={"port": port}).local_url + spec.systemd.ready_path
+
+
 def install(spec: Deployment, r: Rendered, dry_run: bool = True, root: Path | None = None,
             systemctl: Sequence[str] = ("systemctl",), ready_url: str | None = None, ready_timeout: float | None = None,
             interval: float = 2.0, log: Callable[[str], None] = lambda s: None,
             ctl_timeout: float = CTL_TIMEOUT_S) -> InstallResult:
     """Back up, write atomically, daemon-reload, restart, wait for readiness; roll back on any failure after the write."""
     res = InstallResult()
-    target = Path(spec.systemd.installed_path)
+    target = unit_path(spec, r)
     if not target.is_absolute():
         res.findings.append(Finding("service.install", "fail", f"systemd.unit_path {target} is not absolute: nothing changed",
                                     remedy="Give systemd.unit_path as an absolute path, e.g. /etc/systemd/system/<name>.service."))
         return res
     path = (Path(root) / target.relative_to("/")) if root else target
-    url = ready_url or spec.serving.local_url + spec.systemd.ready_path
+    url = ready_url or unit_ready_url(spec, r)
     timeout = ready_timeout if ready_timeout is not None else spec.systemd.timeout_start_sec
     ins = _Install(res, path, f"{r.unit_name}.service", r.text.encode("utf-8"), list(systemctl), ctl_timeout, dry_run, log)
     if not _read_current(ins):

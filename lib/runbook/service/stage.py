@@ -19,7 +19,7 @@ from runbook.core.spec import Deployment
 from runbook.service import gateway, kubernetes
 from runbook.service.check import check
 from runbook.service.diff import diff
-from runbook.service.install import install
+from runbook.service.install import install, local_units, unit_path
 from runbook.service.render import Rendered, build, parse_args
 from runbook.service.topodrift import drift_all
 
@@ -108,17 +108,26 @@ def _check(spec: Deployment, o: ServiceOptions) -> Outcome:
 
 def _diff(spec: Deployment, o: ServiceOptions) -> Outcome:
     """The diff against the installed unit, printed in place of the findings when there is one."""
-    unit = build(spec, parse_args(o.args)).units[0]
-    text, rows, findings = diff(unit, Path(o.installed_unit or spec.systemd.installed_path))
+    unit = local_units(spec, parse_args(o.args), one=o.installed_unit is not None)[0]
+    text, rows, findings = diff(unit, Path(o.installed_unit or unit_path(spec, unit)))
     return Outcome(findings, {"diff": text, "changes": rows}, shown=text + "\n" if text else None)
 
 
 def _install(spec: Deployment, o: ServiceOptions) -> Outcome:
-    unit = build(spec, parse_args(o.args)).units[0]
-    res = install(spec, unit, dry_run=not o.yes, root=Path(o.root) if o.root else None,
-                  systemctl=o.systemctl.split() if o.systemctl else ("systemctl",), ready_url=o.ready_url,
-                  ready_timeout=o.ready_timeout, log=lambda m: print(m, file=sys.stderr))
-    return Outcome(res.findings, {"steps": res.steps, "rolled_back": res.rolled_back, "backup": res.backup})
+    """This host's units (the one server's; with a topology, the replicas, node ranks and gateway placed on it)."""
+    findings: list[Any] = []
+    data: dict[str, Any] = {"steps": [], "rolled_back": False, "backup": None}
+    for unit in local_units(spec, parse_args(o.args), one=o.ready_url is not None):
+        res = install(spec, unit, dry_run=not o.yes, root=Path(o.root) if o.root else None,
+                      systemctl=o.systemctl.split() if o.systemctl else ("systemctl",), ready_url=o.ready_url,
+                      ready_timeout=o.ready_timeout, log=lambda m: print(m, file=sys.stderr))
+        findings += res.findings
+        data["steps"] += res.steps
+        data["rolled_back"] = data["rolled_back"] or res.rolled_back
+        data["backup"] = data["backup"] or res.backup
+        if any(f.status == "fail" for f in res.findings):
+            break       # the next unit is not touched after one failed (and was rolled back)
+    return Outcome(findings, data)
 
 
 def _k8s(spec: Deployment, o: ServiceOptions) -> Outcome:

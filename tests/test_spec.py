@@ -102,3 +102,79 @@ def test_local_url_brackets_ipv6_literals():
     url = {h: spec_mod.from_dict(spec_data(**{"serving.host": h})).serving.local_url for h in ("::1", "0.0.0.0", "::", "10.0.0.5")}
     assert url == {"::1": "http://[::1]:30000", "0.0.0.0": "http://127.0.0.1:30000", "::": "http://127.0.0.1:30000",
                    "10.0.0.5": "http://10.0.0.5:30000"}
+
+
+# ---- hostile topologies: each one line naming the field ---------------------------------------------------------
+
+def _r(name, host, port=30000, gpus=None):
+    return {"name": name, "host": host, "port": port, **({"gpus": gpus} if gpus is not None else {})}
+
+
+_GW = {"python": "/opt/smg/bin/python", "host": "gw", "port": 8000}
+
+
+@pytest.mark.parametrize("changes, pattern", [
+    ({"parallelism.tp": 4, "topology": {"replicas": [_r("a", "h", 30000, [0, 1, 2, 3]), _r("b", "h", 30001, [3, 4, 5, 6])]}},
+     r"topology.replicas\[1\].gpus: GPU 3 on h is also replicas\[0\]'s"),
+    ({"topology": {"replicas": [_r("a", "h"), _r("b", "h")]}},
+     r"topology.replicas\[1\].port: h:30000 is also replicas\[0\]'s; give each replica on a host its own port"),
+    ({"topology": {"replicas": [_r("a", "h"), _r("a", "h2")]}}, r"topology.replicas\[1\].name: 'a' is also replicas\[0\]'s"),
+    ({"topology": {"gateway": _GW}}, r"topology.gateway: a gateway needs replicas to route to"),
+    ({"topology": {"replicas": [_r("a", "gw", 8000)], "gateway": _GW}},
+     r"topology.gateway.port: gw:8000 is also replicas\[0\]'s port"),
+    ({"topology": {"replicas": [_r("a", "h")], "gateway": {**_GW, "prometheus_port": 8000}}},
+     r"topology.gateway.prometheus_port: 8000 is also gateway.port"),
+    ({"topology": {"replicas": [_r("a", "h")], "gateway": {**_GW, "flags": {"policy": "random"}}}},
+     r"topology.gateway.flags.policy: set it through topology.gateway.policy"),
+    ({"topology": {"replicas": [_r("a", "h")], "gateway": {**_GW, "flags": {"api-key": "sk-x"}}}},
+     r"topology.gateway.flags.api-key: set it through topology.gateway.api_key_env \(never inline a key\)"),
+    ({"topology": {"replicas": [_r("a", "h")], "gateway": {**_GW, "api_key_env": "1KEY"}}},
+     r"topology.gateway.api_key_env: '1KEY' is not an environment variable name"),
+    ({"topology": {"replicas": [_r("a", "h")], "gateway": {**_GW, "policy": "fastest"}}},
+     r"topology.gateway.policy: Input should be 'random', 'round_robin'"),
+    ({"topology": {"replicas": [_r("A_1", "h")]}}, r"topology.replicas.0.name: String should match pattern"),
+    ({"topology": {"replicas": [_r("a", "h", 0)]}}, r"topology.replicas.0.port: Input should be greater than 0"),
+    ({"topology": {"replicas": [_r("a", "h", gpus=[0, 0, 1, 2, 3, 4, 5, 6])]}},
+     r"topology.replicas.0.gpus: a GPU index is listed twice"),
+    ({"topology": {"replicas": [_r("a", "h", gpus=[0, 1, 2, 3])]}},
+     r"topology.replicas\[0\].gpus: 4 GPUs listed but one server needs 8 \(parallelism tp × pp\)"),
+    ({"parallelism.tp": 4, "topology": {"replicas": [_r("a", "h", gpus=[4, 5, 6, 8])]}},
+     r"topology.replicas\[0\].gpus: GPU 8 does not exist on a host of hardware.gpu_count 8"),
+    ({"parallelism.tp": 4, "topology": {"replicas": [_r("a", "h", 1, [0, 1, 2, 3]), _r("b", "h", 2, [4, 5, 6, 7]),
+                                                      _r("c", "h", 3, [0, 1, 2, 3])]}},
+     r"topology.replicas\[2\].gpus: GPU 0 on h is also replicas\[0\]'s"),
+    ({"topology": {"replicas": [_r("a", "h", 1), _r("b", "h", 2)]}},
+     r"topology.replicas\[0\].gpus: 2 replicas share h; give each its own GPU indexes"),
+    ({"parallelism.nodes": [{"name": "n0", "address": "10.0.0.1"}, {"name": "n1", "address": "10.0.0.2"}],
+      "topology": {"replicas": [_r("a", "h")]}},
+     r"topology.replicas: each replica here is one node; .* declare either replicas or nodes"),
+    # one server across nodes: a tp the nodes' GPUs cannot hold, a tp not a multiple of the nodes, a PP placement
+    # SGLang's launcher leaves a rank out of
+    ({"parallelism.tp": 32, "parallelism.nodes": [{"name": "n0", "address": "a"}, {"name": "n1", "address": "b"}]},
+     r"parallelism needs 32 GPUs \(tp 32 × pp 1\) but hardware.gpu_count is 8 × 2 nodes"),
+    ({"parallelism.tp": 9, "parallelism.nodes": [{"name": "n0", "address": "a"}, {"name": "n1", "address": "b"}]},
+     r"parallelism.tp: tp × pp \(9\) must be a multiple of the 2 nodes"),
+    ({"parallelism.tp": 2, "parallelism.pp": 3,
+      "parallelism.nodes": [{"name": "n0", "address": "a"}, {"name": "n1", "address": "b"}]},
+     r"parallelism.pp: 3 over 2 nodes: PP rank 2, TP rank 0 would run on no node .* make pp a multiple or a divisor"),
+    ({"parallelism.nodes": [{"name": "n 0", "address": "a"}, {"name": "n1", "address": "b"}]},
+     r"parallelism.nodes.0.name: String should match pattern"),
+])
+def test_hostile_topologies_give_one_line_naming_the_field(tmp_path, changes, pattern):
+    from conftest import spec_data
+
+    with pytest.raises(SpecError, match=pattern) as e:
+        spec.load(_write(tmp_path, spec_data(**changes)))
+    assert "\n" not in str(e.value) and "d.yaml" in str(e.value)
+    assert "sk-x" not in str(e.value)   # a key written inline is never echoed
+
+
+def test_the_replicas_example_spec_loads_and_lists_each_server():
+    from conftest import REPO
+
+    d = spec.load(REPO / "deployments" / "qwen3.5-397b-a17b-nvfp4-replicas.yaml")
+    assert d.servers == [("r1", "http://gpu-01.example.com:30000"), ("r2", "http://gpu-02.example.com:30000")]
+    assert (d.topology.gateway.binary, d.topology.gateway.policy, d.topology.gateway.url) == (
+        "smg", "cache_aware", "http://gw-01.example.com:8000")
+    base = spec.load()
+    assert d.serving.flags == base.serving.flags and d.parallelism == base.parallelism

@@ -38,7 +38,10 @@ launcher / scheduler / model runner call it):
    ``create_memory_pool_configurator(...).calculate_pool_sizes`` -> ``_apply_token_constraints``
    -> ``resolve_max_num_reqs`` -> ``finalize_with_max_running_requests``). An exception here is
    a refusal (``stage: "memory_pool"``), e.g. "Not enough memory".
-9. EAGLE/NEXTN on a hybrid linear-attention target: the draft worker's own pool
+9. ``--nnodes`` > 1: the ranks SGLang's launcher places on the case's ``--node-rank``
+   (``entrypoints.engine._calculate_rank_ranges``, reported as ``node``); steps 3 and 8 then run as that node's first
+   TP rank.
+10. EAGLE/NEXTN on a hybrid linear-attention target: the draft worker's own pool
    (``draft_pool_bytes_per_token``) -- the draft's ``ModelConfig.from_server_args(..., is_draft_model=True)``,
    ``configure_kv_cache_dtype(is_draft_worker=True)``, ``resolve_layer_indices``, a
    ``KVCacheConfigurator(is_draft_worker=True, memory_pool_config=<the target's>)`` on the CPU and its
@@ -161,6 +164,7 @@ for _name in (
     "sglang.srt.layers.cp.utils",
     "sglang.srt.speculative.dflash_utils",
     "sglang.srt.platforms.cuda",
+    "sglang.srt.entrypoints.engine",   # the launcher's rank placement for --nnodes cases (_node_placement)
 ):
     try:
         importlib.import_module(_name)
@@ -427,13 +431,13 @@ def _sliding_window_method(model_config):
     return None, model_config.hf_config.architectures[0]
 
 
-def _size_one_rank(server_args, model_config, quant_config, pp_rank, pp_size, swa_method):
-    """Run SGLang's KV sizing for one PP rank; returns (result dict)."""
+def _size_one_rank(server_args, model_config, quant_config, pp_rank, pp_size, swa_method, tp_rank=0):
+    """Run SGLang's KV sizing for one PP rank (as its TP rank `tp_rank`); returns (result dict)."""
     _RC.publish(
         server_args,
         role="scheduler",
         ranks=_RC.SpawnRanks(
-            world_rank=_RC.spawn_world_rank(server_args, tp_rank=0, pp_rank=pp_rank),
+            world_rank=_RC.spawn_world_rank(server_args, tp_rank=tp_rank, pp_rank=pp_rank),
             dp_rank=None,
             gpu_id=0,
         ),
@@ -763,14 +767,16 @@ def run_case(case: dict) -> dict:
             raise Refused("quant_config", e) from e
         swa_method, model_class = _sliding_window_method(model_config)
         pp_size = _RC.get_parallel().pp_size
+        node = _node_placement()
+        tp_rank = node["tp_ranks"][0] if node else 0
         # pass 1: each PP rank alone (collective = identity)
         _PPR.target = None
-        ranks = [_size_one_rank(server_args, model_config, quant_config, r, pp_size, swa_method)
+        ranks = [_size_one_rank(server_args, model_config, quant_config, r, pp_size, swa_method, tp_rank)
                  for r in range(pp_size)]
         if pp_size > 1:
             _PPR.target = min(r["max_total_num_tokens"] for r in ranks)
             try:
-                ranks = [_size_one_rank(server_args, model_config, quant_config, r, pp_size, swa_method)
+                ranks = [_size_one_rank(server_args, model_config, quant_config, r, pp_size, swa_method, tp_rank)
                          for r in range(pp_size)]
             finally:
                 _PPR.target = None
@@ -782,7 +788,23 @@ def run_case(case: dict) -> dict:
     res["kv_cache_quant_algo"] = getattr(quant_config, "kv_cache_quant_algo", None)
     if pp_size > 1:
         res["pp_ranks"] = ranks
+    if node:
+        res["node"] = node
     return res
+
+
+def _node_placement():
+    """With --nnodes > 1: the PP and TP ranks SGLang's launcher runs on this --node-rank (its own
+    entrypoints/engine.py _calculate_rank_ranges, from the published parallel context), each [first, last]; the
+    case is then sized as that node's first TP rank. None on one node."""
+    par = _RC.get_parallel()
+    if par.nnodes <= 1:
+        return None
+    from sglang.srt.entrypoints.engine import _calculate_rank_ranges  # imported with the others, before the emulation
+
+    pp_r, tp_r, _, _ = _calculate_rank_ranges(par.node_rank)
+    return {"node_rank": par.node_rank, "nnodes": par.nnodes, "pp_ranks": [pp_r.start, pp_r.stop - 1],
+            "tp_ranks": [tp_r.start, tp_r.stop - 1]}
 
 
 def _attention_shards(model_config):

@@ -299,6 +299,11 @@ class Deployment(Strict):
         if nodes > 1 and self.parallelism.gpus % nodes:
             raise ValueError(f"parallelism.tp: tp × pp ({self.parallelism.gpus}) must be a multiple of the "
                              f"{nodes} nodes (SGLang splits the ranks evenly across nodes)")
+        placement = topospec.placement_problem(self.parallelism.tp, self.parallelism.pp, nodes) if nodes > 1 else None
+        if placement:
+            raise ValueError(f"parallelism.pp: {self.parallelism.pp} over {nodes} nodes: {placement} (SGLang places "
+                             "pp // nodes PP ranks per node, or one PP rank per nodes // pp nodes); make pp a multiple "
+                             "or a divisor of the node count")
         topospec.check(self.topology, gpus_per_server=self.parallelism.gpus, gpu_count=self.hardware.gpu_count,
                        nodes=nodes, cpu=self.serving.flags.get("device") == "cpu")
         return self

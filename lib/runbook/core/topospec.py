@@ -176,3 +176,37 @@ def check(topology: Topology, *, gpus_per_server: int, gpu_count: int, nodes: in
         if not cpu and len(group) * gpus_per_server > gpu_count:
             raise ValueError(f"topology.replicas: {len(group)} replicas of {gpus_per_server} GPUs on {host} need "
                              f"{len(group) * gpus_per_server} but hardware.gpu_count is {gpu_count}")
+
+
+def rank_ranges(tp: int, pp: int, nnodes: int, node_rank: int) -> tuple[range, range]:
+    """The PP ranks and TP ranks one node runs of a server across `nnodes` nodes: SGLang 0.5.23's own placement
+    (entrypoints/engine.py _calculate_rank_ranges), which launches one scheduler per (pp, tp) pair in these ranges.
+    PP ranks are split over nodes first; where there are more nodes than PP ranks, each PP rank's TP group spans
+    nnodes // pp nodes."""
+    pp_per_node = max(pp // nnodes, 1)
+    nodes_per_pp_rank = max(nnodes // pp, 1)
+    pp_ranks = range(pp_per_node * (node_rank // nodes_per_pp_rank), pp_per_node * (node_rank // nodes_per_pp_rank + 1))
+    tp_per_node = tp // nodes_per_pp_rank
+    tp_ranks = range(tp_per_node * (node_rank % nodes_per_pp_rank), tp_per_node * (node_rank % nodes_per_pp_rank + 1))
+    return pp_ranks, tp_ranks
+
+
+def placement_problem(tp: int, pp: int, nnodes: int) -> str | None:
+    """Why SGLang's placement (`rank_ranges`) does not run each of the server's tp × pp ranks exactly once over
+    `nnodes` nodes, or None. SGLang checks only that tp × pp is a multiple of the nodes; a pp that neither
+    divides nor is a multiple of the node count then leaves a PP rank on no node (or one that does not exist on
+    another), and the server waits for it forever."""
+    seen: dict[tuple[int, int], int] = {}
+    for n in range(nnodes):
+        pp_r, tp_r = rank_ranges(tp, pp, nnodes, n)
+        for p in pp_r:
+            for t in tp_r:
+                if p >= pp or t >= tp:
+                    return f"node rank {n} would run PP rank {p}, TP rank {t}, which do not exist"
+                if (p, t) in seen:
+                    return f"nodes {seen[(p, t)]} and {n} would both run PP rank {p}, TP rank {t}"
+                seen[(p, t)] = n
+    missing = [(p, t) for p in range(pp) for t in range(tp) if (p, t) not in seen]
+    if missing:
+        return f"PP rank {missing[0][0]}, TP rank {missing[0][1]} would run on no node"
+    return None

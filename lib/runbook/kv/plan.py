@@ -19,6 +19,7 @@ from runbook.core.options import validate
 from runbook.core.spec import Deployment
 from runbook.core.units import GIB
 from runbook.kv import memory as kvmem
+from runbook.kv import topology as kvtopo
 from runbook.model import arch as arch_mod
 from runbook.model import checkpoint
 
@@ -95,6 +96,9 @@ class Plan:
     auto_kv_dtype: str = "bfloat16"
     weights_source: str = ""
     scenarios: list[tuple[str, kvmem.Result]] = field(default_factory=list)
+    topology: dict[str, Any] | None = None       # replicas: each one's plan and the total (kv/topology.py)
+    ranks: list[dict[str, Any]] | None = None    # one server across nodes: each node rank's share
+    ranks_total: dict[str, Any] | None = None
 
     def data(self) -> dict[str, Any]:
         d = self.result.to_json()
@@ -104,6 +108,7 @@ class Plan:
         d["candidates"] = [{k: c.to_json()[k] for k in ("kv_dtype", "kv_bytes_per_token_per_gpu", "max_total_num_tokens",
                                                          "max_running_requests", "requests_at_context")} for c in self.candidates]
         d["scenarios"] = [{"scenario": label, **{k: r.to_json()[k] for k in _SCENARIO_KEYS}} for label, r in self.scenarios]
+        d.update(topology=self.topology, ranks=self.ranks, ranks_total=self.ranks_total)
         return d
 
 
@@ -171,7 +176,24 @@ def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrid
                             f"KV dtype {inp.kv_dtype}" + (f" (auto → {auto})" if kv_flag == "auto" else f" (--kv-cache-dtype {kv_flag})"),
                             detail=(auto_why + "; " if auto_why and kv_flag == "auto" else "") + f"weights per GPU: {source}"))
     findings += result.findings
-    return Plan(a, inp, result, cands, findings, auto, source, scen)
+    topo, rank_list, total_ranks, topo_findings = kvtopo.whole(spec, inp, result)
+    return Plan(a, inp, result, cands, findings + topo_findings, auto, source, scen, topo, rank_list, total_ranks)
+
+
+def plan_for_rank(spec: Deployment, rank: int, **overrides: Any) -> dict[str, Any]:
+    """What node rank `rank` of the spec's server runs and the pool each of its GPUs holds (`kv --json`'s
+    `ranks[rank]`; rank 0 of a one-node spec is the whole server): the figures its start-up log should show."""
+    nodes = spec.parallelism.nodes
+    nnodes = max(1, len(nodes))
+    if not 0 <= rank < nnodes:
+        raise InputError(f"node rank {rank}: {spec.source or 'the spec'} has {nnodes} node(s) under parallelism.nodes "
+                         f"(ranks 0–{nnodes - 1})")
+    p = plan(spec, **overrides)
+    problem = kvtopo.placement(spec, p.inputs)
+    if problem:
+        raise InputError(problem)
+    node = nodes[rank] if nodes else None
+    return kvtopo.rank_entry(p.inputs, p.result, nnodes, rank, node.name if node else None, node.address if node else None)
 
 
 def _cpu_memory(inp: kvmem.Inputs, given: bool) -> tuple[kvmem.Inputs, Finding]:

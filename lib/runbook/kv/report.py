@@ -87,7 +87,69 @@ def text_table(p: Plan) -> str:
     for label, s in p.scenarios[1:]:
         lines.append(f"{label}: {s.kv_bytes_per_token_per_gpu:,} B/token/GPU, mem fraction {_fmt3(s.mem_fraction_static)}, "
                      f"max_total_num_tokens {_fmt(s.max_total_num_tokens)}, max_running_requests {_fmt(s.max_running_requests)}")
-    return "\n".join(lines)
+    return "\n".join(lines + _topology_lines(p))
+
+
+def _at(requests: dict[str, int | None]) -> str:
+    return ", ".join(f"{int(c):,}: {_fmt(n)}" for c, n in requests.items())
+
+
+def _topology_lines(p: Plan) -> list[str]:
+    """The plan per replica and for the whole, or per node rank, under the one server's lines."""
+    out = []
+    if p.topology:
+        t, g = p.topology, p.topology["gateway"]
+        out.append(f"replicas ({len(t['replicas'])})" + (f" behind {g['binary']} {g['policy']} at {g['url']}" if g else "") + ":")
+        for r in t["replicas"]:
+            gpus = ",".join(map(str, r["gpus"])) if r["gpus"] else f"first {r['gpu_count']}"
+            out.append(f"  {r['name']} {r['url']} GPUs {gpus}: max_total_num_tokens {_fmt(r['max_total_num_tokens'])}, "
+                       f"max_running_requests {_fmt(r['max_running_requests'])}; requests that fit: {_at(r['requests_at_context'])}")
+        tot = t["total"]
+        out.append(f"  total {tot['replicas']} replicas, {tot['gpus']} GPUs: {_fmt(tot['kv_tokens'])} KV tokens, "
+                   f"{_fmt(tot['running_requests'])} running requests; requests that fit: {_at(tot['requests_at_context'])}")
+    if p.ranks and p.ranks_total:
+        rt = p.ranks_total
+        out.append(f"node ranks: one server across {rt['nodes']} nodes, {rt['gpus']} GPUs (TP {p.inputs.tp} × PP {p.inputs.pp}), "
+                   f"one pool of {_fmt(rt['max_total_num_tokens'])} tokens:")
+        for r in p.ranks:
+            out.append(f"  rank {r['rank']} {r['node']} ({r['address']}): {r['gpus']} GPUs, TP ranks {r['tp_ranks'][0]}–"
+                       f"{r['tp_ranks'][1]}, PP ranks {r['pp_ranks'][0]}–{r['pp_ranks'][1]}, layers {r['layers'][0]}–"
+                       f"{r['layers'][1]}: max_total_num_tokens {_fmt(r['max_total_num_tokens'])}, "
+                       f"max_running_requests {_fmt(r['max_running_requests'])}")
+    return out
+
+
+def topology_frame(p: Plan):
+    """One row per replica and one for the deployment's total (None without replicas)."""
+    import pandas as pd  # lazy: pandas (~0.35 s); `runbook kv` loads this module for text_table alone
+
+    if not p.topology:
+        return None
+    rows = []
+    for r in p.topology["replicas"]:
+        rows.append({"replica": r["name"], "host:port": f"{r['host']}:{r['port']}",
+                     "GPUs": ",".join(map(str, r["gpus"])) if r["gpus"] else f"first {r['gpu_count']}",
+                     "KV tokens": (r["max_total_num_tokens"] or 0) * r["pools"] if r["max_total_num_tokens"] is not None else None,
+                     "running requests": r["max_running_requests"] * r["pools"] if r["max_running_requests"] is not None else None,
+                     **{f"requests @ {int(c) // 1024}K": n for c, n in r["requests_at_context"].items()}})
+    t = p.topology["total"]
+    rows.append({"replica": "total", "host:port": None, "GPUs": str(t["gpus"]), "KV tokens": t["kv_tokens"],
+                 "running requests": t["running_requests"],
+                 **{f"requests @ {int(c) // 1024}K": n for c, n in t["requests_at_context"].items()}})
+    return pd.DataFrame(rows).set_index("replica")
+
+
+def ranks_frame(p: Plan):
+    """One row per node rank of a server across nodes (None on one node)."""
+    import pandas as pd  # lazy: pandas (~0.35 s); `runbook kv` loads this module for text_table alone
+
+    if not p.ranks:
+        return None
+    return pd.DataFrame([{"rank": r["rank"], "node": r["node"], "address": r["address"], "GPUs": r["gpus"],
+                          "TP ranks": f"{r['tp_ranks'][0]}–{r['tp_ranks'][1]}", "PP ranks": f"{r['pp_ranks'][0]}–{r['pp_ranks'][1]}",
+                          "layers": f"{r['layers'][0]}–{r['layers'][1]}", "B/token/GPU": r["kv_bytes_per_token_per_gpu"],
+                          "max_total_num_tokens": r["max_total_num_tokens"], "max_running_requests": r["max_running_requests"]}
+                         for r in p.ranks]).set_index("rank")
 
 
 def _fmt3(x: float | None) -> str:

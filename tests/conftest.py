@@ -127,6 +127,7 @@ def real_sglang_fp8(real_model, tmp_path_factory):
 # shows a reason (running the serving interpreter, `runbook run`, llama-server, chromium) carries it.
 SLOW_REASONS = ("serving", "llama", "sglang", "browser", "notebook", "server")
 SLOW_FIXTURES = {"llama": "llama", "sglang_server": "sglang", "real_sglang": "sglang", "real_sglang_fp8": "sglang",
+                 "nodes_server": "sglang",
                  "real_model": "serving",
                  "browser": "browser", "lab": "browser", "default_run": "notebook",
                  "s3": "server", "wheel_venv": "server"}

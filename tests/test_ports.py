@@ -201,3 +201,18 @@ def test_sglang_whose_port_was_taken_during_start_up_is_relaunched(tmp_path):
         t.join(5)
         for s in held:
             s.close()
+
+
+def test_a_relaunched_candidate_is_a_tune_port_warning_not_a_failure():
+    """tune's row keeps each collision (trials.run_candidate); findings make it `tune.port`, never `tune.failed`."""
+    from runbook.tune import findings as tune_findings
+
+    c = ports.Collision(41000, (ports.Holder(os.getpid(), "python -m pytest", "LISTEN"),), 41007,
+                        "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 41000)")
+    row = {"name": "chunked-512", "status": "done", "port": 41007, "port_collisions": [c.to_dict()],
+           "repeats": [{"status": "done", "port_collisions": [c.to_dict()]}]}
+    got = tune_findings._ports(row)
+    assert [f.id for f in got] == ["tune.port", "tune.port"] and {f.status for f in got} == {"warn"}
+    assert got[0].title == (f"chunked-512: port 41000 taken by pid {os.getpid()} (python -m pytest) during start-up; "
+                            "relaunched on 41007")
+    assert "[Errno 98]" in got[0].evidence

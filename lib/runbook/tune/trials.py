@@ -174,8 +174,9 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any], ru
     try:
         with launch.launched(_launch(ctx, cspec, log_path)) as srv:   # by the module: tests stand in for it
             row["ready_s"] = round(srv.ready_s, 2)
-            if srv.collisions:      # not the candidate's doing: it ran on another port (ports.relaunching)
-                row.update(port=srv.port, port_collisions=[c.to_dict() for c in srv.collisions])
+            lost = getattr(srv, "collisions", None)     # (tests stand in for Running without it)
+            if lost:      # not the candidate's doing: it ran on another port (ports.relaunching)
+                row.update(port=srv.port, port_collisions=[c.to_dict() for c in lost])
             row["server_info"] = ctx.engine.live(cspec, srv.url)
             row["sglang_version"] = row["server_info"].get("version")     # what the server says it runs
             st = ctx.engine.startup(cspec, log_path, pre)

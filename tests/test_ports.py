@@ -84,6 +84,18 @@ def test_production_port_held_by_another_process_is_a_finding_naming_it():
     assert (f.status, f.title) == ("pass", f"server {dep.name}: port {port} is free (serving.port)")
 
 
+def test_production_port_held_by_the_deployments_own_server_passes(sglang_server):
+    """The session's SGLang server runs its spec's rendered ExecStart: the holder is recognised as the deployment's."""
+    (f,) = envports.check(sglang_server.spec)
+    assert (f.id, f.status) == ("env.host.port", "pass")
+    assert f.title == (f"server {sglang_server.spec.name}: port {sglang_server.port} is held by the deployment's own "
+                       f"server (pid {sglang_server.pid})")
+    other = sglang_server.spec.model_copy(update={"systemd": sglang_server.spec.systemd.model_copy(
+        update={"unit_name": "another"}), "model": sglang_server.spec.model.model_copy(update={"path": "/elsewhere"})})
+    (g,) = envports.check(other)      # another deployment's spec on the same port: the server is not its own
+    assert g.status == "fail" and f"held by pid {sglang_server.pid} (" in g.title
+
+
 def test_a_connection_using_the_port_as_its_local_end_is_named_too():
     """The likeliest thief on a busy host: a client connection the kernel gave the picked port as its local end."""
     with socket.socket() as srv:

@@ -139,6 +139,7 @@ def gateway_fleet(tmp_path_factory):
 SLOW_REASONS = ("serving", "llama", "sglang", "browser", "notebook", "server")
 SLOW_FIXTURES = {"llama": "llama", "sglang_server": "sglang", "gateway_fleet": "sglang", "real_sglang": "sglang",
                  "real_sglang_fp8": "sglang",
+                 "nodes_server": "sglang",
                  "real_model": "serving",
                  "browser": "browser", "lab": "browser", "default_run": "notebook",
                  "s3": "server", "wheel_venv": "server"}

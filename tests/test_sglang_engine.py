@@ -2,6 +2,7 @@
 own client, reports itself in /server_info, stops with every process of its session, and refuses or explains
 what it cannot do in one line. The model has random weights: these tests check protocol, counts and processes."""
 import asyncio
+import os
 import socket
 import stat
 import sys
@@ -103,7 +104,8 @@ def test_port_in_use_is_refused_before_launch(tmp_path):
         s.listen()
         port = s.getsockname()[1]
         before = {p.pid for p in psutil.Process().children(recursive=True)}
-        with pytest.raises(sglang.EngineError, match=rf"^port {port} on 127.0.0.1 is in use; SGLang was not started"):
+        with pytest.raises(sglang.EngineError, match=rf"^port {port} on 127.0.0.1 is in use \(held by pid {os.getpid()} "
+                                                     r"\(.*\)\); SGLang was not started"):
             sglang.start(port=port, log_path=tmp_path / "server.log")
         assert {p.pid for p in psutil.Process().children(recursive=True)} == before
     assert not (tmp_path / "server.log").exists()

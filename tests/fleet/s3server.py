@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -15,14 +14,12 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from runbook.core.ports import free_port  # the one picker: tune, the demo servers and the tests
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _REQ = re.compile(r'"(GET|PUT|POST|DELETE|HEAD) (\S+) HTTP/[\d.]+" (\d{3})')
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class S3Server:

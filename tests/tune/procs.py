@@ -1,14 +1,9 @@
 """Small real processes for the tune tests: a free port, an HTTP server with /health, is a pid gone."""
 import signal
-import socket
 import sys
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from runbook.core.ports import free_port  # noqa: F401  (the one picker: tune, the demo servers and these tests)
 
 
 def http_server(directory: Path, port: int) -> list[str]:

@@ -82,6 +82,7 @@ def test_a_taken_port_fails_every_launch_fast_without_hanging(tmp_path):
     assert time.monotonic() - t0 < 60
     for r in rep.rows:
         assert r["status"] == "failed" and r["failure_kind"] == "port" and f"port {port}" in r["reason"], r
+        assert f"held by pid {os.getpid()} (" in r["reason"], r       # the production port's holder, named
     assert rep.recommendation is None
 
 

@@ -64,6 +64,20 @@ class Hardware(Strict):
 class Node(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
     address: str = Field(description="address the other nodes reach this one at")
+    env: dict[str, str] = Field(default_factory=dict, description="environment for this rank's unit only, over serving.env "
+                                "(e.g. SGLANG_CPU_OMP_THREADS_BIND: each rank its own cores)")
+    port: int | None = Field(None, gt=0, lt=65536, description="this rank's HTTP port (default serving.port): ranks >= 1 "
+                             "answer /health there; set it only where two ranks share a host")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_values_are_strings(cls, v: Any) -> Any:
+        return Serving._env_values_are_strings(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        return Serving._env_names(v)
 
 
 class Parallelism(Strict):

@@ -9,10 +9,10 @@ model and say nothing about a deployment.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -20,12 +20,12 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from runbook.core import oscalls, paths
+from runbook.core import oscalls, paths, ports
 from runbook.corpus import code_prompts, code_text
 
 LLAMA_CPP_PYTHON = "0.3.36"
@@ -147,10 +147,7 @@ def tiny_model(dest: Path | None = None) -> Path:
     return d
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = ports.free_port
 
 
 @dataclass
@@ -159,6 +156,7 @@ class LlamaServer:
     url: str
     model_dir: Path
     log: Path
+    collisions: list[ports.Collision] = field(default_factory=list)   # start-ups that lost their port first
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -176,36 +174,63 @@ class LlamaServer:
         self.stop()
 
 
+class Exited(RuntimeError):
+    """llama-server exited during start-up; `log` is its log."""
+
+    def __init__(self, msg: str, log: Path) -> None:
+        super().__init__(msg)
+        self.log = log
+
+
 def start_llama_server(exe: Path | None = None, model_dir: Path | None = None, port: int | None = None,
                        parallel: int = 8, ctx: int = 4096, threads: int = 1, cache_prompt: bool = False,
                        log_path: Path | None = None, ready_timeout: float = 60.0,
-                       extra_args: Sequence[str] = ()) -> LlamaServer:
-    """Start llama-server on loopback and wait until /health answers 200 (`extra_args`: e.g. --jinja for tools)."""
+                       extra_args: Sequence[str] = (), relaunch: int = ports.RELAUNCHES) -> LlamaServer:
+    """Start llama-server on loopback and wait until /health answers 200 (`extra_args`: e.g. --jinja for tools).
+    Its port taken before it bound it: started again on a free port, at most `relaunch` times (`srv.collisions`)."""
     exe = exe or build_llama_server()
     model_dir = model_dir or tiny_model()
-    port = port or free_port()
-    log_path = log_path or Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
-    cmd = [str(exe), "-m", str(model_dir / "model.gguf"), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-           "-np", str(parallel), "-c", str(ctx * parallel), "--metrics", "--alias", "tiny-llama"]
-    if not cache_prompt:
-        cmd += ["--no-cache-prompt", "--cache-ram", "0"]
-    cmd += list(extra_args)
-    with open(log_path, "w") as logf:   # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"llama-server exited with {proc.returncode}; see {log_path}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return LlamaServer(proc, url, model_dir, log_path)
-        except OSError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"llama-server not ready within {ready_timeout:.0f} s; see {log_path}")
+    log = log_path or Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
+
+    def once(port: int) -> LlamaServer:
+        cmd = [str(exe), "-m", str(model_dir / "model.gguf"), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+               "-np", str(parallel), "-c", str(ctx * parallel), "--metrics", "--alias", "tiny-llama"]
+        if not cache_prompt:
+            cmd += ["--no-cache-prompt", "--cache-ram", "0"]
+        cmd += list(extra_args)
+        with open(log, "w") as logf:   # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise Exited(f"llama-server exited with {proc.returncode}; see {log}", log)
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return LlamaServer(proc, url, model_dir, log)
+            except OSError:
+                pass
+            time.sleep(0.1)
+        proc.kill()
+        proc.wait(10)
+        raise RuntimeError(f"llama-server not ready within {ready_timeout:.0f} s; see {log}")
+
+    def failed_log(e: BaseException) -> str | None:
+        return e.log.read_text(errors="replace") if isinstance(e, Exited) and e.log.is_file() else None
+
+    def keep(c: ports.Collision) -> None:     # the lost attempt's log beside the next one's
+        if c.relaunched_on is not None:
+            with contextlib.suppress(OSError):
+                os.replace(log, log.with_name(f"{log.stem}.port{c.port}{log.suffix}"))
+
+    try:
+        srv, collisions = ports.relaunching(once, port or free_port(), failed_log=failed_log, attempts=relaunch,
+                                            on_collision=keep)
+    except ports.PortsTaken as e:
+        raise RuntimeError(f"llama-server was not started: {e}") from None
+    srv.collisions = collisions
+    return srv
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.action == "build":
         log(f"llama-server at {exe}; tiny model at {model}")
         return 0
-    srv = start_llama_server(exe, model, a.port, extra_args=["--jinja"])   # --jinja: tools for the tool-call probe
+    srv = start_llama_server(exe, model, a.port, extra_args=["--jinja"],   # --jinja: tools for the tool-call probe
+                             relaunch=0 if a.port else ports.RELAUNCHES)   # a port asked for is kept or refused
     log(f"llama-server {srv.url} serving a tiny random-weight CPU model (figures say nothing about a deployment); "
         "Ctrl-C to stop")
     return oscalls.serve_until_signalled(srv.proc, srv.stop)

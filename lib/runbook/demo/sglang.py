@@ -8,7 +8,8 @@ in the serving interpreter, which has torch), a byte-level BPE tokenizer trained
 one llama-server's demo model uses) and a chat template that renders tools. Cached under .cache/. Its figures
 come from a tiny CPU model and say nothing about a deployment.
 
-A server is started in its own session, on a port checked free before launch, with its log kept; stopping it
+A server is started in its own session, on a port checked free before launch, with its log kept; a start-up
+whose port another process took meanwhile is started again on a free port (core/ports.py: `srv.collisions`); stopping it
 sends SIGTERM and waits for every process of that session by PID (SGLang's scheduler, detokenizer and
 multiprocessing's resource tracker exit 5-15 s after the main process), then kills what is left.
 """
@@ -33,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from runbook.core import SGLANG_VERSION, oscalls, paths
+from runbook.core import SGLANG_VERSION, oscalls, paths, ports
 from runbook.core import spec as specmod
 from runbook.core.errors import RunbookError
 from runbook.core.spec import Deployment
@@ -115,6 +116,14 @@ tok.save_pretrained(job["dir"])
 
 class EngineError(RunbookError):
     """SGLang could not be started, or stopped, as asked."""
+
+
+class Exited(EngineError):
+    """SGLang exited during start-up; `log` is its log."""
+
+    def __init__(self, msg: str, log: Path) -> None:
+        super().__init__(msg)
+        self.log = log
 
 
 def serving_python() -> Path:
@@ -214,10 +223,7 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+free_port = ports.free_port
 
 
 def log_tail(path: Path, lines: int = 5) -> str:
@@ -228,6 +234,17 @@ def log_tail(path: Path, lines: int = 5) -> str:
         return "(no log)"
     got = [ln.strip() for ln in text.splitlines() if ln.strip()][-lines:]
     return " | ".join(got) or "(empty log)"
+
+
+def _end_of(path: Path, size: int = 64 << 10) -> str:
+    """The last `size` bytes of a log, as text ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - size))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def session_pids(sid: int) -> list[int]:
@@ -254,6 +271,7 @@ class SGLangServer:
     launched: float = 0.0                                   # time.monotonic() at launch
     startup_s: float = 0.0                                  # launch -> /health 200
     seen: set[int] = field(default_factory=set)            # every PID of its session seen while it ran
+    collisions: list[ports.Collision] = field(default_factory=list)   # start-ups that lost their port first
 
     @property
     def pid(self) -> int:
@@ -325,17 +343,43 @@ def launch_argv(dep: Deployment) -> list[str]:
 
 def start(dep: Deployment | None = None, *, port: int | None = None, flags: Mapping[str, Any] | None = None,
           log_path: Path | None = None, ready_timeout: float = 240.0, env: Mapping[str, str] | None = None,
-          argv: Sequence[str] | None = None, host_free_gib: float | None = None) -> SGLangServer:
+          argv: Sequence[str] | None = None, host_free_gib: float | None = None,
+          relaunch: int = ports.RELAUNCHES) -> SGLangServer:
     """Start SGLang on CPU as the deployment's unit would (`dep`, else the demo spec on `port` with `flags`
     changed) and wait, at most `ready_timeout`, until /health answers 200. `argv`: another command line
     serving on the deployment's port (e.g. one read back from an installed unit). `host_free_gib`: the free
-    memory SGLang reads from the host, pinned (pinned_meminfo) so that its pool follows from known inputs."""
-    srv = launch(dep, port=port, flags=flags, log_path=log_path, env=env, argv=argv, host_free_gib=host_free_gib)
+    memory SGLang reads from the host, pinned (pinned_meminfo) so that its pool follows from known inputs.
+    A start-up whose port was taken meanwhile runs again on a free port, at most `relaunch` times (never with
+    `argv`, whose port is its own): `srv.spec` and `srv.url` are then the new port's, `srv.collisions` says why."""
+    if dep is None:
+        dep = deployment(port or free_port(), flags=flags)
+    base = dep
+
+    def once(p: int) -> SGLangServer:
+        d = base if p == base.serving.port else base.model_copy(
+            update={"serving": base.serving.model_copy(update={"port": p})})
+        srv = launch(d, log_path=log_path, env=env, argv=argv, host_free_gib=host_free_gib)
+        try:
+            wait_ready(srv, ready_timeout)
+        except BaseException as e:
+            srv.stop(5.0 if isinstance(e, Exited) else 30.0)    # one that lost its port hangs in its shutdown: kill it soon
+            raise
+        return srv
+
+    def failed_log(e: BaseException) -> str | None:
+        return e.log.read_text(errors="replace") if isinstance(e, Exited) and e.log.is_file() else None
+
+    def keep(c: ports.Collision) -> None:     # the lost attempt's log beside the next one's
+        if log_path is not None and c.relaunched_on is not None:
+            with contextlib.suppress(OSError):
+                os.replace(log_path, log_path.with_name(f"{log_path.stem}.port{c.port}{log_path.suffix}"))
+
     try:
-        wait_ready(srv, ready_timeout)
-    except BaseException:
-        srv.stop()
-        raise
+        srv, collisions = ports.relaunching(once, dep.serving.port, failed_log=failed_log, host=dep.serving.host,
+                                            attempts=0 if argv is not None else relaunch, on_collision=keep)
+    except ports.PortsTaken as e:
+        raise EngineError(f"SGLang was not started: {e}") from None
+    srv.collisions = collisions
     return srv
 
 
@@ -347,7 +391,9 @@ def launch(dep: Deployment | None = None, *, port: int | None = None, flags: Map
         dep = deployment(port or free_port(), flags=flags)
     port = dep.serving.port
     if not port_free(port, dep.serving.host):
-        raise EngineError(f"port {port} on {dep.serving.host} is in use; SGLang was not started (pick another port)")
+        who = ports.held_by(port)
+        raise EngineError(f"port {port} on {dep.serving.host} is in use" + (f" (held by {who})" if who else "") +
+                          "; SGLang was not started (pick another port)")
     py = Path(dep.serving.python)
     check_engine(py)
     ensure_model(Path(dep.model.path), py)
@@ -401,7 +447,10 @@ def wait_ready(srv: SGLangServer, timeout: float = 240.0) -> None:
         srv.pids()
         rc = srv.proc.poll()
         if rc is not None:
-            raise EngineError(f"SGLang exited with {rc} during start-up ({srv.log}): {log_tail(srv.log)}")
+            raise Exited(f"SGLang exited with {rc} during start-up ({srv.log}): {log_tail(srv.log)}", srv.log)
+        lost = ports.bind_line(_end_of(srv.log))
+        if lost is not None:      # SGLang logs Errno 98, then hangs in its shutdown ("Waiting for application shutdown")
+            raise Exited(f"SGLang could not bind its port during start-up ({srv.log}): {lost}", srv.log)
         try:
             with urllib.request.urlopen(srv.url + "/health", timeout=5) as r:
                 if r.status == 200:
@@ -430,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             model = ensure_model(Path(dep.model.path), Path(dep.serving.python))
             print(f"model at {model}; SGLang {version} in {dep.serving.python}", file=sys.stderr)
             return 0
-        srv = start(dep)
+        srv = start(dep, relaunch=0 if a.port else ports.RELAUNCHES)    # a port asked for is kept or refused
     except RunbookError as e:
         print(f"sglang: {e}", file=sys.stderr)
         return 2

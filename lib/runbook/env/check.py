@@ -147,6 +147,9 @@ def host(spec: Deployment) -> tuple[list[Finding], dict[str, Any]]:
                        detail="Pinned memory and NCCL registration need it; systemd services do not read limits.conf.",
                        remedy="The rendered unit sets LimitMEMLOCK=infinity; for manual runs `ulimit -l unlimited`."))
     out.extend(_disk(spec, info))
+    from runbook.env import ports  # lazy: it imports psutil, which only host checks need
+
+    out.extend(ports.check(spec))
     return out, info
 
 

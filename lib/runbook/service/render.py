@@ -101,6 +101,8 @@ def _validate(spec: Deployment, args: dict[str, Any] | None, flags: dict[str, An
     _validate_places(spec)
     _validate_flags(spec, args, flags)
     _validate_env(spec.serving.env)
+    for i, node in enumerate(spec.parallelism.nodes):
+        _validate_env(node.env, f"parallelism.nodes[{i}].env")
 
 
 def _validate_places(spec: Deployment) -> None:
@@ -141,15 +143,15 @@ def _validate_flags(spec: Deployment, args: dict[str, Any] | None, flags: dict[s
                 raise SpecError(f"--{k}: contains {what}, which a systemd unit line cannot carry; remove it from {where}")
 
 
-def _validate_env(env: dict[str, str]) -> None:
+def _validate_env(env: dict[str, str], where: str = "serving.env") -> None:
     """Environment= names and values a unit line can carry."""
     for k, v in env.items():
         if not _ENV_NAME.fullmatch(k):
-            raise SpecError(f"serving.env.{k}: not a valid environment variable name")
+            raise SpecError(f"{where}.{k}: not a valid environment variable name")
         what = control(v, allow_tab=True)
         if what:
             raise SpecError(f"environment variable {k}: contains {what}, which a systemd unit line cannot carry; "
-                            f"remove it from serving.env.{k}")
+                            f"remove it from {where}.{k}")
 
 
 @dataclass
@@ -198,7 +200,8 @@ def _argv(spec: Deployment, flags: dict[str, Any], rank: int = 0, port: int | No
     groups: list[tuple[str, ...]] = [(s.python, "-m", "sglang.launch_server"), ("--model-path", spec.model.path)]
     if spec.model.served_name:
         groups.append(("--served-model-name", spec.model.served_name))
-    groups += [("--host", s.host), ("--port", str(port or s.port)), ("--tp-size", str(par.tp))]
+    port = port or (par.nodes[rank].port if par.nodes else None) or s.port     # a replica's; a rank sharing a host needs its own
+    groups += [("--host", s.host), ("--port", str(port)), ("--tp-size", str(par.tp))]
     if par.pp > 1:
         groups.append(("--pp-size", str(par.pp)))
     if par.attn_dp > 1:
@@ -273,8 +276,8 @@ def render(spec: Deployment, args: dict[str, Any] | None = None, recommended: di
     for rank, node in enumerate(nodes):
         name = spec.systemd.unit_name + (f"-{node.name}" if node and len(nodes) > 1 else "")
         about = {"name": node.name, "rank": rank, "count": len(nodes)} if node else None
-        env = dict(spec.serving.env)
-        out.append(_unit(spec, _argv(spec, flags, rank), env, name, about, _ready_cmd(spec), flags,
+        env = {**spec.serving.env, **(node.env if node else {})}     # a rank's own over the server's
+        out.append(_unit(spec, _argv(spec, flags, rank), env, name, about, _ready_cmd(spec, node.port if node else None), flags,
                          node=node.name if node else None, rank=rank, host=node.address if node else None))
     return out
 

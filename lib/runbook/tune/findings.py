@@ -56,9 +56,19 @@ def _startup(r: dict[str, Any]) -> Finding | None:
                    evidence=", ".join(sorted({str(d.get("id")) for d in bad})), remedy=worst.get("remedy") or "")
 
 
+def _ports(r: dict[str, Any]) -> list[Finding]:
+    """A start-up that lost its port to another process and ran on another (core/ports.py): the host, not the candidate."""
+    runs = [r, *(r.get("repeats") or [])]
+    return [Finding("tune.port", "warn", f"{r['name']}: {c['text']}", evidence=c.get("evidence") or "",
+                    remedy="Nothing to fix in the candidate; find what takes ports on this host (another server, "
+                           "client connections given ephemeral ports) if it keeps happening.")
+            for x in runs for c in x.get("port_collisions") or []]
+
+
 def findings(spec: Deployment, res: dict[str, Any]) -> list[Finding]:
     out = list(res["findings"]) + [_candidate(r, res["plan_only"]) for r in res["rows"]]
     out += [f for f in (_startup(r) for r in res["rows"]) if f is not None]
+    out += [f for r in res["rows"] for f in _ports(r)]
     for r in res["rows"]:
         mem = r.get("gpu_memory_freed") or {}
         if mem and not mem.get("ok"):

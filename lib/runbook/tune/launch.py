@@ -9,7 +9,10 @@ taken (kind "port") and an executable that is missing (kind "spawn"). It then st
   `--collect`, output to `log_path` with StandardOutput=file:, systemd >= 236), stopped with `systemctl stop`;
 
 and polls GET ready_path with the bounded probe of endpoint/reach.py until it answers 200, failing fast when
-the process exits (kind "exited", with its exit code and log tail) or the deadline passes (kind "timeout").
+the process exits (kind "exited", with its exit code and log tail) or the deadline passes (kind "timeout"). A
+server that exited because another process took its port during start-up (core/ports.py) is started again on
+a free port when the launch can say its command for another port (`argv_for`), at most ports.RELAUNCHES times;
+`Running.collisions` records each (the lost attempt's log is kept beside the log as `NAME.portN.log`).
 On leaving the block — normally, by an exception or Ctrl-C — the whole process group gets SIGTERM, then
 SIGKILL after a grace period (systemd: `systemctl stop`, then `systemctl kill --signal=SIGKILL`), and the
 block waits until the port is free. Ctrl-C, SIGTERM and SIGHUP are held off while tearing down, so a second
@@ -21,6 +24,7 @@ values scrubbed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -31,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runbook.core import oscalls
+from runbook.core import oscalls, ports
 from runbook.core.errors import RunbookError
 from runbook.core.oscalls import CommandFailed, pid_running, port_free
 from runbook.core.secrets import redact_text, secret_values
@@ -72,6 +76,14 @@ class Launch:
     systemd: bool = False
     unit_name: str | None = None
     stop_signal: int | None = None      # None: SIGTERM to every process; else sent to the server's main process alone
+    # (argv, env) that serve on another port: a start-up whose port was taken meanwhile is relaunched there.
+    argv_for: Callable[[int], tuple[tuple[str, ...], Mapping[str, str]]] | None = field(default=None, compare=False)
+
+    def on_port(self, port: int) -> Launch:
+        if self.argv_for is None or port == self.port:
+            return self
+        argv, env = self.argv_for(port)
+        return dataclasses.replace(self, argv=tuple(argv), env=dict(env), port=port)
 
 
 @dataclass
@@ -81,6 +93,8 @@ class Running:
     log_path: Path
     pid: int | None
     _alive: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
+    port: int = 0
+    collisions: list[ports.Collision] = field(default_factory=list)   # start-ups that lost their port first
 
     def alive(self) -> bool:
         """The server process (systemd: the unit) is still running."""
@@ -273,6 +287,10 @@ def _wait_ready(launch: Launch, server: _Child | _Unit, url: str, t0: float, sec
         if why is not None:
             tail = log_tail(launch.log_path, secrets)
             raise LaunchFailed("exited", f"{name} {why} before it was ready: {_last_line(tail)} (log {launch.log_path})", tail)
+        lost = ports.bind_line(log_tail(launch.log_path, secrets, 50))
+        if lost is not None:    # SGLang 0.5.23 logs Errno 98 and then hangs in its shutdown: do not wait for it to exit
+            tail = log_tail(launch.log_path, secrets)
+            raise LaunchFailed("exited", f"{name} could not bind its port: {lost} (log {launch.log_path})", tail)
         left = deadline - time.monotonic()
         if left <= 0:
             raise LaunchFailed("timeout", f"{name} was not ready within {launch.ready_timeout_s:g} s (GET {url}: {last}); "
@@ -299,30 +317,63 @@ def _refuse_taken_port(launch: Launch) -> None:
         raise LaunchFailed("port", f"cannot listen on {launch.host}:{launch.port}: {e.strerror or e}; "
                                    "give an address of this machine") from None
     if not free:
-        raise LaunchFailed("port", f"port {launch.port} on {launch.host} is already in use: stop what listens there "
-                                   "(or the production server), or use another port")
+        who = ports.held_by(launch.port)
+        raise LaunchFailed("port", f"port {launch.port} on {launch.host} is already in use"
+                                   + (f" (held by {who})" if who else "") +
+                                   ": stop what listens there (or the production server), or use another port")
+
+
+def _url(launch: Launch) -> str:
+    return f"http://{launch.host if ':' not in launch.host else f'[{launch.host}]'}:{launch.port}"
+
+
+def _keep_log(launch: Launch, c: ports.Collision) -> None:
+    """The lost attempt's log, kept beside the next one's as NAME.portN.log (the last one stays where it is)."""
+    if c.relaunched_on is None:
+        return
+    with contextlib.suppress(OSError):
+        os.replace(launch.log_path, launch.log_path.with_name(f"{launch.log_path.stem}.port{c.port}{launch.log_path.suffix}"))
 
 
 @contextlib.contextmanager
 def launched(launch: Launch) -> Iterator[Running]:
-    """Refuse a taken port; start; wait ready (failing fast on exit or deadline); yield; always stop it and wait
-    until the port is free. Never leaves a child behind, never hangs."""
+    """Refuse a taken port; start; wait ready (failing fast on exit or deadline; relaunched on another port when
+    its own was taken meanwhile); yield; always stop it and wait until the port is free. Never leaves a child
+    behind, never hangs."""
     _refuse_taken_port(launch)
     env = {**os.environ, **launch.env}
     secrets = secret_values(env) | {v for k, v in launch.env.items() if v and len(v) >= 6}
     exe = _executable(launch.argv, env, launch.env)
-    url = f"http://{launch.host if ':' not in launch.host else f'[{launch.host}]'}:{launch.port}"
-    t0 = time.monotonic()
-    server: _Child | _Unit = _Unit(launch, env, exe) if launch.systemd else _Child(launch, env, exe)
+
+    def start(port: int) -> tuple[Launch, _Child | _Unit, float]:
+        lp = launch.on_port(port)
+        env = {**os.environ, **lp.env}
+        t0 = time.monotonic()
+        server: _Child | _Unit = _Unit(lp, env, exe) if lp.systemd else _Child(lp, env, exe)
+        try:
+            return lp, server, _wait_ready(lp, server, _url(lp) + lp.ready_path, t0, secrets)
+        except BaseException:
+            with oscalls.held():
+                server.stop(GRACE_S)
+            raise
+
+    def failed_log(e: BaseException) -> str | None:
+        return log_tail(launch.log_path, secrets, 200) if isinstance(e, LaunchFailed) and e.kind == "exited" else None
+
+    try:
+        (lp, server, ready_s), collisions = ports.relaunching(
+            start, launch.port, failed_log=failed_log, host=launch.host,
+            attempts=ports.RELAUNCHES if launch.argv_for else 0, on_collision=lambda c: _keep_log(launch, c))
+    except ports.PortsTaken as e:
+        raise LaunchFailed("port", str(e), log_tail(launch.log_path, secrets)) from None
     ok = False
     try:
-        ready_s = _wait_ready(launch, server, url + launch.ready_path, t0, secrets)
-        yield Running(url, ready_s, launch.log_path, server.pid, server.alive)
+        yield Running(_url(lp), ready_s, lp.log_path, server.pid, server.alive, lp.port, collisions)
         ok = True
     finally:
         with oscalls.held():      # a second Ctrl-C or SIGTERM must not leave the server half stopped
             server.stop(GRACE_S)
-            freed = oscalls.wait_port_free(launch.host, launch.port, PORT_FREE_S, POLL_S)
+            freed = oscalls.wait_port_free(lp.host, lp.port, PORT_FREE_S, POLL_S)
         if ok and not freed:
-            raise LaunchFailed("port", f"port {launch.port} on {launch.host} is still in use {PORT_FREE_S:g} s after the "
+            raise LaunchFailed("port", f"port {lp.port} on {lp.host} is still in use {PORT_FREE_S:g} s after the "
                                        "server was stopped: see what listens there (ss -ltnp)")

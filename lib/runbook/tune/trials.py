@@ -150,8 +150,13 @@ def _launch(ctx: Ctx, cspec: Deployment, log_path: Path) -> Any:
     argv, env = ctx.engine.launch_env(cspec)
     timeout = min(t.ready_timeout_s or float(ctx.spec.systemd.timeout_start_sec), t.budget_per_candidate_s, max(1.0, _left(ctx)))
     host = "127.0.0.1" if cspec.serving.host in ("0.0.0.0", "::", "") else cspec.serving.host
+
+    def argv_for(port: int) -> tuple[tuple[str, ...], dict[str, str]]:    # its port taken during start-up: another
+        a, e = ctx.engine.launch_env(cspec.model_copy(update={"serving": cspec.serving.model_copy(update={"port": port})}))
+        return tuple(a), e
+
     return launch.Launch(tuple(argv), log_path, cspec.serving.port, host, env, ctx.engine.ready_path(cspec), timeout,
-                  systemd=t.systemd_run, stop_signal=ctx.engine.stop_signal)
+                  systemd=t.systemd_run, stop_signal=ctx.engine.stop_signal, argv_for=argv_for)
 
 
 def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any], run: int = 1) -> dict[str, Any]:
@@ -169,6 +174,9 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any], ru
     try:
         with launch.launched(_launch(ctx, cspec, log_path)) as srv:   # by the module: tests stand in for it
             row["ready_s"] = round(srv.ready_s, 2)
+            lost = getattr(srv, "collisions", None)     # (tests stand in for Running without it)
+            if lost:      # not the candidate's doing: it ran on another port (ports.relaunching)
+                row.update(port=srv.port, port_collisions=[c.to_dict() for c in lost])
             row["server_info"] = ctx.engine.live(cspec, srv.url)
             row["sglang_version"] = row["server_info"].get("version")     # what the server says it runs
             st = ctx.engine.startup(cspec, log_path, pre)

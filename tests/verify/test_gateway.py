@@ -30,11 +30,14 @@ def _dead_port() -> int:
         return s.getsockname()[1]
 
 
+DEAD = [_dead_port() for _ in range(3)]      # nothing listens there: a replica at 127.0.0.N refuses at once
+
+
 def topo(gateway_url: str, names=("r0", "r1"), policy="cache_aware"):
     """The default spec with replicas on ports nothing listens on and a gateway at `gateway_url`."""
     host, port = gateway_url.rsplit("/", 1)[-1].rsplit(":", 1)
     data = spec_data()
-    data["topology"] = {"replicas": [{"name": n, "host": f"10.0.0.{i + 1}", "port": 30000} for i, n in enumerate(names)],
+    data["topology"] = {"replicas": [{"name": n, "host": f"127.0.0.{i + 1}", "port": DEAD[i]} for i, n in enumerate(names)],
                         "gateway": {"python": "/usr/bin/python3", "host": host, "port": int(port), "policy": policy}}
     return spec.from_dict(data, str(DEFAULT_SPEC))
 
@@ -69,6 +72,10 @@ def test_every_replica_registered_and_healthy_passes(tmp_path):
     # each replica verified as the one server is: its own /server_info (nothing there: a skip titled with its name)
     srv = [f for f in rep.findings if f.id == "verify.server"]
     assert sorted(f.title.split(":")[0] for f in srv) == ["r0", "r1"] and {f.status for f in srv} == {"skip"}
+    # ...which the topology makes a failure: the spec says it runs
+    down = by_id(rep, "verify.replica.")
+    assert {k: f.status for k, f in down.items()} == {"verify.replica.r0": "fail", "verify.replica.r1": "fail"}
+    assert down["verify.replica.r0"].title == f"r0: does not answer at http://127.0.0.1:{DEAD[0]}"
     doc = document(rep)
     assert [r["name"] for r in doc["replicas"]] == ["r0", "r1"]
     assert doc["replicas"][0]["registered"] is True and doc["replicas"][0]["healthy"] is True
@@ -81,7 +88,7 @@ def test_missing_unhealthy_other_model_and_extra_workers_are_named(tmp_path):
     d0 = topo("http://127.0.0.1:1", names=("r0", "r1", "r2"))
     r0, r1, r2 = d0.topology.replicas
     doc = {"workers": [smg_worker(r0.url, d0.model.path, healthy=False),
-                       smg_worker(r1.url.replace("10.0.0.2", "10.0.0.2") + "/", "/models/another-model"),
+                       smg_worker(r1.url.upper().replace("HTTP", "http") + "/", "/models/another-model"),
                        smg_worker("http://10.9.9.9:30000", d0.model.path)]}
     rep = run(lambda u: topo(u, names=("r0", "r1", "r2")), doc, tmp_path)
     g = by_id(rep)

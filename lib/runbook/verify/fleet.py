@@ -38,6 +38,7 @@ def inspect(spec: Deployment, one: Callable[..., Any], log_dir: str | None = Non
         sub = one(replica_spec(spec, r), log=log, unit=None if log else f"{spec.systemd.unit_name}-{r.name}", url=r.url,
                   since=since, journalctl=journalctl, systemctl=systemctl)
         findings += [replace(f, title=f"{r.name}: {f.title}") for f in sub.findings]
+        findings.append(_answers(r, sub, f"{spec.systemd.unit_name}-{r.name}"))
         reps.append({"name": r.name, "host": r.host, "url": r.url, "up": bool(sub.server),
                      "log": {"source": sub.source, "start_time": sub.facts.start_time, "ready": sub.facts.ready},
                      "observed": sub.data()["observed"], "predicted": sub.data()["predicted"], "server": sub.server,
@@ -56,6 +57,17 @@ def inspect(spec: Deployment, one: Callable[..., Any], log_dir: str | None = Non
     seen, source = _policy(spec, log_dir, since, journalctl, systemctl)
     findings.append(gateway.check_policy(spec, seen, source))
     return findings, reps, gateway.data(workers, error, url, {"spec": g.policy, "seen": seen, "source": source})
+
+
+def _answers(r: Replica, sub: Any, unit: str) -> Finding:
+    """A replica the spec declares must answer: no /server_info is a fail here (the one server's `verify.server`
+    is a skip, since verify may run where no server is)."""
+    if sub.server:
+        return Finding(f"verify.replica.{r.name}", "pass", f"{r.name}: answers at {r.url}",
+                       detail=f"SGLang {sub.server.get('version') or '?'}")
+    why = next((f.title for f in sub.findings if f.id == "verify.server"), "no /server_info")
+    return Finding(f"verify.replica.{r.name}", "fail", f"{r.name}: does not answer at {r.url}", detail=why,
+                   remedy=f"Start its unit on {r.host} (`systemctl start {unit}`); `journalctl -u {unit}` says why it stopped.")
 
 
 def _policy(spec: Deployment, log_dir: str | None, since: str | None, journalctl: str,

@@ -104,12 +104,14 @@ def test_a_stopped_replica_is_named_by_verify_and_by_the_gateway(gateway_fleet, 
         assert _statuses(rep, "verify.replica.")["verify.replica.r0"] == "pass"
         assert {r["name"]: (r["up"], r["healthy"]) for r in rep.data()["replicas"]} == {"r0": (True, True), "r1": (False, False)}
     finally:
-        # the stopped server's connections hold its port in TIME_WAIT for up to 60 s (demo.sglang binds to check it)
-        _until("r1's port free again", lambda: sglang.port_free(r1.port), 120)
-        # into the fleet's own log directory, so its replica-r1.log is the running replica's again
-        gateway_fleet.replicas.update(topology.start_replicas(spec, Path(_log_dir(gateway_fleet)), names=[r1.name]))
-        _until("our gateway sees r1 healthy again", lambda: _healthy(ours.url).get(r1.url) is True, 60)
-        ours.stop()
+        try:
+            # the stopped server's connections hold its port in TIME_WAIT for up to 60 s (demo.sglang binds to check it)
+            _until("r1's port free again", lambda: sglang.port_free(r1.port), 120)
+            # into the fleet's own log directory, so its replica-r1.log is the running replica's again
+            gateway_fleet.replicas.update(topology.start_replicas(spec, Path(_log_dir(gateway_fleet)), names=[r1.name]))
+            _until("our gateway sees r1 healthy again", lambda: _healthy(ours.url).get(r1.url) is True, 60)
+        finally:
+            ours.stop()
         # the session's gateway (60 s checks) sees both healthy before the next test uses it
         _until("the session's gateway sees both healthy", lambda: all(_healthy(gateway_fleet.url).values())
                and len(_healthy(gateway_fleet.url)) == 2, 240)

@@ -39,9 +39,10 @@ def inspect(spec: Deployment, one: Callable[..., Any], log_dir: str | None = Non
                   since=since, journalctl=journalctl, systemctl=systemctl)
         findings += [replace(f, title=f"{r.name}: {f.title}") for f in sub.findings]
         findings.append(_answers(r, sub, f"{spec.systemd.unit_name}-{r.name}"))
+        doc = sub.data()
         reps.append({"name": r.name, "host": r.host, "url": r.url, "up": bool(sub.server),
                      "log": {"source": sub.source, "start_time": sub.facts.start_time, "ready": sub.facts.ready},
-                     "observed": sub.data()["observed"], "predicted": sub.data()["predicted"], "server": sub.server,
+                     "observed": doc["observed"], "predicted": doc["predicted"], "server": sub.server,
                      "registered": None, "healthy": None})
     g = spec.topology.gateway
     if g is None:

@@ -1,6 +1,7 @@
 """RunbookGatewayOneReplica with the real programs: a real Prometheus scrapes the two real SGLang replicas'
 /metrics (the session's gateway fleet) and evaluates the shipped rule, its window and `for` shortened; every
-request goes to one replica and the alert fires for the deployment. The metric the rule reads is SGLang's own."""
+request goes to one replica and the alert fires for the deployment. The metric the rule reads is SGLang's own,
+under the name this Prometheus stores it (Debian's 2.42 asks for OpenMetrics: sglang_num_requests_total)."""
 import json
 import subprocess
 import urllib.parse
@@ -53,8 +54,11 @@ def test_one_replica_taking_every_request_fires(gateway_fleet, tmp_path):
         one = spec.topology.replicas[0]
         for i in range(8):
             _chat(one.url, i)            # what a gateway sending everything to r0 does
-        got = _until("SGLang's own request counter in Prometheus", lambda: query("sglang:num_requests_total"), 30)
+        got = _until("SGLang's own request counter in Prometheus",
+                     lambda: query('{__name__=~"sglang[:_]num_requests_total"}'), 30)
         assert {s["metric"]["instance"] for s in got} >= {targets[0]}
+        # what this Prometheus stored: 2.x asks for OpenMetrics, and SGLang's prometheus_client escapes the colon
+        print("stored as", sorted({s["metric"]["__name__"] for s in got}))
 
         def firing():
             return [a for a in _get(f"{api}/alerts")["data"]["alerts"]

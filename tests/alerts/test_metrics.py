@@ -139,3 +139,22 @@ def test_promtool_accepts_the_textfile(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     bad = promtool("check", "metrics", stdin=text.replace("runbook_finding{", "runbook_finding{{", 1))   # the check can fail
     assert bad.returncode != 0
+
+
+def test_verify_s_replicas_become_replica_gauges(tmp_path):
+    """A topology's replicas (verify's `replicas[]`): answering, registered and healthy in the gateway; a value not
+    known (the gateway unread: null) is no series, a hostile name no label."""
+    found, data = RESULTS["35_verify"]
+    rows = [{"name": "r0", "up": True, "registered": True, "healthy": True},
+            {"name": "r1", "up": False, "registered": True, "healthy": True},
+            {"name": "r2", "up": True, "registered": None, "healthy": None},
+            {"name": 'x"} 1\nevil{', "up": False}, "not a row", {"name": SECRET, "up": False}]
+    run = write_run(tmp_path, results={**RESULTS, "35_verify": (found, {**data, "replicas": rows})})
+    text = collect(run, scrub=[SECRET])
+    got = samples(text)
+    assert one(got, "runbook_replica_up", replica="r0") == 1 and one(got, "runbook_replica_up", replica="r1") == 0
+    assert one(got, "runbook_replica_healthy", replica="r1") == 1 and one(got, "runbook_replica_registered", replica="r0") == 1
+    assert ("runbook_replica_registered", frozenset({"deployment": "d1", "source": "run", "replica": "r2"}.items())) not in got
+    assert {dict(k[1])["replica"] for k in got if k[0] == "runbook_replica_up"} == {"r0", "r1", "r2"}
+    assert SECRET not in text and "evil" not in text
+    assert promtool("check", "metrics", stdin=text).returncode == 0

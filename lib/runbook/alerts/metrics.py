@@ -54,6 +54,11 @@ GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("runbook_kv_tokens_planned", "KV pool tokens the plan predicts (SGLang's max_total_num_tokens).", ()),
     ("runbook_kv_tokens_observed", "KV pool tokens the running server reports (log, else /server_info).", ()),
     ("runbook_service_drift_flags", "Flags whose running value differs from the unit's (server reached).", ()),
+    ("runbook_replica_up", "1 when the topology's replica answered verify (/server_info), else 0.", ("replica",)),
+    ("runbook_replica_registered", "1 when the gateway lists the replica among its workers, else 0 (absent: the gateway "
+     "could not be read).", ("replica",)),
+    ("runbook_replica_healthy", "1 when the gateway lists the replica and counts it healthy, else 0 (absent: the gateway "
+     "could not be read).", ("replica",)),
     ("runbook_bench_output_tokens_per_second", "Output throughput of a benchmark level.", ("level",)),
     ("runbook_bench_ttft_seconds", "Time to first token of a benchmark level, per percentile (p50, p99).", ("level", "percentile")),
     ("runbook_bench_tpot_seconds", "Time per output token of a benchmark level, per percentile (p50, p99).", ("level", "percentile")),
@@ -204,6 +209,18 @@ def _figures(m: Metrics, figs: dict[str, Any], previous: dict[str, Any] | None, 
             m.set("runbook_bench_change_ratio", round(now / then - 1, 6), figure=key, level="all")
 
 
+def _replicas(m: Metrics, rows: Any) -> None:
+    """verify's replicas (with a topology): answering, and registered and healthy in the gateway's own view."""
+    for r in rows if isinstance(rows, list) else ():
+        r = _dict(r)
+        name = str(r.get("name"))
+        if not m.label_ok(name):
+            continue
+        for key in ("up", "registered", "healthy"):
+            if isinstance(r.get(key), bool):
+                m.set(f"runbook_replica_{key}", int(r[key]), replica=name)
+
+
 def _measured(m: Metrics, stages: dict[str, tuple[list[Finding], dict[str, Any]]], figs: dict[str, Any],
               previous: dict[str, Any] | None, threshold_pct: float) -> None:
     """What the stages decided and measured: checks, benchmark levels, figures, drift."""
@@ -211,6 +228,7 @@ def _measured(m: Metrics, stages: dict[str, tuple[list[Finding], dict[str, Any]]
     data = {stage: d for stage, (_, d) in stages.items()}
     _levels(m, data.get("benchmark") or {})
     _figures(m, figs, previous, data.get("verify") or {})
+    _replicas(m, _dict(data.get("verify")).get("replicas"))
     drift = data.get("service") or {}
     if drift.get("server") and isinstance(drift.get("drift"), list):
         m.set("runbook_service_drift_flags", len(drift["drift"]))

@@ -6,9 +6,9 @@ from runbook.core.lazy import exports
 from runbook.verify.stage import STAGE, VerifyOptions, evaluate
 
 # Imported on first use (core/lazy.py): the registry imports this package to read its contract.
-__getattr__, __dir__ = exports(__name__, {"compare_frame": "report", "plot_memory": "report",
+__getattr__, __dir__ = exports(__name__, {"compare_frame": "report", "fleet_frame": "report", "plot_memory": "report",
     "startup_frame": "report", "text_table": "report", "warnings_frame": "report", "VerifyReport": "stage",
     "inspect": "stage"})
 
-__all__ = ["STAGE", "VerifyOptions", "VerifyReport", "inspect", "compare_frame", "evaluate", "plot_memory",
+__all__ = ["STAGE", "VerifyOptions", "VerifyReport", "inspect", "compare_frame", "evaluate", "fleet_frame", "plot_memory",
            "startup_frame", "text_table", "warnings_frame"]

@@ -16,7 +16,7 @@ from runbook.core.findings import Finding
 from runbook.core.options import Options, Url
 from runbook.core.registry import Stage, register
 from runbook.core.spec import Deployment
-from runbook.verify import compare, logparse, logsource, replan
+from runbook.verify import compare, fleet, logparse, logsource, replan
 
 
 @dataclass
@@ -30,6 +30,8 @@ class VerifyReport:
     unit: dict[str, Any] = field(default_factory=dict)          # the unit's kv-cache-dtype, context-length, mem-fraction-static
     bytes_per_token: dict[str, int | None] = field(default_factory=dict)   # predicted/observed (target), *_draft
     replanned: dict[str, Any] | None = None     # the plan re-derived from the log's own inputs (replan.py)
+    replicas: list[dict[str, Any]] | None = None   # with a topology: each replica's own verify (fleet.py)
+    gateway: dict[str, Any] | None = None           # with a gateway: its worker list and policy (gateway.py)
 
     def rows(self) -> list[dict[str, Any]]:
         """The predicted-vs-observed table (one row per quantity; `server` from /server_info when read; `replanned`
@@ -52,12 +54,15 @@ class VerifyReport:
         return [{"id": w.id, "line": ln} for w in self.facts.warnings.values() for ln in w.lines]
 
     def data(self) -> dict[str, Any]:
-        return {"observed": {k: self.observed.get(k) for k in compare.KEYS},
+        out: dict[str, Any] = {"observed": {k: self.observed.get(k) for k in compare.KEYS},
                 "predicted": {k: self.predicted.get(k) for k in compare.KEYS},
                 "log": {"source": self.source, "start_time": self.facts.start_time, "ready": self.facts.ready,
                         "starts_seen": self.facts.starts_seen, "lines": self.facts.lines},
                 "warnings": self.warnings(), "rows": self.rows(), "server": self.server, "unit": self.unit,
                 "startup": self.facts.to_json(), "replanned": self.replanned}
+        if self.replicas is not None:
+            out.update(replicas=self.replicas, gateway=self.gateway)
+        return out
 
 
 def _scrub(rep: VerifyReport, spec: Deployment) -> VerifyReport:
@@ -214,8 +219,11 @@ def _memory_usage(mem: dict[str, Any], tokens: Any) -> Finding:
 
 class VerifyOptions(Options):
     log_file: str | None = Field(None, alias="log", description="a saved server log (default: the unit's journal)")
+    log_dir: str | None = Field(None, description="with a topology: a directory of saved logs, replica-NAME.log per "
+                                "replica and gateway.log (default: each unit's journal)")
     unit: str | None = Field(None, description="systemd unit whose journal to read (default: the spec's systemd.unit_name)")
-    server_url: Url | None = Field(None, alias="url", description="compare /server_info of this server (default: the spec's host:port)")
+    server_url: Url | None = Field(None, alias="url", description="compare /server_info of this server (default: the spec's host:port); "
+                                   "with a topology: the gateway's URL (default: topology.gateway's)")
     since: str | None = Field(None, description="read from this time, e.g. '2026-01-05 10:00' (default: the unit's last start)")
 
     @field_validator("since")
@@ -233,11 +241,22 @@ class VerifyOptions(Options):
     def _one_source(self) -> VerifyOptions:
         if self.log_file and self.unit:
             raise ValueError("--log and --unit are two sources: give one")
+        if self.log_dir and (self.log_file or self.unit):
+            raise ValueError("--log-dir holds every replica's log: give it without --log or --unit")
         return self
 
 
 def evaluate(spec: Deployment, options: VerifyOptions) -> VerifyReport:
-    """The same default as the notebook's: the spec's own host:port (no server there is a skip finding)."""
+    """The same default as the notebook's: the spec's own host:port (no server there is a skip finding). With
+    replicas: each one at its own URL, and the gateway at `--url` (default: topology.gateway's host:port)."""
+    if spec.topology.replicas:
+        if options.log_file or options.unit:
+            raise InputError(f"{spec.source or 'the spec'}: topology.replicas: each replica has its own log; give "
+                             "--log-dir DIR (replica-NAME.log, gateway.log) or neither (each unit's journal)")
+        found, reps, gw = fleet.inspect(spec, inspect, options.log_dir, options.server_url, options.since)
+        return _scrub(VerifyReport(found, "topology", replicas=reps, gateway=gw), spec)
+    if options.log_dir:
+        raise InputError(f"--log-dir: {spec.source or 'the spec'} declares no topology.replicas; give --log FILE")
     return inspect(spec, log=options.log_file, unit=options.unit, url=options.server_url or spec.serving.local_url,
                    since=options.since)
 

@@ -301,6 +301,9 @@ class Deployment(Strict):
                              f"{nodes} nodes (SGLang splits the ranks evenly across nodes)")
         topospec.check(self.topology, gpus_per_server=self.parallelism.gpus, gpu_count=self.hardware.gpu_count,
                        nodes=nodes, cpu=self.serving.flags.get("device") == "cpu")
+        if self.tune.gateway_policies and self.topology.gateway is None:
+            raise ValueError("tune.gateway_policies: this deployment declares no gateway (topology.gateway); "
+                             "declare one, or leave gateway_policies out")
         return self
 
     @property

@@ -66,6 +66,7 @@ EXTERNAL = {
     "--no-pager": "journalctl", "--now": "systemctl", "--test": "systemd", "--user": "systemd-run",
     "--limit": "ansible-playbook", "--tags": "ansible-playbook",
     "--collector": "prometheus-node-exporter (--collector.textfile.directory)",
+    "--policy": "SGLang's gateway (smg)", "--prometheus-host": "SGLang's gateway (smg)",
 }
 
 

@@ -5,8 +5,9 @@ are already running (production's, never restarted); the production gateway's po
 Pre-check: every replica answers GET /health (a policy tune measures the running replicas), and each candidate's
 router flags pass the gateway's own argument parser (`parse_router_args` of the wheel in topology.gateway.python, one
 run for all candidates). Ready: GET /readiness answers 200; then `prepare` waits until the gateway's own /workers
-lists every replica of the spec healthy, and empties each replica's prefix cache (SGLang's POST /flush_cache): the
-replicas outlive the candidates, so without it a policy would read the previous one's cached prefixes as its own hits.
+lists every replica of the spec healthy, and empties the replicas' prefix caches (the gateway's POST /flush_cache, which
+it sends to every worker): the replicas outlive the candidates, so without it a policy would read the previous one's
+cached prefixes as its own hits.
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ from runbook.tune.launch import LaunchFailed
 LOOPBACK = "127.0.0.1"     # a candidate listens here only: tune drives it, nobody else should reach it
 WORKERS_S = 60.0           # ready to every replica healthy in the gateway's view (its health checks run every few s)
 PROBE_S = 5.0              # one GET or POST to a replica or the gateway
-PARSER_S = 120.0           # the gateway's interpreter importing its wheel, on a loaded host
+PARSER_S = 120.0
+FLUSH_TRIES = 10           # the gateway's interpreter importing its wheel, on a loaded host
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 # Run by the gateway's own interpreter (-I: none of tune's path): each argv through the wheel's parse_router_args.
@@ -129,12 +131,13 @@ def workers(url: str) -> list[dict[str, Any]]:
 
 
 def _flush(url: str, api_key: str | None) -> str:
-    """POST url/flush_cache: "ok" or why not."""
+    """POST url/flush_cache (the gateway's: every worker's prefix cache): "ok" or why not, with what it said."""
     req = urllib.request.Request(url + "/flush_cache", data=b"", method="POST",
                                  headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
         with urllib.request.urlopen(req, timeout=PROBE_S * 6) as r:
-            return "ok" if r.status == 200 else f"HTTP {r.status}"
+            body = r.read(2048).decode("utf-8", "replace")
+            return "ok" if r.status == 200 else f"HTTP {r.status}: {' '.join(body.split())[:200]}"
     except urllib.error.HTTPError as e:
         return f"HTTP {e.code}"
     except OSError as e:
@@ -214,33 +217,45 @@ class Gateway:
         return service.gateway_unit_name(spec), _url(_loopback(g.bind), g.port) + "/health"
 
     def placed(self, spec: Deployment) -> Deployment:
-        """The gateway on free loopback ports (its metrics port too: smg's default 29000 is production's)."""
+        """The gateway on free loopback ports (its metrics port too: smg's default 29000 is production's, and smg binds
+        it on every address unless told); the clients tune runs (benchmark, guard) send the gateway's key."""
         g = _gateway(spec)
-        cand = g.model_copy(update={"host": LOOPBACK, "bind": LOOPBACK, "port": _free_port(), "prometheus_port": _free_port()})
-        return spec.model_copy(update={"topology": spec.topology.model_copy(update={"gateway": cand})})
+        flags = {**g.flags, "prometheus-host": LOOPBACK} if g.binary == "smg" else g.flags
+        cand = g.model_copy(update={"host": LOOPBACK, "bind": LOOPBACK, "port": _free_port(), "prometheus_port": _free_port(),
+                                    "flags": flags})
+        serving = spec.serving.model_copy(update={"api_key_env": g.api_key_env}) if g.api_key_env else spec.serving
+        return spec.model_copy(update={"topology": spec.topology.model_copy(update={"gateway": cand}), "serving": serving})
 
     def address(self, spec: Deployment) -> tuple[str, int]:
         g = _gateway(spec)
         return g.bind, g.port
 
     def prepare(self, spec: Deployment, url: str) -> dict[str, Any]:
-        """Every replica healthy in the gateway's own view (LaunchFailed when not within WORKERS_S), then each
-        replica's prefix cache emptied."""
+        """Every replica healthy in the gateway's own view (LaunchFailed when not within WORKERS_S, or the readiness
+        timeout where shorter), then the replicas' prefix caches emptied."""
         want = {r.url for r in spec.topology.replicas}
+        limit = min(WORKERS_S, spec.tune.ready_timeout_s or WORKERS_S)
         t0 = time.monotonic()
         shutdown = oscalls.current()
         while True:
             seen = {w["url"] for w in workers(url) if w["healthy"]}
             if want <= seen:
                 break
-            if time.monotonic() - t0 > WORKERS_S:
+            if time.monotonic() - t0 > limit:
                 missing = ", ".join(f"{r.name} {r.url}" for r in spec.topology.replicas if r.url not in seen)
-                raise LaunchFailed("timeout", f"the gateway did not see every replica healthy within {WORKERS_S:g} s "
+                raise LaunchFailed("timeout", f"the gateway did not see every replica healthy within {limit:g} s "
                                               f"(not healthy: {missing}): check those replicas ({registry.notebook('verify')})")
             shutdown.sleep(0.5)
-        key = os.environ.get(spec.serving.api_key_env) if spec.serving.api_key_env else None   # the replicas' key
-        flushed = {r.name: _flush(r.url, key) for r in spec.topology.replicas}
-        return {"workers_healthy_s": round(time.monotonic() - t0, 2), "flushed": flushed}
+        healthy_s = round(time.monotonic() - t0, 2)
+        key = os.environ.get(spec.serving.api_key_env) if spec.serving.api_key_env else None
+        # SGLang refuses a flush while a request runs, and every gateway's health checks (SGLang's /health generates a
+        # token) are requests: a refusal (smg: 206, some workers flushed) is tried again
+        for attempt in range(1, FLUSH_TRIES + 1):
+            flushed = _flush(url, key)
+            if flushed == "ok" or attempt == FLUSH_TRIES:
+                break
+            shutdown.sleep(0.5)
+        return {"workers_healthy_s": healthy_s, "cache_flushed": flushed, "flush_attempts": attempt}
 
 
 ENGINE = Gateway()

@@ -36,11 +36,13 @@ def record(spec: Deployment, url: str, row: dict[str, Any]) -> dict[str, Any]:
                            "failed": int((row.get("bench") or {}).get("failed_requests") or 0), "sent": 0,
                            "setup": {"policy": gw.policy if gw else None}}
     if g.identity_prompts:
+        # the gateway routes by the request's model: name it (a server alone answers without one)
         s = accuracy.AccuracySettings.resolve(None, url=url, max_tokens=g.identity_max_tokens, tokenizer=tokenizer_dir(spec),
-                                              api_key_env=spec.serving.api_key_env)
+                                              api_key_env=spec.serving.api_key_env, model=spec.model.served_name)
         recs = run_sync(accuracy.greedy_outputs(s, url, code_prompts()[:g.identity_prompts]))
         out["identity"] = [r.text if r.error_kind in (None, "no_output") else None for r in recs]
         out["failed"] += sum(t is None for t in out["identity"])
+        out["errors"] = sorted({str(r.error_kind) for r in recs if r.error_kind not in (None, "no_output")})
     out["sent"] = len(out["identity"]) + sum(int(lv.get("completed") or 0) + int(lv.get("failed") or 0)
                                              for lv in (row.get("bench") or {}).get("levels") or [])
     return out
@@ -70,7 +72,8 @@ def own_checks(spec: Deployment, got: dict[str, Any]) -> list[dict[str, Any]]:
 def _answers(got: dict[str, Any]) -> dict[str, Any]:
     failed, sent = int(got.get("failed") or 0), int(got.get("sent") or 0)
     return {"probe": "answers", "status": "fail" if failed else "pass",
-            "title": f"{failed} of {sent} requests through the gateway failed" if failed
+            "title": f"{failed} of {sent} requests through the gateway failed"
+            + (f" ({', '.join(got['errors'])})" if got.get("errors") else "") if failed
             else f"all {sent} requests through the gateway answered"}
 
 

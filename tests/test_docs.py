@@ -70,6 +70,7 @@ EXTERNAL = {
     "--node-rank": SGLANG, "--dist-init-addr": SGLANG,
     "--worker-urls": GATEWAY, "--service-discovery": GATEWAY, "--selector": GATEWAY, "--service-discovery-port": GATEWAY,
     "--service-discovery-namespace": GATEWAY, "--from-env-file": "kubectl", "--dry-run": "kubectl",
+    "--policy": GATEWAY, "--prometheus-host": GATEWAY,
 }
 
 

@@ -18,7 +18,7 @@ from runbook.core import spec as spec_mod
 from runbook.core import stats
 from runbook.endpoint.records import RequestRecord
 from runbook.tune import launch, measure, noise, recommend, report, trials
-from runbook.tune.engines import PreCheck, Startup
+from runbook.tune.engines import PreCheck, Server, Startup
 from runbook.tune.findings import findings
 from runbook.tune.settings import TuneOptions, TuneSettings
 
@@ -261,7 +261,7 @@ def test_per_request_figures_pair_by_prompt_or_by_session_turn():
                                              {"key": "c4/s1t1", "block": "c4/0", "tok_s": 8.0}]
 
 
-class _Engine:
+class _Engine(Server):       # the defaults of an engine on the deployment's own port
     name, stop_signal = "fake", None
 
     def precheck_many(self, specs, longest, buckets):

@@ -320,6 +320,9 @@ class Deployment(Strict):
                              "or a divisor of the node count")
         topospec.check(self.topology, gpus_per_server=self.parallelism.gpus, gpu_count=self.hardware.gpu_count,
                        nodes=nodes, cpu=self.serving.flags.get("device") == "cpu")
+        if self.tune.gateway_policies and self.topology.gateway is None:
+            raise ValueError("tune.gateway_policies: this deployment declares no gateway (topology.gateway); "
+                             "declare one, or leave gateway_policies out")
         return self
 
     @property

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from runbook.core.specbase import MAX_LIST, MAX_SECONDS, MAX_TOKENS, SLO, FlagValue, Strict, check_flag_names, check_flag_values
+from runbook.core.topospec import Policy
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=,+-]{0,99}$")
 REFERENCE = "reference"      # the candidate that is the deployment as the spec builds it
@@ -65,6 +66,9 @@ class Tune(Strict):
     llama_server: str | None = Field(default=None, description="engine llama-server: its binary (relative to this file)")
     candidates: dict[str, CandidateSpec] = Field(default_factory=dict, description="named flag overlays")
     grid: dict[str, list[FlagValue]] = Field(default_factory=dict, description="flag -> values: one candidate per combination")
+    gateway_policies: list[Policy] = Field(
+        default_factory=list, max_length=16, description="where topology.gateway is declared: the gateway's --policy values "
+        "to try against its own (each relaunches only the gateway, on a free port; the replicas stay up)")
     reference: str = Field(default=REFERENCE, description="the candidate the others are compared with (default: the spec as it "
                                                   "builds the unit)")
     workload: str = Field(default="agentic", description="benchmark workload (default: agentic coding sessions from the corpus)")
@@ -101,6 +105,14 @@ class Tune(Strict):
         for k in v:
             if not _NAME.match(k):
                 raise ValueError(f"{k!r}: a candidate name is letters, digits and . _ = , + - (at most 100)")
+        return v
+
+    @field_validator("gateway_policies")
+    @classmethod
+    def _policies_once(cls, v: list[str]) -> list[str]:
+        twice = sorted({p for p in v if v.count(p) > 1})
+        if twice:
+            raise ValueError(f"{twice[0]} is listed twice; name each policy once")
         return v
 
     @field_validator("grid", mode="before")

@@ -8,6 +8,9 @@ from runbook.core.lazy import exports
 from runbook.service.check import check
 from runbook.service.diff import diff
 from runbook.service.drift import drift
+from runbook.service.gateway import argv_groups as gateway_argv
+from runbook.service.gateway import render_unit as render_gateway
+from runbook.service.gateway import unit_name as gateway_unit_name
 from runbook.service.install import install
 from runbook.service.render import render
 from runbook.service.stage import STAGE, ServiceOptions, evaluate
@@ -21,6 +24,7 @@ __getattr__, __dir__ = exports(__name__, {"check_flags": "check", "check_flags_m
     "plan_frame": "report", "ServiceReport": "stage", "assemble": "stage"})
 
 __all__ = ["STAGE", "Build", "InstallResult", "Rendered", "ServiceOptions", "ServiceReport", "assemble", "build",
-           "changes_frame", "check", "check_flags", "check_flags_many", "cross_checks", "diff", "drift", "drift_frame", "effective_flags",
+           "changes_frame", "check", "gateway_argv", "gateway_unit_name", "render_gateway",
+           "check_flags", "check_flags_many", "cross_checks", "diff", "drift", "drift_frame", "effective_flags",
            "evaluate", "install", "parse_args", "plan_frame", "recommended_flags", "redact_server_info", "render",
            "server_state", "serving_python", "units_frame", "verify_unit", "wait_ready"]

@@ -1,5 +1,7 @@
 """The spec's `tune:` section as a list of candidates: the reference first, then the named ones, then
-the grid's combinations; each one a deployment spec with its flags laid over serving.flags."""
+the grid's combinations; each one a deployment spec with its flags laid over serving.flags. Where the spec declares a
+gateway (topology.gateway) the candidates are its policies instead: the reference is the gateway as the spec builds
+its unit, then one candidate per `tune.gateway_policies` entry, named `policy=<name>`."""
 from __future__ import annotations
 
 import itertools
@@ -17,14 +19,36 @@ class Candidate:
     overlay: dict[str, Any] = field(default_factory=dict)   # flags over serving.flags; None/False removes one
     python: str | None = None                                # serving.python override (upgrade canary)
     description: str = ""
+    policy: str | None = None                                # the gateway's --policy (a gateway deployment's candidates)
 
 
 def _grid_name(combo: dict[str, Any]) -> str:
     return ",".join(f"{k}={'on' if v is True else 'off' if v in (False, None) else v}" for k, v in combo.items())
 
 
+def _policies(spec: Deployment) -> list[Candidate]:
+    """A gateway deployment's candidates: its own policy (the reference), then each other policy to try."""
+    t, g = spec.tune, spec.topology.gateway
+    assert g is not None
+    if t.candidates or t.grid:
+        raise InputError(f"tune.{'candidates' if t.candidates else 'grid'}: this deployment declares topology.gateway, so tune "
+                         "relaunches only the gateway, over tune.gateway_policies; tune the servers' flags in a spec of one "
+                         "replica (no topology section)")
+    if t.reference != REFERENCE:
+        raise InputError(f"tune.reference: a gateway deployment's reference is its own policy (topology.gateway.policy: "
+                         f"{g.policy}); leave tune.reference out")
+    if t.engine != "sglang":
+        raise InputError(f"tune.engine: the gateway routes to SGLang replicas; {t.engine} has no gateway here")
+    out = [Candidate(REFERENCE, description=f"the gateway as the spec builds its unit (policy {g.policy})", policy=g.policy)]
+    out += [Candidate(f"policy={p}", description=f"the gateway with --policy {p}", policy=p)
+            for p in t.gateway_policies if p != g.policy]
+    return out
+
+
 def expand(spec: Deployment) -> list[Candidate]:
     """Every candidate the spec names, the reference first, names unique."""
+    if spec.topology.gateway is not None:
+        return _policies(spec)
     t = spec.tune
     out: dict[str, Candidate] = {}
     ref = t.candidates.get(t.reference)
@@ -57,7 +81,12 @@ def select(cands: list[Candidate], names: list[str] | None) -> list[Candidate]:
 
 
 def apply(spec: Deployment, cand: Candidate) -> Deployment:
-    """The deployment as this candidate would run it: flags overlaid, the serving interpreter swapped."""
+    """The deployment as this candidate would run it: flags overlaid, the serving interpreter swapped; a policy
+    candidate's gateway with that policy."""
+    g = spec.topology.gateway
+    if cand.policy is not None and g is not None:
+        topo = spec.topology.model_copy(update={"gateway": g.model_copy(update={"policy": cand.policy})})
+        return spec.model_copy(update={"topology": topo})
     flags = dict(spec.serving.flags)
     for k, v in cand.overlay.items():
         if v is None or v is False:

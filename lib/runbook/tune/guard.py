@@ -193,7 +193,7 @@ def kld_candidate(spec: Deployment, reference: Any, url: str, context: int | Non
             "overall": result.overall, "by_depth": result.by_depth, "floor": floor.overall, "floor_used": reference.floor_used}
 
 
-def _identity(ref: list[str | None], got: list[str | None], min_tokens: int, tok: Any) -> tuple[str, str, list[Any]]:
+def identity(ref: list[str | None], got: list[str | None], min_tokens: int, tok: Any) -> tuple[str, str, list[Any]]:
     points = []
     for a, b in zip(ref, got, strict=False):
         points.append(None if a is None or b is None else accuracy.first_difference(a, b, tok))
@@ -220,7 +220,7 @@ def compare(spec: Deployment, ref: dict[str, Any], got: dict[str, Any]) -> dict[
         checks.append({"probe": "kld", **kld})
     if ref.get("identity") and got.get("identity"):
         tok = load_tokenizer(tokenizer_dir(spec))
-        st, line, points = _identity(ref["identity"], got["identity"], g.min_identical_tokens, tok)
+        st, line, points = identity(ref["identity"], got["identity"], g.min_identical_tokens, tok)
         # Where the KL divergence judged, greedy identity is where the outputs first part, not a verdict: on a real
         # model a near-tie flips a greedy token under any numeric change, harmless or not.
         checks.append({"probe": "identity", "status": "info" if judged else st, "title": line, "first_divergence": points})

@@ -56,6 +56,26 @@ def buckets(records: list[Any], bounds: list[int]) -> list[dict[str, Any]]:
     return out
 
 
+def turns(records: list[Any]) -> list[dict[str, Any]]:
+    """Per agentic turn index over every fixed level: requests, failed, TTFT p50 and the prefix-cache hit rate (the
+    server's `cached_tokens` over prompt tokens, where it reports them): through a gateway, what its policy keeps of a
+    session's prefix on one replica. [] for a workload without turns."""
+    by: dict[int, list[Any]] = {}
+    for r in records:
+        t = r.meta.get("turn")
+        if isinstance(t, int):
+            by.setdefault(t, []).append(r)
+    out = []
+    for t in sorted(by):
+        ok = [r for r in by[t] if r.ok]
+        pairs = [(r.cached_tokens, r.input_tokens) for r in ok if r.cached_tokens is not None and r.input_tokens]
+        hit = sum(c for c, _ in pairs) / sum(n for _, n in pairs) if pairs else None
+        out.append({"turn": t, "requests": len(by[t]), "failed": len(by[t]) - len(ok),
+                    "ttft_ms_p50": bench.stats(bench.ttft_s(r) for r in ok)["p50"],
+                    "cache_hit_rate": None if hit is None else round(hit, 4)})
+    return out
+
+
 def per_request(levels: list[Any]) -> list[dict[str, Any]]:
     """Each successful request's output tok/s (its output tokens over its send-to-last-token time), keyed so that the
     same prompt pairs across candidates: level and request id, or level, session and turn (agentic sessions take ids in
@@ -105,7 +125,7 @@ def run(spec: Deployment, url: str, out: Path | None = None, nvml: Any = None, d
                            "failed_requests": sum(lv["failed"] or 0 for lv in levels),
                            "j_per_token": round(joules / out_tokens, 4) if joules is not None and out_tokens else None,
                            "energy_skipped": meter.skipped, "findings": [f.to_dict() for f in fixed.findings],
-                           "per_request": per_request(fixed.levels)}
+                           "per_request": per_request(fixed.levels), "turns": turns(recs)}
     acc = [r.spec_accept_length for r in recs if r.ok and r.spec_accept_length]
     doc["accept_length"] = round(sum(acc) / len(acc), 3) if acc else None
     if t.slo_search and has_slo(slo) and (deadline is None or time.monotonic() < deadline):

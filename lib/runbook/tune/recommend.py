@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook import service
+from runbook.core import registry
 from runbook.core.errors import InputError, SpecError
 from runbook.core.spec import Deployment
 from runbook.tune import candidates as cands_mod
@@ -96,6 +97,22 @@ def _install_command(spec: Deployment, row: dict[str, Any]) -> str:
     return cmd
 
 
+def _gateway_change(spec: Deployment, row: dict[str, Any]) -> dict[str, Any]:
+    """A policy to serve: the gateway's unit rendered with it against the installed one, and how to install it."""
+    cspec = cands_mod.apply(spec, cands_mod.Candidate(row["name"], policy=row["policy"]))
+    name = service.gateway_unit_name(spec)
+    installed = Path(spec.systemd.installed_path).parent / f"{name}.service"
+    try:
+        unit = service.render_gateway(cspec)
+    except (InputError, SpecError) as e:
+        return {"diff": "", "changes": [], "note": f"the gateway's unit could not be built: {e}"}
+    text, changes, found = service.diff(unit, installed)
+    return {"diff": text, "changes": changes, "note": found[0].title if found else "",
+            "command": f"set topology.gateway.policy: {row['policy']} in {spec.source or 'the spec'}, render the gateway's "
+                       f"unit from it into {installed} ({registry.notebook('service')}), then "
+                       f"`systemctl daemon-reload && systemctl restart {name}`"}
+
+
 def _unit_diff(spec: Deployment, row: dict[str, Any]) -> dict[str, Any]:
     cand = cands_mod.Candidate(row["name"], row.get("overlay") or {}, row.get("python"))
     try:
@@ -133,7 +150,9 @@ def recommend(spec: Deployment, rows: list[dict[str, Any]]) -> dict[str, Any] | 
                            "output_tok_s": (best.get("bench") or {}).get("output_tok_s"),
                            "is_reference": best["name"] == t.reference, "gain": best.get("gain"),
                            "within_noise": _within_noise(ok, ref) if best is ref else []}
-    if spec.tune.engine == "sglang":
+    if best.get("policy"):
+        rec.update(_gateway_change(spec, best), policy=best["policy"])
+    elif spec.tune.engine == "sglang":
         rec.update(_unit_diff(spec, best), command=_install_command(spec, best))
     else:
         rec.update(diff="", changes=[], note="llama-server runs no installed unit here: start it with this command line",

@@ -18,7 +18,8 @@ def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for r in data.get("candidates", []):
         pred, obs, b = r.get("predicted") or {}, r.get("observed") or {}, r.get("bench") or {}
-        row = {"candidate": r["name"], "pre-check": r.get("precheck"), "KV dtype": pred.get("kv_dtype"),
+        row = {"candidate": r["name"], **({"gateway policy": r["policy"]} if r.get("policy") else {}),
+               "pre-check": r.get("precheck"), "KV dtype": pred.get("kv_dtype"),
                "KV B/token": pred.get("kv_bytes_per_token"),
                "start-up s": r.get("ready_s"), "tokens predicted": pred.get("max_total_num_tokens"),
                "tokens observed": obs.get("max_total_num_tokens"), "running cap": pred.get("max_running_requests"),
@@ -29,11 +30,26 @@ def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
             row[f"TPOT p50/p99 ms {k['bucket']}"] = _ms(k["tpot_ms_p50"], k["tpot_ms_p99"])
             if k.get("accept_length"):
                 row[f"accept {k['bucket']}"] = k["accept_length"]
+        if any(t.get("cache_hit_rate") is not None for t in b.get("turns") or []):
+            row["cache hit per turn"] = cache_hits(b["turns"])
         row.update({"acceptance": b.get("accept_length"), "J/token": b.get("j_per_token"),
                     "guard": (r.get("guard") or {}).get("status"), "verdict": r.get("verdict") or r.get("status"),
                     "reason": r.get("reason") or ""})
         out.append(row)
     return out
+
+
+def cache_hits(turns: list[dict[str, Any]]) -> str:
+    """`0 % / 81 % / 88 %`: the prefix-cache hit rate of turn 1, 2, 3, …"""
+    return " / ".join("—" if t.get("cache_hit_rate") is None else f"{t['cache_hit_rate'] * 100:.0f} %" for t in turns)
+
+
+def turns_frame(data: dict[str, Any]):
+    """Per candidate and agentic turn: requests, failed, TTFT p50 and the prefix-cache hit rate."""
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
+
+    recs = [{"candidate": r["name"], **t} for r in data.get("candidates", []) for t in (r.get("bench") or {}).get("turns") or []]
+    return pd.DataFrame(recs).set_index(["candidate", "turn"]) if recs else pd.DataFrame()
 
 
 def frame(data: dict[str, Any]):
@@ -43,7 +59,7 @@ def frame(data: dict[str, Any]):
 
 
 # The candidates table as three that fit a page: what was planned and launched, what was measured, the verdict.
-PLAN_COLUMNS = ["pre-check", "KV dtype", "KV B/token", "tokens predicted", "tokens observed", "running cap", "start-up s"]
+PLAN_COLUMNS = ["gateway policy", "pre-check", "KV dtype", "KV B/token", "tokens predicted", "tokens observed", "running cap", "start-up s"]
 VERDICT_COLUMNS = ["gain vs reference", "guard", "verdict", "reason"]
 
 
@@ -97,6 +113,9 @@ def text_table(rep: Any) -> str:
     data = rep.data()
     cols = ["candidate", "pre-check", "tokens predicted", "running cap", "start-up s", "tokens observed", "load within SLO",
             "tok/s", "gain vs reference", "acceptance", "J/token", "guard", "verdict"]
+    if any(r.get("policy") for r in data.get("candidates", [])):    # a gateway's policies: no pool, a cache per turn
+        cols = ["candidate", "gateway policy", "pre-check", "start-up s", "load within SLO", "tok/s", "gain vs reference",
+                "cache hit per turn", "guard", "verdict"]
     if data.get("plan_only"):
         cols = ["candidate", "pre-check", "KV dtype", "KV B/token", "tokens predicted", "running cap", "reason"]
     table = [[("—" if r.get(c) is None else str(r.get(c))) for c in cols] for r in rows(data)]

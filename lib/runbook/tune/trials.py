@@ -1,5 +1,6 @@
 """A tune run: pre-check every candidate (nothing launched), then — unless plan-only — launch the ones that
-passed, one at a time on the deployment's port, with the production unit paused around them (production.py);
+passed, one at a time on the deployment's port (a gateway deployment's policies: the gateway alone, on a free port,
+in front of the running replicas; engines/gateway.py), with the production unit paused around them (production.py);
 read each one's start-up log, benchmark it, guard its accuracy against the reference, take it down, check the
 GPU memory is free, and archive its result before the next one starts. The reference is launched again among the
 others (`tune.reference_runs`, benchmarked only): its launch-to-launch spread is the noise a gain must clear.
@@ -27,7 +28,7 @@ from runbook.core.findings import Finding
 from runbook.core.fsutil import atomic_write_json
 from runbook.core.spec import Deployment
 from runbook.tune import candidates as cands_mod
-from runbook.tune import energy, engines, guard, launch, measure, production
+from runbook.tune import energy, engines, guard, launch, measure, production, routing
 from runbook.tune.candidates import Candidate
 from runbook.tune.engines import Engine, PreCheck
 from runbook.tune.recommend import recommend
@@ -109,7 +110,8 @@ def archive_candidate(ctx: Ctx, row: dict[str, Any]) -> None:
 
 def _row(c: Candidate, pre: PreCheck) -> dict[str, Any]:
     return {"name": c.name, "overlay": c.overlay, "python": c.python, "description": c.description,
-            "precheck": pre.status, "reason": pre.reason, "predicted": pre.predicted, "argv": pre.argv,
+            **({"policy": c.policy} if c.policy else {}), "precheck": pre.status, "reason": pre.reason,
+            "predicted": pre.predicted, "argv": pre.argv,
             "precheck_details": pre.details, "status": "skipped" if pre.status == "skipped" else "planned"}
 
 
@@ -149,20 +151,23 @@ def _launch(ctx: Ctx, cspec: Deployment, log_path: Path) -> Any:
     t = ctx.spec.tune
     argv, env = ctx.engine.launch_env(cspec)
     timeout = min(t.ready_timeout_s or float(ctx.spec.systemd.timeout_start_sec), t.budget_per_candidate_s, max(1.0, _left(ctx)))
-    host = "127.0.0.1" if cspec.serving.host in ("0.0.0.0", "::", "") else cspec.serving.host
+    host, port = ctx.engine.address(cspec)
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    argv_for = None
+    if port == cspec.serving.port:      # a server on its own port (not a gateway's): taken during start-up, another
 
-    def argv_for(port: int) -> tuple[tuple[str, ...], dict[str, str]]:    # its port taken during start-up: another
-        a, e = ctx.engine.launch_env(cspec.model_copy(update={"serving": cspec.serving.model_copy(update={"port": port})}))
-        return tuple(a), e
+        def argv_for(port: int) -> tuple[tuple[str, ...], dict[str, str]]:
+            a, e = ctx.engine.launch_env(cspec.model_copy(update={"serving": cspec.serving.model_copy(update={"port": port})}))
+            return tuple(a), e
 
-    return launch.Launch(tuple(argv), log_path, cspec.serving.port, host, env, ctx.engine.ready_path(cspec), timeout,
+    return launch.Launch(tuple(argv), log_path, port, host, env, ctx.engine.ready_path(cspec), timeout,
                   systemd=t.systemd_run, stop_signal=ctx.engine.stop_signal, argv_for=argv_for)
 
 
 def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any], run: int = 1) -> dict[str, Any]:
     """Launch, read the start-up log, benchmark, guard, take down: the candidate's archived row. `run` > 1: the
     reference again, benchmarked only (its guard outputs are the first run's)."""
-    cspec = cands_mod.apply(ctx.spec, c)
+    cspec = ctx.engine.placed(cands_mod.apply(ctx.spec, c))     # the gateway: on free ports
     t_start = time.monotonic()
     ctx.seq += 1
     row["seq"] = ctx.seq
@@ -177,6 +182,8 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any], ru
             lost = getattr(srv, "collisions", None)     # (tests stand in for Running without it)
             if lost:      # not the candidate's doing: it ran on another port (ports.relaunching)
                 row.update(port=srv.port, port_collisions=[c.to_dict() for c in lost])
+            if prepared := ctx.engine.prepare(cspec, srv.url):
+                row["prepared"] = prepared
             row["server_info"] = ctx.engine.live(cspec, srv.url)
             row["sglang_version"] = row["server_info"].get("version")     # what the server says it runs
             st = ctx.engine.startup(cspec, log_path, pre)
@@ -216,21 +223,23 @@ def run_candidate(ctx: Ctx, c: Candidate, pre: PreCheck, row: dict[str, Any], ru
 
 def _guard(ctx: Ctx, cspec: Deployment, c: Candidate, row: dict[str, Any], url: str) -> None:
     context = (row.get("observed") or {}).get("context_len") or (row.get("predicted") or {}).get("context_len")
-    got = guard.record(cspec, url, context, row.get("observed"), row.get("sglang_version"))
-    if c.name == ctx.spec.tune.reference:
+    policy = c.policy is not None      # a gateway policy changes no numerics: its own guard (routing.py)
+    got = routing.record(cspec, url, row) if policy else guard.record(cspec, url, context, row.get("observed"),
+                                                                      row.get("sglang_version"))
+    if not policy and c.name == ctx.spec.tune.reference:
         ctx.kld = guard.kld_reference(cspec, url, context)
         if ctx.kld is not None and not isinstance(ctx.kld, str):
             row["kld_floor"] = {k: f.overall for k, f in ctx.kld.floors.items()}
-    elif (k := guard.kld_candidate(cspec, ctx.kld, url, context)) is not None:
+    elif not policy and (k := guard.kld_candidate(cspec, ctx.kld, url, context)) is not None:
         got["kld"] = k
     row["guard_outputs"] = got
     if c.name == ctx.spec.tune.reference:
         ctx.reference = got
-        row["guard"] = {"status": "reference", "checks": []}
+        row["guard"] = {"status": "reference", "checks": routing.own_checks(cspec, got) if policy else []}
     elif ctx.reference is None:
         row["guard"] = {"status": "skip", "checks": [], "title": "no reference outputs to compare with (the reference did not run)"}
     else:
-        row["guard"] = guard.compare(cspec, ctx.reference, got)
+        row["guard"] = (routing.compare if policy else guard.compare)(cspec, ctx.reference, got)
 
 
 def plan(todo: list[str], reference: str, extra: int) -> list[tuple[str, bool]]:
@@ -281,8 +290,7 @@ def _launch_all(ctx: Ctx, todo: list[tuple[Candidate, PreCheck, dict[str, Any]]]
         n != spec.tune.reference and r.get("status") == "done" for n, r in rows.items())
     extra = spec.tune.reference_runs - 1 - _repeated(ref_row) if compared else 0    # alone: nothing to compare with
     ref = ref or next(((c, p) for c, p, _ in todo if c.name == spec.tune.reference), None)
-    unit = spec.systemd.unit_name      # the production server on this port (not active: nothing is stopped)
-    ready = spec.serving.local_url + spec.systemd.ready_path
+    unit, ready = ctx.engine.production(spec)    # the production server (gateway) displaced; inactive: nothing stopped
     ctx.baseline_gpu = energy.gpu_memory_used(ctx.nvml)
     shutdown = oscalls.current()
     with production.paused(unit, yes=ctx.settings.yes, ready_url=ready, ready_timeout_s=float(spec.systemd.timeout_start_sec),
@@ -311,7 +319,7 @@ def _launch_all(ctx: Ctx, todo: list[tuple[Candidate, PreCheck, dict[str, Any]]]
 
 def _consent(ctx: Ctx) -> None:
     """The safety stop before anything is made or launched: production active and no --yes."""
-    production.require_consent(ctx.spec.systemd.unit_name, yes=ctx.settings.yes, systemctl=ctx.systemctl)
+    production.require_consent(ctx.engine.production(ctx.spec)[0], yes=ctx.settings.yes, systemctl=ctx.systemctl)
 
 
 def _log(ctx: Ctx, msg: str) -> None:
@@ -324,7 +332,7 @@ def tune(spec: Deployment, s: TuneSettings, systemctl: Sequence[str] = ("systemc
     """The whole run: its rows (one per candidate), the recommendation, the run folder and findings.
     oscalls.Interrupted (with `run_id` and `findings`) when a signal stopped it; production is restored first."""
     cands = cands_mod.select(cands_mod.expand(spec), s.candidates)
-    ctx = Ctx(spec, engines.get(spec.tune.engine), None, s, systemctl, nvml, log)
+    ctx = Ctx(spec, engines.for_spec(spec), None, s, systemctl, nvml, log)
     with oscalls.on_signals() as shutdown:
         try:
             res = _run(ctx, cands)

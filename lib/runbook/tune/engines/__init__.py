@@ -1,6 +1,7 @@
 """One module per server engine tune can launch: its launch command, readiness path, start-up log
 reading and what the pre-check can know before anything starts. SGLang is the default and the one the
-pre-check models fully (its own parser, the KV plan); llama-server is the CPU engine of tests and demos."""
+pre-check models fully (its own parser, the KV plan); llama-server is the CPU engine of tests and demos; `gateway`
+relaunches only SGLang's gateway in front of the running replicas (a deployment with topology.gateway: its policies)."""
 from __future__ import annotations
 
 import importlib
@@ -52,7 +53,47 @@ class Engine(Protocol):
         nothing; never raises."""
         ...
 
+    def production(self, spec: Deployment) -> tuple[str | None, str | None]:
+        """The production unit a launch displaces (stopped only with --yes, always restored) and the URL that answers
+        200 once it is back."""
+        ...
+
+    def placed(self, spec: Deployment) -> Deployment:
+        """The candidate's spec as it is launched (the gateway: on free ports, never production's)."""
+        ...
+
+    def address(self, spec: Deployment) -> tuple[str, int]:
+        """Where the launched candidate listens: (host, port)."""
+        ...
+
+    def prepare(self, spec: Deployment, url: str) -> dict[str, Any]:
+        """Once the candidate is ready, before it is measured: what the measurement needs (the gateway: every replica
+        healthy in its view, the replicas' prefix caches emptied); its record, {} when nothing was done. A
+        `launch.LaunchFailed` when the candidate cannot be measured."""
+        ...
+
+
+class Server:
+    """The defaults of an engine that launches the server itself, on the deployment's own port (SGLang, llama-server)."""
+
+    def production(self, spec: Deployment) -> tuple[str | None, str | None]:
+        return spec.systemd.unit_name, spec.serving.local_url + spec.systemd.ready_path
+
+    def placed(self, spec: Deployment) -> Deployment:
+        return spec
+
+    def address(self, spec: Deployment) -> tuple[str, int]:
+        return spec.serving.host, spec.serving.port
+
+    def prepare(self, spec: Deployment, url: str) -> dict[str, Any]:
+        return {}
+
 
 def get(name: str) -> Engine:
     mod = importlib.import_module(f"runbook.tune.engines.{'llama' if name == 'llama-server' else name}")
     return mod.ENGINE
+
+
+def for_spec(spec: Deployment) -> Engine:
+    """The engine tune launches for this spec: the gateway where one is declared, else `tune.engine`."""
+    return get("gateway" if spec.topology.gateway is not None else spec.tune.engine)

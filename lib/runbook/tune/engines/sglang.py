@@ -14,7 +14,7 @@ from runbook.core import secrets
 from runbook.core.errors import InputError, SpecError
 from runbook.core.spec import Deployment
 from runbook.endpoint.reach import BadResponse, fetch_json
-from runbook.tune.engines import PreCheck, Startup
+from runbook.tune.engines import PreCheck, Server, Startup
 
 # kv findings that mean SGLang would refuse to start (tests/test_kv_vs_sglang.py's REFUSAL_IDS)
 REFUSALS = {"kv.context", "kv.state_pool", "kv.budget", "kv.dtype", "kv.refused"}
@@ -96,7 +96,7 @@ def _raised(log_path: Any) -> str | None:
     return hits[-1][:400] if hits else None
 
 
-class SGLang:
+class SGLang(Server):
     name = "sglang"
     # A candidate is stopped as Ctrl-C stops SGLang: on SIGINT its HTTP server exits at once and launch_server's
     # `finally` kills its scheduler and detokenizer (~2 s here). On SIGTERM it drains first, and notices only at its

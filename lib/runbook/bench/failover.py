@@ -2,13 +2,15 @@
 the gateway did with the requests in flight at the stop and with the ones sent after it.
 
 `run_with_stop` runs the benchmark's levels and calls `stop()` (e.g. kill a replica's process group) `after_s` seconds
-after the run starts (give the level a --duration that outlasts it), in a thread so the client keeps streaming; `account` sorts every request by when it was sent relative to
-the stop: `before` (ended before it), `in_flight` (sent before, ended after), `after` (sent after). smg retries a
-request that fails before its response starts (on by default; `--disable-retries`), so a request in flight on the
-stopped replica that had not yet streamed can still complete elsewhere, while one already streaming breaks
-(`stream_closed` or an HTTP 5xx); new requests go to the survivors once the gateway's health check or circuit breaker
-has taken the replica out, and the retries show as a longer TTFT, not as failures.
-"""
+after the run starts (give the level a --duration that outlasts it), in a thread so the client keeps streaming;
+`account` sorts every request by when it was sent relative to the stop: `before` (ended before it), `in_flight` (sent
+before, ended after), `after` (sent after).
+
+What smg 1.13.0 did with a replica SIGKILLed under it (tests/topology/test_gateway_bench.py): a request already
+streaming from it ends with HTTP 200 and an error object mid-stream ("Stream error: error decoding response body …
+unexpected EOF during chunk size line"), our `server_error`; requests in flight on the survivor finish; new requests
+all succeed (smg retries a request whose response has not started, on by default, and its health check and circuit
+breaker take the replica out), the retry showing as a longer TTFT rather than as a failure."""
 from __future__ import annotations
 
 import asyncio

@@ -2,13 +2,18 @@
 own counters (SGLang 0.5.23's exposition, parsed by prometheus_client), the policy comparison's figure and finding,
 and the failed-replica accounting's phases. The live runs are tests/topology/test_gateway_bench.py."""
 import pytest
+from aiohttp import web
 from conftest import spec_data
+from sse_server import ThreadedApp
 
+from bench.rawsse import Reply, completion_stream
 from runbook.bench import failover, policies, replicas
+from runbook.bench import run as bench_run
 from runbook.bench.settings import BenchSettings
 from runbook.bench.sweep import parse_prometheus
 from runbook.core.errors import InputError
 from runbook.core.spec import Deployment
+from runbook.demo.sglang import free_port
 from runbook.endpoint.records import RequestRecord
 
 LABELS = 'engine_type="unified",model_name="tiny"'
@@ -125,3 +130,38 @@ def test_failover_accounting_sorts_every_request_by_the_stop():
     assert [(f["id"], f["status"], f["error_kind"]) for f in acc["failed"]] == [(1, 200, "stream_closed"), (3, 502, "http_5xx")]
     assert acc["failed"][0]["sent_s"] == pytest.approx(-0.5) and acc["failed"][1]["ended_s"] == pytest.approx(0.3)
     assert ph["after"]["e2e_ms"]["n"] == 1
+
+
+class _Replica(ThreadedApp):
+    """A replica's /metrics alone: SGLang's counters, three more requests (and 30 generated tokens) at every scrape."""
+
+    def __init__(self) -> None:
+        self.scrapes = 0
+
+    def routes(self, app: web.Application) -> None:
+        async def metrics(request: web.Request) -> web.Response:
+            self.scrapes += 1
+            n = 3 * self.scrapes
+            return web.Response(text="\n".join(f"# TYPE sglang:{k} counter\nsglang:{k}_total{{{LABELS}}} {v}" for k, v in (
+                ("num_requests", n), ("prompt_tokens", 10 * n), ("generation_tokens", 10 * n))) + "\n")
+        app.router.add_get("/metrics", metrics)
+
+
+@pytest.mark.parametrize("procs", [1, pytest.param(2, marks=pytest.mark.slow)])   # 2: worker processes
+def test_each_level_reads_every_replica_and_a_dead_one_does_not_break_it(raw, procs):
+    rep = _Replica().start()
+    try:
+        front = raw(lambda b: Reply(completion_stream(int(b.get("max_tokens", 2)), 0.0, 0.0)))
+        dead = f"http://127.0.0.1:{free_port()}"                   # nothing listens there
+        o = BenchSettings(url=front.url, model="raw", concurrency=[2], requests=4, output_len=3, workload="random",
+                          input_len=8, warmup=0, telemetry=False, timeout=30.0, workers=procs,
+                          replicas={"live": rep.url, "gone": dead})
+        res = bench_run.run(o)
+    finally:
+        rep.stop()
+    lv = res.summary["levels"][0]
+    assert lv["completed"] == 4 and res.summary["replicas"] == {"live": rep.url, "gone": dead}
+    live, gone = lv["replicas"]
+    assert (live["name"], live["scraped"], live["requests"], live["generation_tokens"]) == ("live", True, 3, 30)
+    assert live["request_share"] == 1.0 and rep.scrapes == 2              # once before the level, once after
+    assert (gone["scraped"], gone["requests"], gone["request_share"]) == (False, None, None)

@@ -27,7 +27,6 @@ from runbook.bench.sweep import Level, run_level  # noqa: E402
 from runbook.endpoint.client import TRANSPORTS, Client, RequestSpec  # noqa: E402
 from runbook.endpoint.reach import run_sync  # noqa: E402
 
-
 BACKLOG = 1024
 
 

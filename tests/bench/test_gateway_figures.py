@@ -165,3 +165,16 @@ def test_each_level_reads_every_replica_and_a_dead_one_does_not_break_it(raw, pr
     assert (live["name"], live["scraped"], live["requests"], live["generation_tokens"]) == ("live", True, 3, 30)
     assert live["request_share"] == 1.0 and rep.scrapes == 2              # once before the level, once after
     assert (gone["scraped"], gone["requests"], gone["request_share"]) == (False, None, None)
+
+
+def test_token_id_prompts_through_a_gateway_are_refused_before_any_is_sent(raw):
+    # smg 1.13.0 answers every completions request whose prompt is token ids with HTTP 400 (checked on the live gateway)
+    seen = []
+    front = raw(lambda b: seen.append(b) or Reply(completion_stream(int(b.get("max_tokens", 2)), 0.0, 0.0)))
+    o = BenchSettings(url=front.url, model="raw", concurrency=[1], requests=2, output_len=2, workload="random", input_len=8,
+                      warmup=0, telemetry=False, timeout=30.0, replicas={"a": "http://127.0.0.1:9"})
+    with pytest.raises(InputError, match="token-id prompts, which the gateway refuses.*--chat"):
+        bench_run.run(o, vocab_size=1000)
+    assert seen == []
+    # straight to a server (no replicas behind it) the same workload runs
+    assert bench_run.run(o.model_copy(update={"replicas": {}}), vocab_size=1000).summary["levels"][0]["completed"] == 2

@@ -31,6 +31,11 @@ from runbook.endpoint.client import Client
 from runbook.endpoint.reach import model_name, probe, run_sync
 from runbook.model.tokenizer import load_tokenizer
 
+# smg 1.13.0 answers HTTP 400 to a completions `prompt` of token ids (SGLang itself takes them), so every request fails
+TOKEN_IDS_THROUGH_GATEWAY = ("--workload {workload} sends token-id prompts, which the gateway refuses (smg 1.13.0: HTTP 400 "
+                             "'prompt: data did not match any variant of untagged enum StringOrArray'): add --chat, or use "
+                             "--workload code, prefix or agentic, or give one replica's --url")
+
 
 @dataclass
 class BenchResult:
@@ -159,6 +164,8 @@ class _LevelRunner:
         if lv.schedule is not None:
             n = len(lv.schedule)
         load = self.wt.level(o, self.wl, lv, n, self.ctx)
+        if o.replicas and not load.chat and len(load.requests) and isinstance(load.requests[0].prompt, list):
+            raise InputError(TOKEN_IDS_THROUGH_GATEWAY.format(workload=o.workload))
         client = Client(o.server, self.model, load.chat, self.api_key, o.timeout, tok, transport=o.transport)
         if load.driver is not None:
             return await run_level(client, load.requests, lv, o.warmup, bool(o.flush_cache), self.records_path, o.seed, o.duration,

@@ -27,6 +27,8 @@ from runbook.bench.sweep import Level, run_level  # noqa: E402
 from runbook.endpoint.client import TRANSPORTS, Client, RequestSpec  # noqa: E402
 from runbook.endpoint.reach import run_sync  # noqa: E402
 
+BACKLOG = 1024
+
 
 def serve(port: int, tokens: int, ttft_s: float = 0.0, log: str = "", pace_s: float = 0.0) -> None:
     """`pace_s`: one write per chunk, this far apart (else the whole response in one write). `log`: a file the
@@ -70,7 +72,9 @@ def serve(port: int, tokens: int, ttft_s: float = 0.0, log: str = "", pace_s: fl
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, handle_signals=True)
+    # backlog: at concurrency 256 every client connects at once; aiohttp's default accept queue (128) drops SYNs, and
+    # each dropped one costs its request the kernel's 1 s retransmit, a stall of the server's making in either client
+    web.run_app(app, host="127.0.0.1", port=port, print=None, handle_signals=True, backlog=BACKLOG)
 
 
 def serve_steps(port: int, tokens: int, step_s: float) -> None:

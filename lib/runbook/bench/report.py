@@ -51,6 +51,10 @@ def text_table(result: Any) -> str:
     if not srv.empty:
         cols = ["ours_mean_ms", "server_mean_ms", "ratio_mean", "ours_p50_ms", "server_p50_ms", "ours_p99_ms", "server_p99_ms"]
         text += "\n\nOurs beside the server's own figures (its /metrics; percentiles within its buckets):\n" + tables.text(srv[cols])
+    reps = replicas_frame(result.summary)
+    if not reps.empty:
+        text += ("\n\nEach replica's share (its own /metrics), beside the client's count:\n"
+                 + tables.text(reps.set_index(["level", "server"])))
     spec = speculation_frame(result.summary)
     if not spec.empty:
         text += "\n\nSpeculative decoding per corpus kind and context (--speculation):\n" + tables.text(spec)
@@ -159,6 +163,25 @@ def turns_frame(summary: dict[str, Any]):
              "input tokens (mean)": t["input_tokens"]["mean"], "cache hit rate": t["cache_hit_rate"],
              "TTFT p50 ms": t["ttft_ms"]["p50"], "TTFT p99 ms": t["ttft_ms"]["p99"], "TPOT p50 ms": t["tpot_ms"]["p50"]}
             for s in summary.get("levels", []) for t in s.get("turns") or []]
+    return pd.DataFrame(rows)
+
+
+def replicas_frame(summary: dict[str, Any]):
+    """Through a gateway: one row per level and replica (requests and tokens it served, from its own /metrics, and
+    its share), then the level's `client` row (what the client sent, completed and counted), so the replicas' sum
+    stands beside the client's own figures. Empty when the run read no replicas."""
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
+
+    rows = []
+    for s in summary.get("levels", []):
+        for r in s.get("replicas") or []:
+            rows.append({"level": s["label"], "server": r["name"], "requests": r["requests"], "request share": r["request_share"],
+                         "prompt tokens": r["prompt_tokens"], "generated tokens": r["generation_tokens"],
+                         "token share": r["token_share"], "cached tokens": r["cached_tokens"],
+                         "read": "yes" if r["scraped"] else "no answer"})
+        if s.get("replicas"):
+            rows.append({"level": s["label"], "server": "client", "requests": (s.get("completed") or 0) + (s.get("failed") or 0),
+                         "generated tokens": s.get("output_tokens"), "read": f"{s.get('failed') or 0} failed"})
     return pd.DataFrame(rows)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runbook.bench import metrics, server_side, workers, workloads
+from runbook.bench import metrics, replicas, server_side, workers, workloads
 from runbook.bench.ab import ab_compare
 from runbook.bench.level_findings import level_findings
 from runbook.bench.regression import compare_previous
@@ -31,6 +31,11 @@ from runbook.endpoint.client import Client
 from runbook.endpoint.reach import model_name, probe, run_sync
 from runbook.model.tokenizer import load_tokenizer
 
+# smg 1.13.0 answers HTTP 400 to a completions `prompt` of token ids (SGLang itself takes them), so every request fails
+TOKEN_IDS_THROUGH_GATEWAY = ("--workload {workload} sends token-id prompts, which the gateway refuses (smg 1.13.0: HTTP 400 "
+                             "'prompt: data did not match any variant of untagged enum StringOrArray'): add --chat, or use "
+                             "--workload code, prefix or agentic, or give one replica's --url")
+
 
 @dataclass
 class BenchResult:
@@ -44,7 +49,7 @@ class BenchResult:
         return dict(self.summary, levels=self.summary.get("levels", []))
 
 
-def level_summary(lr: LevelResult, slo: Any = None) -> dict[str, Any]:
+def level_summary(lr: LevelResult, slo: Any = None, behind: dict[str, str] | None = None) -> dict[str, Any]:
     s = metrics.summarise(lr.records, slo)
     s.update({"label": lr.level.label, "concurrency": lr.level.concurrency, "rate": lr.level.rate,
               "client_bound": lr.client_bound, "lag_ms": lr.lag_ms, "cpu_share": lr.cpu_share,
@@ -56,6 +61,8 @@ def level_summary(lr: LevelResult, slo: Any = None) -> dict[str, Any]:
         s["workers_lost"] = lr.workers_lost
     s["cache_hit_rate"], s["cache_hit_source"] = cache_hit(lr)
     s["server_side"] = server_side.level(lr.server)
+    if behind:                   # through a gateway: each replica's share, from its own counters
+        s["replicas"] = replicas.rows(behind, lr.replicas)
     return s
 
 
@@ -137,7 +144,7 @@ class _LevelRunner:
     async def measure(self, lv: Level) -> dict[str, Any]:
         """Send the level's load, summarise it, keep its telemetry samples; its summary."""
         lr = await self._send(lv)
-        lr.summary = level_summary(lr, self.slo)
+        lr.summary = level_summary(lr, self.slo, self.o.replicas)
         lr.summary.update(self.wt.level_summary(lr))
         if lv.schedule is not None:
             lr.summary["schedule_error_ms"] = metrics.stats((r.meta.get("schedule_error_ms") for r in lr.records), scale=1.0)
@@ -157,20 +164,23 @@ class _LevelRunner:
         if lv.schedule is not None:
             n = len(lv.schedule)
         load = self.wt.level(o, self.wl, lv, n, self.ctx)
+        if o.replicas and not load.chat and len(load.requests) and isinstance(load.requests[0].prompt, list):
+            raise InputError(TOKEN_IDS_THROUGH_GATEWAY.format(workload=o.workload))
         client = Client(o.server, self.model, load.chat, self.api_key, o.timeout, tok, transport=o.transport)
         if load.driver is not None:
             return await run_level(client, load.requests, lv, o.warmup, bool(o.flush_cache), self.records_path, o.seed, o.duration,
-                                   telemetry=tel, driver=load.driver)
+                                   telemetry=tel, driver=load.driver, replicas=o.replicas)
         bar = _bar(len(load.requests), lv.label) if o.progress and not o.duration and not self.procs else None
         if self.procs is not None and lv.concurrency:
             lr = await workers.run_level_workers(self.procs, client, o.tokenizer if tok is not None else None, load.requests,
-                                                 lv, o.workers, o.warmup, bool(o.flush_cache), self.records_path, telemetry=tel)
+                                                 lv, o.workers, o.warmup, bool(o.flush_cache), self.records_path, telemetry=tel,
+                                                 replicas=o.replicas)
             if lr.workers_lost:          # a dead worker broke the pool: the next level gets a fresh one
                 self.procs.shutdown(cancel_futures=True)
                 self.procs = workers.pool(o.workers)
         else:
             lr = await run_level(client, load.requests, lv, o.warmup, bool(o.flush_cache), self.records_path, o.seed, o.duration,
-                                 bar.update if bar else None, telemetry=tel)
+                                 bar.update if bar else None, telemetry=tel, replicas=o.replicas)
         if bar:
             bar.close()
         return lr
@@ -184,6 +194,8 @@ def _run_summary(o: BenchSettings, model: Any, wt: Any, wl: Any, summaries: list
                                "chat": bool(o.chat), "range_ratio": o.range_ratio, "seed": o.seed,
                                "requests_per_level": o.requests or (DURATION_REQUESTS if o.duration else None),
                                "duration_s": o.duration, "levels": summaries}
+    if o.replicas:
+        summary["replicas"] = dict(o.replicas)     # the servers behind the URL, each level's `replicas` rows read them
     summary["client"] = client_info(summaries, o.workers, o.transport)
     summary.update(wt.summary(o, wl))
     return summary

@@ -92,6 +92,8 @@ class BenchSettings(Options):
     telemetry_interval_s: PosFloat = internal(1.0, "seconds between telemetry samples")
     nvml: Any = internal(None, "an NVML module to sample (tests inject one); None: pynvml when a driver is there")
     find_max_levels: Annotated[Integer, Field(ge=2)] = internal(10, "--find-max slo: at most this many levels")
+    replicas: dict[str, str] = internal({}, "name -> URL of the spec's replicas behind the benchmarked URL: each one's "
+                                            "/metrics read before and after every level (bench/replicas.py)")
 
     @model_validator(mode="after")
     def _rules(self) -> BenchSettings:
@@ -123,7 +125,7 @@ class BenchSettings(Options):
         base: dict[str, Any] = {}
         if spec is not None:
             b = spec.benchmark
-            base = {"url": spec.serving.local_url, "concurrency": list(b.concurrency), "workload": b.workload,
+            base = {"url": _front(spec), "concurrency": list(b.concurrency), "workload": b.workload,
                     "input_len": b.input_len, "output_len": b.output_len, "requests": b.requests_per_level,
                     "warmup": b.warmup, "flush_cache": b.flush_cache, "api_key_env": spec.serving.api_key_env}
             if "tokenizer" not in given and "url" not in given:
@@ -132,7 +134,24 @@ class BenchSettings(Options):
             base["concurrency"] = []     # --rate alone runs rate levels alone, not the spec's concurrency plan too
         if given.get("duration") and "requests" not in given:
             base.pop("requests", None)   # a level bounded by --duration, not by the spec's request count
-        return validate(cls, {**base, **given})
+        merged = {**base, **given}
+        if spec is not None and spec.topology.replicas and "replicas" not in given:
+            merged["replicas"] = _behind(spec, merged.get("url"))
+        return validate(cls, merged)
+
+
+def _front(spec: Deployment) -> str:
+    """The URL clients use: the gateway's where the spec declares one, else the one server's."""
+    g = spec.topology.gateway
+    return g.url if g is not None else spec.serving.local_url
+
+
+def _behind(spec: Deployment, url: str | None) -> dict[str, str]:
+    """The spec's replicas, when `url` is in front of them (the gateway, or any URL that is not a replica's own);
+    none when the benchmark targets one replica directly."""
+    reps = {r.name: r.url for r in spec.topology.replicas}
+    own = {u.rstrip("/") for u in reps.values()}
+    return {} if url is None or url.rstrip("/") in own else reps
 
 
 def _spec_tokenizer(spec: Deployment) -> str | None:

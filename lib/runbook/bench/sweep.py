@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from runbook.bench import metrics, server_side
+from runbook.bench import replicas as replica_share
 from runbook.bench.settings import BenchSettings
 from runbook.endpoint.client import Client, RequestRecord, RequestSpec
 
@@ -44,6 +45,7 @@ class LevelResult:
     cpu_s: float = 0.0                  # the client's CPU seconds during the level
     lag_samples: list[float] = field(default_factory=list)
     workers_lost: int = 0               # --workers: worker shares that never reported (a process died)
+    replicas: dict[str, Any] = field(default_factory=dict)   # through a gateway: each replica's counters (bench/replicas.py)
 
     def __repr__(self) -> str:      # short: see RequestRecord.__repr__
         return f"LevelResult({self.level.label!r}, {len(self.records)} records)"
@@ -171,7 +173,7 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
                     records_path: Path | None = None, seed: int = 0, duration_s: float | None = None,
                     progress: Callable[[int], None] | None = None, telemetry: Any = None,
                     driver: Callable[..., Awaitable[None]] | None = None, start_at: float | None = None,
-                    scrape_metrics: bool = True) -> LevelResult:
+                    scrape_metrics: bool = True, replicas: Mapping[str, str] | None = None) -> LevelResult:
     """One level. Fixed concurrency: that many workers, each sending its next request when the last
     finished. A rate: Poisson arrivals, open loop — no cap on requests in flight, so a slow server
     shows as growing latency, never as client-side waiting counted into TTFT (any pool wait is
@@ -182,11 +184,14 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
     (agentic sessions, whose requests depend on earlier answers); `send(spec)` measures and records one
     request, and `reqs` serve only the warm-up. `start_at`: a perf_counter time to start the load at
     (worker processes start together; the clock is CLOCK_MONOTONIC, shared by processes);
-    `scrape_metrics=False`: no /metrics before and after (a worker's parent scrapes)."""
+    `scrape_metrics=False`: no /metrics before and after (a worker's parent scrapes). `replicas` (name -> URL): the
+    servers behind a gateway at `client.base_url`, each one's /metrics scraped right after the endpoint's, before
+    and after the level (bench/replicas.py)."""
     open_loop = (level.rate is not None and not level.concurrency) or level.schedule is not None
     conc = level.concurrency or 1
     async with client.session(limit=0 if open_loop else conc) as session:
         flushed, before = await _before_level(client, session, reqs, warmup, conc, flush, scrape_metrics)
+        reps_before = await scrape_all(session, replicas) if replicas else {}
         records: list[RequestRecord] = []
         # not a `with`: closed in the finally below, before telemetry stops, and written by every request between
         out = open(records_path, "a", encoding="utf-8") if records_path else None  # noqa: SIM115
@@ -220,7 +225,17 @@ async def run_level(client: Client, reqs: Sequence[RequestSpec], level: Level, w
             if telemetry is not None:
                 await telemetry.stop()
         after = await scrape(session, client.base_url) if scrape_metrics else None
-    return _result(level, records, lag, before, after, flushed, telemetry)
+        reps_after = await scrape_all(session, replicas) if replicas else {}
+    lr = _result(level, records, lag, before, after, flushed, telemetry)
+    if replicas:
+        lr.replicas = replica_share.deltas(reps_before, reps_after)
+    return lr
+
+
+async def scrape_all(session: aiohttp.ClientSession, servers: Mapping[str, str]) -> dict[str, dict[str, float] | None]:
+    """Every server's /metrics at once (None for one that did not answer)."""
+    got = await asyncio.gather(*(scrape(session, url.rstrip("/")) for url in servers.values()))
+    return dict(zip(servers, got, strict=True))
 
 
 async def _before_level(client: Client, session: aiohttp.ClientSession, reqs: Sequence[RequestSpec], warmup: int, conc: int,

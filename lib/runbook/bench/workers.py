@@ -24,12 +24,24 @@ import json
 import multiprocessing as mp
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from runbook.bench import metrics
-from runbook.bench.sweep import CPU_BOUND_SHARE, LAG_BOUND_MS, Level, LevelResult, flush_cache, run_level, scrape, server_deltas, warm_up
+from runbook.bench import replicas as replica_share
+from runbook.bench.sweep import (
+    CPU_BOUND_SHARE,
+    LAG_BOUND_MS,
+    Level,
+    LevelResult,
+    flush_cache,
+    run_level,
+    scrape,
+    scrape_all,
+    server_deltas,
+    warm_up,
+)
 from runbook.endpoint.client import Client, RequestRecord, RequestSpec
 from runbook.endpoint.reach import run_sync
 from runbook.model.tokenizer import load_tokenizer
@@ -96,7 +108,8 @@ def shares(concurrency: int, workers: int) -> list[int]:
 
 async def run_level_workers(ex: Pool, client: Client, tokenizer_path: str | None,
                             reqs: Sequence[RequestSpec], level: Level, workers: int, warmup: int = 2, flush: bool = True,
-                            records_path: Path | None = None, telemetry: Any = None) -> LevelResult:
+                            records_path: Path | None = None, telemetry: Any = None,
+                            replicas: Mapping[str, str] | None = None) -> LevelResult:
     assert level.concurrency, "worker processes run fixed-concurrency levels"
     split = shares(level.concurrency, workers)
     w = len(split)
@@ -104,6 +117,7 @@ async def run_level_workers(ex: Pool, client: Client, tokenizer_path: str | None
         flushed = await flush_cache(session, client.base_url) if flush else None
         await warm_up(client, session, reqs, warmup, level.concurrency)
         before = await scrape(session, client.base_url)
+        reps_before = await scrape_all(session, replicas) if replicas else {}
         cfg = {"base_url": client.base_url, "model": client.model, "chat": client.chat, "api_key": client.api_key,
                "timeout_s": client.timeout_s, "tokenizer": tokenizer_path, "extra_body": client.extra_body,
                "transport": client.transport}
@@ -121,6 +135,7 @@ async def run_level_workers(ex: Pool, client: Client, tokenizer_path: str | None
             if telemetry is not None:
                 await telemetry.stop()
         after = await scrape(session, client.base_url)
+        reps_after = await scrape_all(session, replicas) if replicas else {}
     crashed = sum(isinstance(p, BaseException) for p in got)
     parts = [p if not isinstance(p, BaseException) else _lost(reqs[k::w], level.label, start_at, k, w, p)
              for k, p in enumerate(got)]
@@ -137,4 +152,6 @@ async def run_level_workers(ex: Pool, client: Client, tokenizer_path: str | None
                      cpu_s=sum(p["cpu_s"] for p in parts), lag_samples=lag, workers_lost=crashed)
     if telemetry is not None:
         lr.telemetry = telemetry.result()
+    if replicas:
+        lr.replicas = replica_share.deltas(reps_before, reps_after)
     return lr

@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,3 +151,24 @@ def start(dep: Deployment, log_dir: Path) -> Fleet:
         fleet.stop()
         raise
     return fleet
+
+
+def with_policy(dep: Deployment, policy: str) -> Deployment:
+    """The spec with its gateway's policy changed (everything else, ports included, the same)."""
+    g = dep.topology.gateway
+    if g is None:
+        raise EngineError("the spec declares no gateway")
+    topo = dep.topology.model_copy(update={"gateway": g.model_copy(update={"policy": policy})})
+    return dep.model_copy(update={"topology": topo})
+
+
+def relauncher(fleet: Fleet, log_dir: Path) -> Callable[[str], None]:
+    """`relaunch(policy)` for bench.policies.compare: stops the fleet's gateway and starts it again on the same port
+    with that policy, from its re-rendered unit; the replicas keep running."""
+    def relaunch(policy: str) -> None:
+        if fleet.gateway is not None:
+            fleet.gateway.stop()
+            fleet.gateway = None
+        fleet.spec = with_policy(fleet.spec, policy)
+        fleet.gateway = start_gateway(fleet.spec, log_dir / f"gateway-{policy}.log")
+    return relaunch

@@ -67,7 +67,7 @@ EXTERNAL = {
     "--no-pager": "journalctl", "--now": "systemctl", "--test": "systemd", "--user": "systemd-run",
     "--limit": "ansible-playbook", "--tags": "ansible-playbook",
     "--collector": "prometheus-node-exporter (--collector.textfile.directory)",
-    "--node-rank": SGLANG, "--dist-init-addr": SGLANG,
+    "--node-rank": SGLANG, "--dist-init-addr": SGLANG, "--nnodes": SGLANG,
     "--worker-urls": GATEWAY, "--service-discovery": GATEWAY, "--selector": GATEWAY, "--service-discovery-port": GATEWAY,
     "--service-discovery-namespace": GATEWAY, "--from-env-file": "kubectl", "--dry-run": "kubectl",
     "--policy": GATEWAY, "--prometheus-host": GATEWAY,

@@ -44,8 +44,8 @@ def test_internal_settings_are_no_flags():
 
 @pytest.mark.parametrize("values, says", [
     ({"workers": 65}, "workers must be at most 64"),
-    ({"workers": 2, "rates": [1.0]}, "--workers N splits"),
-    ({"requests": 5, "duration": 3.0}, "--requests and --duration both bound a level"),
+    ({"workers": 2, "rates": [1.0]}, "workers N splits"),
+    ({"requests": 5, "duration": 3.0}, "requests and duration both bound a level"),
     ({"find_max": "slo", "rates": [1.0], "concurrency": [2]}, "searches concurrency or rate, not both"),
     ({"find_max_levels": 1}, "find_max_levels must be at least 2"),
     ({"transport": "h2"}, "transport must be one of h1, aiohttp"),

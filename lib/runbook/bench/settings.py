@@ -98,14 +98,14 @@ class BenchSettings(Options):
     @model_validator(mode="after")
     def _rules(self) -> BenchSettings:
         if self.requests and self.duration:
-            raise ValueError("--requests and --duration both bound a level: give one")
+            raise ValueError("{requests} and {duration} both bound a level: give one")
         if self.find_max is not None and self.rates and self.concurrency:
-            raise ValueError("--find-max slo searches concurrency or rate, not both: give --concurrency START or --rate START")
+            raise ValueError("{find_max} slo searches concurrency or rate, not both: give {concurrency} START or {rates} START")
         if self.speculation_baseline_url and not self.speculation:
-            raise ValueError("--speculation-baseline-url is the study's baseline: add --speculation")
-        if self.workers != 1 and (self.rates or self.duration or self.compare_url):
-            raise ValueError("--workers N splits fixed-concurrency levels of --requests over N processes; "
-                             "--rate, --duration and --compare-url run in one process: drop --workers")
+            raise ValueError("{speculation_baseline_url} is the study's baseline: add {speculation}")
+        if self.workers not in (None, 1) and (self.rates or self.duration or self.compare_url):   # None: unset (options)
+            raise ValueError("{workers} N splits fixed-concurrency levels of {requests} over N processes; "
+                             "{rates}, {duration} and {compare_url} run in one process: drop {workers}")
         return self
 
     @property

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # The flags and notebook parameters: the settings (bench/settings.py) a user sets, None meaning the spec's value.
 BenchStageOptions = options_view(BenchSettings, "BenchStageOptions",
-                                 help={"workload": workloads.help_text() + " (default: the spec's)"})
+                                 help={"workload": workloads.help_text() + " (default: the spec's)"}, cross_field=True)
 
 
 def evaluate(spec: Deployment, options: Options) -> BenchResult:

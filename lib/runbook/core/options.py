@@ -11,7 +11,7 @@ import re
 from typing import Annotated, Any, Optional, TypeVar, cast
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from runbook.core.errors import InputError
 
@@ -77,12 +77,13 @@ def internal(default: Any, description: str) -> Any:
 
 
 def options_view(settings: type[Options], name: str, help: dict[str, str] | None = None,
-                 own: dict[str, Any] | None = None) -> type[Options]:
+                 own: dict[str, Any] | None = None, cross_field: bool = False) -> type[Options]:
     """A settings model as a stage's options: every field but the `internal()` ones, each optional with None meaning
     unset (the spec's value, else the setting's default), with the type, bounds, alias and help the settings declare
     (`help` replaces a field's, e.g. one built from a registry the settings module cannot import). The settings
     model's cross-field rules run when the options are resolved into settings. `own`: options that are no setting
-    of the model, first (name -> (type, Field)), e.g. where to read what the settings are resolved from."""
+    of the model, first (name -> (type, Field)), e.g. where to read what the settings are resolved from.
+    `cross_field`: the settings' after-validators hold for the options too (each takes None for unset)."""
     fields: dict[str, Any] = dict(own or {})
     for k, f in settings.model_fields.items():
         extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
@@ -91,8 +92,12 @@ def options_view(settings: type[Options], name: str, help: dict[str, str] | None
         kind = Annotated.__class_getitem__((f.annotation, *f.metadata)) if f.metadata else f.annotation  # type: ignore[attr-defined]
         fields[k] = (Optional[kind], Field(None, alias=f.alias, description=(help or {}).get(k, f.description),  # noqa: UP045
                                            json_schema_extra=extra or None))
+    # The settings' cross-field rules hold for the options too (unset is None, which no rule takes for a value),
+    # so a notebook and the CLI refuse a bad pair when the options are made, naming fields as their reader knows them.
+    rules: dict[str, Any] = {f"_rule_{n}": model_validator(mode="after")(d.func) for n, d in
+             settings.__pydantic_decorators__.model_validators.items() if d.info.mode == "after"} if cross_field else {}
     model = create_model(name, __base__=Options, __doc__=f"{settings.__name__}'s settings as options: None is unset.",
-                         __module__=settings.__module__, **fields)
+                         __module__=settings.__module__, __validators__=rules, **fields)
     return cast(type[Options], model)
 
 
@@ -124,15 +129,29 @@ def describe(err: Any) -> str:
     return template.format(**{k: v for k, v in ctx.items()}) if ctx else template.split(" {")[0]
 
 
+_FIELD_REF = re.compile(r"\{([a-z][a-z0-9_]*)\}")
+
+
+def located(model: type[BaseModel], msg: str, cli: bool) -> str:
+    """A rule's message with each `{field}` it names as its reader knows it: the CLI flag (`--log`), else the
+    notebook parameter (`log_file`). Validators name fields this way, never by a flag's spelling."""
+    def name(m: re.Match[str]) -> str:
+        field = next((k for k, f in model.model_fields.items() if m.group(1) in (k, f.alias)), None)
+        if field is None:
+            return m.group(0)
+        return flag(model, field) if cli else field
+    return _FIELD_REF.sub(name, msg)
+
+
 def _problem(model: type[BaseModel], e: ValidationError, cli: bool) -> str:
     err = e.errors()[0]
     loc = [x for x in err["loc"] if isinstance(x, str)]
     name = loc[0] if loc else ""
     field = next((k for k, f in model.model_fields.items() if name in (k, f.alias)), None)
     if field is None:
-        return describe(err) if not name else f"{name}: not a setting of this stage"
+        return located(model, describe(err), cli) if not name else f"{name}: not a setting of this stage"
     where = flag(model, field) if cli else field
-    msg = describe(err)
+    msg = located(model, describe(err), cli)
     got = err.get("input")
     extra = model.model_fields[field].json_schema_extra
     echo = not isinstance(extra, dict) or extra.get("echo", True)     # "echo": False, a value that may hold credentials

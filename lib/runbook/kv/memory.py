@@ -90,7 +90,7 @@ class Inputs(Options):
     @model_validator(mode="after")
     def _rules(self) -> Inputs:
         if self.tp % self.attn_dp:
-            raise ValueError(f"--attn-dp {self.attn_dp} must divide --tp {self.tp}")
+            raise ValueError(f"{{attn_dp}} {self.attn_dp} must divide {{tp}} {self.tp}")
         return self
 
     def but(self, **changes: Any) -> Inputs:

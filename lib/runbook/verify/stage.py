@@ -240,9 +240,9 @@ class VerifyOptions(Options):
     @model_validator(mode="after")
     def _one_source(self) -> VerifyOptions:
         if self.log_file and self.unit:
-            raise ValueError("--log and --unit are two sources: give one")
+            raise ValueError("{log_file} and {unit} are two sources: give one")
         if self.log_dir and (self.log_file or self.unit):
-            raise ValueError("--log-dir holds every replica's log: give it without --log or --unit")
+            raise ValueError("{log_dir} holds every replica's log: give it without {log_file} or {unit}")
         return self
 
 

@@ -82,7 +82,7 @@ SAME_INPUTS = {
     "kv_memory": (["--tp", "4", "--kv-dtype", "bf16", "--contexts", "8192,32768", "--mem-fraction-static", "0.8",
                    "--gpu-mem-gib", "95.6"],
                   {"tp": 4, "kv_dtype": "bf16", "contexts": [8192, 32768], "mem_fraction_static": 0.8, "gpu_mem_gib": 95.6}),
-    "service": (["report", "--arg", "kv-cache-dtype=bf16", "--arg", "cuda-graph-bs=1,2,4", "--installed", "/tmp/u.service",
+    "service": (["--arg", "kv-cache-dtype=bf16", "--arg", "cuda-graph-bs=1,2,4", "--installed", "/tmp/u.service",
                  "--url", "http://127.0.0.1:9"],
                 {"args": ["kv-cache-dtype=bf16", "cuda-graph-bs=1,2,4"], "installed_unit": "/tmp/u.service",
                  "server_url": "http://127.0.0.1:9"}),
@@ -192,7 +192,8 @@ from runbook.core.registry import Outcome, Stage, register
 
 
 class SampleOptions(Options):
-    action: Literal["report", "list"] = Field("report", description="report: the value; list: the items")
+    action: Literal["report", "list"] = Field("report", description="report: the value; list: the items",
+                                              json_schema_extra={"positional": "ACTION"})   # marked on the field
     threshold: PosInt = Field(3, description="how many")
     label: str = Field("x", description="what to call it")
 

@@ -14,16 +14,16 @@ import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError, create_model
-from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict, SettingsError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic_core import PydanticUndefined
 
 from runbook import alerts, fleet
 from runbook.core import registry, secrets
 from runbook.core.errors import EXIT_LOCKED, EXIT_SAFETY_STOP, InputError, LockHeld, RunbookError, SafetyStop
 from runbook.core.findings import exit_code, format_text
-from runbook.core.options import FINITE, FiniteFloat, PosInt, Url, describe, flag, phrase, validate
+from runbook.core.options import FiniteFloat, PosInt, Url, describe, flag, phrase, validate
 from runbook.core.oscalls import Interrupted
 from runbook.core.registry import Outcome, Stage, document
 from runbook.core.spec import load as load_spec
@@ -46,7 +46,9 @@ class _Parser(argparse.ArgumentParser):
             self.error(phrase(opt, e.message) if opt else e.message)
 
     def error(self, message: str) -> Any:
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+        # a flag's value may be an environment secret (a key pasted into --url): never echoed
+        text = secrets.redact_text(" ".join(message.split()), secrets.secret_values())
+        self.exit(2, f"{self.prog}: error: {text}\n")
 
 
 def _typed(tp: Any, name: str, echo: bool = True) -> Callable[[str], Any]:
@@ -98,34 +100,91 @@ def _textfile(a: argparse.Namespace, spec: Any) -> Any:
     return directory
 
 
-def _cmd_run(a: argparse.Namespace) -> int:
-    code, _ = run(validate(RunOptions, {name: getattr(a, name) for name in RunOptions.model_fields}, cli=True))
-    return code
-
-
 # The `run` flags the verbs share, added by their own helpers (_add_deployment, _add_textfile).
 _SHARED = ("deployment", "textfile_dir")
+_METAVARS = {int: "N", float: "X", str: "VALUE"}
 
 
-def _add_model_flags(p: argparse.ArgumentParser, model: type[BaseModel]) -> None:
-    """A verb's flags from its settings model (runner/run.RunOptions): flag, metavar and help from the field, each
-    value checked by the field's own type and bounds; an absent flag is None, so the model's default applies."""
+class _Items(argparse.Action):
+    """A list flag: comma-separated values or a JSON list, repeatable (the lists add up); each item checked by the
+    field's own item type. `each`: every occurrence is one item as written (NAME=VALUE may hold commas)."""
+
+    def __init__(self, *args: Any, item: Callable[[str], Any], each: bool = False, **kw: Any) -> None:
+        self.item, self.each = item, each
+        super().__init__(*args, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any, option: Any = None) -> None:
+        text = str(values)
+        try:
+            parts = [text] if self.each else (json.loads(text) if text.lstrip().startswith("[") else text.split(","))
+        except json.JSONDecodeError:
+            raise argparse.ArgumentError(self, f"must be a comma-separated list (got {text!r})") from None
+        try:
+            got = [self.item(str(x)) for x in parts]
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentError(self, str(e)) from None
+        setattr(ns, self.dest, [*(getattr(ns, self.dest) or []), *got])
+
+
+def _field_type(f: Any) -> Any:
+    """A field's value type without None, with its bounds (its metadata) kept."""
+    tp = f.annotation
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = args[0] if len(args) == 1 else tp
+    return Annotated.__class_getitem__((tp, *f.metadata)) if f.metadata else tp  # type: ignore[attr-defined]
+
+
+def _default_note(default: Any) -> str:
+    """Every flag's default shown one way: ' (default: X)' where the field has one; None (unset) shows nothing."""
+    if default is None or default is PydanticUndefined or isinstance(default, bool) or default == []:
+        return ""
+    if isinstance(default, list):
+        return f" (default: {','.join(map(str, default))})"
+    return f" (default: {default:g})" if isinstance(default, float) else f" (default: {default})"
+
+
+def _add_fields(p: argparse.ArgumentParser, model: type[BaseModel], skip: tuple[str, ...] = ()) -> None:
+    """Every verb's flags, built one way from its options model: flag, metavar and help from the field; each value
+    checked by the field's own type and bounds as it is read, so a bad one names its flag; an absent flag is None.
+    The field says what it is: `positional` (its metavar), `switch` (a bool with no --no- form), `each` (a list
+    flag taking one item per occurrence); a bool that may turn a spec's value off gets --X/--no-X."""
     for name, f in model.model_fields.items():
-        if name in _SHARED:
-            continue
         extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
-        kw: dict[str, Any] = {"dest": name, "default": None, "help": f.description or argparse.SUPPRESS}
-        if isinstance(f.default, (int, float)) and not isinstance(f.default, bool):
-            kw["help"] += f" (default {f.default:g})"
-        if f.annotation is bool:
-            kw["action"] = "store_true"
+        if name in skip or extra.get("internal"):
+            continue
+        tp = _field_type(f)
+        kind = typing.get_args(tp)[0] if typing.get_origin(tp) is Annotated else tp
+        note = "" if not f.description or "(default" in f.description else _default_note(f.default)
+        help_ = f.description + note if f.description else argparse.SUPPRESS
+        echo = extra.get("echo", True) is True
+        if extra.get("positional"):
+            choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None
+            p.add_argument(name, nargs="?", choices=choices, default=None, help=help_,
+                           metavar=None if choices else str(extra["positional"]))
+            continue
+        kw: dict[str, Any] = {"dest": name, "default": None, "help": help_}
+        if kind is bool:
+            kw["action"] = "store_true" if extra.get("switch") or f.default is False else argparse.BooleanOptionalAction
+        elif typing.get_origin(kind) is list:
+            item = typing.get_args(kind)[0]
+            base = typing.get_args(item)[0] if typing.get_origin(item) is Annotated else item
+            kw.update(action=_Items, item=_typed(item, name, echo=echo), each=bool(extra.get("each")),
+                      metavar=extra.get("metavar") or f"{_METAVARS.get(base, 'VALUE') if base is not str else 'NAME'},...")
         else:
-            parts = (f.annotation, *f.metadata)
-            tp: Any = Annotated[parts] if f.metadata else f.annotation  # type: ignore[valid-type]
-            if typing.get_origin(f.annotation) is list:
-                tp, kw["action"] = typing.get_args(f.annotation)[0], "append"
-            kw["type"], kw["metavar"] = _typed(tp, name, echo=extra.get("echo", True) is True), extra.get("metavar")
+            choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None
+            kw.update(type=_typed(tp, name, echo=echo), choices=choices,
+                      metavar=None if choices else extra.get("metavar") or _METAVARS.get(kind, "VALUE"))
         p.add_argument(flag(model, name), **kw)
+
+
+def _values(model: type[BaseModel], a: argparse.Namespace) -> dict[str, Any]:
+    return {name: getattr(a, name, None) for name in model.model_fields}
+
+
+def _cmd_run(a: argparse.Namespace) -> int:
+    code, _ = run(validate(RunOptions, _values(RunOptions, a), cli=True))
+    return code
 
 
 def _cmd_push(a: argparse.Namespace) -> int:
@@ -183,89 +242,22 @@ def _cmd_stage(stage: Stage, a: argparse.Namespace, o: Any) -> int:
     return exit_code(rep.findings, a.strict)
 
 
-# Arguments a verb declares itself: positionals, and --arg (NAME=VALUE may hold commas, which the
-# generated list flags would split). Every other option's flag is generated from the stage's model.
-_POSITIONAL = {"model_dir": "MODEL_DIR", "action": "ACTION", "probe": "PROBE"}
-_HANDWRITTEN = {"args"}
-_VERBS: dict[str, tuple[Stage, Any]] = {}   # verb -> (stage, its flags' settings source)
-
-
-class _CliBase(BaseSettings):
-    model_config = SettingsConfigDict(cli_parse_args=False, **FINITE)
-
-
-def _flags_model(stage: Stage) -> type[BaseSettings]:
-    """The stage's options as a settings class holding only the generated flags."""
-    fields = {k: (f.annotation, f) for k, f in stage.options.model_fields.items() if k not in _POSITIONAL and k not in _HANDWRITTEN}
-    return cast(type[BaseSettings], create_model(f"{stage.options.__name__}Flags", __base__=_CliBase, **fields))  # type: ignore[call-overload]
+_VERBS: dict[str, Stage] = {}   # verb -> its stage
 
 
 def _add_stage(sub: Any, stage: Stage) -> None:
     p = sub.add_parser(stage.verb, help=stage.summary, description=stage.summary)
-    fields = stage.options.model_fields
-    for name, metavar in _POSITIONAL.items():
-        if name in fields:
-            f = fields[name]
-            kind = next((k for k in typing.get_args(f.annotation) if k is not type(None)), f.annotation) \
-                if typing.get_origin(f.annotation) in (typing.Union, types.UnionType) else f.annotation   # an options view's X | None
-            choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None
-            p.add_argument(name, nargs="?", choices=choices, default=f.default, metavar=metavar if not choices else None,
-                           help=f.description)
     _add_deployment(p)
-    if "args" in fields:
-        p.add_argument("--arg", dest="args", action="append", default=[], metavar="NAME=VALUE", help=fields["args"].description)
-    source: CliSettingsSource[Any] = CliSettingsSource(_flags_model(stage), root_parser=p, cli_kebab_case=True, cli_implicit_flags="dual",
-                               cli_hide_none_type=True, add_argument_method=_flag_adder(stage.options))
+    _add_fields(p, stage.options)
     _add_output(p)
     _add_textfile(p, f"runbook_<deployment>.{stage.name}.prom")
-    _VERBS[stage.verb] = (stage, source)
-
-
-_METAVARS = {"int": "N", "float": "X", "str": "VALUE", "list[int]": "N,...", "list[float]": "X,...", "list[str]": "NAME,..."}
-
-
-def _flag_adder(options: Any) -> Callable[..., Any]:
-    """add_argument for the generated flags, in this CLI's style: a metavar that says what to type (the field's own
-    `metavar`, else one for its type), no '(default: null)' (the descriptions say what an absent flag means)."""
-
-    def add(parser: argparse.ArgumentParser, *names: str, **kw: Any) -> Any:
-        if isinstance(kw.get("help"), str):
-            kw["help"] = kw["help"].replace(" (default: null)", "")
-        f = options.model_fields.get(kw.get("dest"))
-        extra = f.json_schema_extra if f is not None and isinstance(f.json_schema_extra, dict) else {}
-        if isinstance(extra.get("metavar"), str):
-            kw["metavar"] = extra["metavar"]
-        elif isinstance(kw.get("metavar"), str):
-            kw["metavar"] = _METAVARS.get(kw["metavar"], kw["metavar"])
-        return parser.add_argument(*names, **kw)
-    return add
-
-
-def _unparsed(stage: Stage, source: Any, a: argparse.Namespace, err: SettingsError) -> InputError:
-    """pydantic-settings' parse error (a list flag's text) as an error naming the flag: the flag is the one whose
-    value alone fails to parse."""
-    model = stage.options
-    for name, value in vars(a).items():
-        field = next((k for k, f in model.model_fields.items() if name in (k, f.alias)), None)
-        if field is None or name in _POSITIONAL or name in _HANDWRITTEN:
-            continue
-        try:
-            source(parsed_args=argparse.Namespace(**{name: value}))()
-        except SettingsError as e:
-            return InputError(f"{flag(model, field)}: {e.__cause__ or e}")
-    return InputError(str(err))
+    _VERBS[stage.verb] = stage
 
 
 def _options(verb: str, a: argparse.Namespace) -> Any:
-    """The verb's flags (as pydantic-settings parsed them) plus its own arguments, validated by the stage's model."""
-    stage, source = _VERBS[verb]
-    try:
-        values = dict(source(parsed_args=a)())   # parsed, then read back as a dict
-    except SettingsError as e:
-        raise _unparsed(stage, source, a, e) from None
-    for name in (*_POSITIONAL, *_HANDWRITTEN):
-        if name in stage.options.model_fields:
-            values[name] = getattr(a, name)
+    """The verb's flags, each already checked by its own type, validated as a whole by the stage's model."""
+    stage = _VERBS[verb]
+    values = _values(stage.options, a)
     for name, value in (stage.cli_defaults() if stage.cli_defaults else {}).items():
         if values.get(name) is None:
             values[name] = value
@@ -279,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="execute the notebooks with papermill and archive the run")
     _add_deployment(r)
-    _add_model_flags(r, RunOptions)
+    _add_fields(r, RunOptions, skip=_SHARED)
     _add_textfile(r, "runbook_<deployment>.prom")
     r.set_defaults(fn=_cmd_run)
 
@@ -303,8 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--link-base", type=_URL, default=None, metavar="URL", help="relative links under this base, e.g. https://runbooks.example.com/fleet")
     fl.add_argument("--expires", type=_LINK_LIFETIME, default=7 * 86400, metavar="S",
                     help="presigned links' lifetime (default and max 7 days)")
-    fl.add_argument("--trend", type=_POS_INT, default=30, metavar="N", help="runs per host and deployment in the trends (default 30)")
-    fl.add_argument("--workers", type=_POS_INT, default=64, metavar="N", help="summaries read concurrently (default 64)")
+    fl.add_argument("--trend", type=_POS_INT, default=30, metavar="N", help="runs per host and deployment in the trends (default: 30)")
+    fl.add_argument("--workers", type=_POS_INT, default=64, metavar="N", help="summaries read concurrently (default: 64)")
     fl.add_argument("--publish", action="store_true", help="also write index.html and fleet.json to PREFIX/ in the store")
     fl.add_argument("--json", action="store_true", help="print the fleet JSON")
     fl.set_defaults(fn=_cmd_fleet)
@@ -312,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_stage(verb: str, a: argparse.Namespace) -> int:
-    stage = _VERBS[verb][0]
+    stage = _VERBS[verb]
     try:
         o = _options(verb, a)
     except InputError as e:
@@ -355,7 +347,10 @@ def _interrupted(verb: str, argv: list[str], e: Interrupted) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:       # a flag's one-line error (2), or --help (0): the code, as for every other outcome
+        return e.code if isinstance(e.code, int) else 2
     try:
         if args.verb in _VERBS:
             return _run_stage(args.verb, args)

@@ -35,7 +35,7 @@ def test_a_specs_flush_cache_is_switched_off_from_the_cli_and_the_notebook(monke
 
 def test_internal_settings_are_no_flags():
     cli.build_parser()
-    fields = set(cli._VERBS["bench"][0].options.model_fields)
+    fields = set(cli._VERBS["bench"].options.model_fields)
     assert not fields & {"nvml", "telemetry", "telemetry_interval_s", "find_max_levels", "api_key_env", "range_ratio"}
     assert fields < set(BenchSettings.model_fields)
     with pytest.raises(SystemExit):

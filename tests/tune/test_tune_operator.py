@@ -18,8 +18,7 @@ DEFAULT = REPO / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml"
 
 
 def test_help_names_what_to_type(capsys):
-    with pytest.raises(SystemExit):
-        cli.main(["tune", "--help"])
+    assert cli.main(["tune", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "--resume RUN_ID" in out and "--archive DIR" in out and "--resume VALUE" not in out
 

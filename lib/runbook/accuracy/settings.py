@@ -20,7 +20,8 @@ _SPEC_URL = ("recall", "toolcall", "kld")   # the probes that default to the spe
 
 class AccuracySettings(Options):
     probe: Literal["kvquant", "recall", "identity", "report", "toolcall", "kld"] = Field(
-        "report", description="report: all of them, what 50_accuracy shows (live probes skip without --url)")
+        "report", description="report: all of them, what 50_accuracy shows (live probes skip without --url)",
+        json_schema_extra={"positional": "PROBE"})
     url: Url | None = Field(None, description="recall, toolcall: the endpoint (default: the spec's); identity, report: A, and "
                                               "the server checked for batch invariance (default: none, skipped)")
     compare_url: Url | None = Field(None, description="recall, report: A/B second endpoint (e.g. BF16 KV); identity: B, a "
@@ -31,31 +32,31 @@ class AccuracySettings(Options):
                                   description="recall: haystack token lengths (default: the spec's, up to --context-length)")
     depths: list[Fraction] = Field(default_factory=lambda: list(_PLAN.recall_depths),
                                    description="recall: needle depths as fractions (default: the spec's)")
-    per_cell: PosInt = Field(1, description="recall: needles per length × depth cell (default 1)")
+    per_cell: PosInt = Field(1, description="recall: needles per length × depth cell (default: 1)")
     tokenizer: str | None = Field(None, description="dir with tokenizer.json: exact prompt lengths; kld: the windows' token "
                                                     "ids (kld default: the spec's model dir when it has one)")
-    seed: Integer = Field(0, description="the prompts are deterministic from this seed (default 0)")
-    prompts: PosInt = Field(8, description="identity: number of prompts (default 8)")
-    max_tokens: PosInt = Field(64, description="identity: greedy tokens per prompt (default 64)")
+    seed: Integer = Field(0, description="the prompts are deterministic from this seed (default: 0)")
+    prompts: PosInt = Field(8, description="identity: number of prompts (default: 8)")
+    max_tokens: PosInt = Field(64, description="identity: greedy tokens per prompt (default: 64)")
     batch_size: PosInt = Field(8, description="identity, kld, report: the prompts (kld: windows) sent this many at once, "
                                               "against their answers one at a time (batch invariance; default 8; 1: not checked)")
     model: str | None = Field(None, description="the served model name (default: the first /v1/models lists)")
     tool_choice: Literal["auto", "required"] = Field(
         "auto", description="toolcall, report: auto (default: what agent loops send) or required (the server must call a "
                             "tool; prose is then a fail: the chat template or parser ignores the tools)")
-    toolcall_max_tokens: PosInt = Field(1024, description="toolcall, report: tokens per tool-call answer (default 1024)")
+    toolcall_max_tokens: PosInt = Field(1024, description="toolcall, report: tokens per tool-call answer (default: 1024)")
     out: str | None = Field(None, description="recall, report: archive the prompts here (report, kvquant: and the KV scales)")
     kv_model: str | None = Field(None, description="kvquant, report: an HF checkpoint dir whose cached K and V the KV study "
                                                    "measures (default: the deployment's model when it is here and at most 2 "
                                                    "GiB; else the MiniLM encoder)")
     kld_windows: PosInt = Field(4, description="kld, identity, report: windows of the frozen code corpus scored by both "
-                                               "servers (default 4)")
+                                               "servers (default: 4)")
     kld_window_tokens: PosInt = Field(1024, description="kld, identity, report: token ids per window, cut with --tokenizer "
-                                                        "(default 1024; at most the servers' context)")
+                                                        "(default: 1024; at most the servers' context)")
     kld_top_k: PosInt = Field(20, description="kld, identity, report: the reference's top-k per position; the rest is one "
-                                              "tail bucket (default 20)")
+                                              "tail bucket (default: 20)")
     kld_chunk: PosInt = Field(128, description="kld, identity, report: positions per candidate request, which bounds its "
-                                               "answer (default 128)")
+                                               "answer (default: 128)")
     floor_url: Url | None = Field(None, description="kld, identity, report: a restart of the reference with the same "
                                                     "settings, for the noise floor (default: a second pass on the reference)")
     # Set by the run itself, never a flag or a notebook parameter:

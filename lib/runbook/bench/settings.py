@@ -52,15 +52,15 @@ class BenchSettings(Options):
     requests: PosInt | None = Field(default=None, description="measured requests per level (default: the spec's)")
     duration: PosFloat | None = Field(default=None, description="measure each level for S seconds (no request starts later)")
     workload: str = Field(default=_PLAN.workload, description="the workload (`runbook bench --help` lists them; default: the spec's)")
-    turns: PosInt = Field(default=4, description="agentic: turns per session (default 4)")
-    think_time: NonNegFloat = Field(default=0.0, description="agentic: pause between turns, fixed or an exponential's mean (default 0)")
+    turns: PosInt = Field(default=4, description="agentic: turns per session (default: 4)")
+    think_time: NonNegFloat = Field(default=0.0, description="agentic: pause between turns, fixed or an exponential's mean (default: 0)")
     think_dist: Literal["fixed", "exp"] = Field(default="fixed", description="agentic: think time fixed, or exponential with that mean")
-    tool_result_len: NonNegInt = Field(default=256, description="agentic: synthetic tool-result tokens per turn (default 256)")
-    trace_speed: PosFloat = Field(default=1.0, description="trace:FILE: replay X times as fast (default 1)")
+    tool_result_len: NonNegInt = Field(default=256, description="agentic: synthetic tool-result tokens per turn (default: 256)")
+    trace_speed: PosFloat = Field(default=1.0, description="trace:FILE: replay X times as fast (default: 1)")
     find_max: Literal["slo"] | None = Field(default=None, description="slo: bracket then bisect concurrency (or --rate START) for the "
                                                               "highest load meeting the spec's SLOs, instead of the fixed levels")
     workers: Annotated[PosInt, Field(le=MAX_WORKERS)] = Field(
-        default=1, description=f"load-generator processes for fixed-concurrency levels (default 1, at most {MAX_WORKERS}): each "
+        default=1, description=f"load-generator processes for fixed-concurrency levels (default: 1, at most {MAX_WORKERS}): each "
                        "takes every N-th request and a share of the concurrency, one clock, records merged")
     transport: Transport | None = Field(default=None, description="HTTP client for the streamed requests: h1 (asyncio "
                                                           "protocol over httptools; default) or aiohttp")
@@ -83,8 +83,8 @@ class BenchSettings(Options):
     speculation_baseline_url: Url | None = Field(default=None, description="--speculation: the same server with speculative "
                                                                            "decoding off, for the speed-up (default: none)")
     speculation_contexts: list[PosInt] = Field(default_factory=lambda: [256, 1024],
-                                               description="--speculation: prompt lengths in tokens, one bucket each (default 256,1024)")
-    speculation_requests: PosInt = Field(default=3, description="--speculation: prompts per corpus kind and length (default 3)")
+                                               description="--speculation: prompt lengths in tokens, one bucket each (default: 256,1024)")
+    speculation_requests: PosInt = Field(default=3, description="--speculation: prompts per corpus kind and length (default: 3)")
     # Set by the run itself, never a flag or a notebook parameter:
     api_key_env: str | None = internal(None, "the spec's serving.api_key_env: the variable holding the API key")
     range_ratio: Fraction = internal(0.0, "random: input lengths drawn from U[L·(1−r), L·(1+r)]")

@@ -60,7 +60,9 @@ class Inputs(Options):
     contexts: list[PosInt] = Field(default_factory=lambda: list(DEFAULT_CONTEXTS),
                                    description="request lengths to fit, e.g. 8192,32768,131072,262144 (the default)")
     chunked_prefill_size: PosInt | None = internal(None, "--chunked-prefill-size")
-    max_running_requests: PosInt | None = Field(default=None)
+    max_running_requests: PosInt | None = Field(default=None,
+                                                 description="SGLang's --max-running-requests (default: the spec's, else "
+                                                             "SGLang's own cap)")
     max_total_tokens: PosInt | None = internal(None, "--max-total-tokens")
     mamba_full_memory_ratio: FiniteFloat = internal(0.9, "--mamba-full-memory-ratio")
     max_mamba_cache_size: Integer | None = internal(None, "--max-mamba-cache-size")
@@ -72,9 +74,14 @@ class Inputs(Options):
     speculative_algorithm: str | None = Field(
         default=None, serialization_alias="spec_algorithm",
         description="what-if speculative decoding: EAGLE, EAGLE3, NEXTN (the checkpoint's own MTP layers), STANDALONE")
-    speculative_num_steps: PosInt | None = Field(default=None, serialization_alias="spec_num_steps")
-    speculative_eagle_topk: PosInt | None = Field(default=None, serialization_alias="spec_eagle_topk")
-    speculative_num_draft_tokens: PosInt | None = Field(default=None, serialization_alias="spec_num_draft_tokens")
+    speculative_num_steps: PosInt | None = Field(default=None, serialization_alias="spec_num_steps",
+                                                 description="SGLang's --speculative-num-steps (default: the spec's, else SGLang's choice)")
+    speculative_eagle_topk: PosInt | None = Field(default=None, serialization_alias="spec_eagle_topk",
+                                                  description="SGLang's --speculative-eagle-topk (default: the spec's, else "
+                                                              "SGLang's choice)")
+    speculative_num_draft_tokens: PosInt | None = Field(default=None, serialization_alias="spec_num_draft_tokens",
+                                                        description="SGLang's --speculative-num-draft-tokens (default: the "
+                                                                    "spec's, else SGLang's choice)")
     mamba_ssm_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         default=None, description="hybrid models' SSM state dtype")   # --mamba-ssm-dtype / SGLANG_MAMBA_SSM_DTYPE
     compute_capability: ComputeCapability | None = Field(

@@ -67,17 +67,18 @@ class RunOptions(Options):
     deployment: str | None = None     # --deployment and --textfile-dir: flags every verb shares (cli.py)
     only: list[Annotated[str, AfterValidator(_names)]] = Field(
         default_factory=list, description="run only these notebooks (e.g. environment,kv_memory)",
-        json_schema_extra={"metavar": "NAME[,NAME]"})
+        json_schema_extra={"metavar": "NAME[,NAME]", "each": True})
     params: list[str] = Field(default_factory=list, alias="param", description="set a notebook parameter, typed by its "
                               "parameters cell; NOTEBOOK.KEY=VALUE sets one notebook's (e.g. bench.concurrency=1,2,4)",
-                              json_schema_extra={"metavar": "KEY=VALUE"})
+                              json_schema_extra={"metavar": "KEY=VALUE", "each": True})
     out: Path = Field(OUTPUTS, description="archive root (default: outputs/)", json_schema_extra={"metavar": "DIR"})
     timeout: PosFloat = Field(1800.0, description="bound per notebook", json_schema_extra={"metavar": "SECONDS"})
     run_timeout: PosFloat = Field(7200.0, description="bound for the whole run", json_schema_extra={"metavar": "SECONDS"})
     keep: PosInt | None = Field(None, description="keep only this deployment's N newest runs", json_schema_extra={"metavar": "N"})
-    strict: bool = Field(False, description="warn and skip findings also give exit 1")
+    strict: bool = Field(False, description="warn and skip findings also give exit 1", json_schema_extra={"switch": True})
     notebooks_dir: Path = Field(NOTEBOOKS, alias="notebooks", json_schema_extra={"metavar": "DIR"})   # tests: no help
-    kernel: str | None = Field(None, description="Jupyter kernel name (default: the notebook's, run in this venv)")
+    kernel: str | None = Field(None, description="Jupyter kernel name (default: the notebook's, run in this venv)",
+                               json_schema_extra={"metavar": "KERNEL"})
     archive_url: ArchiveUrl | None = Field(None, description="also upload the run to s3://BUCKET/PREFIX/<host>/<run id>/ "
                                            "(default: $RUNBOOK_ARCHIVE_URL, else the spec's archive.url)",
                                            json_schema_extra={"metavar": "URL", "echo": False})   # may hold credentials

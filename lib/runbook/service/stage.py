@@ -66,9 +66,11 @@ def assemble(spec: Deployment, args: dict[str, Any] | None = None, installed: st
 
 
 class ServiceOptions(Options):
-    action: Literal["render", "check", "diff", "install", "drift", "k8s", "report"] = Field(
-        "report", description="report: check + diff + install plan + drift, what 30_service shows")
-    args: list[str] = Field([], alias="arg", description="add or override one SGLang flag, NAME=VALUE (what-if)")
+    action: Literal["render", "check", "diff", "install", "drift", "k8s", "report"] | None = Field(
+        None, description="report (default): check + diff + install plan + drift, what 30_service shows",
+        json_schema_extra={"positional": "ACTION"})
+    args: list[str] = Field([], alias="arg", description="add or override one SGLang flag, NAME=VALUE (what-if)",
+                            json_schema_extra={"metavar": "NAME=VALUE", "each": True})   # a value may hold commas
     installed_unit: str | None = Field(None, alias="installed", description="diff, report: the installed unit "
                                           "(default: systemd.unit_path or /etc/systemd/system/<name>.service)")
     server_url: Url | None = Field(None, alias="url",
@@ -78,7 +80,7 @@ class ServiceOptions(Options):
     image: str | None = Field(None, description="k8s: the SGLang container image (default lmsysorg/sglang:v<SGLang version>)")
     gateway_image: str | None = Field(None, description="k8s: the gateway's container image, holding its wheel "
                                       "(default: --image)")
-    yes: bool = Field(False, description="install: really do it (default: dry run)")
+    yes: bool | None = Field(None, description="install: really do it (default: dry run)", json_schema_extra={"switch": True})
     root: str | None = Field(None, description="install: prefix for the unit path (testing, chroots)")
     systemctl: str | None = Field(None, description="install: systemctl command to use")
     ready_url: Url | None = Field(None, description="install: readiness URL (default: http://host:port + systemd.ready_path)")

@@ -1,5 +1,5 @@
 """Stage settings, declared once: each stage's pydantic options model holds every setting's type,
-bound, default and help. The CLI's flags are generated from it (cli.py, through pydantic-settings),
+bound, default and help. The CLI's flags are generated from it (cli.py's one builder),
 the notebooks' parameters are validated through it (`from_params`), and the stage merges the spec's
 defaults into it in one function of its own. None means unset everywhere (an absent flag, a parameter
 left at None): the spec's value; a bool with a spec counterpart is `bool | None`, so --no-X turns a spec's

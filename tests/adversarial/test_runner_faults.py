@@ -279,18 +279,19 @@ def _notebooks(*stems: str) -> list[Path]:
     return [REPO / "notebooks" / f"{s}.ipynb" for s in stems]
 
 
-def test_a_name_two_notebooks_declare_differently_is_set_per_notebook():
-    """bench's `concurrency` is its levels (list[int]), accuracy's its batch size (int): a plain --param reaches both
-    and one value cannot fit them; `bench.concurrency` (or `benchmark.` / `40_benchmark.`) reaches 40 alone."""
+def test_a_plain_name_reaches_the_notebooks_that_declare_it_and_a_scoped_one_its_notebook_alone():
+    """`concurrency` is the benchmark's levels only (accuracy's batch is `batch_size`): a plain --param reaches 40 and
+    leaves 50 alone; `bench.concurrency` (or `benchmark.` / `40_benchmark.`) reaches 40 alone too, and a scoped name
+    wins over a plain one for its notebook, whatever the order given."""
     nbs = _notebooks("40_benchmark", "50_accuracy")
-    with pytest.raises(SpecError, match="50_accuracy.ipynb declares concurrency"):
-        params.resolve(["concurrency=1,2,4"], nbs)
+    assert params.resolve(["concurrency=1,2,4"], nbs) == {nbs[0]: {"concurrency": [1, 2, 4]}, nbs[1]: {}}
     for scope in ("bench", "benchmark", "40_benchmark"):
-        got = params.resolve([f"{scope}.concurrency=1,2,4", "accuracy.concurrency=4"], nbs)
-        assert got == {nbs[0]: {"concurrency": [1, 2, 4]}, nbs[1]: {"concurrency": 4}}
-    # scoped wins over plain for its notebook, whatever the order given
-    got = params.resolve(["50_accuracy.concurrency=2", "concurrency=8"], nbs)
-    assert got == {nbs[0]: {"concurrency": [8]}, nbs[1]: {"concurrency": 2}}
+        got = params.resolve([f"{scope}.concurrency=1,2,4", "accuracy.batch_size=4"], nbs)
+        assert got == {nbs[0]: {"concurrency": [1, 2, 4]}, nbs[1]: {"batch_size": 4}}
+    got = params.resolve(["40_benchmark.concurrency=2", "concurrency=8"], nbs)
+    assert got == {nbs[0]: {"concurrency": [2]}, nbs[1]: {}}
+    with pytest.raises(SpecError, match="no notebook 50_accuracy has a parameter 'concurrency'"):
+        params.resolve(["accuracy.concurrency=4"], nbs)
 
 
 @pytest.mark.parametrize("pair, message", [

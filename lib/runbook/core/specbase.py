@@ -110,14 +110,22 @@ def check_flag_values(v: Any) -> Any:
     return v
 
 
-def check_flag_names(v: dict[str, FlagValue]) -> dict[str, FlagValue]:
-    """A flags mapping's names: lower-case with hyphens, none that another spec section owns."""
+def check_flag_names(v: dict[str, FlagValue], owned: dict[str, str] | None = None, where: str = "serving.flags",
+                     example: str = "kv-cache-dtype") -> dict[str, FlagValue]:
+    """A flags mapping's names: lower-case with hyphens, none that another spec section owns (`owned`: name -> the
+    section that sets it; default the server's)."""
+    owned = _OWNED_FLAGS if owned is None else owned
     for k in v:
         if k.startswith("-") or not _FLAG_NAME.match(k):
-            raise ValueError(f"{k!r}: write flags without leading dashes, lower-case with hyphens (e.g. kv-cache-dtype)")
-        if k in _OWNED_FLAGS:
-            raise ValueError(f"{k}: set it through {_OWNED_FLAGS[k]}, not serving.flags")
+            raise ValueError(f"{k!r}: write flags without leading dashes, lower-case with hyphens (e.g. {example})")
+        if k in owned:
+            raise ValueError(f"{k}: set it through {owned[k]}, not {where}")
     return v
+
+
+def http_url(host: str, port: int) -> str:
+    """http://HOST:PORT, an IPv6 literal in brackets."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 class SLO(Strict):

@@ -13,11 +13,18 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from runbook.core.specbase import MAX_GPUS_PER_NODE, MAX_LIST, FlagValue, Strict, check_flag_values
+from runbook.core.specbase import (
+    MAX_GPUS_PER_NODE,
+    MAX_LIST,
+    FlagValue,
+    Strict,
+    check_flag_names,
+    check_flag_values,
+    http_url,
+)
 
 _NAME = r"^[a-z0-9][a-z0-9-]{0,30}$"          # a unit-name suffix and a Kubernetes label value
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 # The gateway binaries this runbook renders units for: the console module each one's wheel runs and the
 # sub-command before its router flags. `smg` 1.13.0 is what the tests run; `sglang-router` is its older name.
@@ -60,8 +67,7 @@ class Replica(Strict):
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return http_url(self.host, self.port)
 
 
 class Gateway(Strict):
@@ -87,12 +93,7 @@ class Gateway(Strict):
     @field_validator("flags")
     @classmethod
     def _flag_names(cls, v: dict[str, FlagValue]) -> dict[str, FlagValue]:
-        for k in v:
-            if k.startswith("-") or not _FLAG_NAME.match(k):
-                raise ValueError(f"{k!r}: write flags without leading dashes, lower-case with hyphens (e.g. health-check-interval-secs)")
-            if k in OWNED_GATEWAY_FLAGS:
-                raise ValueError(f"{k}: set it through {OWNED_GATEWAY_FLAGS[k]}, not topology.gateway.flags")
-        return v
+        return check_flag_names(v, OWNED_GATEWAY_FLAGS, "topology.gateway.flags", "health-check-interval-secs")
 
     @field_validator("api_key_env")
     @classmethod
@@ -103,8 +104,7 @@ class Gateway(Strict):
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return http_url(self.host, self.port)
 
 
 class Topology(Strict):

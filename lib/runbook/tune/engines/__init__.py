@@ -5,10 +5,34 @@ relaunches only SGLang's gateway in front of the running replicas (a deployment 
 from __future__ import annotations
 
 import importlib
+import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from runbook.core import secrets
 from runbook.core.spec import Deployment
+
+
+def expand_unit_argv(spec: Deployment, words: Iterable[str]) -> tuple[list[str], dict[str, str]]:
+    """A unit's ExecStart with its ${VAR} words filled from serving.env, serving.env_file and this environment, as
+    systemd would expand them (the API key), and the environment the unit sets. A variable set nowhere drops its
+    flag with it: an empty --api-key would be a key."""
+    env = dict(spec.serving.env)
+    if spec.serving.env_file and Path(spec.resolve_path(spec.serving.env_file)).is_file():
+        env.update(secrets.read_env_file(spec.resolve_path(spec.serving.env_file)))
+    argv: list[str] = []
+    for w in words:
+        m = re.fullmatch(r"\$\{(\w+)\}", w)
+        if not m:
+            argv.append(w)
+        elif env.get(m.group(1)) or os.environ.get(m.group(1)):
+            argv.append(env.get(m.group(1)) or os.environ[m.group(1)])
+        else:
+            argv.pop()
+    return argv, env
 
 
 @dataclass

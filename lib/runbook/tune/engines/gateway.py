@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook import service
-from runbook.core import oscalls, registry, secrets
+from runbook.core import oscalls, registry
 from runbook.core.errors import SpecError
 from runbook.core.oscalls import CommandFailed
 from runbook.core.spec import Deployment
@@ -30,7 +30,7 @@ from runbook.core.topospec import GATEWAYS
 from runbook.core.topospec import Gateway as GatewaySpec
 from runbook.endpoint import reach
 from runbook.endpoint.reach import BadResponse, fetch_json
-from runbook.tune.engines import PreCheck, Startup
+from runbook.tune.engines import PreCheck, Startup, expand_unit_argv
 from runbook.tune.launch import LaunchFailed
 
 LOOPBACK = "127.0.0.1"     # a candidate listens here only: tune drives it, nobody else should reach it
@@ -179,18 +179,7 @@ class Gateway:
 
     def launch_env(self, spec: Deployment) -> tuple[list[str], dict[str, str]]:
         """The gateway unit's ExecStart, ${VAR} (its API key) filled from serving.env_file as systemd would."""
-        env = dict(spec.serving.env)
-        if spec.serving.env_file and Path(spec.resolve_path(spec.serving.env_file)).is_file():
-            env.update(secrets.read_env_file(spec.resolve_path(spec.serving.env_file)))
-        argv: list[str] = []
-        for w in (str(x) for grp in service.gateway_argv(spec) for x in grp):
-            m = re.fullmatch(r"\$\{(\w+)\}", w)
-            if not m:
-                argv.append(w)
-            elif env.get(m.group(1)) or os.environ.get(m.group(1)):
-                argv.append(env.get(m.group(1)) or os.environ[m.group(1)])
-            else:
-                argv.pop()           # no key anywhere: no --api-key (an empty one would be a key)
+        argv, _ = expand_unit_argv(spec, (str(x) for grp in service.gateway_argv(spec) for x in grp))
         return argv, {}
 
     def ready_path(self, spec: Deployment) -> str:

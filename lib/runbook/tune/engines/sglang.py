@@ -6,15 +6,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-from pathlib import Path
 from typing import Any
 
 from runbook import kv, service, verify
-from runbook.core import secrets
 from runbook.core.errors import InputError, SpecError
 from runbook.core.spec import Deployment
 from runbook.endpoint.reach import BadResponse, fetch_json
-from runbook.tune.engines import PreCheck, Server, Startup
+from runbook.tune.engines import PreCheck, Server, Startup, expand_unit_argv
 
 # kv findings that mean SGLang would refuse to start (tests/test_kv_vs_sglang.py's REFUSAL_IDS)
 REFUSALS = {"kv.context", "kv.state_pool", "kv.budget", "kv.dtype", "kv.refused"}
@@ -127,19 +125,7 @@ class SGLang(Server):
     def launch_env(self, spec: Deployment) -> tuple[list[str], dict[str, str]]:
         """The unit's ExecStart with ${VAR} filled from serving.env and env_file (systemd would expand it the same
         way), and the unit's environment."""
-        env = dict(spec.serving.env)
-        if spec.serving.env_file and Path(spec.resolve_path(spec.serving.env_file)).is_file():
-            env.update(secrets.read_env_file(spec.resolve_path(spec.serving.env_file)))
-        argv: list[str] = []
-        for w in service.build(spec).unit.argv:
-            m = re.fullmatch(r"\$\{(\w+)\}", w)
-            if not m:
-                argv.append(w)
-            elif env.get(m.group(1)) or os.environ.get(m.group(1)):
-                argv.append(env.get(m.group(1)) or os.environ[m.group(1)])
-            else:
-                argv.pop()           # no key anywhere: no --api-key (an empty one would be a key)
-        return argv, env
+        return expand_unit_argv(spec, service.build(spec).unit.argv)
 
     def ready_path(self, spec: Deployment) -> str:
         return spec.systemd.ready_path

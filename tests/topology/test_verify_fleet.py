@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runbook import verify
-from runbook.core import SGLANG_VERSION
+from runbook.core import SGLANG_VERSION, oscalls
 from runbook.core.spec import Deployment
 from runbook.demo import sglang, topology
 
@@ -109,8 +109,8 @@ def test_a_stopped_replica_is_named_by_verify_and_by_the_gateway(gateway_fleet, 
         assert {r["name"]: (r["up"], r["healthy"]) for r in rep.data()["replicas"]} == {"r0": (True, True), "r1": (False, False)}
     finally:
         try:
-            # the stopped server's connections hold its port in TIME_WAIT for up to 60 s (demo.sglang binds to check it)
-            _until("r1's port free again", lambda: sglang.port_free(r1.port), 120)
+            # its listener gone (TIME_WAIT does not count: SGLang binds with SO_REUSEADDR, as oscalls.port_free does)
+            _until("r1's port free again", lambda: oscalls.port_free("127.0.0.1", r1.port), 30)
             # into the fleet's own log directory, so its replica-r1.log is the running replica's again
             gateway_fleet.replicas.update(topology.start_replicas(spec, Path(_log_dir(gateway_fleet)), names=[r1.name]))
             _until("our gateway sees r1 healthy again", lambda: _healthy(ours.url).get(r1.url) is True, 60)

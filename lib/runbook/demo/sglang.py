@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -214,15 +213,6 @@ def ensure_model(model_dir: Path, python: Path) -> Path:
     return tiny_model(model_dir, python=python)
 
 
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 free_port = ports.free_port
 
 
@@ -390,7 +380,7 @@ def launch(dep: Deployment | None = None, *, port: int | None = None, flags: Map
     if dep is None:
         dep = deployment(port or free_port(), flags=flags)
     port = dep.serving.port
-    if not port_free(port, dep.serving.host):
+    if not oscalls.port_free(dep.serving.host, port):   # TIME_WAIT is free: SGLang binds with SO_REUSEADDR
         who = ports.held_by(port)
         raise EngineError(f"port {port} on {dep.serving.host} is in use" + (f" (held by {who})" if who else "") +
                           "; SGLang was not started (pick another port)")

@@ -13,6 +13,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,10 +69,12 @@ class Fleet:
         return self.spec.topology.gateway.url if self.spec.topology.gateway else ""
 
     def stop(self) -> None:
+        """The gateway first (no request reaches a replica going down), then every replica at once: each stop is
+        mostly waiting for SGLang's processes to exit."""
         if self.gateway is not None:
             self.gateway.stop()
-        for srv in self.replicas.values():
-            srv.stop()
+        with ThreadPoolExecutor(max(1, len(self.replicas))) as pool:
+            list(pool.map(lambda srv: srv.stop(), self.replicas.values()))
 
 
 def start_replicas(dep: Deployment, log_dir: Path, names: Sequence[str] | None = None,

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from runbook import service
 from runbook.core.errors import SpecError
 from runbook.service import gateway, unitfile
+from runbook.service.check import gpus_finding
 
 from .specs import needs_gateway, nodes_dep, topo
 
@@ -18,6 +19,16 @@ needs_systemd = pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="
 
 def exec_start(text):
     return unitfile.values(unitfile.parse(text), "Service", "ExecStart")[0]
+
+
+def test_gpus_count_every_replica_sharing_the_unit_s_host():
+    """gpu-01 holds r0 and r1 (TP 4 each): its 8 GPUs are all at work; gpu-02's one TP 4 replica leaves 4 idle."""
+    d = topo()
+    got = {u.replica: gpus_finding(d, u) for u in service.stage.all_units(d) if u.replica}
+    assert (got["r0"].status, got["r0"].title) == ("pass", "2 replicas × TP 4 × PP 1 = 8 GPUs of 8 on gpu-01")
+    assert got["r1"].title == got["r0"].title
+    assert (got["r2"].status, got["r2"].title) == ("warn", "TP 4 × PP 1 = 4 GPUs of 8 on gpu-02")
+    assert "add a replica" in got["r2"].remedy
 
 
 def test_every_unit_is_rendered_with_its_host_and_role():

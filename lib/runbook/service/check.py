@@ -163,14 +163,24 @@ def verify_unit(r: Rendered, run: Callable = subprocess.run) -> list[Finding]:
     return out
 
 
-def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[Finding]:
-    out: list[Finding] = []
+def gpus_finding(spec: Deployment, r: Rendered) -> Finding:
+    """`service.gpus`: the GPUs the unit's host puts to work against those it has. Replicas sharing a host each hold
+    TP × PP of its GPUs (topology.replicas[].gpus), so the host is idle only where all of them together fall short."""
     par, hw = spec.parallelism, spec.hardware
-    total = hw.gpu_count * max(1, len(par.nodes))
-    out.append(Finding("service.gpus", "pass" if par.gpus == total else "warn",
-                       f"TP {par.tp} × PP {par.pp} = {par.gpus} GPUs of {total}"
-                       + (f" (attention DP {par.attn_dp} inside TP)" if par.attn_dp > 1 else ""),
-                       remedy="" if par.gpus == total else "Idle GPUs: raise TP/PP or lower hardware.gpu_count."))
+    sharing = [x for x in spec.topology.replicas if x.host == r.host] if r.replica else []
+    if len(sharing) > 1:
+        used, total = par.gpus * len(sharing), hw.gpu_count
+        what = f"{len(sharing)} replicas × TP {par.tp} × PP {par.pp} = {used} GPUs of {total} on {r.host}"
+    else:
+        used, total = par.gpus, hw.gpu_count * max(1, len(par.nodes))
+        what = f"TP {par.tp} × PP {par.pp} = {used} GPUs of {total}" + (f" on {r.host}" if r.replica else "")
+    return Finding("service.gpus", "pass" if used == total else "warn",
+                   what + (f" (attention DP {par.attn_dp} inside TP)" if par.attn_dp > 1 else ""),
+                   remedy="" if used == total else "Idle GPUs: raise TP/PP, add a replica on the host, or lower hardware.gpu_count.")
+
+
+def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[Finding]:
+    out: list[Finding] = [gpus_finding(spec, r)]
     if spec.serving.env_file:
         out.append(env_file_finding(spec))
     kv = str(r.flags.get("kv-cache-dtype", "auto"))

@@ -1,6 +1,5 @@
 """deploy/ansible/runbook.yml --tags units with a real ansible-playbook run over several inventory hosts (all local):
 each host gets exactly the units the spec places on it — its replicas, its node rank, the gateway."""
-import json
 import os
 import subprocess
 import sys
@@ -35,18 +34,17 @@ def _play(exe: str, tmp: Path, spec_file: Path, hosts: list[str]) -> tuple[subpr
         d.mkdir(parents=True)
         (d / "systemctl").write_text(RECORDER)
         (d / "systemctl").chmod(0o755)
-    # Hosts' own settings go in as extra vars, templated per host: the playbook's play vars beat inventory vars.
-    extra = {"runbook_dir": str(REPO), "runbook_venv": str(Path(sys.executable).parents[1]), "runbook_deployment": str(spec_file),
-             "runbook_install_units": True, "runbook_systemd_dir": str(tmp / "hosts") + "/{{ inventory_hostname }}",
-             "runbook_systemctl": str(tmp / "hosts") + "/{{ inventory_hostname }}/systemctl"}
-    inv = {"all": {"hosts": {h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable} for h in hosts}}}
+    # Every setting in the inventory as an operator writes it (`all: vars` and each host's own), no -e: the
+    # playbook's defaults must not beat either (play vars would; its role defaults do not).
+    common = {"runbook_dir": str(REPO), "runbook_venv": str(Path(sys.executable).parents[1]), "runbook_deployment": str(spec_file),
+              "runbook_install_units": True, "ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inv = {"all": {"vars": common, "hosts": {h: {"runbook_systemd_dir": str(dirs[h]), "runbook_systemctl": str(dirs[h] / "systemctl")}
+                                             for h in hosts}}}
     inv_file = tmp / "inventory.yml"
     inv_file.write_text(yaml.safe_dump(inv))
     e = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-tmp"),
          "ANSIBLE_REMOTE_TEMP": str(tmp / "ansible-tmp")}
-    (tmp / "extra.json").write_text(json.dumps(extra))
-    cp = subprocess.run([exe, "-i", str(inv_file), str(PLAYBOOK), "--tags", "units", "-e", f"@{tmp / 'extra.json'}"],
-                        capture_output=True, text=True,
+    cp = subprocess.run([exe, "-i", str(inv_file), str(PLAYBOOK), "--tags", "units"], capture_output=True, text=True,
                         timeout=600, env=e, cwd=tmp)
     return cp, dirs
 

@@ -67,3 +67,22 @@ def test_none_parameters_need_no_sentinel():
     from papermill.translators import PythonTranslator
 
     assert PythonTranslator.codify({"tp": None, "require_gpus": False}).splitlines()[1:] == ["tp = None", "require_gpus = False"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_after_an_input_error_no_cell_shows_anything(path, monkeypatch, capsys):
+    """Every cell after the notebook's one `evaluate` call, run on the empty report an input error gives (no guard in
+    any cell): nothing printed, no cell raising. The notebook runs through `runbook run` in tests/test_stage_input.py."""
+    from runbook.core.findings import Finding
+
+    empty = registry.Empty([Finding("x.input", "fail", "could not run the x checks")])
+    monkeypatch.setattr(notebook, "evaluate", lambda *a, **k: empty)
+    monkeypatch.chdir(path.parent)
+    cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    ns: dict = {}
+    for src in cells:
+        exec(compile(src, path.name, "exec"), ns)   # noqa: S102 - the committed notebook's own cells
+        if "notebook.evaluate(" in src:
+            capsys.readouterr()                     # what the parameters and the evaluate cell showed is theirs
+    assert capsys.readouterr().out == ""
+    assert "if report" not in "".join(cells) and " else None" not in "".join(cells)

@@ -1,6 +1,7 @@
 """An input a stage cannot use (a missing file, a bad value) is the same finding for every stage, `<verb>.input`
 (`Stage.input_finding`): the notebook records it and completes, and `runbook run` exits 1 (a failed check) for
-every stage alike, never 2 (a broken notebook) for some."""
+every stage alike, never 2 (a broken notebook) for some. `notebook.evaluate` then returns an empty report
+(`registry.Empty`), for which every display cell shows nothing, with no guard in any cell."""
 import json
 
 import pytest
@@ -48,7 +49,8 @@ def test_every_stage_records_an_unusable_input_as_its_input_finding(stage, tmp_p
     """The library path every notebook takes (`notebook.evaluate`), with a setting no stage has."""
     spec = notebook.load_spec(str(DEFAULT_SPEC))
     results = tmp_path / "r.json"
-    assert notebook.evaluate(stage.name, spec, str(results), no_such_setting=1) is None
+    empty = notebook.evaluate(stage.name, spec, str(results), no_such_setting=1)
+    assert isinstance(empty, registry.Empty) and empty.data() == {} and [f.id for f in empty.findings] == [f"{stage.verb}.input"]
     doc = json.loads(results.read_text())
     [f] = doc["findings"]
     assert {k: f[k] for k in _expected(stage)} == _expected(stage)
@@ -69,3 +71,33 @@ def test_runbook_run_turns_a_bad_parameter_into_the_same_finding_and_exit_1(stag
     assert {k: f[k] for k in _expected(stage)} == _expected(stage)
     name, _, value = BAD_PARAM[stage.name].partition("=")
     assert name in f["detail"] or value in f["detail"], f["detail"]
+    _only_the_verdict_shows(out / "latest" / nb["ipynb"])
+
+
+def _only_the_verdict_shows(executed):
+    """No cell errs, and no cell after the notebook's one `evaluate` call shows anything: the input finding is all."""
+    cells = [c for c in json.loads(executed.read_text())["cells"] if c["cell_type"] == "code"]
+    first = next(i for i, c in enumerate(cells) if "notebook.evaluate(" in "".join(c["source"]))
+    for c in cells:
+        assert not [o for o in c.get("outputs", []) if o["output_type"] == "error"], "".join(c["source"])
+    verdict = cells[first].get("outputs", [])
+    assert verdict and "could not run the" in json.dumps(verdict), verdict
+    shown = {"".join(c["source"]): c["outputs"] for c in cells[first + 1:] if c.get("outputs")}
+    assert not shown, f"{executed.name}: cells show output after an input error: {shown}"
+
+
+@pytest.mark.notebook
+def test_the_environment_notebook_shows_only_its_input_finding(tmp_path):
+    """00_environment's one parameter is a bool the runner types before the notebook runs, so papermill gives it
+    the bad value here, as a notebook run by hand would."""
+    import papermill
+
+    from runbook.runner.execute import kernel_for
+
+    src, out = REPO / "notebooks" / "00_environment.ipynb", tmp_path / "00_environment.ipynb"
+    papermill.execute_notebook(str(src), str(out), cwd=str(src.parent), kernel_name=kernel_for(src, None, print),
+                               parameters={"require_gpus": "maybe", "results_path": str(tmp_path / "r.json")},
+                               progress_bar=False)
+    [f] = json.loads((tmp_path / "r.json").read_text())["findings"]
+    assert f["id"] == "env.input" and "require_gpus" in f["detail"], f
+    _only_the_verdict_shows(out)

@@ -4,6 +4,7 @@ import math
 import pytest
 
 from runbook.bench import speculation as sp
+from runbook.core import registry
 from runbook.endpoint.records import RequestRecord
 
 
@@ -187,7 +188,9 @@ def test_frame_plot_and_headline_from_a_summary():
     fig = report.plot_speculation(res.summary)
     assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["code", "random"]
     assert report.speculation_headline(res).startswith("acceptance on real text 70 % vs random tokens 10 % (ngram-mod)")
-    assert report.speculation_headline(None).startswith("not measured: run with speculation=True")
+    unmeasured = type("R", (), {"summary": {}, "findings": []})()
+    assert report.speculation_headline(unmeasured).startswith("not measured: run with speculation=True")
+    assert report.speculation_headline(registry.Empty([])) is None and report.speculation_plot(registry.Empty([])) is None
     assert report.speculation_frame({}).empty
 
 

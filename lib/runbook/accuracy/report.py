@@ -1,4 +1,6 @@
-"""Tables and plots for the accuracy notebook (imported on first use: runbook.accuracy's lazy exports)."""
+"""Tables and plots for the accuracy notebook (imported on first use: runbook.accuracy's lazy exports). The tables
+and plots take the study's rows and the probes' data; what notebook 50 calls with the report itself returns None for
+an empty one (an input error: `registry.display`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -9,6 +11,7 @@ import pandas as pd
 
 from runbook.core import tables
 from runbook.core.plots import figure
+from runbook.core.registry import display
 
 
 def kv_table(rows: Sequence[dict[str, Any]]):
@@ -173,3 +176,90 @@ def plot_kld(doc: dict[str, Any]):
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+# ---- what notebook 50 calls with its report: one function per cell, None for an empty report ----------------------
+
+@display
+def study_text(rep: Any) -> str:
+    """Where the study's K and V come from, and which of its rows are this deployment's KV cache."""
+    return (f"{rep.study.source}\nthis deployment's KV cache: {rep.active[0]}, scaling {rep.active[1]} — thresholds "
+            "apply to it; other rows are for comparison")
+
+
+@display
+def layers_frame(rep: Any):
+    """A decoder's K and V per layer (`kv_layer_table`); None for the MiniLM encoder."""
+    return kv_layer_table(rep.study.decoder.get("layers", [])) if rep.study.kind == "decoder" else None
+
+
+@display
+def layers_plot(rep: Any):
+    """A decoder's clipping per layer (`plot_layers`); None for the MiniLM encoder."""
+    return plot_layers(rep.study.decoder["layers"], rep.study.rows) if rep.study.kind == "decoder" else None
+
+
+@display
+def study_frame(rep: Any):
+    """The worst layer per source, format and scaling (`kv_table`)."""
+    return kv_table(rep.study.rows)
+
+
+@display
+def growth_plot(rep: Any):
+    """The error's growth with context length (`plot_growth`)."""
+    return plot_growth(rep.study.growth)
+
+
+@display
+def recall_plots(rep: Any, url: str | None = None, compare_url: str | None = None) -> list[Any]:
+    """Needle recall per length and depth at url, then at compare_url (A/B); [] when recall was not measured."""
+    grid, grid_b = rep.recall.get("grid"), rep.recall.get("grid_b")
+    return ([plot_recall(grid, f"Needle recall at {url}")] if grid else []) + \
+        ([plot_recall(grid_b, f"Needle recall at {compare_url}")] if grid and grid_b else [])
+
+
+@display
+def identity_frames(rep: Any) -> list[Any]:
+    """What differs between A and B, A against B per prompt, one at a time against batch_size at once."""
+    return [pd.DataFrame(rep.identity_differences), pd.DataFrame(rep.identity), pd.DataFrame(rep.identity_batch)]
+
+
+@display
+def toolcall_tables(rep: Any) -> list[Any]:
+    """The tool-call probe's answers, then their arguments (`toolcall_frames`); [] when not probed."""
+    return toolcall_frames(rep.toolcall.get("cases") or [])
+
+
+@display
+def kld_text(rep: Any) -> str:
+    """The KL divergence's verdict line, or "" when it was not measured."""
+    kl = rep.kld
+    return f"{kl['verdict']['status']}: {kl['tested']}; floor used: {kl['floor_used']}" if kl else ""
+
+
+@display
+def kld_frame(rep: Any):
+    """The KL divergence per depth (`kld_table`); None when it was not measured."""
+    return kld_table(rep.kld) if rep.kld else None
+
+
+@display
+def kld_plot(rep: Any):
+    """The KL divergence against depth beside the noise floor (`plot_kld`); None when it was not measured."""
+    return plot_kld(rep.kld) if rep.kld else None
+
+
+# What a live probe with nothing to show says instead, pointing at the finding that says why.
+_NOT_MEASURED = {"recall": "recall not measured (see the recall.endpoint finding)",
+                 "identity": "identity not checked (see the identity.endpoint finding)",
+                 "toolcall": "tool calls not probed (see the accuracy.toolcall.endpoint finding)",
+                 "kld": "KL divergence not measured (see the accuracy.kld.* findings)"}
+
+
+@display
+def not_measured(rep: Any, part: str) -> str:
+    """What a live probe (recall, identity, toolcall, kld) says when it has nothing to show, else ""."""
+    shown = {"recall": rep.recall.get("grid"), "identity": rep.identity or rep.identity_batch,
+             "toolcall": rep.toolcall.get("cases"), "kld": rep.kld}[part]
+    return "" if shown else _NOT_MEASURED[part]

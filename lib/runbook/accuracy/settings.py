@@ -25,21 +25,21 @@ class AccuracySettings(Options):
     url: Url | None = Field(None, description="recall, toolcall: the endpoint (default: the spec's); identity, report: A, and "
                                               "the server checked for batch invariance (default: none, skipped)")
     compare_url: Url | None = Field(None, description="recall, report: A/B second endpoint (e.g. BF16 KV); identity: B, a "
-                                                      "server that differs from A in the setting to test")
+                                                      "server that differs from A in the setting to test (default: no A/B)")
     spec_off_url: Url | None = Field(None, description="report, identity: B when it is not compare_url (e.g. the same model "
-                                                       "with speculative decoding off)")
+                                                       "with speculative decoding off; default: compare_url)")
     lengths: list[PosInt] = Field(default_factory=lambda: list(_PLAN.recall_lengths),
                                   description="recall: haystack token lengths (default: the spec's, up to --context-length)")
     depths: list[Fraction] = Field(default_factory=lambda: list(_PLAN.recall_depths),
                                    description="recall: needle depths as fractions (default: the spec's)")
     per_cell: PosInt = Field(1, description="recall: needles per length × depth cell (default: 1)")
     tokenizer: str | None = Field(None, description="dir with tokenizer.json: exact prompt lengths; kld: the windows' token "
-                                                    "ids (kld default: the spec's model dir when it has one)")
+                                                    "ids (default: approximate lengths; kld: the spec's model dir when it has one)")
     seed: Integer = Field(0, description="the prompts are deterministic from this seed (default: 0)")
     prompts: PosInt = Field(8, description="identity: number of prompts (default: 8)")
     max_tokens: PosInt = Field(64, description="identity: greedy tokens per prompt (default: 64)")
     batch_size: PosInt = Field(8, description="identity, kld, report: the prompts (kld: windows) sent this many at once, "
-                                              "against their answers one at a time (batch invariance; default 8; 1: not checked)")
+                                              "against their answers one at a time (batch invariance; 1: not checked; default: 8)")
     model: str | None = Field(None, description="the served model name (default: the first /v1/models lists)")
     tool_choice: Literal["auto", "required"] = Field(
         "auto", description="toolcall, report: auto (default: what agent loops send) or required (the server must call a "

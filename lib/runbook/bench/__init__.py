@@ -10,14 +10,15 @@ from runbook.core.lazy import exports
 __getattr__, __dir__ = exports(__name__, {"frame": "report", "frames": "report", "plot_cdf": "report", "plot_latency": "report",
     "plot_slo_search": "report", "plot_telemetry": "report", "plot_throughput": "report", "plot_turns": "report",
     "spec_decoding_frame": "report", "speculation_frame": "report", "plot_speculation": "report", "speculation_headline": "report",
-    "text_table": "report",
-    "turns_frame": "report", "server_frame": "report", "replicas_frame": "report",
+    "text_table": "report", "headline": "report", "level_plots": "report", "load_plots": "report",
+    "speculation_plot": "report", "turns_frame": "report", "server_frame": "report", "replicas_frame": "report",
     "compare_policies": "policies", "run_with_stop": "failover", "queue_frame": "report",
     "BenchResult": "run", "compare_previous": "regression", "measure": "run",
     "stats": "metrics", "tpot_s": "metrics", "ttft_s": "metrics", "e2e_s": "metrics", "sign_flip_interval": "ab"})
 
 __all__ = ["STAGE", "BenchResult", "BenchSettings", "BenchStageOptions", "measure", "compare_previous", "e2e_s", "evaluate",
-           "frame", "frames", "plot_cdf", "plot_latency", "plot_slo_search", "plot_telemetry", "plot_throughput",
+           "frame", "frames", "headline", "level_plots", "load_plots", "plot_cdf", "plot_latency", "plot_slo_search",
+           "plot_telemetry", "plot_throughput",
            "plot_turns", "queue_frame", "replicas_frame",
            "compare_policies", "run_with_stop", "server_frame", "sign_flip_interval", "spec_decoding_frame", "speculation_frame",
-           "plot_speculation", "speculation_headline", "stats", "text_table", "tpot_s", "ttft_s", "turns_frame"]
+           "plot_speculation", "speculation_headline", "speculation_plot", "stats", "text_table", "tpot_s", "ttft_s", "turns_frame"]

@@ -1,4 +1,6 @@
-"""Tables and plots from a benchmark summary, and the previous archived run to compare with."""
+"""Tables and plots from a benchmark summary, and the previous archived run to compare with. The tables take the
+summary (`BenchResult.data()`: {} for an empty report); what notebook 40 calls with the result itself returns None
+for an empty one (an input error: `registry.display`)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +11,7 @@ from runbook.bench import metrics
 from runbook.bench.server_side import beside
 from runbook.core import tables
 from runbook.core.plots import figure
+from runbook.core.registry import display
 from runbook.endpoint.client import RequestRecord
 
 
@@ -340,9 +343,42 @@ def plot_speculation(summary: dict[str, Any]):
     return fig
 
 
+@display
+def headline(result: Any) -> str:
+    """What the run sent (the workload's description), or why nothing ran (its first finding)."""
+    return str(result.summary.get("workload_description") or (result.findings[0].title if result.findings else ""))
+
+
+@display
+def level_plots(result: Any) -> list[Any]:
+    """Throughput and latency against load, and the latency CDF, when levels ran."""
+    if not result.summary.get("levels"):
+        return []
+    return [plot_throughput(result.summary), plot_latency(result.summary),
+            plot_cdf([r for lv in result.levels for r in lv.records])]
+
+
+@display
+def load_plots(result: Any) -> list[Any]:
+    """Telemetry against time, then, where the run has them, the agentic turns and the SLO search."""
+    figs = [plot_telemetry(result)] if any(lv.telemetry for lv in result.levels) else []
+    if result.summary.get("turns"):          # --workload agentic: TTFT against the growing context, per turn
+        figs.append(plot_turns(result.summary))
+    if result.summary.get("slo_search"):     # --find-max slo: attainment per level tried, the limit marked
+        figs.append(plot_slo_search(result.summary))
+    return figs
+
+
+@display
+def speculation_plot(result: Any):
+    """--speculation's plot (`plot_speculation`) when the study ran."""
+    return plot_speculation(result.summary) if result.summary.get("speculation") else None
+
+
+@display
 def speculation_headline(result: Any) -> str:
     """--speculation's verdict line (its `bench.spec.real_vs_random` finding), or what to do to get one."""
-    f = next((f for f in result.findings if f.id == "bench.spec.real_vs_random"), None) if result else None
+    f = next((f for f in result.findings if f.id == "bench.spec.real_vs_random"), None)
     if f is not None:
         return f"{f.title}\n{f.detail}"
     return ("not measured: run with speculation=True (--speculation) against a server that speculates, and "

@@ -48,38 +48,42 @@ class BenchSettings(Options):
     concurrency: list[PosInt] = Field(default_factory=lambda: list(_PLAN.concurrency),
                                       description="fixed-concurrency levels, e.g. 1,2,4 (default: the spec's plan)")
     rates: list[PosFloat] = Field(default_factory=list, alias="rate",
-                                  description="Poisson request-rate levels (requests/s), run alone")
+                                  description="Poisson request-rate levels (requests/s), run alone (default: none)")
     requests: PosInt | None = Field(default=None, description="measured requests per level (default: the spec's)")
-    duration: PosFloat | None = Field(default=None, description="measure each level for S seconds (no request starts later)")
+    duration: PosFloat | None = Field(default=None, description="measure each level for S seconds (no request starts later) "
+                                                 "(default: a request count)")
     workload: str = Field(default=_PLAN.workload, description="the workload (`runbook bench --help` lists them; default: the spec's)")
     turns: PosInt = Field(default=4, description="agentic: turns per session (default: 4)")
     think_time: NonNegFloat = Field(default=0.0, description="agentic: pause between turns, fixed or an exponential's mean (default: 0)")
-    think_dist: Literal["fixed", "exp"] = Field(default="fixed", description="agentic: think time fixed, or exponential with that mean")
+    think_dist: Literal["fixed", "exp"] = Field(default="fixed", description="agentic: think time fixed, or exponential with that mean "
+                                                                                        "(default: fixed)")
     tool_result_len: NonNegInt = Field(default=256, description="agentic: synthetic tool-result tokens per turn (default: 256)")
     trace_speed: PosFloat = Field(default=1.0, description="trace:FILE: replay X times as fast (default: 1)")
     find_max: Literal["slo"] | None = Field(default=None, description="slo: bracket then bisect concurrency (or --rate START) for the "
-                                                              "highest load meeting the spec's SLOs, instead of the fixed levels")
+                                                              "highest load meeting the spec's SLOs, instead of the fixed levels "
+                                                              "(default: fixed levels)")
     workers: Annotated[PosInt, Field(le=MAX_WORKERS)] = Field(
         default=1, description=f"load-generator processes for fixed-concurrency levels (default: 1, at most {MAX_WORKERS}): each "
                        "takes every N-th request and a share of the concurrency, one clock, records merged")
     transport: Transport | None = Field(default=None, description="HTTP client for the streamed requests: h1 (asyncio "
-                                                          "protocol over httptools; default) or aiohttp")
+                                                          "protocol over httptools) or aiohttp (default: h1)")
     input_len: PosInt = Field(default=_PLAN.input_len, description="prompt tokens (random, longctx, prefix; default: the spec's)")
     output_len: PosInt = Field(default=_PLAN.output_len, description="generated tokens per request, ignore_eos (default: the spec's)")
     chat: bool | None = Field(default=None, description="use /v1/chat/completions (default: off)")
-    tokenizer: str | None = Field(default=None, description="dir with tokenizer.json for exact lengths and client token counts")
+    tokenizer: str | None = Field(default=None, description="dir with tokenizer.json for exact lengths and client token counts "
+                                                 "(default: approximate lengths)")
     warmup: NonNegInt = Field(default=_PLAN.warmup, description="warm-up requests per level (default: the spec's)")
     out: Path | None = Field(default=None, description="write records.jsonl and summary.json here", json_schema_extra={"metavar": "DIR"})
-    compare_url: Url | None = Field(default=None, description="A/B: the same workload against this second endpoint")
-    seed: Integer = Field(default=0, description="the workload is deterministic from this seed")
-    timeout: PosFloat = Field(default=600.0, description="per-request timeout, seconds")
+    compare_url: Url | None = Field(default=None, description="A/B: the same workload against this second endpoint (default: no A/B)")
+    seed: Integer = Field(default=0, description="the workload is deterministic from this seed (default: 0)")
+    timeout: PosFloat = Field(default=600.0, description="per-request timeout, seconds (default: 600)")
     flush_cache: bool | None = Field(default=None, description="POST /flush_cache before each level; --no-flush-cache: not even when "
                                                        "the spec's benchmark.flush_cache asks (default: the spec's, off)")
     archive: str | None = Field(default=None, description="compare with this deployment's newest benchmark archived here "
                                                   "(default: outputs/; '' to skip)")
     progress: bool = Field(default=False, description="progress bars on stderr")
     speculation: bool = Field(default=False, description="after the levels, speculative decoding on real text vs random tokens: "
-                                                         "acceptance and speed-up per context length (bench/spec_study.py)")
+                                                         "acceptance and speed-up per context length (bench/spec_study.py) (default: off)")
     speculation_baseline_url: Url | None = Field(default=None, description="--speculation: the same server with speculative "
                                                                            "decoding off, for the speed-up (default: none)")
     speculation_contexts: list[PosInt] = Field(default_factory=lambda: [256, 1024],

@@ -28,7 +28,8 @@ def png(fig) -> bytes:
 
 
 def show(*figs) -> None:
-    """Display each figure as a PNG in Jupyter; outside Jupyter there is nothing to show."""
+    """Display each figure as a PNG in Jupyter; outside Jupyter there is nothing to show. A list stands for its
+    figures; None (a display function's answer for an empty report, or a plot with nothing to draw) is skipped."""
     try:
         from IPython import get_ipython  # lazy: IPython (~60 ms) only where a figure is shown
         from IPython.display import Image, display  # lazy: IPython only where a figure is shown
@@ -36,6 +37,6 @@ def show(*figs) -> None:
         return
     if get_ipython() is None:
         return
-    for fig in figs:
+    for fig in (f for it in figs for f in (it if isinstance(it, (list, tuple)) else [it])):
         if fig is not None:
             display(Image(data=png(fig), format="png"))

@@ -9,12 +9,13 @@ notebook `NN_name.ipynb` and its tests; `stages()` finds the package by that fil
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import runbook
 from runbook.core.errors import RunbookError
@@ -47,6 +48,30 @@ class Outcome:
 
     def data(self) -> dict[str, Any]:
         return dict(self.payload)
+
+
+@dataclass
+class Empty:
+    """The report of a stage whose input could not be used (`notebook.evaluate`): its one `<verb>.input` finding and
+    nothing to show, so a notebook's display cells need no guard: every display function returns None for it."""
+
+    findings: list[Finding]
+
+    def data(self) -> dict[str, Any]:
+        return {}
+
+
+R = TypeVar("R")
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def display(fn: Callable[Concatenate[R, P], T]) -> Callable[Concatenate[R | Empty, P], T | None]:
+    """A report module's display function (a table, plot or text of one report): None for an Empty report."""
+    @functools.wraps(fn)
+    def shown(rep: R | Empty, /, *args: P.args, **kwargs: P.kwargs) -> T | None:
+        return None if isinstance(rep, Empty) else fn(rep, *args, **kwargs)
+    return shown
 
 
 def document(report: Report) -> dict[str, Any]:

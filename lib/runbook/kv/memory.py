@@ -47,18 +47,19 @@ class Inputs(Options):
     kv_dtype: str = Field(default="bfloat16", description="auto, bf16, fp8_e4m3, fp8_e5m2, mxfp8, nvfp4, fp4_mx_block16 "
                                                            "(default: the spec's --kv-cache-dtype)")
     tp: Size = Field(default=1, description="tensor parallel size (default: the spec's, else 1)")
-    pp: Size = Field(default=1, description="pipeline parallel size")
-    attn_dp: Size = Field(default=1, description="attention data parallel size")
+    pp: Size = Field(default=1, description="pipeline parallel size (default: the spec's, else 1)")
+    attn_dp: Size = Field(default=1, description="attention data parallel size (default: the spec's, else 1)")
     gpu_mem_gib: PosFloat | None = Field(default=None, description="memory per GPU (default: the spec's hardware)")
     weights_bytes_per_gpu: NonNegInt | None = internal(None, "weights per GPU: --weights-gib, else from the checkpoint")
     mem_fraction_static: Annotated[FiniteFloat, Field(gt=0, le=1)] | None = Field(
         default=None, description="default: the spec's flag, else SGLang's heuristic")
-    kv_budget_gib: PosFloat | None = Field(default=None, description="KV+state budget per GPU, skipping the memory arithmetic")
+    kv_budget_gib: PosFloat | None = Field(default=None, description="KV+state budget per GPU, skipping the memory arithmetic "
+                                                      "(default: from the memory arithmetic)")
     # None: SGLang's default for the backend and model
-    page_size: Size | None = Field(default=None, description="SGLang --page-size")
+    page_size: Size | None = Field(default=None, description="SGLang --page-size (default: the spec's, else the backend's)")
     context_len: PosInt | None = Field(default=None, description="SGLang --context-length (default: the spec's flag, else the model's)")
     contexts: list[PosInt] = Field(default_factory=lambda: list(DEFAULT_CONTEXTS),
-                                   description="request lengths to fit, e.g. 8192,32768,131072,262144 (the default)")
+                                   description="request lengths to fit (default: 8192,32768,131072,262144)")
     chunked_prefill_size: PosInt | None = internal(None, "--chunked-prefill-size")
     max_running_requests: PosInt | None = Field(default=None,
                                                  description="SGLang's --max-running-requests (default: the spec's, else "
@@ -73,7 +74,8 @@ class Inputs(Options):
     # modelled get a warn finding. Keyed spec_* in `kv --json`'s inputs.
     speculative_algorithm: str | None = Field(
         default=None, serialization_alias="spec_algorithm",
-        description="what-if speculative decoding: EAGLE, EAGLE3, NEXTN (the checkpoint's own MTP layers), STANDALONE")
+        description="what-if speculative decoding: EAGLE, EAGLE3, NEXTN (the checkpoint's own MTP layers), STANDALONE "
+                    "(default: the spec's)")
     speculative_num_steps: PosInt | None = Field(default=None, serialization_alias="spec_num_steps",
                                                  description="SGLang's --speculative-num-steps (default: the spec's, else SGLang's choice)")
     speculative_eagle_topk: PosInt | None = Field(default=None, serialization_alias="spec_eagle_topk",
@@ -83,12 +85,15 @@ class Inputs(Options):
                                                         description="SGLang's --speculative-num-draft-tokens (default: the "
                                                                     "spec's, else SGLang's choice)")
     mamba_ssm_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        default=None, description="hybrid models' SSM state dtype")   # --mamba-ssm-dtype / SGLANG_MAMBA_SSM_DTYPE
+        # --mamba-ssm-dtype / SGLANG_MAMBA_SSM_DTYPE
+        default=None, description="hybrid models' SSM state dtype (default: the spec's, else the model's)")
     compute_capability: ComputeCapability | None = Field(
-        default=None, description="GPU compute capability, e.g. 9.0 (H200), 10.0 (B200), 12.0 (RTX PRO 6000)")
+        default=None, description="GPU compute capability, e.g. 9.0 (H200), 10.0 (B200), 12.0 (RTX PRO 6000) "
+                    "(default: the spec's hardware)")
     quantization: str | None = internal(None, "the method SGLang builds (ModelConfig.quantization): its GPU minimum")
     attention_backend: str | None = Field(
-        default=None, description="SGLang attention backend (moves the prefill graph reserve and page size)")
+        default=None, description="SGLang attention backend (moves the prefill graph reserve and page size) "
+                    "(default: the spec's, else SGLang's choice)")
     cuda_graph_max_bs: PosInt | None = internal(None, "--cuda-graph-max-bs")
     disable_cuda_graph: bool = internal(False, "--disable-cuda-graph")
     disable_overlap_schedule: bool = internal(False, "--disable-overlap-schedule")

@@ -1,10 +1,12 @@
 """Tables, plots, the README's sizing estimate (STORY) re-done by SGLang's rules, and the interactive panel
-for the KV-memory notebook."""
+for the KV-memory notebook. What the notebook calls with its plan returns None for an empty one (an input error:
+`registry.display`)."""
 from __future__ import annotations
 
 from typing import Any
 
 from runbook.core.plots import figure, show
+from runbook.core.registry import display
 from runbook.core.spec import Deployment
 from runbook.core.units import GIB
 from runbook.kv import memory as kvmem
@@ -20,6 +22,7 @@ def _fmt(n: Any) -> str:
     return "—" if n is None else f"{n:,}"
 
 
+@display
 def candidates_frame(p: Plan):
     """One row per candidate KV dtype: bytes per token, capacity, running-request cap, requests per context."""
     import pandas as pd  # lazy: pandas (~0.35 s); `runbook kv` loads this module for text_table alone
@@ -33,6 +36,7 @@ def candidates_frame(p: Plan):
     return pd.DataFrame(rows).set_index("KV dtype")
 
 
+@display
 def scenarios_frame(p: Plan):
     """The deployment beside itself with (or without) MTP and with SGLang's default memory fraction."""
     import pandas as pd  # lazy: pandas (~0.35 s); `runbook kv` loads this module for text_table alone
@@ -60,8 +64,13 @@ def selected_frame(p: Plan):
                           **{f"requests @ {int(c) // 1024}K": n for c, n in r.requests_at_context.items()}}]).set_index("TP")
 
 
+@display
 def memory_frame(p: Plan):
     """One GPU's memory by use (GiB), per candidate dtype."""
+    return _memory(p)
+
+
+def _memory(p: Plan):
     import pandas as pd  # lazy: pandas (~0.35 s); `runbook kv` loads this module for text_table alone
 
     rows = {}
@@ -74,6 +83,7 @@ def memory_frame(p: Plan):
     return pd.DataFrame(rows).T.round(2).rename(columns=lambda c: f"{c} (GiB)")
 
 
+@display
 def text_table(p: Plan) -> str:
     r = p.result
     lines = [f"{p.arch.architecture}: {r.layout}",
@@ -119,6 +129,7 @@ def _topology_lines(p: Plan) -> list[str]:
     return out
 
 
+@display
 def topology_frame(p: Plan):
     """One row per replica and one for the deployment's total (None without replicas)."""
     import pandas as pd  # lazy: pandas (~0.35 s); `runbook kv` loads this module for text_table alone
@@ -139,6 +150,7 @@ def topology_frame(p: Plan):
     return pd.DataFrame(rows).set_index("replica")
 
 
+@display
 def ranks_frame(p: Plan):
     """One row per node rank of a server across nodes (None on one node)."""
     import pandas as pd  # lazy: pandas (~0.35 s); `runbook kv` loads this module for text_table alone
@@ -156,6 +168,7 @@ def _fmt3(x: float | None) -> str:
     return "—" if x is None else f"{x:.3f}"
 
 
+@display
 def plot_capacity(p: Plan):
     fig, ax = figure((6, 3.2))
     names = [c.kv_dtype for c in p.candidates]
@@ -169,6 +182,7 @@ def plot_capacity(p: Plan):
     return fig
 
 
+@display
 def plot_concurrency(p: Plan):
     fig, ax = figure((6, 3.5))
     for c in p.candidates:
@@ -188,8 +202,9 @@ def plot_concurrency(p: Plan):
     return fig
 
 
+@display
 def plot_memory(p: Plan):
-    df = memory_frame(p).rename(columns=lambda c: c.removesuffix(" (GiB)"))
+    df = _memory(p).rename(columns=lambda c: c.removesuffix(" (GiB)"))
     fig, ax = figure((6, 3.8))
     if not df.empty:
         df.plot.barh(stacked=True, ax=ax, color=["#8c8c8c", "#4c72b0", "#dd8452", "#c7c7c7"])
@@ -227,6 +242,22 @@ def story_frame(a: Arch, tp: int = 8):
     ]
     df = pd.DataFrame(rows, columns=["quantity", "story", "SGLang's rules", "why"]).set_index("quantity")
     return df.astype({"story": object, "SGLang's rules": object})
+
+
+@display
+def story(p: Plan):
+    """The story's numbers beside SGLang's for a hybrid (linear-attention) model like the story's; else one row saying so."""
+    import pandas as pd  # lazy: pandas (~0.35 s); `runbook kv` loads this module for text_table alone
+
+    if p.arch.linear:
+        return story_frame(p.arch)
+    return pd.DataFrame([{"note": "the story comparison applies to the Qwen3.5 hybrid model"}])
+
+
+@display
+def what_if(p: Plan, spec: Deployment | None, model_dir: str | None = None, interactive: bool = True):
+    """The what-if panel (`panel`) below a plan, when a person is watching (`interactive`; the runner sets False)."""
+    return panel(spec, model_dir) if interactive else None
 
 
 def panel(spec: Deployment | None, model_dir: str | None = None):

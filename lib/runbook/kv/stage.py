@@ -31,7 +31,7 @@ def text(p: Plan) -> str:
     """What `runbook kv` prints above its findings: the notebook's first table."""
     from runbook.kv.report import text_table  # lazy: the report module (plots) only when a table is printed
 
-    return text_table(p)
+    return text_table(p) or ""
 
 
 def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:

@@ -56,10 +56,11 @@ def findings(report: Any, prefix: str) -> None:
 
 def table(*frames: Any) -> None:
     """Display each frame formatted for a reader ("—" for missing, figures to their precision, headers that
-    wrap); printed as text outside Jupyter. None, empty frames and frames with no value at all are skipped."""
+    wrap); printed as text outside Jupyter. A list stands for its frames; None (a display function's answer for an
+    empty report), empty frames and frames with no value at all are skipped."""
     from runbook.core import tables  # lazy: pandas (~0.35 s); notebooks import this module before any table
 
-    for df in frames:
+    for df in _flat(frames):
         if df is None or df.empty or df.isna().all().all():   # a table of gaps says nothing its heading does not
             continue
         if _ipython():
@@ -68,6 +69,17 @@ def table(*frames: Any) -> None:
             display(tables.style(df))
         else:
             print(tables.text(df))
+
+
+def text(*texts: str | None) -> None:
+    """Print each text; None (a display function's answer for an empty report) and "" print nothing."""
+    for t in texts:
+        if t:
+            print(t)
+
+
+def _flat(items: Iterable[Any]) -> list[Any]:
+    return [x for it in items for x in (it if isinstance(it, (list, tuple)) else [it])]
 
 
 def _ipython() -> bool:
@@ -92,13 +104,15 @@ def finish(notebook: str, findings: Iterable[Finding], results_path: str = "", d
 def evaluate(stage: str, spec: spec_mod.Deployment, results_path: str = "", **params: Any) -> Any:
     """A notebook's one call: the stage's entry point on its parameters (`options`), the findings shown first and
     recorded with the report's data. An input the stage cannot use (a missing file, a bad value) is the stage's one
-    input finding (`<verb>.input`, a fail), shown and recorded the same way for every stage; None is returned then,
-    so the notebook completes and the run counts a failed check, not a broken notebook."""
+    input finding (`<verb>.input`, a fail), shown and recorded the same way for every stage; an `Empty` report is
+    returned then, for which every display function returns None, so the later cells show nothing without a guard,
+    the notebook completes and the run counts a failed check, not a broken notebook."""
     st = registry.get(stage)
     try:
         report = st.evaluate(spec, options(stage, **params))
     except RunbookError as err:
-        finish(st.notebook, [st.input_finding(err)], results_path, deployment=spec.name)
-        return None
+        empty = registry.Empty([st.input_finding(err)])
+        finish(st.notebook, empty.findings, results_path, deployment=spec.name)
+        return empty
     finish(st.notebook, report.findings, results_path, deployment=spec.name, data=report.data())
     return report

@@ -23,6 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 from runbook.core import registry, secrets
 from runbook.core.errors import SpecError
 from runbook.core.options import FINITE, describe
+from runbook.core.paths import DEFAULT_DEPLOYMENT
 from runbook.core.secrets import is_secret_key
 
 # Names a parameters cell may use in annotations; anything else is passed as a string.
@@ -30,11 +31,17 @@ _TYPES: dict[str, Any] = {
     "int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict,
     "List": list, "Dict": dict, "Optional": Optional, "None": type(None),
 }
-# Parameters the runner itself sets (the runner-notebook contract); a user may not override them.
-# deployment: the spec file; results_path: where finish() writes the results JSON; artifact_dir: a
-# folder in the run for raw records; archive_root: the archive (earlier runs, for regression checks;
-# the run being written is hidden until it completes); interactive: False under the runner.
-RESERVED = ("deployment", "results_path", "artifact_dir", "archive_root", "interactive")
+# Parameters the runner itself sets (the runner-notebook contract); a user may not override them. Each as a notebook's
+# generated parameters cell declares it (runner/paramcell.py): type, default when run by hand, what it is. The archive
+# root holds earlier runs (regression checks; the run being written is hidden until it completes) and tune's runs.
+RUNNER_PARAMS: dict[str, tuple[str, str, str]] = {
+    "deployment": ("str", f'"../deployments/{DEFAULT_DEPLOYMENT}"', "deployment spec (YAML)"),
+    "results_path": ("str", '""', "results JSON written here; set by the runner"),
+    "artifact_dir": ("str | None", "None", "raw records written here; set by the runner (None: not written)"),
+    "archive_root": ("str | None", "None", "the archive: earlier runs, tune's runs; set by the runner (None: outputs/)"),
+    "interactive": ("bool", "True", "a person is watching: progress bars, the what-if panel; the runner sets False"),
+}
+RESERVED = tuple(RUNNER_PARAMS)
 NONE = ("none", "null")   # --param values that mean None for a `T | None` parameter
 
 

@@ -21,10 +21,11 @@ __getattr__, __dir__ = exports(__name__, {"check_flags": "check", "check_flags_m
     "server_state": "drift", "InstallResult": "install", "wait_ready": "install",
     "Build": "render", "Rendered": "render", "build": "render", "effective_flags": "render", "parse_args": "render",
     "recommended_flags": "render", "changes_frame": "report", "units_frame": "report", "drift_frame": "report",
-    "plan_frame": "report", "ServiceReport": "stage", "assemble": "stage"})
+    "plan_frame": "report", "units_line": "report", "unit_text": "report", "diff_text": "report", "ServiceReport": "stage",
+    "assemble": "stage"})
 
 __all__ = ["STAGE", "Build", "InstallResult", "Rendered", "ServiceOptions", "ServiceReport", "assemble", "build",
            "changes_frame", "check", "gateway_argv", "gateway_unit_name", "render_gateway",
-           "check_flags", "check_flags_many", "cross_checks", "diff", "drift", "drift_frame", "effective_flags",
+           "check_flags", "check_flags_many", "cross_checks", "diff", "diff_text", "drift", "drift_frame", "effective_flags",
            "evaluate", "install", "parse_args", "plan_frame", "recommended_flags", "redact_server_info", "render",
-           "server_state", "serving_python", "units_frame", "verify_unit", "wait_ready"]
+           "server_state", "serving_python", "unit_text", "units_frame", "units_line", "verify_unit", "wait_ready"]

@@ -75,16 +75,23 @@ class ServiceOptions(Options):
                                           "(default: systemd.unit_path or /etc/systemd/system/<name>.service)")
     server_url: Url | None = Field(None, alias="url",
                                    description="drift, report: server base URL (default: http://host:port from the spec)")
+    # The settings of the verb's other actions (render, k8s, install) are no parameter of notebook 30 ("notebook": False).
     out: str | None = Field(None, description="render: write the unit here (a directory when the spec renders more than "
-                            "one unit: node ranks, replicas, the gateway); k8s: write the manifests here (a directory)")
-    image: str | None = Field(None, description="k8s: the SGLang container image (default lmsysorg/sglang:v<SGLang version>)")
+                            "one unit: node ranks, replicas, the gateway); k8s: write the manifests here (a directory)",
+                            json_schema_extra={"notebook": False})
+    image: str | None = Field(None, description="k8s: the SGLang container image (default lmsysorg/sglang:v<SGLang version>)",
+                              json_schema_extra={"notebook": False})
     gateway_image: str | None = Field(None, description="k8s: the gateway's container image, holding its wheel "
-                                      "(default: --image)")
-    yes: bool | None = Field(None, description="install: really do it (default: dry run)", json_schema_extra={"switch": True})
-    root: str | None = Field(None, description="install: prefix for the unit path (testing, chroots)")
-    systemctl: str | None = Field(None, description="install: systemctl command to use")
-    ready_url: Url | None = Field(None, description="install: readiness URL (default: http://host:port + systemd.ready_path)")
-    ready_timeout: PosFloat | None = Field(None, description="install: readiness timeout (default: systemd.timeout_start_sec)")
+                                      "(default: --image)", json_schema_extra={"notebook": False})
+    yes: bool | None = Field(None, description="install: really do it (default: dry run)",
+                             json_schema_extra={"switch": True, "notebook": False})
+    root: str | None = Field(None, description="install: prefix for the unit path (testing, chroots)",
+                             json_schema_extra={"notebook": False})
+    systemctl: str | None = Field(None, description="install: systemctl command to use", json_schema_extra={"notebook": False})
+    ready_url: Url | None = Field(None, description="install: readiness URL (default: http://host:port + systemd.ready_path)",
+                                  json_schema_extra={"notebook": False})
+    ready_timeout: PosFloat | None = Field(None, description="install: readiness timeout (default: systemd.timeout_start_sec)",
+                                         json_schema_extra={"notebook": False})
 
 
 def evaluate(spec: Deployment, options: ServiceOptions) -> ServiceReport:

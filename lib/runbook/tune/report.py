@@ -181,14 +181,17 @@ def within_noise(r: dict[str, Any]) -> bool:
 
 
 def plot_pareto(data: dict[str, Any]):
-    """Throughput against TPOT at the highest level; the front joined, accuracy failures as red crosses."""
+    """Throughput against TPOT at the highest level; the front joined, accuracy failures as red crosses. None when no
+    candidate was measured (a plan-only run, an empty report's {})."""
+    measured = [r for r in data.get("candidates", []) if (r.get("bench") or {}).get("output_tok_s") is not None
+                and _latency(r) is not None]
+    if not measured:
+        return None
     fig, ax = figure((7, 4.5))
     front = set(pareto(data))
     pts = []
-    for r in data.get("candidates", []):
+    for r in measured:
         tps, lat = (r.get("bench") or {}).get("output_tok_s"), _latency(r)
-        if tps is None or lat is None:
-            continue
         bad = (r.get("guard") or {}).get("status") == "fail"
         quiet = within_noise(r)
         pts.append((lat, tps, r["name"]))

@@ -14,13 +14,14 @@ RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")   # a tune run's fold
 
 
 class TuneOptions(Options):
-    candidates: list[str] | None = Field(None, description="only these candidates, e.g. mtp,fp8-kv (the reference always runs)")
+    candidates: list[str] | None = Field(None, description="only these candidates, e.g. mtp,fp8-kv (the reference always runs; "
+                                                                       "default: all)")
     plan_only: bool = Field(False, description="pre-check only: launch nothing; the table of predicted tokens and "
                                                "running-request caps", json_schema_extra={"switch": True})
     yes: bool = Field(False, description="stop the production unit when it is active (restored at the end); "
                                          "without it tune makes a safety stop (exit 77)", json_schema_extra={"switch": True})
     resume: str | None = Field(None, description="continue this tune run (a folder under DIR/tune/), skipping its "
-                                                 "finished candidates", json_schema_extra={"metavar": "RUN_ID"})
+                                                 "finished candidates (default: a new run)", json_schema_extra={"metavar": "RUN_ID"})
     budget_s: PosFloat | None = Field(None, description="the whole run's time bound, seconds (default: the spec's tune.budget_s)")
     archive: str | None = Field(None, description="archive root; runs go to DIR/tune/<run id>/ (default: outputs/)",
                                 json_schema_extra={"metavar": "DIR"})

@@ -1,17 +1,21 @@
-"""Stage 35's tables and plot: predicted vs observed, the warnings SGLang logged, start-up timeline."""
+"""Stage 35's tables and plot: predicted vs observed, the warnings SGLang logged, start-up timeline. Each takes the
+stage's report and returns None for an empty one (an input error: `registry.display`)."""
 from __future__ import annotations
 
 from typing import Any
 
 from runbook.core import plots
+from runbook.core.registry import display
 
 
+@display
 def compare_frame(rep: Any):
     import pandas as pd  # lazy: pandas (~0.35 s); `runbook verify` loads this module for text_table alone
 
     return pd.DataFrame(rep.rows()).set_index("quantity")
 
 
+@display
 def warnings_frame(rep: Any):
     import pandas as pd  # lazy: pandas (~0.35 s); `runbook verify` loads this module for text_table alone
 
@@ -19,6 +23,7 @@ def warnings_frame(rep: Any):
     return pd.DataFrame(rows, columns=["id", "count", "first line"])
 
 
+@display
 def startup_frame(rep: Any):
     """Per TP rank: weight load, KV pool (the target's, then with speculative decoding the draft's), and each
     CUDA-graph capture (GiB as SGLang logs them)."""
@@ -39,6 +44,7 @@ def startup_frame(rep: Any):
     return pd.DataFrame(rows, columns=["rank", "step", "seconds", "GiB", "detail"])
 
 
+@display
 def fleet_frame(rep: Any):
     """With a topology: one row per replica — whether it answers, the gateway's view of it, its pool against the plan."""
     import pandas as pd  # lazy: pandas (~0.35 s); `runbook verify` loads this module for text_table alone
@@ -57,6 +63,7 @@ def fleet_rows(rep: Any) -> list[dict[str, Any]]:
              "tokens planned": r["predicted"].get("max_total_num_tokens")} for r in rep.replicas or []]
 
 
+@display
 def text_table(rep: Any) -> str:
     """`replanned`: the plan re-derived from the memory the log saw (free before the weights, the weights' size)."""
     if rep.replicas is not None:
@@ -69,8 +76,11 @@ def text_table(rep: Any) -> str:
     return "\n".join(lines)
 
 
+@display
 def plot_memory(rep: Any):
-    """One GPU (rank 0): weights, KV pool and CUDA graphs, predicted beside observed."""
+    """One GPU (rank 0): weights, KV pool and CUDA graphs, predicted beside observed; None when the log gave no weights."""
+    if not rep.observed.get("weights_gib_per_gpu"):
+        return None
     fig, ax = plots.figure((7, 2.6))
     pred, obs = rep.predicted, rep.observed
     kv0 = rep.facts.rank0(rep.facts.kv) or {}

@@ -265,7 +265,7 @@ def text(rep: VerifyReport) -> str:
     """What `runbook verify` prints above its findings: the predicted-vs-observed table."""
     from runbook.verify.report import text_table  # lazy: the report module only when a table is printed
 
-    return text_table(rep)
+    return text_table(rep) or ""
 
 
 STAGE = register(Stage(35, "verify", "verify", "the running server against the plan: its start-up log and /server_info",

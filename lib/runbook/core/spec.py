@@ -218,13 +218,13 @@ def archive_url_problem(url: str) -> str | None:
         return "must be a URL such as s3://BUCKET/PREFIX, without spaces or control characters"
     m = re.fullmatch(r"([a-z][a-z0-9+.-]*)://([^/]*)(/.*)?", url)
     if not m:
-        return f"must be a URL such as s3://BUCKET/PREFIX (got {url!r})"
+        return "must be a URL such as s3://BUCKET/PREFIX"
     scheme, bucket, _ = m.groups()
     if "@" in bucket or "?" in url or "#" in url:
         return (f"{NO_CREDENTIALS} (user@, ?query, #fragment): the storage client reads them from "
                 "its environment (AWS_*, FSSPEC_S3_*) or credential files")
     if scheme != "file" and not bucket:
-        return f"names no bucket (got {url!r}); e.g. s3://BUCKET/PREFIX"
+        return "names no bucket; e.g. s3://BUCKET/PREFIX"
     return None
 
 

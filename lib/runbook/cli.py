@@ -153,7 +153,7 @@ def _add_fields(p: argparse.ArgumentParser, model: type[BaseModel]) -> None:
             continue
         kw: dict[str, Any] = {"dest": name, "default": None, "help": help_, "required": f.is_required()}
         if kind is bool:
-            kw["action"] = "store_true" if extra.get("switch") or f.default is False else argparse.BooleanOptionalAction
+            kw.update(action="store_true" if extra.get("switch") or f.default is False else argparse.BooleanOptionalAction)
         elif typing.get_origin(kind) is list:
             item = typing.get_args(kind)[0]
             base = typing.get_args(item)[0] if typing.get_origin(item) is Annotated else item

@@ -178,3 +178,16 @@ def test_the_replicas_example_spec_loads_and_lists_each_server():
         "smg", "cache_aware", "http://gw-01.example.com:8000")
     base = spec.load()
     assert d.serving.flags == base.serving.flags and d.parallelism == base.parallelism
+
+
+@pytest.mark.parametrize("section, values, shown", [
+    ("archive", {"url": "s3x//SECRETish"}, False), ("archive", {"url": "s3://k:SECRETish@b/p"}, False),
+    ("alerts", {"link_base": "ftp://SECRETish"}, False), ("alerts", {"textfile_dir": "rel/SECRETish"}, True),
+])
+def test_a_refused_value_shows_once_and_never_for_a_field_marked_echo_false(section, values, shown):
+    """The spec's error adds the value itself (its validators never quote it), except for a field that may carry
+    credentials: the field says so (`"echo": False`), not the message's words."""
+    d = _base()
+    with pytest.raises(SpecError) as e:
+        spec.from_dict({**d, section: {**(d.get(section) or {}), **values}}, "x.yaml")
+    assert str(e.value).count("SECRETish") == (1 if shown else 0), str(e.value)

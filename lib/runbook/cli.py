@@ -13,22 +13,20 @@ import sys
 import types
 import typing
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import PydanticUndefined
 
 from runbook import alerts, fleet
 from runbook.core import registry, secrets
 from runbook.core.errors import EXIT_LOCKED, EXIT_SAFETY_STOP, InputError, LockHeld, RunbookError, SafetyStop
 from runbook.core.findings import exit_code, format_text
-from runbook.core.options import FiniteFloat, PosInt, Url, describe, flag, phrase, validate
+from runbook.core.options import Options, describe, echoes, flag, marks, phrase, shown, validate
 from runbook.core.oscalls import Interrupted
 from runbook.core.registry import Outcome, Stage, document
 from runbook.core.spec import load as load_spec
-from runbook.runner.run import OUTPUTS, ArchiveUrl, RunOptions, push, run
-from runbook.runner.upload import open_store
+from runbook.runner.run import PushOptions, RunOptions, push, run
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,35 +49,26 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {text}\n")
 
 
-def _typed(tp: Any, name: str, echo: bool = True) -> Callable[[str], Any]:
-    """An argparse type from one of the stages' value types (core/options.py: one table of bounds), for
-    the verbs outside the registry; its error in the same words as the stages' flags (echo=False: without
-    the value, which may hold credentials)."""
+def _typed(tp: Any, echo: bool) -> Callable[[str], Any]:
+    """A flag's argparse type from its field's value type (core/options.py: one table of bounds): its error in the
+    model's own words, the value added as the model adds it (never for a field marked `"echo": False`)."""
     adapter: TypeAdapter[Any] = TypeAdapter(tp)
 
     def parse(s: str) -> Any:
         try:
             return adapter.validate_python(s.strip())
         except ValidationError as e:
-            msg = describe(e.errors()[0])
-            raise argparse.ArgumentTypeError(msg if "(got " in msg or not echo else f"{msg} (got {s!r})") from None
-    parse.__name__ = name
+            err = e.errors()[0]
+            raise argparse.ArgumentTypeError(describe(err) + shown(err, echo)) from None
     return parse
-
-
-_POS_INT = _typed(PosInt, "int")
-_URL = _typed(Url, "url")
-_ARCHIVE_URL = _typed(ArchiveUrl, "archive_url", echo=False)   # the run verb's own check: one rule for both
-_LINK_LIFETIME = _typed(Annotated[FiniteFloat, Field(ge=1, le=7 * 86400)], "float")
 
 
 def _add_deployment(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deployment", metavar="FILE", help="deployment spec (default: deployments/qwen3.5-397b-a17b-nvfp4.yaml)")
 
 
-def _add_output(p: argparse.ArgumentParser, what: str = "the report") -> None:
+def _add_json(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--json", action="store_true", help=f"print {what} as JSON")
-    p.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
 
 
 def _add_textfile(p: argparse.ArgumentParser, name: str) -> None:
@@ -100,8 +89,6 @@ def _textfile(a: argparse.Namespace, spec: Any) -> Any:
     return directory
 
 
-# The `run` flags the verbs share, added by their own helpers (_add_deployment, _add_textfile).
-_SHARED = ("deployment", "textfile_dir")
 _METAVARS = {int: "N", float: "X", str: "VALUE"}
 
 
@@ -109,8 +96,8 @@ class _Items(argparse.Action):
     """A list flag: comma-separated values or a JSON list, repeatable (the lists add up); each item checked by the
     field's own item type. `each`: every occurrence is one item as written (NAME=VALUE may hold commas)."""
 
-    def __init__(self, *args: Any, item: Callable[[str], Any], each: bool = False, **kw: Any) -> None:
-        self.item, self.each = item, each
+    def __init__(self, *args: Any, item: Callable[[str], Any], each: bool = False, echo: bool = True, **kw: Any) -> None:
+        self.item, self.each, self.echo = item, each, echo
         super().__init__(*args, **kw)
 
     def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any, option: Any = None) -> None:
@@ -118,7 +105,7 @@ class _Items(argparse.Action):
         try:
             parts = [text] if self.each else (json.loads(text) if text.lstrip().startswith("[") else text.split(","))
         except json.JSONDecodeError:
-            raise argparse.ArgumentError(self, f"must be a comma-separated list (got {text!r})") from None
+            raise argparse.ArgumentError(self, "must be a comma-separated list" + shown({"input": text}, self.echo)) from None
         try:
             got = [self.item(str(x)) for x in parts]
         except argparse.ArgumentTypeError as e:
@@ -144,36 +131,37 @@ def _default_note(default: Any) -> str:
     return f" (default: {default:g})" if isinstance(default, float) else f" (default: {default})"
 
 
-def _add_fields(p: argparse.ArgumentParser, model: type[BaseModel], skip: tuple[str, ...] = ()) -> None:
+def _add_fields(p: argparse.ArgumentParser, model: type[BaseModel]) -> None:
     """Every verb's flags, built one way from its options model: flag, metavar and help from the field; each value
     checked by the field's own type and bounds as it is read, so a bad one names its flag; an absent flag is None.
     The field says what it is: `positional` (its metavar), `switch` (a bool with no --no- form), `each` (a list
-    flag taking one item per occurrence); a bool that may turn a spec's value off gets --X/--no-X."""
+    flag taking one item per occurrence), `shared` (a flag every verb has, added once for all: --deployment);
+    a bool that may turn a spec's value off gets --X/--no-X; a field without a default is a required flag."""
     for name, f in model.model_fields.items():
-        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
-        if name in skip or extra.get("internal"):
+        extra = marks(f)
+        if extra.get("internal") or extra.get("shared"):
             continue
         tp = _field_type(f)
         kind = typing.get_args(tp)[0] if typing.get_origin(tp) is Annotated else tp
         note = "" if not f.description or "(default" in f.description else _default_note(f.default)
         help_ = f.description + note if f.description else argparse.SUPPRESS
-        echo = extra.get("echo", True) is True
+        echo = echoes(f)
         if extra.get("positional"):
             choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None
             p.add_argument(name, nargs="?", choices=choices, default=None, help=help_,
                            metavar=None if choices else str(extra["positional"]))
             continue
-        kw: dict[str, Any] = {"dest": name, "default": None, "help": help_}
+        kw: dict[str, Any] = {"dest": name, "default": None, "help": help_, "required": f.is_required()}
         if kind is bool:
-            kw["action"] = "store_true" if extra.get("switch") or f.default is False else argparse.BooleanOptionalAction
+            kw.update(action="store_true" if extra.get("switch") or f.default is False else argparse.BooleanOptionalAction)
         elif typing.get_origin(kind) is list:
             item = typing.get_args(kind)[0]
             base = typing.get_args(item)[0] if typing.get_origin(item) is Annotated else item
-            kw.update(action=_Items, item=_typed(item, name, echo=echo), each=bool(extra.get("each")),
+            kw.update(action=_Items, item=_typed(item, echo), each=bool(extra.get("each")), echo=echo,
                       metavar=extra.get("metavar") or f"{_METAVARS.get(base, 'VALUE') if base is not str else 'NAME'},...")
         else:
             choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None
-            kw.update(type=_typed(tp, name, echo=echo), choices=choices,
+            kw.update(type=_typed(tp, echo), choices=choices,
                       metavar=None if choices else extra.get("metavar") or _METAVARS.get(kind, "VALUE"))
         p.add_argument(flag(model, name), **kw)
 
@@ -188,7 +176,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
 
 def _cmd_push(a: argparse.Namespace) -> int:
-    res = push(Path(a.out), a.archive_url, a.deployment, a.run, everything=True)
+    res = push(validate(PushOptions, _values(PushOptions, a), cli=True))
     if a.json:
         print(json.dumps([r.__dict__ for r in res], indent=2))
     else:
@@ -200,31 +188,22 @@ def _cmd_push(a: argparse.Namespace) -> int:
 
 
 def _cmd_fleet(a: argparse.Namespace) -> int:
-    fs, root = open_store(a.source)
-    fl = fleet.collect(a.source, workers=a.workers, fs=fs, root=root)
-    doc = fleet.build(fl, trend=a.trend, links=a.links, link_base=a.link_base, expires=int(a.expires), fs=fs)
-    html, js = fleet.write(doc, Path(a.out))
-    if a.publish:
-        fs.pipe_file(f"{root}/index.html", html.read_bytes())
-        fs.pipe_file(f"{root}/fleet.json", js.read_bytes())
-    if a.json:
-        print(js.read_text())
-    else:
-        print(f"{doc['runs']} completed runs, {len(doc['hosts'])} hosts, {len(doc['deployments'])} deployments "
-              f"({fl.objects_listed} objects listed in {fl.timings['list_s']:.2f} s, summaries read in {fl.timings['read_s']:.2f} s)")
-        print(f"Index: {html}\nJSON:  {js}" + (f"\nPublished: {a.source.rstrip('/')}/index.html" if a.publish else ""))
+    made = fleet.make(validate(fleet.FleetOptions, _values(fleet.FleetOptions, a), cli=True))
+    print(made.json.read_text() if a.json else made.text())
     return 0
 
 
-def _load(a: argparse.Namespace, spec_less: bool = False) -> Any:
-    """The deployment spec; None when a MODEL_DIR is given without --deployment (quant, kv)."""
-    return None if (spec_less and a.model_dir and not a.deployment) else load_spec(a.deployment)
+def _load(a: argparse.Namespace, o: Options) -> Any:
+    """The deployment spec; None when a field marked `spec_less` (quant's and kv's MODEL_DIR) is given without
+    --deployment: the stage then reads that instead of a spec."""
+    instead = any(getattr(o, name) for name, f in type(o).model_fields.items() if marks(f).get("spec_less"))
+    return None if instead and not a.deployment else load_spec(a.deployment)
 
 
-def _cmd_stage(stage: Stage, a: argparse.Namespace, o: Any) -> int:
+def _cmd_stage(stage: Stage, a: argparse.Namespace, o: Options) -> int:
     """What the options pick, as the notebook calls it: the stage's entry point (its JSON is the results payload plus
     findings; its textfile metrics) or one of the verb's other actions."""
-    spec = _load(a, spec_less="model_dir" in type(o).model_fields)
+    spec = _load(a, o)
     entry = stage.entry(o)
     directory = _textfile(a, spec) if entry is stage.evaluate else None
     rep = entry(spec, o)
@@ -249,7 +228,8 @@ def _add_stage(sub: Any, stage: Stage) -> None:
     p = sub.add_parser(stage.verb, help=stage.summary, description=stage.summary)
     _add_deployment(p)
     _add_fields(p, stage.options)
-    _add_output(p)
+    _add_json(p, "the report")
+    p.add_argument("--strict", action="store_true", help="warn and skip findings also give exit 1")
     _add_textfile(p, f"runbook_<deployment>.{stage.name}.prom")
     _VERBS[stage.verb] = stage
 
@@ -271,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="execute the notebooks with papermill and archive the run")
     _add_deployment(r)
-    _add_fields(r, RunOptions, skip=_SHARED)
+    _add_fields(r, RunOptions)
     _add_textfile(r, "runbook_<deployment>.prom")
     r.set_defaults(fn=_cmd_run)
 
@@ -280,25 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     pu = sub.add_parser("push", help="upload local runs that are not yet in the archive store (what a failed upload left)")
     _add_deployment(pu)
-    pu.add_argument("--out", default=str(OUTPUTS), metavar="DIR", help="archive root (default: outputs/)")
-    pu.add_argument("--archive-url", type=_ARCHIVE_URL, default=None, metavar="URL",
-                    help="s3://BUCKET/PREFIX (default: $RUNBOOK_ARCHIVE_URL, else the spec's archive.url)")
-    pu.add_argument("--run", action="append", default=[], metavar="RUN_ID", help="upload exactly this run (again); repeatable")
-    pu.add_argument("--json", action="store_true", help="print the uploads as JSON")
+    _add_fields(pu, PushOptions)
+    _add_json(pu, "the uploads")
     pu.set_defaults(fn=_cmd_push)
 
     fl = sub.add_parser("fleet", help="one static index of every host's runs in an archive store")
-    fl.add_argument("--from", dest="source", required=True, type=_ARCHIVE_URL, metavar="URL", help="s3://BUCKET/PREFIX the hosts upload to")
-    fl.add_argument("--out", default="fleet", metavar="DIR", help="write index.html and fleet.json here (default: fleet/)")
-    fl.add_argument("--links", choices=["relative", "presigned"], default="relative",
-                    help="run links relative to PREFIX (the page served from the store; see --publish) or presigned URLs")
-    fl.add_argument("--link-base", type=_URL, default=None, metavar="URL", help="relative links under this base, e.g. https://runbooks.example.com/fleet")
-    fl.add_argument("--expires", type=_LINK_LIFETIME, default=7 * 86400, metavar="S",
-                    help="presigned links' lifetime (default and max 7 days)")
-    fl.add_argument("--trend", type=_POS_INT, default=30, metavar="N", help="runs per host and deployment in the trends (default: 30)")
-    fl.add_argument("--workers", type=_POS_INT, default=64, metavar="N", help="summaries read concurrently (default: 64)")
-    fl.add_argument("--publish", action="store_true", help="also write index.html and fleet.json to PREFIX/ in the store")
-    fl.add_argument("--json", action="store_true", help="print the fleet JSON")
+    _add_fields(fl, fleet.FleetOptions)
+    _add_json(fl, "the fleet index")
     fl.set_defaults(fn=_cmd_fleet)
     return p
 

@@ -27,7 +27,7 @@ from runbook import service
 from runbook.core import spec
 from runbook.core.errors import LockHeld
 from runbook.endpoint import reach
-from runbook.runner.run import DeploymentLock, push
+from runbook.runner.run import DeploymentLock, PushOptions, push
 
 DEAD_URL = "http://127.0.0.1:9"
 
@@ -234,7 +234,7 @@ def test_push_refuses_while_a_run_of_the_deployment_holds_the_lock(tmp_path):
     out.mkdir()
     d = spec.load(DEFAULT_SPEC)
     with DeploymentLock(out, d.name), pytest.raises(LockHeld, match=d.name):
-        push(out, "s3://bucket/prefix", str(DEFAULT_SPEC))
+        push(PushOptions(out=out, archive_url="s3://bucket/prefix", deployment=str(DEFAULT_SPEC)))
 
 
 def test_push_cli_exits_75_while_the_lock_is_held(cli, tmp_path):

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Optional, TypeVar, cast
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic.fields import FieldInfo
 
 from runbook.core.errors import InputError
 
@@ -37,7 +38,7 @@ def _whole(v: Any) -> Any:
 
 
 def _url(s: str) -> str:
-    bad = ValueError(f"must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:30000 (got {s!r})")
+    bad = ValueError("must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:30000")
     if not s or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in s):
         raise bad
     try:
@@ -52,7 +53,7 @@ def _url(s: str) -> str:
 
 def _cc(v: str) -> str:
     if not re.fullmatch(r"\d{1,2}\.\d", v.strip()):
-        raise ValueError(f"{v!r}: a compute capability looks like 9.0 or 12.0")
+        raise ValueError("must be a compute capability such as 9.0 or 12.0")
     return v.strip()
 
 
@@ -143,7 +144,33 @@ def located(model: type[BaseModel], msg: str, cli: bool) -> str:
     return _FIELD_REF.sub(name, msg)
 
 
+def marks(f: FieldInfo) -> dict[str, Any]:
+    """What a field says about itself beyond its type (its `json_schema_extra`): `positional`, `switch`, `each`,
+    `metavar`, `echo`, `shared`, `spec_less`, `internal` (docs/contributing.md)."""
+    return f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+
+
+def echoes(f: FieldInfo) -> bool:
+    """Whether an error may repeat the field's value: not where it may hold credentials (`"echo": False`)."""
+    return marks(f).get("echo", True) is True
+
+
+_NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")   # a number as typed: shown without quotes
+
+
+def shown(err: Any, echo: bool) -> str:
+    """' (got X)': the value an error refused, added here only (a validator's message never quotes its input, so
+    the value shows once and never where the field says `"echo": False`); '' for a whole model."""
+    got = err.get("input")
+    if not echo or got is None or isinstance(got, (dict, BaseModel)):
+        return ""
+    number = isinstance(got, str) and _NUMBER.fullmatch(got) is not None
+    return f" (got {got!r})" if isinstance(got, str) and not number else f" (got {got})"
+
+
 def _problem(model: type[BaseModel], e: ValidationError, cli: bool) -> str:
+    """The first error, located by its `loc`: the field it names gives the flag (cli) or the parameter, and
+    whether its value may be shown."""
     err = e.errors()[0]
     loc = [x for x in err["loc"] if isinstance(x, str)]
     name = loc[0] if loc else ""
@@ -151,13 +178,7 @@ def _problem(model: type[BaseModel], e: ValidationError, cli: bool) -> str:
     if field is None:
         return located(model, describe(err), cli) if not name else f"{name}: not a setting of this stage"
     where = flag(model, field) if cli else field
-    msg = located(model, describe(err), cli)
-    got = err.get("input")
-    extra = model.model_fields[field].json_schema_extra
-    echo = not isinstance(extra, dict) or extra.get("echo", True)     # "echo": False, a value that may hold credentials
-    if echo and not isinstance(got, (dict, BaseModel)) and got is not None and "got " not in msg:
-        msg += f" (got {got!r})" if isinstance(got, str) and not got.strip().lstrip("-").replace(".", "", 1).isdigit() else f" (got {got})"
-    return phrase(where, msg)
+    return phrase(where, located(model, describe(err), cli) + shown(err, echoes(model.model_fields[field])))
 
 
 def phrase(where: str, msg: str) -> str:

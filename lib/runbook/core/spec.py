@@ -21,6 +21,7 @@ from pydantic import (
 
 from runbook.core import paths, specyaml, topospec
 from runbook.core.errors import SpecError
+from runbook.core.options import echoes
 from runbook.core.secrets import is_secret_key
 from runbook.core.specbase import (
     MAX_CHECKPOINT_GIB,
@@ -205,7 +206,6 @@ def level_meets_slo(level: dict[str, Any], slo: Any) -> bool:
     return True
 
 
-# A URL refused for carrying credentials is never echoed back ("(got …)") in the error line.
 NO_CREDENTIALS = "must not carry credentials or tokens"
 
 
@@ -218,20 +218,21 @@ def archive_url_problem(url: str) -> str | None:
         return "must be a URL such as s3://BUCKET/PREFIX, without spaces or control characters"
     m = re.fullmatch(r"([a-z][a-z0-9+.-]*)://([^/]*)(/.*)?", url)
     if not m:
-        return f"must be a URL such as s3://BUCKET/PREFIX (got {url!r})"
+        return "must be a URL such as s3://BUCKET/PREFIX"
     scheme, bucket, _ = m.groups()
     if "@" in bucket or "?" in url or "#" in url:
         return (f"{NO_CREDENTIALS} (user@, ?query, #fragment): the storage client reads them from "
                 "its environment (AWS_*, FSSPEC_S3_*) or credential files")
     if scheme != "file" and not bucket:
-        return f"names no bucket (got {url!r}); e.g. s3://BUCKET/PREFIX"
+        return "names no bucket; e.g. s3://BUCKET/PREFIX"
     return None
 
 
 class Archive(Strict):
     """Where finished runs are also uploaded (object storage through fsspec). The endpoint, region and
     credentials are the storage client's own settings (AWS_ENDPOINT_URL, AWS_PROFILE, FSSPEC_S3_*), never here."""
-    url: str | None = Field(None, description="s3://BUCKET/PREFIX; runs go to PREFIX/<host>/<run id>/")
+    url: str | None = Field(None, description="s3://BUCKET/PREFIX; runs go to PREFIX/<host>/<run id>/",
+                            json_schema_extra={"echo": False})   # may carry credentials: never repeated in an error
 
     @field_validator("url")
     @classmethod
@@ -249,7 +250,7 @@ def http_url_problem(url: str) -> str | None:
     if any(c in url for c in "@?#"):
         return f"{NO_CREDENTIALS} (user@, ?query, #fragment): the archive is served to whoever follows an alert's link"
     if not re.fullmatch(r"https?://[^/]+(/.*)?", url):
-        return f"must be an http(s) URL such as https://runbooks.example.com/fleet (got {url!r})"
+        return "must be an http(s) URL such as https://runbooks.example.com/fleet"
     return None
 
 
@@ -262,13 +263,14 @@ class Alerts(Strict):
                             description="how often cron or the timer runs the runbook: the 'not run' and 'stale textfile' alerts "
                             "fire after twice this")
     link_base: str | None = Field(default=None, description="where the archive is served (the fleet's --link-base): alerts "
-                                  "link <link_base>/<host>/<run id>/summary.html")
+                                  "link <link_base>/<host>/<run id>/summary.html",
+                                  json_schema_extra={"echo": False})   # may carry credentials: never repeated in an error
 
     @field_validator("textfile_dir")
     @classmethod
     def _dir_ok(cls, v: str | None) -> str | None:
         if v is not None and (not v.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in v)):
-            raise ValueError(f"must be an absolute directory such as /var/lib/prometheus/node-exporter (got {v!r})")
+            raise ValueError("must be an absolute directory such as /var/lib/prometheus/node-exporter")
         return v
 
     @field_validator("link_base")
@@ -354,7 +356,9 @@ def _describe(err: Mapping[str, Any], model: type[BaseModel]) -> str:
     got = err.get("input")
     if kind == "finite_number":
         msg = "must be a finite number (YAML's .inf and .nan are not)"
-    shown = "" if isinstance(got, (dict, list)) or NO_CREDENTIALS in msg else f" (got {got!r})"
+    field = _field(model, err["loc"])
+    echo = field is None or echoes(field)      # a field marked "echo": False (a URL that may carry credentials): never shown
+    shown = "" if isinstance(got, (dict, list)) or not echo else f" (got {got!r})"
     msg = msg.removeprefix("Value error, ")
     # A mapping's validator names the entry first ("context-length: must be ..."): make it part of the key path.
     m = re.match(r"^([^\s:]+): (.*)$", msg)

@@ -5,6 +5,7 @@ summary.json of every run that has its `_COMPLETE` marker (concurrently; no note
 and writes DIR/index.html and DIR/fleet.json: hosts × deployments, each cell's latest verdict, when it
 ran, its failing findings and the trends of the figures the runner records (runner/figures.py).
 """
-from runbook.fleet.index import Fleet, build, collect, render_html, write
+from runbook.fleet.index import Fleet, Written, build, collect, make, render_html, write
+from runbook.fleet.options import FleetOptions
 
-__all__ = ["Fleet", "build", "collect", "render_html", "write"]
+__all__ = ["Fleet", "FleetOptions", "Written", "build", "collect", "make", "render_html", "write"]

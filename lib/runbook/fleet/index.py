@@ -14,6 +14,7 @@ import jinja2
 
 from runbook.core import registry
 from runbook.core.fsutil import atomic_write_text
+from runbook.fleet.options import FleetOptions
 from runbook.runner.upload import MARKER, open_store
 
 SCHEMA = "runbook.fleet/1"
@@ -260,3 +261,32 @@ def write(doc: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     j = atomic_write_text(out_dir / "fleet.json", json.dumps(doc, indent=1, default=str) + "\n")
     h = atomic_write_text(out_dir / "index.html", render_html(doc))
     return h, j
+
+
+@dataclass
+class Written:
+    """What `runbook fleet` made: the index document, the fleet it was built from, and where it went."""
+    doc: dict[str, Any]
+    fleet: Fleet
+    html: Path
+    json: Path
+    published: str | None      # the page's URL in the store, when --publish wrote it there
+
+    def text(self) -> str:
+        fl, doc = self.fleet, self.doc
+        return (f"{doc['runs']} completed runs, {len(doc['hosts'])} hosts, {len(doc['deployments'])} deployments "
+                f"({fl.objects_listed} objects listed in {fl.timings['list_s']:.2f} s, "
+                f"summaries read in {fl.timings['read_s']:.2f} s)\nIndex: {self.html}\nJSON:  {self.json}"
+                + (f"\nPublished: {self.published}" if self.published else ""))
+
+
+def make(o: FleetOptions) -> Written:
+    """`runbook fleet`: collect the store's completed runs, write the index and, with `publish`, put it in the store."""
+    fs, root = open_store(o.source)
+    fl = collect(o.source, workers=o.workers, fs=fs, root=root)
+    doc = build(fl, trend=o.trend, links=o.links, link_base=o.link_base, expires=int(o.expires), fs=fs)
+    html, js = write(doc, o.out)
+    if o.publish:
+        fs.pipe_file(f"{root}/index.html", html.read_bytes())
+        fs.pipe_file(f"{root}/fleet.json", js.read_bytes())
+    return Written(doc, fl, html, js, f"{o.source.rstrip('/')}/index.html" if o.publish else None)

@@ -17,7 +17,7 @@ from runbook.kv.plan import Plan, plan
 # spec's value; the checkpoint dir and the weights' size are the plan's own (kv/plan.py reads them into the inputs).
 KvOptions = options_view(Inputs, "KvOptions", own={
     "model_dir": (str | None, Field(None, description="checkpoint or model-card dir (default: the deployment's model)",
-                                    json_schema_extra={"positional": "MODEL_DIR"})),
+                                    json_schema_extra={"positional": "MODEL_DIR", "spec_less": True})),
     "weights_gib": (PosFloat | None, Field(None, description="weights per GPU (default: from the checkpoint)"))})
 
 

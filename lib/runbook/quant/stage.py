@@ -13,7 +13,7 @@ from runbook.quant.analysis import QuantReport, for_deployment, inspect
 
 class QuantOptions(Options):
     model_dir: str | None = Field(None, description="checkpoint dir or cached HF repo id (default: the deployment's model)",
-                                  json_schema_extra={"positional": "MODEL_DIR"})
+                                  json_schema_extra={"positional": "MODEL_DIR", "spec_less": True})
 
 
 def evaluate(spec: Deployment | None, options: QuantOptions) -> QuantReport:

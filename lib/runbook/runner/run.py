@@ -50,21 +50,11 @@ def _names(chunk: str) -> str:
     return chunk
 
 
-def _archive_url(url: str) -> str:
-    problem = spec_mod.archive_url_problem(url)
-    if problem:
-        raise ValueError(problem)
-    return url
-
-
-ArchiveUrl = Annotated[str, AfterValidator(_archive_url)]
-
-
 class RunOptions(Options):
     """The `run` verb's settings, declared once: cli.py builds its flags from these fields (flag, metavar, help,
     the per-value check; a number's default is added to its help), and a caller of `run` cannot pass a bad one."""
 
-    deployment: str | None = None     # --deployment and --textfile-dir: flags every verb shares (cli.py)
+    deployment: str | None = Field(None, json_schema_extra={"shared": True})   # --deployment: a flag of every verb (cli.py)
     only: list[Annotated[str, AfterValidator(_names)]] = Field(
         default_factory=list, description="run only these notebooks (e.g. environment,kv_memory)",
         json_schema_extra={"metavar": "NAME[,NAME]", "each": True})
@@ -79,10 +69,11 @@ class RunOptions(Options):
     notebooks_dir: Path = Field(NOTEBOOKS, alias="notebooks", json_schema_extra={"metavar": "DIR"})   # tests: no help
     kernel: str | None = Field(None, description="Jupyter kernel name (default: the notebook's, run in this venv)",
                                json_schema_extra={"metavar": "KERNEL"})
-    archive_url: ArchiveUrl | None = Field(None, description="also upload the run to s3://BUCKET/PREFIX/<host>/<run id>/ "
+    archive_url: upload.ArchiveUrl | None = Field(None, description="also upload the run to s3://BUCKET/PREFIX/<host>/<run id>/ "
                                            "(default: $RUNBOOK_ARCHIVE_URL, else the spec's archive.url)",
                                            json_schema_extra={"metavar": "URL", "echo": False})   # may hold credentials
-    textfile_dir: str | None = None   # else $RUNBOOK_TEXTFILE_DIR, else the spec's alerts.textfile_dir
+    # --textfile-dir, else $RUNBOOK_TEXTFILE_DIR, else the spec's alerts.textfile_dir: a flag every stage verb has too (cli.py)
+    textfile_dir: str | None = Field(None, json_schema_extra={"shared": True})
 
     @field_validator("only")
     @classmethod
@@ -321,19 +312,29 @@ def _upload(out_dir: Path, run_ids: list[str], url: str, scrub: set[str], log: L
     return out
 
 
-def push(out_dir: Path, url: str | None, deployment: str | None = None, run_ids: Iterable[str] = (),
-         everything: bool = True, log: Log | None = None) -> list[upload.UploadResult]:
-    """`runbook push`: upload local runs not yet in the store at `url` (or exactly `run_ids`)."""
+class PushOptions(Options):
+    """The `push` verb's settings, declared once: cli.py builds its flags from these fields, as for `run`."""
+
+    deployment: str | None = Field(None, json_schema_extra={"shared": True})   # --deployment: a flag of every verb (cli.py)
+    out: Path = Field(OUTPUTS, description="archive root (default: outputs/)", json_schema_extra={"metavar": "DIR"})
+    archive_url: upload.ArchiveUrl | None = Field(None, description="s3://BUCKET/PREFIX (default: $RUNBOOK_ARCHIVE_URL, else "
+                                                  "the spec's archive.url)", json_schema_extra={"metavar": "URL", "echo": False})
+    runs: list[str] = Field(default_factory=list, alias="run", description="upload exactly this run (again); repeatable",
+                            json_schema_extra={"metavar": "RUN_ID", "each": True})
+
+
+def push(opts: PushOptions, everything: bool = True, log: Log | None = None) -> list[upload.UploadResult]:
+    """`runbook push`: upload local runs not yet in the store at `archive_url` (or exactly `runs`)."""
     log = log or Log()
-    spec = spec_mod.load(deployment) if deployment else None
-    url = upload.resolve_url(url, spec.archive.url if spec else None)
+    spec = spec_mod.load(opts.deployment) if opts.deployment else None
+    url = upload.resolve_url(opts.archive_url, spec.archive.url if spec else None)
     if not url:
         raise SpecError("push: no archive URL: give --archive-url s3://BUCKET/PREFIX, set RUNBOOK_ARCHIVE_URL or archive.url in the spec")
-    out_dir = Path(out_dir).resolve()
+    out_dir = opts.out.resolve()
     scrub = _run_secrets(spec) if spec else secrets.secret_values()
     log.secrets |= scrub
     name = spec.name if spec else None
-    ids = list(run_ids)
+    ids = list(opts.runs)
     known = {r["_dir"]: r.get("deployment") for r in archive.list_runs(out_dir)}
     missing = [i for i in ids if i not in known]
     if missing:

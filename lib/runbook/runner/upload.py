@@ -21,7 +21,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
 
 from runbook.core import secrets
 from runbook.core.archive import list_runs
@@ -35,6 +37,17 @@ ENV_URL = "RUNBOOK_ARCHIVE_URL"
 ENV_HOST = "RUNBOOK_HOST"
 BATCH_BYTES = 32 << 20          # objects sent concurrently per batch, by size
 MARKER_SCHEMA = "runbook.complete/1"
+
+
+def _archive_url(url: str) -> str:
+    problem = archive_url_problem(url)
+    if problem:
+        raise ValueError(problem)
+    return url
+
+
+# An archive store's URL as an option's type (run's and push's --archive-url, fleet's --from): the spec's rule.
+ArchiveUrl = Annotated[str, AfterValidator(_archive_url)]
 
 
 def host_name() -> str:

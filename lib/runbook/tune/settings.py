@@ -38,7 +38,7 @@ class TuneOptions(Options):
     @classmethod
     def _run_id(cls, v: str | None) -> str | None:
         if v is not None and not RUN_ID.match(v):
-            raise ValueError(f"{v!r}: a run id is a folder name under the archive's tune/ (letters, digits, . _ -)")
+            raise ValueError("must be a run id: a folder name under the archive's tune/ (letters, digits, . _ -)")
         return v
 
 

@@ -232,8 +232,8 @@ class VerifyOptions(Options):
         if v is not None:
             try:
                 logsource.parse_since(v)
-            except ValueError as e:
-                raise ValueError(f"must be a time: {e}") from None
+            except ValueError:
+                raise ValueError("must be a time like 2026-01-05 or '2026-01-05 10:30:00'") from None
             return v.strip()
         return v
 

@@ -155,7 +155,8 @@ def _add_fields(p: argparse.ArgumentParser, model: type[BaseModel], skip: tuple[
             continue
         tp = _field_type(f)
         kind = typing.get_args(tp)[0] if typing.get_origin(tp) is Annotated else tp
-        note = "" if not f.description or "(default" in f.description else _default_note(f.default)
+        # an option's default is its settings' (core/settings.py options_view records it as "default")
+        note = "" if not f.description or "(default" in f.description else _default_note(extra.get("default", f.default))
         help_ = f.description + note if f.description else argparse.SUPPRESS
         echo = extra.get("echo", True) is True
         if extra.get("positional"):

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from runbook.core.spec import Deployment
 
 _SPEC = "spec"          # json_schema_extra: where the field's spec value comes from
+_AT = "spec_at"         # json_schema_extra: where a computed spec value is read, for errors
 _INTERNAL = "internal"  # json_schema_extra: set by the run itself, no flag or notebook parameter
 SHOWN_DEFAULT = "default"   # json_schema_extra: the default --help shows for an option whose settings hold it
 
@@ -28,11 +29,12 @@ SettingsT = TypeVar("SettingsT", bound="Settings")
 Computed = Callable[["Deployment | None", dict[str, Any]], Any]
 
 
-def from_spec(source: str | Computed, **extra: Any) -> JsonDict:
+def from_spec(source: str | Computed, at: str | None = None, **extra: Any) -> JsonDict:
     """A field's json_schema_extra naming where its spec value comes from: a dotted path into the spec (a mapping's
     key after a dot, e.g. `serving.flags.context-length`), read only when there is a spec; or `f(spec, given)` for a
-    computed one, called with or without a spec. None from either leaves the field's default."""
-    return cast(JsonDict, {_SPEC: source, **extra})
+    computed one, called with or without a spec, with `at` the path an error about its value names. None from
+    either leaves the field's default."""
+    return cast(JsonDict, {_SPEC: source, **({_AT: at} if at else {}), **extra})
 
 
 def internal(default: Any, description: str, source: str | Computed | None = None, **kw: Any) -> Any:
@@ -89,8 +91,9 @@ class Settings(Options):
             loc = e.errors()[0]["loc"]
             k = names.get(str(loc[0]), str(loc[0])) if loc else ""
             if k in base:      # a spec value the settings refuse: named where the spec holds it
-                source = _extra(cls.model_fields[k]).get(_SPEC)
-                raise InputError(_spec_problem(spec, source if isinstance(source, str) else k, e, base[k])) from None
+                extra = _extra(cls.model_fields[k])
+                where = extra[_SPEC] if isinstance(extra[_SPEC], str) else extra.get(_AT, k)
+                raise InputError(_spec_problem(spec, where, e, base[k])) from None
             s = validate(cls, values)   # raises: the value named as its option
         return s.derived(spec)
 
@@ -111,7 +114,7 @@ def options_view(settings: type[Options], name: str, help: dict[str, str] | None
     fields as its reader knows them."""
     fields: dict[str, Any] = dict(own or {})
     for k, f in settings.model_fields.items():
-        extra = {x: v for x, v in _extra(f).items() if x != _SPEC}
+        extra = {x: v for x, v in _extra(f).items() if x not in (_SPEC, _AT)}
         if extra.get(_INTERNAL):
             continue
         default = f.get_default(call_default_factory=True)

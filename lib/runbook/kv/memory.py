@@ -90,8 +90,8 @@ class Inputs(Settings):
         "speculative-eagle-topk"), description="SGLang's --speculative-eagle-topk (default: the spec's, else SGLang's choice)")
     speculative_num_draft_tokens: PosInt | None = Field(default=None, serialization_alias="spec_num_draft_tokens", json_schema_extra=_flag(
         "speculative-num-draft-tokens"), description="SGLang's --speculative-num-draft-tokens (default: the spec's, else SGLang's choice)")
-    mamba_ssm_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(default=None, description="hybrid models' SSM state dtype",
-                                                                              json_schema_extra=from_spec(_ssm_dtype))
+    mamba_ssm_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        default=None, description="hybrid models' SSM state dtype", json_schema_extra=from_spec(_ssm_dtype, at="serving.flags.mamba-ssm-dtype"))
     compute_capability: ComputeCapability | None = Field(default=None, json_schema_extra=_at("hardware.compute_capability"),
                                                          description="GPU compute capability, e.g. 9.0 (H200), 10.0 (B200), "
                                                                      "12.0 (RTX PRO 6000)")

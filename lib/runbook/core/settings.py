@@ -10,13 +10,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeVar, cast
 
 from pydantic import Field, ValidationError, create_model, model_validator
-from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticUndefined
 
 from runbook.core.errors import InputError
 from runbook.core.options import Options, describe, phrase, validate
 
 if TYPE_CHECKING:
+    from pydantic.json_schema import JsonDict  # for the type only: importing it costs the CLI's start-up ~2.5 ms
+
     from runbook.core.spec import Deployment
 
 _SPEC = "spec"          # json_schema_extra: where the field's spec value comes from
@@ -34,12 +35,12 @@ def from_spec(source: str | Computed, at: str | None = None, **extra: Any) -> Js
     key after a dot, e.g. `serving.flags.context-length`), read only when there is a spec; or `f(spec, given)` for a
     computed one, called with or without a spec, with `at` the path an error about its value names. None from
     either leaves the field's default."""
-    return cast(JsonDict, {_SPEC: source, **({_AT: at} if at else {}), **extra})
+    return cast("JsonDict", {_SPEC: source, **({_AT: at} if at else {}), **extra})
 
 
 def internal(default: Any, description: str, source: str | Computed | None = None, **kw: Any) -> Any:
     """A setting the run sets itself (from the spec, or a caller such as tune): no flag, no notebook parameter."""
-    extra = from_spec(source, **{_INTERNAL: True}) if source is not None else {_INTERNAL: True}
+    extra: JsonDict = {_INTERNAL: True, **(from_spec(source) if source is not None else {})}
     return Field(default, description=description, json_schema_extra=extra, **kw)
 
 
@@ -84,9 +85,9 @@ class Settings(Options):
             v = source(spec, given) if callable(source) else (read(spec, source) if spec is not None else None)
             if v is not None:
                 base[k] = v
-        values = {**base, **given}
+        merged = {**base, **given}
         try:
-            s = cls.model_validate(values)
+            s = cls.model_validate(merged)
         except ValidationError as e:
             loc = e.errors()[0]["loc"]
             k = names.get(str(loc[0]), str(loc[0])) if loc else ""
@@ -94,7 +95,7 @@ class Settings(Options):
                 extra = _extra(cls.model_fields[k])
                 where = extra[_SPEC] if isinstance(extra[_SPEC], str) else extra.get(_AT, k)
                 raise InputError(_spec_problem(spec, where, e, base[k])) from None
-            s = validate(cls, values)   # raises: the value named as its option
+            s = validate(cls, merged)   # raises: the value named as its option
         return s.derived(spec)
 
     def derived(self: SettingsT, spec: Deployment | None) -> SettingsT:

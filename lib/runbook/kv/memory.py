@@ -44,7 +44,7 @@ _flag = lambda name: from_spec(f"serving.flags.{name}")   # noqa: E731
 
 
 # arg_groups/serving_hook.py: --mamba-ssm-dtype is passed on as SGLANG_MAMBA_SSM_DTYPE, which wins
-_ssm_dtype = lambda spec, given: (spec.serving.env.get("SGLANG_MAMBA_SSM_DTYPE") or spec.serving.flags.get("mamba-ssm-dtype")  # noqa: E731
+_ssm = lambda spec, given: (spec.serving.env.get("SGLANG_MAMBA_SSM_DTYPE") or spec.serving.flags.get("mamba-ssm-dtype")  # noqa: E731
                                   ) if spec else None
 _explicit = lambda spec, given: True if given.get("context_len") is not None or (  # noqa: E731
     spec and spec.serving.flags.get("context-length") is not None) else None
@@ -91,7 +91,7 @@ class Inputs(Settings):
     speculative_num_draft_tokens: PosInt | None = Field(default=None, serialization_alias="spec_num_draft_tokens", json_schema_extra=_flag(
         "speculative-num-draft-tokens"), description="SGLang's --speculative-num-draft-tokens (default: the spec's, else SGLang's choice)")
     mamba_ssm_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        default=None, description="hybrid models' SSM state dtype", json_schema_extra=from_spec(_ssm_dtype, at="serving.flags.mamba-ssm-dtype"))
+        default=None, description="hybrid models' SSM state dtype", json_schema_extra=from_spec(_ssm, at="serving.flags.mamba-ssm-dtype"))
     compute_capability: ComputeCapability | None = Field(default=None, json_schema_extra=_at("hardware.compute_capability"),
                                                          description="GPU compute capability, e.g. 9.0 (H200), 10.0 (B200), "
                                                                      "12.0 (RTX PRO 6000)")

@@ -33,7 +33,9 @@ _TYPES: dict[str, Any] = {
 # Parameters the runner itself sets (the runner-notebook contract); a user may not override them.
 # deployment: the spec file; results_path: where finish() writes the results JSON; artifact_dir: a
 # folder in the run for raw records; archive_root: the archive (earlier runs, for regression checks;
-# the run being written is hidden until it completes); interactive: False under the runner.
+# the run being written is hidden until it completes); interactive: a person is at the notebook (True by hand,
+# False under the runner), whose consequences are the notebook's: 20's what-if panel, 40's progress bars. Each is
+# the options field of that name where a stage takes it (its CLI flag the alias: --out, --archive, --progress).
 RESERVED = ("deployment", "results_path", "artifact_dir", "archive_root", "interactive")
 NONE = ("none", "null")   # --param values that mean None for a `T | None` parameter
 

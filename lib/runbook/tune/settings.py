@@ -39,8 +39,8 @@ class TuneSettings(Settings):
     resume: Annotated[str, AfterValidator(_run_id)] | None = Field(
         None, description="continue this tune run (a folder under DIR/tune/), skipping its finished candidates",
         json_schema_extra={"metavar": "RUN_ID"})
-    budget_s: PosFloat = Field(Tune.model_fields["budget_s"].default, description="the whole run's time bound, seconds (default: the spec's "
-                               "tune.budget_s)", json_schema_extra=from_spec("tune.budget_s"))
+    budget_s: PosFloat = Field(Tune.model_fields["budget_s"].default, json_schema_extra=from_spec("tune.budget_s"),
+                               description="the whole run's time bound, seconds (default: the spec's tune.budget_s)")
     archive_root: str = Field(default_factory=lambda: str(paths.outputs_dir()), alias="archive",
                               description="archive root; runs go to DIR/tune/<run id>/ (default: outputs/)",
                               json_schema_extra={"metavar": "DIR"})

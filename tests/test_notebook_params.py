@@ -56,7 +56,7 @@ def _evaluate_keywords(stem: str) -> list[str]:
 @pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
 def test_the_notebook_hands_every_stage_parameter_to_evaluate(stage):
     declared = params.inspect(NOTEBOOKS / f"{stage.notebook}.ipynb")
-    taken = set(stage.runner_params) | set(stage.options.model_fields)
+    taken = set(stage.options.model_fields)
     wanted = [n for n in declared if n not in ("deployment", "results_path") and (n not in params.RESERVED or n in taken)]
     assert _evaluate_keywords(stage.notebook) == wanted
 
@@ -73,10 +73,9 @@ class _Merged(Options):
     yes: bool | None = Field(None, description="other: really do it (default: dry run)", json_schema_extra={"notebook": False})
 
 
-def _stage(options: type[Options], runner_params: dict[str, str] | None = None) -> registry.Stage:
+def _stage(options: type[Options]) -> registry.Stage:
     kv = registry.get("kv")
-    return registry.Stage(99, "merged", "merged", "x", options, kv.evaluate, runner_params=runner_params or {},
-                          action_field="action")
+    return registry.Stage(99, "merged", "merged", "x", options, kv.evaluate, action_field="action")
 
 
 def test_a_runner_parameter_that_is_also_a_field_is_declared_once():
@@ -85,7 +84,7 @@ def test_a_runner_parameter_that_is_also_a_field_is_declared_once():
         'deployment: str = "../deployments/qwen3.5-397b-a17b-nvfp4.yaml"  # deployment spec (YAML)',
         'results_path: str = ""  # results JSON written here; set by the runner',
         "artifact_dir: str | None = None  # raw records written here; set by the runner (None: not written)",
-        "interactive: bool = True  # a person is watching: progress bars, the what-if panel; the runner sets False",
+        "interactive: bool = True  # a person is at the notebook (False under the runner): 20's what-if panel, 40's progress bars",
         "levels: list[int] | None = None  # load levels, e.g. 1,2 (None: the spec's); see url",
         "url: str | None = None  # the server (None: the spec's)",
         "plan_only: bool = False  # plan only",

@@ -52,7 +52,7 @@ def test_stage_parameters_default_to_none(stage):
     for name, d in declared.items():
         if name in _NOT_STAGE:
             continue
-        f = fields[stage.runner_params.get(name, name)]
+        f = fields[name]
         values[name] = ast.literal_eval(d["default"])
         if values[name] is None:
             assert d["inferred_type_name"].endswith(" | None"), (name, d)

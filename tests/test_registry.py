@@ -68,9 +68,9 @@ def test_every_notebook_parameter_maps_to_an_option_and_a_cli_flag(stage):
     fields = stage.options.model_fields
     names = _cli_names(stage.verb)
     for name in declared:
-        if name in params_mod.RESERVED and name not in stage.runner_params:
+        if name in params_mod.RESERVED and name not in fields:
             continue              # deployment, results_path, and display-only parameters the runner sets
-        field = stage.runner_params.get(name, name)
+        field = name              # a runner-set parameter too is its option's own name (artifact_dir, flag --out)
         assert field in fields, f"{stage.notebook}: parameter {name} is not a field of {stage.options.__name__}"
         assert flag(stage.options, field) in names or field in names, f"{stage.verb}: no CLI flag for {field}"
 
@@ -111,7 +111,7 @@ def _notebook_defaults(stage: registry.Stage) -> dict:
     declared = params_mod.inspect(NOTEBOOKS / f"{stage.notebook}.ipynb")
     out = {}
     for name, d in declared.items():
-        if name in ("deployment", "results_path") or (name in params_mod.RESERVED and name not in stage.runner_params):
+        if name in ("deployment", "results_path") or (name in params_mod.RESERVED and name not in stage.options.model_fields):
             continue
         out[name] = ast.literal_eval(d["default"])
     if "interactive" in out:

@@ -25,6 +25,7 @@ from runbook.core.findings import exit_code, format_text
 from runbook.core.options import Options, describe, echoes, flag, marks, phrase, shown, validate
 from runbook.core.oscalls import Interrupted
 from runbook.core.registry import Outcome, Stage, document
+from runbook.core.settings import default_text, shown_default
 from runbook.core.spec import load as load_spec
 from runbook.runner.run import PushOptions, RunOptions, push, run
 
@@ -126,9 +127,13 @@ def _default_note(default: Any) -> str:
     """Every flag's default shown one way: ' (default: X)' where the field has one; None (unset) shows nothing."""
     if default is None or default is PydanticUndefined or isinstance(default, bool) or default == []:
         return ""
-    if isinstance(default, list):
-        return f" (default: {','.join(map(str, default))})"
-    return f" (default: {default:g})" if isinstance(default, float) else f" (default: {default})"
+    return f" (default: {default_text(default)})"
+
+
+def _settings_default(f: Any) -> Any:
+    """What unset takes where the options view's settings hold it (core/settings.py), else the field's own default."""
+    shown = shown_default(f)
+    return f.default if shown is None else shown
 
 
 def _add_fields(p: argparse.ArgumentParser, model: type[BaseModel]) -> None:
@@ -143,7 +148,8 @@ def _add_fields(p: argparse.ArgumentParser, model: type[BaseModel]) -> None:
             continue
         tp = _field_type(f)
         kind = typing.get_args(tp)[0] if typing.get_origin(tp) is Annotated else tp
-        note = "" if not f.description or "(default" in f.description else _default_note(f.default)
+        # an option's default is its settings' (core/settings.py options_view records it as "default")
+        note = "" if not f.description or "(default" in f.description else _default_note(_settings_default(f))
         help_ = f.description + note if f.description else argparse.SUPPRESS
         echo = echoes(f)
         if extra.get("positional"):

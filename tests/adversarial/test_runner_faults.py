@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from runbook.core.errors import InputError, SpecError
 from runbook.core.options import validate
 from runbook.runner import archive, params
-from runbook.runner.run import DeploymentLock, RunOptions
+from runbook.runner.run import DeploymentLock, RunOptions, RunSettings
 
 pytestmark = pytest.mark.notebook
 
@@ -198,7 +198,10 @@ def test_run_options_are_checked_by_their_model(change, option):
 def test_good_options_pass_validation():
     opts = RunOptions(only=["quick, first", "x"], timeout=0.5, run_timeout=1, keep=1)
     assert opts.only == ["quick", "first", "x"] and (opts.timeout, opts.run_timeout, opts.keep) == (0.5, 1.0, 1)
+    # None is unset in the options; the defaults are the settings' own, where `run` resolves them
     assert RunOptions().model_dump(include={"timeout", "run_timeout", "keep", "only"}) == \
+        {"timeout": None, "run_timeout": None, "keep": None, "only": None}
+    assert RunSettings.resolve(None, RunOptions()).model_dump(include={"timeout", "run_timeout", "keep", "only"}) == \
         {"timeout": 1800.0, "run_timeout": 7200.0, "keep": None, "only": []}
 
 
@@ -221,7 +224,7 @@ def test_the_run_flags_are_the_model_s():
 
 def test_service_args_parameter_is_declared_and_typed():
     decl = params.inspect(REPO / "notebooks" / "30_service.ipynb")
-    assert decl["args"]["inferred_type_name"] == "list[str]" and decl["args"]["default"] == "[]"
+    assert decl["args"]["inferred_type_name"] == "list[str] | None" and decl["args"]["default"] == "None"
     typ = decl["args"]["inferred_type_name"]
     assert params.coerce("args", "kv-cache-dtype=bf16", typ, "30_service.ipynb") == ["kv-cache-dtype=bf16"]
     assert params.coerce("args", '["a=1","b=2"]', typ, "30_service.ipynb") == ["a=1", "b=2"]

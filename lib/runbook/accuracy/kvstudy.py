@@ -63,9 +63,9 @@ def choose(spec: Any, kv_model: str | None) -> Choice:
 
 
 def _scale_dir(s: AccuracySettings, cap: kvcapture.Capture) -> Path:
-    """Where the scales go: the run's artifact folder (s.out) when given, else beside the cache entry."""
-    if s.out:
-        return output_dir(Path(s.out) / "kv_scales", option="out")
+    """Where the scales go: the run's artifact folder (s.artifact_dir) when given, else beside the cache entry."""
+    if s.artifact_dir:
+        return output_dir(Path(s.artifact_dir) / "kv_scales", option="out")
     return paths.cache_dir() / "kvvalues" / f"scales-{cap.model_sha256[:16]}"
 
 

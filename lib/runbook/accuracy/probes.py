@@ -29,7 +29,7 @@ def deployment_format(spec: Deployment) -> tuple[str, str]:
 
 
 def run_recall(s: AccuracySettings) -> tuple[dict[str, Any], list[Finding]]:
-    """Recall at s.url, and the A/B against s.compare_url; prompts archived under s.out."""
+    """Recall at s.url, and the A/B against s.compare_url; prompts archived under s.artifact_dir."""
     url, compare_url = s.url, s.compare_url
     if not url:
         return {"grid": []}, [Finding("accuracy.recall.endpoint", "skip", "recall probe skipped: no endpoint given",
@@ -54,8 +54,8 @@ def run_recall(s: AccuracySettings) -> tuple[dict[str, Any], list[Finding]]:
         tested = identity.tested_difference(diffs, ca is not None and cb is not None)
         doc.update({"compare_url": compare_url, "grid_b": recall.grid(res_b), "ab": ab, "results_b": res_b,
                     "differences": diffs})
-    if s.out:  # prompts are deterministic from the seed; archive them with the answers
-        out = Path(s.out)
+    if s.artifact_dir:  # prompts are deterministic from the seed; archive them with the answers
+        out = Path(s.artifact_dir)
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "recall_prompts.jsonl", "w") as f:
             for it in recall.item_dicts(items):

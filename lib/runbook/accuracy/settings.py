@@ -1,40 +1,58 @@
 """Stage 50's settings, each declared once: `AccuracySettings` is one run's settings, frozen, which the probes
 (recall, identity, toolcall) and the stage's actions read. The stage's options model is the same one as flags and
 notebook parameters: every setting but the internal ones, each optional, None meaning unset (accuracy/stage.py
-derives it with `options_view`). `AccuracySettings.resolve` is the one merge of the options with the spec (CLI,
-notebook and tune's guard alike). A leaf: nothing else of runbook.accuracy is imported here."""
+derives it with `options_view`). Each field names where its spec value comes from (`from_spec`);
+`AccuracySettings.resolve` (core/settings.py's one merge) fills them in, for the CLI, the notebook and tune's guard
+alike, and `derived` keeps the recall lengths the server's context takes. A leaf: nothing else of runbook.accuracy is
+imported here."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from runbook.core.options import Fraction, Integer, Options, PosInt, Url, internal, validate
+from runbook.core.options import Fraction, Integer, PosInt, Url
+from runbook.core.settings import Settings, from_spec, internal
 from runbook.core.spec import Accuracy, Deployment
 
 _PLAN = Accuracy()          # the spec's defaults: the settings' defaults where no spec is given
 _SPEC_URL = ("recall", "toolcall", "kld")   # the probes that default to the spec's own server; report and identity skip without --url
 
 
-class AccuracySettings(Options):
+def _url(spec: Deployment | None, given: dict[str, Any]) -> str | None:
+    return spec.serving.local_url if spec is not None and given.get("probe", "report") in _SPEC_URL else None
+
+
+def _tokenizer(spec: Deployment | None, given: dict[str, Any]) -> str | None:
+    """kld cuts windows into ids: the served checkpoint's tokenizer, when it is here."""
+    if spec is None or given.get("probe") != "kld" or not (Path(spec.model.path) / "tokenizer.json").is_file():
+        return None
+    return spec.model.path
+
+
+class AccuracySettings(Settings):
     probe: Literal["kvquant", "recall", "identity", "report", "toolcall", "kld"] = Field(
         "report", description="report: all of them, what 50_accuracy shows (live probes skip without --url)",
         json_schema_extra={"positional": "PROBE"})
     url: Url | None = Field(None, description="recall, toolcall: the endpoint (default: the spec's); identity, report: A, and "
-                                              "the server checked for batch invariance (default: none, skipped)")
+                                              "the server checked for batch invariance (default: none, skipped)",
+                                json_schema_extra=from_spec(_url))
     compare_url: Url | None = Field(None, description="recall, report: A/B second endpoint (e.g. BF16 KV); identity: B, a "
                                                       "server that differs from A in the setting to test (default: no A/B)")
     spec_off_url: Url | None = Field(None, description="report, identity: B when it is not compare_url (e.g. the same model "
                                                        "with speculative decoding off; default: compare_url)")
     lengths: list[PosInt] = Field(default_factory=lambda: list(_PLAN.recall_lengths),
-                                  description="recall: haystack token lengths (default: the spec's, up to --context-length)")
+                                  description="recall: haystack token lengths (default: the spec's, up to --context-length)",
+                                  json_schema_extra=from_spec("accuracy.recall_lengths"))
     depths: list[Fraction] = Field(default_factory=lambda: list(_PLAN.recall_depths),
-                                   description="recall: needle depths as fractions (default: the spec's)")
+                                   description="recall: needle depths as fractions (default: the spec's)",
+                                   json_schema_extra=from_spec("accuracy.recall_depths"))
     per_cell: PosInt = Field(1, description="recall: needles per length × depth cell (default: 1)")
     tokenizer: str | None = Field(None, description="dir with tokenizer.json: exact prompt lengths; kld: the windows' token "
-                                                    "ids (default: approximate lengths; kld: the spec's model dir when it has one)")
+                                                    "ids (default: approximate lengths; kld: the spec's model dir when it has one)",
+                                json_schema_extra=from_spec(_tokenizer))
     seed: Integer = Field(0, description="the prompts are deterministic from this seed (default: 0)")
     prompts: PosInt = Field(8, description="identity: number of prompts (default: 8)")
     max_tokens: PosInt = Field(64, description="identity: greedy tokens per prompt (default: 64)")
@@ -45,7 +63,8 @@ class AccuracySettings(Options):
         "auto", description="toolcall, report: auto (default: what agent loops send) or required (the server must call a "
                             "tool; prose is then a fail: the chat template or parser ignores the tools)")
     toolcall_max_tokens: PosInt = Field(1024, description="toolcall, report: tokens per tool-call answer (default: 1024)")
-    out: str | None = Field(None, description="recall, report: archive the prompts here (report, kvquant: and the KV scales)")
+    artifact_dir: str | None = Field(None, alias="out", description="recall, report: archive the prompts here (report, kvquant: "
+                                                                    "and the KV scales)")
     kv_model: str | None = Field(None, description="kvquant, report: an HF checkpoint dir whose cached K and V the KV study "
                                                    "measures (default: the deployment's model when it is here and at most 2 "
                                                    "GiB; else the MiniLM encoder)")
@@ -60,7 +79,15 @@ class AccuracySettings(Options):
     floor_url: Url | None = Field(None, description="kld, identity, report: a restart of the reference with the same "
                                                     "settings, for the noise floor (default: a second pass on the reference)")
     # Set by the run itself, never a flag or a notebook parameter:
-    api_key_env: str | None = internal(None, "the spec's serving.api_key_env: the variable holding the API key")
+    api_key_env: str | None = internal(None, "the spec's serving.api_key_env: the variable holding the API key",
+                                       "serving.api_key_env")
+
+    @model_validator(mode="after")
+    def _rules(self) -> AccuracySettings:
+        if self.floor_url and self.url and self.floor_url.rstrip("/") == self.url.rstrip("/"):
+            raise ValueError("{floor_url} is a restart of the reference ({compare_url}) for the noise floor, not the server "
+                             "measured ({url}): give the reference's restart, or leave it out")
+        return self
 
     @property
     def api_key(self) -> str | None:
@@ -74,23 +101,9 @@ class AccuracySettings(Options):
                          else (self.spec_off_url, self.compare_url))
         return first or second
 
-    @classmethod
-    def resolve(cls, spec: Deployment | None = None, options: Options | None = None, **values: Any) -> AccuracySettings:
-        """The options' set fields, then `values` (what a caller sets itself: tune's guard), over the spec's accuracy
-        section and server; None is unset everywhere. InputError naming the setting when a value fails."""
-        given = options.model_dump(exclude_none=True) if options is not None else {}
-        given.update({k: v for k, v in values.items() if v is not None})
-        base: dict[str, Any] = {}
-        if spec is not None:
-            base = {"lengths": list(spec.accuracy.recall_lengths), "depths": list(spec.accuracy.recall_depths),
-                    "api_key_env": spec.serving.api_key_env}
-            if given.get("probe", "report") in _SPEC_URL:
-                base["url"] = spec.serving.local_url
-            if given.get("probe") == "kld" and (Path(spec.model.path) / "tokenizer.json").is_file():
-                base["tokenizer"] = spec.model.path       # kld cuts windows into ids: the served checkpoint's tokenizer
-        s = validate(cls, {**base, **given})
-        if spec is not None:     # a prompt longer than the server's --context-length would be rejected
-            ctx = spec.serving.flags.get("context-length")
-            fit = [L for L in s.lengths if ctx is None or int(ctx) >= L] or s.lengths[:1]
-            s = s.model_copy(update={"lengths": fit})
-        return s
+    def derived(self, spec: Deployment | None) -> AccuracySettings:
+        """The recall lengths the server takes: a prompt longer than its --context-length would be rejected."""
+        ctx = spec.serving.flags.get("context-length") if spec is not None else None
+        if ctx is None:
+            return self
+        return self.model_copy(update={"lengths": [L for L in self.lengths if int(ctx) >= L] or self.lengths[:1]})

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 from runbook.accuracy.settings import AccuracySettings
 from runbook.core.archive import number
 from runbook.core.findings import Finding
-from runbook.core.options import Options, options_view
+from runbook.core.options import Options
 from runbook.core.registry import Outcome, Stage, register
+from runbook.core.settings import options_view
 from runbook.core.spec import SLO, Deployment
 
 if TYPE_CHECKING:
@@ -133,7 +134,6 @@ STAGE = register(Stage(50, "accuracy", "accuracy",
                        "KV-quantization error offline; long-context recall, greedy identity, tool calls and KL "
                        "divergence against a reference live",
                        AccuracyOptions, evaluate, figures=figures, trends=("recall", "greedy_identical", "kvquant_attn_rel_err_max"),
-                       runner_params={"artifact_dir": "out"},
                        actions={"kvquant": _kvquant, "recall": _recall, "toolcall": _toolcall, "identity": _identity,
                                 "kld": _kld},
                        action_field="probe"))

@@ -86,7 +86,7 @@ async def run_async(o: BenchSettings, slo: Any = None, vocab_size: int | None = 
         return _unreachable(o.server, why)
     api_key = os.environ.get(o.api_key_env) if o.api_key_env else None
     model = o.model or await model_name(o.server, api_key)
-    out = Path(o.out) if o.out else None
+    out = Path(o.artifact_dir) if o.artifact_dir else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
     records_path = out / "records.jsonl" if out else None
@@ -170,7 +170,7 @@ class _LevelRunner:
         if load.driver is not None:
             return await run_level(client, load.requests, lv, o.warmup, bool(o.flush_cache), self.records_path, o.seed, o.duration,
                                    telemetry=tel, driver=load.driver, replicas=o.replicas)
-        bar = _bar(len(load.requests), lv.label) if o.progress and not o.duration and not self.procs else None
+        bar = _bar(len(load.requests), lv.label) if o.interactive and not o.duration and not self.procs else None
         if self.procs is not None and lv.concurrency:
             lr = await workers.run_level_workers(self.procs, client, o.tokenizer if tok is not None else None, load.requests,
                                                  lv, o.workers, o.warmup, bool(o.flush_cache), self.records_path, telemetry=tel,

@@ -1,9 +1,9 @@
 """Stage 40's settings, each declared once: `BenchSettings` is one run's settings, frozen, which the sweep, the
 workloads and the worker processes read. The stage's options model is the same one as flags and notebook parameters:
 every setting but the internal ones, each optional, None meaning unset (bench/stage.py derives it with
-`options_view`). `BenchSettings.resolve` is the one merge
-of the options with the spec's benchmark plan (CLI, notebook and tune alike). A leaf: nothing else of
-runbook.bench is imported here, so every bench module can import it."""
+`options_view`). Each field names where its spec value comes from (`from_spec`: the benchmark plan, the server's
+URL); `BenchSettings.resolve` (core/settings.py's one merge) fills them in, for the CLI, the notebook and tune alike.
+A leaf: nothing else of runbook.bench is imported here, so every bench module can import it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,18 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from runbook.core.errors import InputError
-from runbook.core.options import (
-    Fraction,
-    Integer,
-    NonNegFloat,
-    NonNegInt,
-    Options,
-    PosFloat,
-    PosInt,
-    Url,
-    internal,
-    validate,
-)
+from runbook.core.options import Fraction, Integer, NonNegFloat, NonNegInt, PosFloat, PosInt, Url
+from runbook.core.settings import Settings, from_spec, internal
 from runbook.core.spec import Benchmark, Deployment
 
 DURATION_REQUESTS = 100000   # the request budget of a level bounded by time (built lazily: only those sent)
@@ -42,17 +32,48 @@ def _transport(name: str) -> str:
 Transport = Annotated[str, AfterValidator(_transport)]
 
 
-class BenchSettings(Options):
-    url: Url | None = Field(default=None, description="server base URL (default: the spec's host:port)")
+# The spec values that depend on what else was set (from_spec's computed sources: (spec or None, given) -> value).
+def _url(spec: Deployment | None, given: dict[str, Any]) -> str | None:
+    return _front(spec) if spec is not None else None
+
+
+def _concurrency(spec: Deployment | None, given: dict[str, Any]) -> list[int] | None:
+    if given.get("rates"):
+        return []        # --rate alone runs rate levels alone, not the spec's concurrency plan too
+    return list(spec.benchmark.concurrency) if spec is not None else None
+
+
+def _requests(spec: Deployment | None, given: dict[str, Any]) -> int | None:
+    if given.get("duration") or spec is None:
+        return None      # a level bounded by --duration, not by the spec's request count
+    return spec.benchmark.requests_per_level
+
+
+def _tokenizer(spec: Deployment | None, given: dict[str, Any]) -> str | None:
+    return _spec_tokenizer(spec) if spec is not None and "url" not in given else None
+
+
+def _replicas(spec: Deployment | None, given: dict[str, Any]) -> dict[str, str] | None:
+    if spec is None or not spec.topology.replicas:
+        return None
+    return _behind(spec, given.get("url") or _front(spec))
+
+
+class BenchSettings(Settings):
+    url: Url | None = Field(default=None, description="server base URL (default: the spec's host:port)",
+                            json_schema_extra=from_spec(_url))
     model: str | None = Field(default=None, description="model name to send (default: the server's first /v1/models entry)")
     concurrency: list[PosInt] = Field(default_factory=lambda: list(_PLAN.concurrency),
-                                      description="fixed-concurrency levels, e.g. 1,2,4 (default: the spec's plan)")
+                                      description="fixed-concurrency levels, e.g. 1,2,4 (default: the spec's plan)",
+                                      json_schema_extra=from_spec(_concurrency))
     rates: list[PosFloat] = Field(default_factory=list, alias="rate",
                                   description="Poisson request-rate levels (requests/s), run alone (default: none)")
-    requests: PosInt | None = Field(default=None, description="measured requests per level (default: the spec's)")
+    requests: PosInt | None = Field(default=None, description="measured requests per level (default: the spec's)",
+                                    json_schema_extra=from_spec(_requests))
     duration: PosFloat | None = Field(default=None, description="measure each level for S seconds (no request starts later) "
                                                  "(default: a request count)")
-    workload: str = Field(default=_PLAN.workload, description="the workload (`runbook bench --help` lists them; default: the spec's)")
+    workload: str = Field(default=_PLAN.workload, description="the workload (`runbook bench --help` lists them; default: the spec's)",
+                          json_schema_extra=from_spec("benchmark.workload"))
     turns: PosInt = Field(default=4, description="agentic: turns per session (default: 4)")
     think_time: NonNegFloat = Field(default=0.0, description="agentic: pause between turns, fixed or an exponential's mean (default: 0)")
     think_dist: Literal["fixed", "exp"] = Field(default="fixed", description="agentic: think time fixed, or exponential with that mean "
@@ -67,21 +88,28 @@ class BenchSettings(Options):
                        "takes every N-th request and a share of the concurrency, one clock, records merged")
     transport: Transport | None = Field(default=None, description="HTTP client for the streamed requests: h1 (asyncio "
                                                           "protocol over httptools) or aiohttp (default: h1)")
-    input_len: PosInt = Field(default=_PLAN.input_len, description="prompt tokens (random, longctx, prefix; default: the spec's)")
-    output_len: PosInt = Field(default=_PLAN.output_len, description="generated tokens per request, ignore_eos (default: the spec's)")
+    input_len: PosInt = Field(default=_PLAN.input_len, description="prompt tokens (random, longctx, prefix; default: the spec's)",
+                              json_schema_extra=from_spec("benchmark.input_len"))
+    output_len: PosInt = Field(default=_PLAN.output_len, description="generated tokens per request, ignore_eos (default: the spec's)",
+                               json_schema_extra=from_spec("benchmark.output_len"))
     chat: bool | None = Field(default=None, description="use /v1/chat/completions (default: off)")
     tokenizer: str | None = Field(default=None, description="dir with tokenizer.json for exact lengths and client token counts "
-                                                 "(default: approximate lengths)")
-    warmup: NonNegInt = Field(default=_PLAN.warmup, description="warm-up requests per level (default: the spec's)")
-    out: Path | None = Field(default=None, description="write records.jsonl and summary.json here", json_schema_extra={"metavar": "DIR"})
+                                                 "(default: approximate lengths)",
+                                  json_schema_extra=from_spec(_tokenizer))
+    warmup: NonNegInt = Field(default=_PLAN.warmup, description="warm-up requests per level (default: the spec's)",
+                              json_schema_extra=from_spec("benchmark.warmup"))
+    artifact_dir: Path | None = Field(default=None, alias="out", description="write records.jsonl and summary.json here",
+                                      json_schema_extra={"metavar": "DIR"})
     compare_url: Url | None = Field(default=None, description="A/B: the same workload against this second endpoint (default: no A/B)")
-    seed: Integer = Field(default=0, description="the workload is deterministic from this seed (default: 0)")
-    timeout: PosFloat = Field(default=600.0, description="per-request timeout, seconds (default: 600)")
+    seed: Integer = Field(default=0, description="the workload is deterministic from this seed")
+    timeout: PosFloat = Field(default=600.0, description="per-request timeout, seconds")
     flush_cache: bool | None = Field(default=None, description="POST /flush_cache before each level; --no-flush-cache: not even when "
-                                                       "the spec's benchmark.flush_cache asks (default: the spec's, off)")
-    archive: str | None = Field(default=None, description="compare with this deployment's newest benchmark archived here "
-                                                  "(default: outputs/; '' to skip)")
-    progress: bool = Field(default=False, description="progress bars on stderr")
+                                                       "the spec's benchmark.flush_cache asks (default: the spec's, off)",
+                                       json_schema_extra=from_spec("benchmark.flush_cache"))
+    archive_root: str | None = Field(default=None, alias="archive", description="compare with this deployment's newest "
+                                     "benchmark archived here (default: outputs/; '' to skip)")
+    interactive: bool = Field(default=False, alias="progress", description="progress bars on stderr: a person is watching "
+                              "(default: on when stderr is a terminal; off under the runner)")
     speculation: bool = Field(default=False, description="after the levels, speculative decoding on real text vs random tokens: "
                                                          "acceptance and speed-up per context length (bench/spec_study.py) (default: off)")
     speculation_baseline_url: Url | None = Field(default=None, description="--speculation: the same server with speculative "
@@ -90,14 +118,15 @@ class BenchSettings(Options):
                                                description="--speculation: prompt lengths in tokens, one bucket each (default: 256,1024)")
     speculation_requests: PosInt = Field(default=3, description="--speculation: prompts per corpus kind and length (default: 3)")
     # Set by the run itself, never a flag or a notebook parameter:
-    api_key_env: str | None = internal(None, "the spec's serving.api_key_env: the variable holding the API key")
+    api_key_env: str | None = internal(None, "the spec's serving.api_key_env: the variable holding the API key",
+                                       "serving.api_key_env")
     range_ratio: Fraction = internal(0.0, "random: input lengths drawn from U[L·(1−r), L·(1+r)]")
     telemetry: bool = internal(True, "NVML + /metrics sampled during each level (bench/telemetry.py)")
     telemetry_interval_s: PosFloat = internal(1.0, "seconds between telemetry samples")
     nvml: Any = internal(None, "an NVML module to sample (tests inject one); None: pynvml when a driver is there")
     find_max_levels: Annotated[Integer, Field(ge=2)] = internal(10, "--find-max slo: at most this many levels")
     replicas: dict[str, str] = internal({}, "name -> URL of the spec's replicas behind the benchmarked URL: each one's "
-                                            "/metrics read before and after every level (bench/replicas.py)")
+                                            "/metrics read before and after every level (bench/replicas.py)", _replicas)
 
     @model_validator(mode="after")
     def _rules(self) -> BenchSettings:
@@ -118,30 +147,6 @@ class BenchSettings(Options):
         if self.url is None:
             raise InputError("no server URL: give --url, or a deployment spec")
         return self.url
-
-    @classmethod
-    def resolve(cls, spec: Deployment | None = None, options: Options | None = None, **values: Any) -> BenchSettings:
-        """The options' set fields, then `values` (what a caller sets itself: internal settings, tune's plan), over the
-        spec's benchmark plan; None is unset everywhere. InputError naming the setting when a value or a rule fails."""
-        names = {f.alias: k for k, f in cls.model_fields.items() if f.alias}      # a flag's name (rate) -> its field
-        given = options.model_dump(exclude_none=True) if options is not None else {}
-        given.update({names.get(k, k): v for k, v in values.items() if v is not None})
-        base: dict[str, Any] = {}
-        if spec is not None:
-            b = spec.benchmark
-            base = {"url": _front(spec), "concurrency": list(b.concurrency), "workload": b.workload,
-                    "input_len": b.input_len, "output_len": b.output_len, "requests": b.requests_per_level,
-                    "warmup": b.warmup, "flush_cache": b.flush_cache, "api_key_env": spec.serving.api_key_env}
-            if "tokenizer" not in given and "url" not in given:
-                base["tokenizer"] = _spec_tokenizer(spec)
-        if given.get("rates") and "concurrency" not in given:
-            base["concurrency"] = []     # --rate alone runs rate levels alone, not the spec's concurrency plan too
-        if given.get("duration") and "requests" not in given:
-            base.pop("requests", None)   # a level bounded by --duration, not by the spec's request count
-        merged = {**base, **given}
-        if spec is not None and spec.topology.replicas and "replicas" not in given:
-            merged["replicas"] = _behind(spec, merged.get("url"))
-        return validate(cls, merged)
 
 
 def _front(spec: Deployment) -> str:

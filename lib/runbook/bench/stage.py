@@ -11,8 +11,9 @@ from runbook.bench import workloads
 from runbook.bench.settings import BenchSettings
 from runbook.core import paths
 from runbook.core.archive import number
-from runbook.core.options import Options, options_view
+from runbook.core.options import Options
 from runbook.core.registry import Stage, register
+from runbook.core.settings import options_view
 from runbook.core.spec import SLO, Deployment, level_meets_slo
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 # The flags and notebook parameters: the settings (bench/settings.py) a user sets, None meaning the spec's value.
 BenchStageOptions = options_view(BenchSettings, "BenchStageOptions",
-                                 help={"workload": workloads.help_text() + " (default: the spec's)"}, cross_field=True)
+                                 help={"workload": workloads.help_text() + " (default: the spec's)"})
 
 
 def evaluate(spec: Deployment, options: Options) -> BenchResult:
@@ -29,7 +30,7 @@ def evaluate(spec: Deployment, options: Options) -> BenchResult:
     from runbook.bench.run import measure  # lazy: the HTTP client and numpy only when the stage runs
 
     s = BenchSettings.resolve(spec, options)
-    res = measure(spec, s, archive_root=_archive(s.archive))
+    res = measure(spec, s, archive_root=_archive(s.archive_root))
     if s.speculation and res.summary.get("levels"):     # a server that answered the levels: the study after them
         _speculation(res, s)
     return res
@@ -87,5 +88,4 @@ def text(result: BenchResult) -> str:
 STAGE = register(Stage(40, "benchmark", "bench", "benchmark a running OpenAI-compatible server (SGLang, or llama-server for demos)",
                        BenchStageOptions, evaluate, figures=figures,
                        trends=("max_concurrency_within_slo", "max_rate_within_slo"),
-                       runner_params={"artifact_dir": "out", "archive_root": "archive", "interactive": "progress"},
-                       text=text, cli_defaults=lambda: {"progress": sys.stderr.isatty()}))
+                       text=text, cli_defaults=lambda: {"interactive": sys.stderr.isatty()}))

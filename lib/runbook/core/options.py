@@ -1,17 +1,17 @@
 """Stage settings, declared once: each stage's pydantic options model holds every setting's type,
 bound, default and help. The CLI's flags are generated from it (cli.py's one builder),
-the notebooks' parameters are validated through it (`from_params`), and the stage merges the spec's
-defaults into it in one function of its own. None means unset everywhere (an absent flag, a parameter
+the notebooks' parameters are validated through it (`from_params`), and core/settings.py's one `resolve`
+merges the spec's values into it. None means unset everywhere (an absent flag, a parameter
 left at None): the spec's value; a bool with a spec counterpart is `bool | None`, so --no-X turns a spec's
 true off. Field name = notebook parameter; `alias` = the CLI flag where the two differ (`installed_unit` /
 `--installed`)."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Optional, TypeVar, cast
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
 from runbook.core.errors import InputError
@@ -68,38 +68,6 @@ Url = Annotated[str, AfterValidator(_url)]
 ComputeCapability = Annotated[str, AfterValidator(_cc)]
 
 OptionsT = TypeVar("OptionsT", bound=Options)
-
-_INTERNAL = "internal"
-
-
-def internal(default: Any, description: str) -> Any:
-    """A setting the run sets itself (from the spec, or a caller such as tune): no flag, no notebook parameter."""
-    return Field(default, description=description, json_schema_extra={_INTERNAL: True})
-
-
-def options_view(settings: type[Options], name: str, help: dict[str, str] | None = None,
-                 own: dict[str, Any] | None = None, cross_field: bool = False) -> type[Options]:
-    """A settings model as a stage's options: every field but the `internal()` ones, each optional with None meaning
-    unset (the spec's value, else the setting's default), with the type, bounds, alias and help the settings declare
-    (`help` replaces a field's, e.g. one built from a registry the settings module cannot import). The settings
-    model's cross-field rules run when the options are resolved into settings. `own`: options that are no setting
-    of the model, first (name -> (type, Field)), e.g. where to read what the settings are resolved from.
-    `cross_field`: the settings' after-validators hold for the options too (each takes None for unset)."""
-    fields: dict[str, Any] = dict(own or {})
-    for k, f in settings.model_fields.items():
-        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
-        if extra.get(_INTERNAL):
-            continue
-        kind = Annotated.__class_getitem__((f.annotation, *f.metadata)) if f.metadata else f.annotation  # type: ignore[attr-defined]
-        fields[k] = (Optional[kind], Field(None, alias=f.alias, description=(help or {}).get(k, f.description),  # noqa: UP045
-                                           json_schema_extra=extra or None))
-    # The settings' cross-field rules hold for the options too (unset is None, which no rule takes for a value),
-    # so a notebook and the CLI refuse a bad pair when the options are made, naming fields as their reader knows them.
-    rules: dict[str, Any] = {f"_rule_{n}": model_validator(mode="after")(d.func) for n, d in
-             settings.__pydantic_decorators__.model_validators.items() if d.info.mode == "after"} if cross_field else {}
-    model = create_model(name, __base__=Options, __doc__=f"{settings.__name__}'s settings as options: None is unset.",
-                         __module__=settings.__module__, __validators__=rules, **fields)
-    return cast(type[Options], model)
 
 
 def flag(model: type[BaseModel], name: str) -> str:
@@ -195,9 +163,8 @@ def validate(model: type[OptionsT], values: dict[str, Any], cli: bool = False) -
         raise InputError(_problem(model, e, cli)) from None
 
 
-def from_params(model: type[OptionsT], params: dict[str, Any], runner_params: dict[str, str] | None = None) -> OptionsT:
+def from_params(model: type[OptionsT], params: dict[str, Any]) -> OptionsT:
     """A notebook's options: its parameters with the unset ones (None) dropped, as an absent flag; 0, False,
-    "" and [] are values. Runner-set parameters are renamed onto their options field (artifact_dir -> out);
-    validated through the stage's model."""
-    names = runner_params or {}
-    return validate(model, {names.get(k, k): v for k, v in params.items()})
+    "" and [] are values. A field is named as its notebook parameter (the runner's too: `artifact_dir`, whose flag,
+    its alias, is --out), so nothing is renamed; validated through the stage's model."""
+    return validate(model, params)

@@ -93,8 +93,6 @@ class Stage:
     # ones the fleet index trends.
     figures: Callable[[dict[str, Any], SLO | None], dict[str, Any]] | None = None
     trends: tuple[str, ...] = ()
-    # Notebook parameters the runner sets that map onto an options field (e.g. artifact_dir -> out).
-    runner_params: dict[str, str] = field(default_factory=dict)
     # False: `runbook run` leaves the stage out unless `--only` names it (tune takes the server down).
     in_default_run: bool = True
     # What the verb prints above the findings without --json (the notebook's first table); "" prints nothing.

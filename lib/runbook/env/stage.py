@@ -6,24 +6,31 @@ from pydantic import Field
 
 from runbook.core.options import Options
 from runbook.core.registry import Stage, register
-from runbook.core.spec import Deployment
+from runbook.core.settings import Settings, from_spec, options_view
+from runbook.core.spec import Deployment, Hardware
 from runbook.env.check import EnvReport, check
 
 
-class EnvOptions(Options):
-    require_gpus: bool | None = Field(default=None, description="a missing NVIDIA driver fails the run (default: the "
-                                                                "spec's hardware.require_gpus)")
+class EnvSettings(Settings):
+    require_gpus: bool = Field(default=Hardware.model_fields["require_gpus"].default,
+                               description="a missing NVIDIA driver fails the run (default: the spec's hardware.require_gpus)",
+                               json_schema_extra=from_spec("hardware.require_gpus"))
 
 
-def resolved(spec: Deployment, options: EnvOptions) -> Deployment:
+# The flag and notebook parameter: None is the spec's value; --no-require-gpus turns the spec's true off.
+EnvOptions = options_view(EnvSettings, "EnvOptions")
+
+
+def resolved(spec: Deployment, options: Options) -> Deployment:
     """The spec as this run checks it: the options' values where they are set."""
-    if options.require_gpus is None:
+    s = EnvSettings.resolve(spec, options)
+    if s.require_gpus == spec.hardware.require_gpus:
         return spec
-    hw = spec.hardware.model_copy(update={"require_gpus": options.require_gpus})
+    hw = spec.hardware.model_copy(update={"require_gpus": s.require_gpus})
     return spec.model_copy(update={"hardware": hw})
 
 
-def evaluate(spec: Deployment, options: EnvOptions | None = None) -> EnvReport:
+def evaluate(spec: Deployment, options: Options | None = None) -> EnvReport:
     return check(resolved(spec, options or EnvOptions()))
 
 

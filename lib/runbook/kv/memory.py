@@ -11,11 +11,12 @@ import struct
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
-from runbook.core.options import ComputeCapability, FiniteFloat, Integer, NonNegInt, Options, PosFloat, PosInt, internal, validate
+from runbook.core.options import ComputeCapability, FiniteFloat, Integer, NonNegInt, PosFloat, PosInt, validate
+from runbook.core.settings import Settings, from_spec, internal
 from runbook.core.units import GIB, MIB
 from runbook.kv import defaults
 from runbook.kv.cells import cell_bytes, dsa_indexer_bytes, kv_heads_per_gpu, layout_words, replication, state_bytes_per_request
@@ -38,70 +39,79 @@ _SIZE = Field(le=65536)   # a TP, PP, DP or page size above this is a typo, not 
 Size = Annotated[PosInt, _SIZE]
 
 
-class Inputs(Options):
-    """Everything the calculation depends on besides the architecture: SGLang's server args that size memory, and
-    the hardware. The stage's settings, each declared once: the flags and notebook parameters are the fields not
-    marked internal (kv/stage.py's `KvOptions`, a view of this model), the rest come from the spec's flags and the
-    checkpoint (kv/plan.py). Frozen and validated: `but` is the one way to change a value."""
+_at = from_spec        # where in the spec a field's value is (core/settings.py); _flag: the spec's SGLang flag --name
+_flag = lambda name: from_spec(f"serving.flags.{name}")   # noqa: E731
+
+
+# arg_groups/serving_hook.py: --mamba-ssm-dtype is passed on as SGLANG_MAMBA_SSM_DTYPE, which wins
+_ssm = lambda spec, given: (spec.serving.env.get("SGLANG_MAMBA_SSM_DTYPE") or spec.serving.flags.get("mamba-ssm-dtype")  # noqa: E731
+                                  ) if spec else None
+_explicit = lambda spec, given: True if given.get("context_len") is not None or (  # noqa: E731
+    spec and spec.serving.flags.get("context-length") is not None) else None
+
+
+class Inputs(Settings):
+    """Everything the calculation depends on besides the architecture: SGLang's server args that size memory, and the
+    hardware; each with where the spec holds it. Flags and notebook parameters: the fields not internal (kv/stage.py's
+    `KvOptions`); kv/plan.py resolves them. Frozen and validated: `but` is the one way to change a value."""
 
     kv_dtype: str = Field(default="bfloat16", description="auto, bf16, fp8_e4m3, fp8_e5m2, mxfp8, nvfp4, fp4_mx_block16 "
                                                            "(default: the spec's --kv-cache-dtype)")
-    tp: Size = Field(default=1, description="tensor parallel size (default: the spec's, else 1)")
-    pp: Size = Field(default=1, description="pipeline parallel size (default: the spec's, else 1)")
-    attn_dp: Size = Field(default=1, description="attention data parallel size (default: the spec's, else 1)")
-    gpu_mem_gib: PosFloat | None = Field(default=None, description="memory per GPU (default: the spec's hardware)")
+    tp: Size = Field(default=1, description="tensor parallel size (default: the spec's, else 1)", json_schema_extra=_at("parallelism.tp"))
+    pp: Size = Field(default=1, description="pipeline parallel size (default: the spec's, else 1)", json_schema_extra=_at("parallelism.pp"))
+    attn_dp: Size = Field(default=1, description="attention data parallel size (default: the spec's, else 1)",
+                          json_schema_extra=_at("parallelism.attn_dp"))
+    gpu_mem_gib: PosFloat | None = Field(default=None, description="memory per GPU (default: the spec's hardware)",
+                                         json_schema_extra=_at("hardware.gpu_memory_gib"))
     weights_bytes_per_gpu: NonNegInt | None = internal(None, "weights per GPU: --weights-gib, else from the checkpoint")
     mem_fraction_static: Annotated[FiniteFloat, Field(gt=0, le=1)] | None = Field(
-        default=None, description="default: the spec's flag, else SGLang's heuristic")
+        default=None, description="default: the spec's flag, else SGLang's heuristic", json_schema_extra=_flag("mem-fraction-static"))
     kv_budget_gib: PosFloat | None = Field(default=None, description="KV+state budget per GPU, skipping the memory arithmetic "
                                                       "(default: from the memory arithmetic)")
-    # None: SGLang's default for the backend and model
-    page_size: Size | None = Field(default=None, description="SGLang --page-size (default: the spec's, else the backend's)")
-    context_len: PosInt | None = Field(default=None, description="SGLang --context-length (default: the spec's flag, else the model's)")
-    contexts: list[PosInt] = Field(default_factory=lambda: list(DEFAULT_CONTEXTS),
-                                   description="request lengths to fit (default: 8192,32768,131072,262144)")
-    chunked_prefill_size: PosInt | None = internal(None, "--chunked-prefill-size")
-    max_running_requests: PosInt | None = Field(default=None,
-                                                 description="SGLang's --max-running-requests (default: the spec's, else "
-                                                             "SGLang's own cap)")
-    max_total_tokens: PosInt | None = internal(None, "--max-total-tokens")
-    mamba_full_memory_ratio: FiniteFloat = internal(0.9, "--mamba-full-memory-ratio")
-    max_mamba_cache_size: Integer | None = internal(None, "--max-mamba-cache-size")
-    disable_radix_cache: bool = internal(False, "--disable-radix-cache")
-    swa_full_tokens_ratio: FiniteFloat = internal(0.8, "--swa-full-tokens-ratio")
-    # speculative decoding (--speculative-*): changes the running-request default, adds draft KV and, on hybrid
-    # models, an intermediate SSM state per draft token. Any name SGLang takes (plugins register more): the ones not
-    # modelled get a warn finding. Keyed spec_* in `kv --json`'s inputs.
+    page_size: Size | None = Field(default=None, description="SGLang --page-size (default: the spec's, else the backend's)",
+                                    json_schema_extra=_flag("page-size"))
+    context_len: PosInt | None = Field(default=None, json_schema_extra=_flag("context-length"),
+                                       description="SGLang --context-length (default: the spec's flag, else the model's)")
+    contexts: Annotated[list[PosInt], AfterValidator(lambda v: v or list(DEFAULT_CONTEXTS))] = Field(  # []: the defaults
+        default_factory=lambda: list(DEFAULT_CONTEXTS), description="request lengths to fit")
+    chunked_prefill_size: PosInt | None = internal(None, "--chunked-prefill-size", "serving.flags.chunked-prefill-size")
+    max_running_requests: PosInt | None = Field(default=None, json_schema_extra=_flag("max-running-requests"),
+                                                 description="SGLang's --max-running-requests (default: the spec's, else SGLang's own cap)")
+    max_total_tokens: PosInt | None = internal(None, "--max-total-tokens", "serving.flags.max-total-tokens")
+    mamba_full_memory_ratio: FiniteFloat = internal(0.9, "--mamba-full-memory-ratio", "serving.flags.mamba-full-memory-ratio")
+    max_mamba_cache_size: Integer | None = internal(None, "--max-mamba-cache-size", "serving.flags.max-mamba-cache-size")
+    disable_radix_cache: bool = internal(False, "--disable-radix-cache", "serving.flags.disable-radix-cache")
+    swa_full_tokens_ratio: FiniteFloat = internal(0.8, "--swa-full-tokens-ratio", "serving.flags.swa-full-tokens-ratio")
+    # speculative decoding (--speculative-*): changes the running-request default, adds draft KV and, on hybrid models, an
+    # intermediate SSM state per draft token. Any name SGLang takes: the ones not modelled warn. Keyed spec_* in `kv --json`.
     speculative_algorithm: str | None = Field(
-        default=None, serialization_alias="spec_algorithm",
+        default=None, serialization_alias="spec_algorithm", json_schema_extra=_flag("speculative-algorithm"),
         description="what-if speculative decoding: EAGLE, EAGLE3, NEXTN (the checkpoint's own MTP layers), STANDALONE "
                     "(default: the spec's)")
-    speculative_num_steps: PosInt | None = Field(default=None, serialization_alias="spec_num_steps",
-                                                 description="SGLang's --speculative-num-steps (default: the spec's, else SGLang's choice)")
-    speculative_eagle_topk: PosInt | None = Field(default=None, serialization_alias="spec_eagle_topk",
-                                                  description="SGLang's --speculative-eagle-topk (default: the spec's, else "
-                                                              "SGLang's choice)")
-    speculative_num_draft_tokens: PosInt | None = Field(default=None, serialization_alias="spec_num_draft_tokens",
-                                                        description="SGLang's --speculative-num-draft-tokens (default: the "
-                                                                    "spec's, else SGLang's choice)")
+    speculative_num_steps: PosInt | None = Field(default=None, serialization_alias="spec_num_steps", json_schema_extra=_flag(
+        "speculative-num-steps"), description="SGLang's --speculative-num-steps (default: the spec's, else SGLang's choice)")
+    speculative_eagle_topk: PosInt | None = Field(default=None, serialization_alias="spec_eagle_topk", json_schema_extra=_flag(
+        "speculative-eagle-topk"), description="SGLang's --speculative-eagle-topk (default: the spec's, else SGLang's choice)")
+    speculative_num_draft_tokens: PosInt | None = Field(default=None, serialization_alias="spec_num_draft_tokens", json_schema_extra=_flag(
+        "speculative-num-draft-tokens"), description="SGLang's --speculative-num-draft-tokens (default: the spec's, else SGLang's choice)")
     mamba_ssm_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        # --mamba-ssm-dtype / SGLANG_MAMBA_SSM_DTYPE
-        default=None, description="hybrid models' SSM state dtype (default: the spec's, else the model's)")
-    compute_capability: ComputeCapability | None = Field(
-        default=None, description="GPU compute capability, e.g. 9.0 (H200), 10.0 (B200), 12.0 (RTX PRO 6000) "
-                    "(default: the spec's hardware)")
+        default=None, description="hybrid models' SSM state dtype (default: the spec's, else the model's)",
+        json_schema_extra=from_spec(_ssm, at="serving.flags.mamba-ssm-dtype"))
+    compute_capability: ComputeCapability | None = Field(default=None, json_schema_extra=_at("hardware.compute_capability"),
+                                                         description="GPU compute capability, e.g. 9.0 (H200), 10.0 (B200), "
+                                                                     "12.0 (RTX PRO 6000) (default: the spec's hardware)")
     quantization: str | None = internal(None, "the method SGLang builds (ModelConfig.quantization): its GPU minimum")
-    attention_backend: str | None = Field(
-        default=None, description="SGLang attention backend (moves the prefill graph reserve and page size) "
-                    "(default: the spec's, else SGLang's choice)")
-    cuda_graph_max_bs: PosInt | None = internal(None, "--cuda-graph-max-bs")
-    disable_cuda_graph: bool = internal(False, "--disable-cuda-graph")
-    disable_overlap_schedule: bool = internal(False, "--disable-overlap-schedule")
-    context_len_explicit: bool = internal(False, "--context-length given (checked against the model's)")
+    attention_backend: str | None = Field(default=None, json_schema_extra=_flag("attention-backend"),
+                                          description="SGLang attention backend (moves the prefill graph reserve and page size) "
+                                                      "(default: the spec's, else SGLang's choice)")
+    cuda_graph_max_bs: PosInt | None = internal(None, "--cuda-graph-max-bs", "serving.flags.cuda-graph-max-bs")
+    disable_cuda_graph: bool = internal(False, "--disable-cuda-graph", "serving.flags.disable-cuda-graph")
+    disable_overlap_schedule: bool = internal(False, "--disable-overlap-schedule", "serving.flags.disable-overlap-schedule")
+    context_len_explicit: bool = internal(False, "--context-length given (checked against the model's)", _explicit)
 
     @model_validator(mode="after")
     def _rules(self) -> Inputs:
-        if self.tp % self.attn_dp:
+        if self.tp and self.attn_dp and self.tp % self.attn_dp:     # None: unset (the options)
             raise ValueError(f"{{attn_dp}} {self.attn_dp} must divide {{tp}} {self.tp}")
         return self
 

@@ -15,7 +15,7 @@ import psutil
 from runbook import quant
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
-from runbook.core.options import validate
+from runbook.core.options import Options
 from runbook.core.spec import Deployment
 from runbook.core.units import GIB
 from runbook.kv import memory as kvmem
@@ -23,46 +23,10 @@ from runbook.kv import topology as kvtopo
 from runbook.model import arch as arch_mod
 from runbook.model import checkpoint
 
-# SGLang flags that change the pool arithmetic, and the kvmem.Inputs field each sets.
-_FLAG_FIELDS = {"mem-fraction-static": ("mem_fraction_static", float), "context-length": ("context_len", int),
-                "page-size": ("page_size", int), "chunked-prefill-size": ("chunked_prefill_size", int),
-                "max-running-requests": ("max_running_requests", int), "max-total-tokens": ("max_total_tokens", int),
-                "mamba-full-memory-ratio": ("mamba_full_memory_ratio", float), "max-mamba-cache-size": ("max_mamba_cache_size", int),
-                "disable-radix-cache": ("disable_radix_cache", bool), "swa-full-tokens-ratio": ("swa_full_tokens_ratio", float),
-                "speculative-algorithm": ("speculative_algorithm", str), "speculative-num-steps": ("speculative_num_steps", int),
-                "speculative-eagle-topk": ("speculative_eagle_topk", int),
-                "speculative-num-draft-tokens": ("speculative_num_draft_tokens", int),
-                "mamba-ssm-dtype": ("mamba_ssm_dtype", str), "attention-backend": ("attention_backend", str),
-                "cuda-graph-max-bs": ("cuda_graph_max_bs", int), "disable-cuda-graph": ("disable_cuda_graph", bool),
-                "disable-overlap-schedule": ("disable_overlap_schedule", bool)}
 # Flags that change SGLang's pools in ways this model does not follow: a warn finding when a spec sets them.
 NOT_MODELLED_FLAGS = ("speculative-draft-model-path", "enable-hisparse", "dcp-size", "attn-cp-size", "enable-two-batch-overlap",
                       "max-prefill-tokens", "kv-cache-quant-method", "hybrid-kvcache-ratio", "enable-mamba-extra-buffer-lazy",
                       "mamba-scheduler-strategy", "speculative-dflash-block-size", "disaggregation-mode", "moe-a2a-backend")
-
-
-def _convert(flag: str, typ: type, v: Any) -> Any:
-    """A flag value (spec, or a --arg what-if string) as the type the arithmetic needs; bool("false") is not False."""
-    if typ is str:
-        if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v).strip():
-            return str(v).strip()
-    elif typ is bool:
-        if isinstance(v, bool):
-            return v
-        if str(v).strip().lower() in ("true", "1", "yes", "on"):
-            return True
-        if str(v).strip().lower() in ("false", "0", "no", "off"):
-            return False
-    else:
-        try:
-            if typ is int and isinstance(v, float) and not v.is_integer():
-                raise ValueError("not a whole number")   # int(2.5) would silently give 2
-            x = typ(v)
-            if x == x and x not in (float("inf"), float("-inf")):   # not NaN, finite
-                return x
-        except (TypeError, ValueError):
-            pass
-    raise InputError(f"--{flag} {v!r}: not a {typ.__name__} value")
 
 
 _SCENARIO_KEYS = ("speculative", "mem_fraction_static", "kv_bytes_per_token_per_gpu", "draft_kv_bytes_per_token_per_gpu",
@@ -112,10 +76,11 @@ class Plan:
         return d
 
 
-def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrides: Any) -> Plan:
-    """Stage 20's entry point. Inputs from the spec, then from the checkpoint, then explicit overrides
-    (CLI flags, notebook parameters, widgets)."""
-    loaded = overrides.pop("loaded", None)   # (Checkpoint, note) already read by the caller
+def plan(spec: Deployment | None = None, model_dir: str | None = None, options: Options | None = None, *,
+         loaded: tuple[checkpoint.Checkpoint, str] | None = None, weights_gib: float | None = None, **what_if: Any) -> Plan:
+    """Stage 20's entry point. Inputs from the spec (each `kvmem.Inputs` field says where), then the options (CLI
+    flags, notebook parameters) and `what_if` (widgets, callers), then the checkpoint's. `loaded`: the (Checkpoint,
+    note) a caller already read; `weights_gib`: the weights per GPU, given."""
     if loaded is not None:
         ck, note = loaded
     elif model_dir or spec is not None:
@@ -125,31 +90,13 @@ def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrid
     a = arch_mod.from_config(ck.config, str(ck.dir / "config.json"))
     flags = dict(spec.serving.flags) if spec is not None else {}
     qrep = quant.inspect(ck, flags, compute_capability=spec.hardware.compute_capability if spec is not None else None)
-    # the spec's values, then the overrides (None: unset), validated once as a whole
-    values: dict[str, Any] = {}
-    if spec is not None:
-        values.update(tp=spec.parallelism.tp, pp=spec.parallelism.pp, attn_dp=spec.parallelism.attn_dp,
-                      gpu_mem_gib=spec.hardware.gpu_memory_gib, compute_capability=spec.hardware.compute_capability)
-        # arg_groups/serving_hook.py: --mamba-ssm-dtype is passed on as SGLANG_MAMBA_SSM_DTYPE, which wins
-        env_ssm = spec.serving.env.get("SGLANG_MAMBA_SSM_DTYPE")
-        if env_ssm:
-            values["mamba_ssm_dtype"] = _convert("mamba-ssm-dtype", str, env_ssm)
-        for flag, (name, typ) in _FLAG_FIELDS.items():
-            if flags.get(flag) is not None:
-                values[name] = _convert(flag, typ, flags[flag])
-        if flags.get("context-length") is not None:
-            values["context_len_explicit"] = True
-    kv_flag = str(overrides.pop("kv_dtype", None) or flags.get("kv-cache-dtype") or "auto")
-    weights_gib = overrides.pop("weights_gib", None)
-    if not overrides.get("contexts"):
-        overrides.pop("contexts", None)   # an empty list: the default contexts
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    if overrides.get("context_len") is not None:
-        values["context_len_explicit"] = True
-    inp = validate(kvmem.Inputs, values, cli=True)
+    # the spec's values, then the options and what-ifs (None: unset), validated once as a whole
+    inp = kvmem.Inputs.resolve(spec, options, **what_if)
+    given = (options.model_dump(exclude_none=True) if options is not None else {}) | {k: v for k, v in what_if.items() if v is not None}
+    kv_flag = str(given.get("kv_dtype") or flags.get("kv-cache-dtype") or "auto")
     findings: list[Finding] = []
     if str(flags.get("device", "")).lower() == "cpu":
-        inp, cpu_finding = _cpu_memory(inp, given=overrides.get("gpu_mem_gib") is not None)
+        inp, cpu_finding = _cpu_memory(inp, given="gpu_mem_gib" in given)
         findings.append(cpu_finding)
     inp, source = _weights(inp, ck, spec, weights_gib, note)
     auto, auto_why = _auto_kv_dtype(a, qrep.kv_cache.auto_resolves_to, inp.compute_capability)

@@ -7,8 +7,9 @@ from typing import Any
 from pydantic import Field
 
 from runbook.core.archive import number
-from runbook.core.options import Options, PosFloat, options_view
+from runbook.core.options import Options, PosFloat
 from runbook.core.registry import Stage, register
+from runbook.core.settings import options_view
 from runbook.core.spec import SLO, Deployment
 from runbook.kv.memory import Inputs
 from runbook.kv.plan import Plan, plan
@@ -23,8 +24,7 @@ KvOptions = options_view(Inputs, "KvOptions", own={
 
 def evaluate(spec: Deployment | None, options: Options) -> Plan:
     """The plan for the spec (or MODEL_DIR alone) with the options' what-ifs over its flags."""
-    what_if = options.model_dump(exclude={"model_dir"}, exclude_none=True)
-    return plan(spec, getattr(options, "model_dir", None), **what_if)
+    return plan(spec, getattr(options, "model_dir", None), options, weights_gib=getattr(options, "weights_gib", None))
 
 
 def text(p: Plan) -> str:

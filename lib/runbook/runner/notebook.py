@@ -21,10 +21,9 @@ def load_spec(deployment: str) -> spec_mod.Deployment:
 def options(stage: str, **params: Any) -> Any:
     """The notebook's parameters as its stage's options, validated by the same model the CLI's flags
     come from. None means "the spec's value" (papermill injects None as None), so it is dropped, exactly
-    as an absent flag; 0, False, "" and [] are values. The runner's own parameters map onto their option
-    (artifact_dir -> out)."""
-    st = registry.get(stage)
-    return from_params(st.options, params, st.runner_params)
+    as an absent flag; 0, False, "" and [] are values. The runner's own parameters are options fields of the same
+    name (`artifact_dir`, whose CLI flag is --out)."""
+    return from_params(registry.get(stage).options, params)
 
 
 def show(findings: Iterable[Finding]):

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 
 from runbook.core import paths, registry
 from runbook.core.options import flag
+from runbook.core.settings import default_text, shown_default
 from runbook.runner.params import RESERVED, RUNNER_PARAMS
 
 _ALWAYS = ("deployment", "results_path")
@@ -64,6 +65,9 @@ def _help(stage: registry.Stage, name: str, unset: bool) -> str:
     if not unset:
         return text
     text = text.replace("default: ", "None: ")
+    shown = shown_default(model.model_fields[name])
+    if "None: " not in text and shown is not None:       # its settings' default, as --help shows it
+        text += f" (None: {default_text(shown)})"
     if "None: " not in text:
         raise ValueError(f"{stage.verb} option {name}: its description must say what unset takes, '(default: X)'; "
                          "the notebook's parameter is None by default")
@@ -82,16 +86,15 @@ def _read_names(nb: dict[str, Any]) -> set[str]:
 
 
 def _runner_names(stage: registry.Stage, nb: dict[str, Any]) -> list[str]:
-    used = set(stage.runner_params) | set(stage.options.model_fields) | _read_names(nb)
+    used = set(stage.options.model_fields) | _read_names(nb)
     return [n for n in RESERVED if n in _ALWAYS or n in used]
 
 
 def _fields(stage: registry.Stage) -> list[str]:
-    mapped = set(stage.runner_params.values())
     out = []
     for name, f in stage.options.model_fields.items():
         extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
-        if name == stage.action_field or extra.get("notebook") is False or name in mapped or name in RESERVED:
+        if name == stage.action_field or extra.get("notebook") is False or name in RESERVED:
             continue
         out.append(name)
     return out

@@ -34,12 +34,13 @@ _TYPES: dict[str, Any] = {
 # Parameters the runner itself sets (the runner-notebook contract); a user may not override them. Each as a notebook's
 # generated parameters cell declares it (runner/paramcell.py): type, default when run by hand, what it is. The archive
 # root holds earlier runs (regression checks; the run being written is hidden until it completes) and tune's runs.
+# Each is the options field of that name where a stage takes it (its CLI flag the alias: --out, --archive, --progress).
 RUNNER_PARAMS: dict[str, tuple[str, str, str]] = {
     "deployment": ("str", f'"../deployments/{DEFAULT_DEPLOYMENT}"', "deployment spec (YAML)"),
     "results_path": ("str", '""', "results JSON written here; set by the runner"),
     "artifact_dir": ("str | None", "None", "raw records written here; set by the runner (None: not written)"),
     "archive_root": ("str | None", "None", "the archive: earlier runs, tune's runs; set by the runner (None: outputs/)"),
-    "interactive": ("bool", "True", "a person is watching: progress bars, the what-if panel; the runner sets False"),
+    "interactive": ("bool", "True", "a person is at the notebook (False under the runner): 20's what-if panel, 40's progress bars"),
 }
 RESERVED = tuple(RUNNER_PARAMS)
 NONE = ("none", "null")   # --param values that mean None for a `T | None` parameter

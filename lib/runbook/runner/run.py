@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, TextIO
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, Field
 
 from runbook import alerts
 from runbook.core import oscalls, paths, registry, secrets
@@ -34,6 +34,7 @@ from runbook.core.errors import LockHeld, SpecError
 from runbook.core.findings import STATUSES, counts, exit_code_for
 from runbook.core.fsutil import atomic_write_json, atomic_write_text, current_umask, output_dir
 from runbook.core.options import Options, PosFloat, PosInt
+from runbook.core.settings import Settings, options_view
 from runbook.runner import archive, figures, results, upload
 from runbook.runner import params as params_mod
 from runbook.runner.execute import execute, kernel_for, on_signal
@@ -50,12 +51,18 @@ def _names(chunk: str) -> str:
     return chunk
 
 
-class RunOptions(Options):
-    """The `run` verb's settings, declared once: cli.py builds its flags from these fields (flag, metavar, help,
-    the per-value check; a number's default is added to its help), and a caller of `run` cannot pass a bad one."""
+def _flat(chunks: list[str]) -> list[str]:
+    """--only environment,kv_memory --only tune: the names, in order."""
+    return [n.strip() for chunk in chunks for n in chunk.split(",") if n.strip()]
+
+
+class RunSettings(Settings):
+    """The `run` verb's settings, declared once with their defaults: its options (`RunOptions`, None unset) are the
+    flags cli.py builds from these fields (flag, metavar, help, the per-value check; a default shown in its help),
+    and a caller of `run` cannot pass a bad one."""
 
     deployment: str | None = Field(None, json_schema_extra={"shared": True})   # --deployment: a flag of every verb (cli.py)
-    only: list[Annotated[str, AfterValidator(_names)]] = Field(
+    only: Annotated[list[Annotated[str, AfterValidator(_names)]], AfterValidator(_flat)] = Field(
         default_factory=list, description="run only these notebooks (e.g. environment,kv_memory)",
         json_schema_extra={"metavar": "NAME[,NAME]", "each": True})
     params: list[str] = Field(default_factory=list, alias="param", description="set a notebook parameter, typed by its "
@@ -75,11 +82,9 @@ class RunOptions(Options):
     # --textfile-dir, else $RUNBOOK_TEXTFILE_DIR, else the spec's alerts.textfile_dir: a flag every stage verb has too (cli.py)
     textfile_dir: str | None = Field(None, json_schema_extra={"shared": True})
 
-    @field_validator("only")
-    @classmethod
-    def _flat(cls, chunks: list[str]) -> list[str]:
-        """--only environment,kv_memory --only tune: the names, in order."""
-        return [n.strip() for chunk in chunks for n in chunk.split(",") if n.strip()]
+
+# The flags of `runbook run` and what a caller passes to `run`: every setting, None meaning its default.
+RunOptions = options_view(RunSettings, "RunOptions")
 
 
 @dataclass
@@ -197,7 +202,7 @@ def _stamp_notebook(path: Path, res: NotebookResult) -> None:
 
 
 def _run_one(nb: Path, run_dir: Path, spec: spec_mod.Deployment, user_params: dict[str, Any], budget: float,
-             opts: RunOptions, log: Log) -> NotebookResult:
+             opts: RunSettings, log: Log) -> NotebookResult:
     stem = nb.stem
     res = NotebookResult(name=stem, status="ok")
     out_nb, res_json, log_path = run_dir / f"{stem}.ipynb", run_dir / f"{stem}.results.json", run_dir / f"{stem}.log"
@@ -350,8 +355,9 @@ def push(opts: PushOptions, everything: bool = True, log: Log | None = None) -> 
         return _upload(out_dir, ids, url, scrub, log)
 
 
-def run(opts: RunOptions, log: Log | None = None) -> tuple[int, Path | None]:
-    """Execute and archive; returns (exit code, run directory)."""
+def run(options: Options, log: Log | None = None) -> tuple[int, Path | None]:
+    """Execute and archive under the options (`RunOptions`; unset: the defaults); returns (exit code, run directory)."""
+    opts = RunSettings.resolve(None, options)
     log = log or Log()
     spec = spec_mod.load(opts.deployment)
     archive_url = upload.resolve_url(opts.archive_url, spec.archive.url)

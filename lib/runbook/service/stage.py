@@ -69,7 +69,7 @@ class ServiceOptions(Options):
     action: Literal["render", "check", "diff", "install", "drift", "k8s", "report"] | None = Field(
         None, description="report (default): check + diff + install plan + drift, what 30_service shows",
         json_schema_extra={"positional": "ACTION"})
-    args: list[str] = Field([], alias="arg", description="add or override one SGLang flag, NAME=VALUE (what-if)",
+    args: list[str] | None = Field(None, alias="arg", description="add or override one SGLang flag, NAME=VALUE (what-if; default: the spec's flags as they are)",
                             json_schema_extra={"metavar": "NAME=VALUE", "each": True})   # a value may hold commas
     installed_unit: str | None = Field(None, alias="installed", description="diff, report: the installed unit "
                                           "(default: systemd.unit_path or /etc/systemd/system/<name>.service)")
@@ -95,12 +95,12 @@ class ServiceOptions(Options):
 
 
 def evaluate(spec: Deployment, options: ServiceOptions) -> ServiceReport:
-    return assemble(spec, parse_args(options.args), options.installed_unit, options.server_url)
+    return assemble(spec, parse_args(options.args or []), options.installed_unit, options.server_url)
 
 
 def _render(spec: Deployment, o: ServiceOptions) -> Outcome:
     """The unit files: written under --out (a line on stderr each), else printed; --json lists them."""
-    units = all_units(spec, parse_args(o.args))
+    units = all_units(spec, parse_args(o.args or []))
     if o.out:
         out = Path(o.out)
         for u in units:
@@ -112,12 +112,12 @@ def _render(spec: Deployment, o: ServiceOptions) -> Outcome:
 
 
 def _check(spec: Deployment, o: ServiceOptions) -> Outcome:
-    return Outcome(check(spec, parse_args(o.args))[1], {})
+    return Outcome(check(spec, parse_args(o.args or []))[1], {})
 
 
 def _diff(spec: Deployment, o: ServiceOptions) -> Outcome:
     """The diff against the installed unit, printed in place of the findings when there is one."""
-    unit = local_units(spec, parse_args(o.args), one=o.installed_unit is not None)[0]
+    unit = local_units(spec, parse_args(o.args or []), one=o.installed_unit is not None)[0]
     text, rows, findings = diff(unit, Path(o.installed_unit or unit_path(spec, unit)))
     return Outcome(findings, {"diff": text, "changes": rows}, shown=text + "\n" if text else None)
 
@@ -126,7 +126,7 @@ def _install(spec: Deployment, o: ServiceOptions) -> Outcome:
     """This host's units (the one server's; with a topology, the replicas, node ranks and gateway placed on it)."""
     findings: list[Any] = []
     data: dict[str, Any] = {"steps": [], "rolled_back": False, "backup": None}
-    for unit in local_units(spec, parse_args(o.args), one=o.ready_url is not None):
+    for unit in local_units(spec, parse_args(o.args or []), one=o.ready_url is not None):
         res = install(spec, unit, dry_run=not o.yes, root=Path(o.root) if o.root else None,
                       systemctl=o.systemctl.split() if o.systemctl else ("systemctl",), ready_url=o.ready_url,
                       ready_timeout=o.ready_timeout, log=lambda m: print(m, file=sys.stderr))
@@ -159,7 +159,7 @@ def _k8s(spec: Deployment, o: ServiceOptions) -> Outcome:
 
 
 def _drift(spec: Deployment, o: ServiceOptions) -> Outcome:
-    rows, findings, info = drift_all(spec, o.server_url, parse_args(o.args))
+    rows, findings, info = drift_all(spec, o.server_url, parse_args(o.args or []))
     return Outcome(findings, {"differences": rows, "server": info})
 
 

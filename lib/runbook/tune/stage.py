@@ -8,6 +8,7 @@ from typing import Any
 
 from runbook.core.archive import number
 from runbook.core.findings import Finding
+from runbook.core.options import Options
 from runbook.core.registry import Stage, register
 from runbook.core.spec import SLO, Deployment
 from runbook.tune.settings import TuneOptions, TuneSettings
@@ -35,7 +36,7 @@ def _progress(msg: str) -> None:
     print(f"{dt.datetime.now(dt.timezone.utc):%H:%M:%SZ} tune: {msg}", file=sys.stderr, flush=True)
 
 
-def evaluate(spec: Deployment, options: TuneOptions, **hooks: Any) -> TuneReport:
+def evaluate(spec: Deployment, options: Options, **hooks: Any) -> TuneReport:
     """The tune run under the options (`hooks`: systemctl, nvml, log — tests and the notebook's progress)."""
     from runbook.tune.findings import findings  # lazy: the run's modules (launch, engines, bench) load with the run
     from runbook.tune.trials import tune  # lazy: as above; the registry imports this module for every CLI verb
@@ -68,5 +69,5 @@ def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
 
 
 STAGE = register(Stage(60, "tune", "tune", "find the configuration to serve: pre-check, launch, measure and guard candidates "
-                       "(takes the server down)", TuneOptions, evaluate, figures=figures, runner_params={"archive_root": "archive"},
+                       "(takes the server down)", TuneOptions, evaluate, figures=figures,
                        in_default_run=False, text=text))

@@ -347,7 +347,7 @@ def tune(spec: Deployment, s: TuneSettings, systemctl: Sequence[str] = ("systemc
 
 def _run(ctx: Ctx, cands: list[Candidate]) -> dict[str, Any]:
     spec, s = ctx.spec, ctx.settings
-    root = tune_dir(s.archive)
+    root = tune_dir(s.archive_root)
     done: dict[str, dict[str, Any]] = {}
     if s.resume:
         ctx.run_dir, done = _resumed(root, s.resume, spec)

@@ -69,7 +69,8 @@ class ServiceOptions(Options):
     action: Literal["render", "check", "diff", "install", "drift", "k8s", "report"] | None = Field(
         None, description="report (default): check + diff + install plan + drift, what 30_service shows",
         json_schema_extra={"positional": "ACTION"})
-    args: list[str] | None = Field(None, alias="arg", description="add or override one SGLang flag, NAME=VALUE (what-if; default: the spec's flags as they are)",
+    args: list[str] | None = Field(None, alias="arg", description="add or override one SGLang flag, NAME=VALUE "
+                                   "(what-if; default: the spec's flags as they are)",
                             json_schema_extra={"metavar": "NAME=VALUE", "each": True})   # a value may hold commas
     installed_unit: str | None = Field(None, alias="installed", description="diff, report: the installed unit "
                                           "(default: systemd.unit_path or /etc/systemd/system/<name>.service)")

@@ -2,18 +2,28 @@
 and KL divergence against a reference (`kld`) live.
 `evaluate(spec, ...)` is the entry point (`runbook accuracy report`, 50_accuracy); `report` holds
 its tables and plots."""
+from runbook.accuracy.identity import first_difference
+from runbook.accuracy.identity import outputs as greedy_outputs
+from runbook.accuracy.kld import judge as kld_verdict
+from runbook.accuracy.kld import verdict as kld_finding
+from runbook.accuracy.kldprobe import measure_candidate, measure_reference
+from runbook.accuracy.probes import run_recall
+from runbook.accuracy.report import (
+                                     kld_table,
+                                     kv_layer_errors,
+                                     kv_layer_table,
+                                     kv_table,
+                                     plot_growth,
+                                     plot_kld,
+                                     plot_layers,
+                                     plot_recall,
+                                     toolcall_frames,
+)
+from runbook.accuracy.scoring import windows as kld_windows
 from runbook.accuracy.settings import AccuracySettings
-from runbook.accuracy.stage import STAGE, AccuracyOptions, evaluate
-from runbook.core.lazy import exports
-
-# Imported on first use (core/lazy.py): the registry imports this package to read its contract.
-__getattr__, __dir__ = exports(__name__, {"kv_table": "report", "toolcall_frames": "report", "plot_growth": "report",
-    "plot_recall": "report", "kld_table": "report", "plot_kld": "report",
-    "kv_layer_table": "report", "kv_layer_errors": "report", "plot_layers": "report",
-    "kld_windows": "scoring:windows", "measure_reference": "kldprobe", "measure_candidate": "kldprobe",
-    "kld_verdict": "kld:judge", "kld_finding": "kld:verdict",
-    "AccuracyReport": "stage", "assess": "stage", "ToolCallReport": "toolcall", "probe_toolcalls": "toolcall:run",
-    "first_difference": "identity", "greedy_outputs": "identity:outputs", "run_recall": "probes"})
+from runbook.accuracy.stage import STAGE, AccuracyOptions, AccuracyReport, assess, evaluate
+from runbook.accuracy.toolcall import ToolCallReport
+from runbook.accuracy.toolcall import run as probe_toolcalls
 
 __all__ = ["STAGE", "AccuracyOptions", "AccuracySettings", "AccuracyReport", "assess", "ToolCallReport", "evaluate", "kv_table",
            "plot_growth", "plot_recall", "kv_layer_table", "kv_layer_errors", "plot_layers", "probe_toolcalls", "toolcall_frames",

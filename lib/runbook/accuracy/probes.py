@@ -8,7 +8,6 @@ from typing import Any
 
 from runbook import quant
 from runbook.accuracy import identity, kldprobe, recall
-from runbook.accuracy.kvquant import active_format
 from runbook.accuracy.settings import AccuracySettings
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
@@ -21,6 +20,8 @@ from runbook.model.tokenizer import load_tokenizer
 
 def deployment_format(spec: Deployment) -> tuple[str, str]:
     """(format, scaling) of the deployment's KV cache, from the quant inspection (bf16 when unreadable)."""
+    from runbook.accuracy.kvquant import active_format  # lazy: ml_dtypes (~0.6 s) only when the study runs
+
     try:
         rep = quant.for_deployment(spec)
     except InputError:

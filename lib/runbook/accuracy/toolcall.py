@@ -19,9 +19,7 @@ import asyncio
 import json
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from runbook.accuracy.identity import server_config
 from runbook.accuracy.settings import AccuracySettings
@@ -31,6 +29,9 @@ from runbook.endpoint.client import Client
 from runbook.endpoint.reach import BadResponse, decode_json, model_name, read_bounded, run_sync
 from runbook.endpoint.reach import probe as reachable
 from runbook.endpoint.sse import SSEParser
+
+if TYPE_CHECKING:
+    import aiohttp
 
 MAX_BODY_BYTES = 8 << 20          # one answer (or one whole stream) larger than this is not a tool call
 MAX_EVENTS = 100_000
@@ -338,6 +339,7 @@ async def _streamed(s: aiohttp.ClientSession, url: str, headers: dict[str, str],
 async def probe(s: AccuracySettings, url: str, model: str | None, tools: list[str] | None = None,
                 timeout_s: float = 180.0) -> list[Case]:
     """Every tool (or `tools`), non-streaming then streaming, one request at a time, to `model` at `url`."""
+    import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
     api_key = s.api_key
     c = Client(url, model, chat=True, api_key=api_key)
     headers = c.headers()
@@ -376,6 +378,7 @@ async def _prompt_tokens(session: aiohttp.ClientSession, url: str, headers: dict
 async def rendered_tools(s: AccuracySettings, url: str, model: str | None, timeout_s: float = 180.0) -> dict[str, Any]:
     """The same conversation with and without the tools, counted by the server (usage.prompt_tokens): equal counts
     mean the chat template dropped the tools, so the model never saw one and cannot call it, whatever the parser."""
+    import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
     c = Client(url, model, chat=True, api_key=s.api_key)
     body = _body(s, "read_file", False, model)
     bare = {k: v for k, v in body.items() if k not in ("tools", "tool_choice")}

@@ -26,13 +26,15 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 
 from runbook.endpoint.records import RequestRecord, RequestSpec
 from runbook.endpoint.transport import AiohttpTransport, Failure, H1Transport, ReusedConnectionClosed, Stream, Transport
+
+if TYPE_CHECKING:
+    import aiohttp
 
 EXACT_SOURCES = ("usage",)
 # the streamed requests' HTTP client by name (--transport, the summary's client.transport); endpoint/h1.py: why two

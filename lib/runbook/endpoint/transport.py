@@ -21,14 +21,16 @@ wake-up per request; why: h1.py) and `AiohttpTransport`. A third is one subclass
 from __future__ import annotations
 
 import asyncio
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar
-
-import aiohttp
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from runbook.endpoint import h1
 from runbook.endpoint.sse import SSEParser, SSETooLarge
+
+if TYPE_CHECKING:
+    import aiohttp
 
 DONE_GRACE_S = 2.0               # after [DONE], how long a response may take to end before its connection is dropped
 
@@ -107,7 +109,8 @@ class Transport(ABC):
     def open(cls, base_url: str, limit: int, clock: Callable[[], float], **kw: Any) -> aiohttp.ClientSession:
         """The level's session, with this transport opened on it; its requests are stamped when their
         headers are written (aiohttp's tracing, for whatever goes through aiohttp)."""
-        conn = _Connector(limit=limit, limit_per_host=limit, keepalive_timeout=30)
+        import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
+        conn = _connector()(limit=limit, limit_per_host=limit, keepalive_timeout=30)
         session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None),
                                         trace_configs=[trace_config()], **kw)
         conn.stream_transport = cls(base_url, limit, clock, session)
@@ -129,17 +132,22 @@ class Transport(ABC):
         """With the session: the transport's own connections are closed."""
 
 
-class _Connector(aiohttp.TCPConnector):
-    """aiohttp's connector, holding the session's transport (closed with it)."""
+@functools.cache
+def _connector() -> type[aiohttp.TCPConnector]:
+    """aiohttp's connector, holding the session's transport (closed with it): a class made on first use, with aiohttp."""
+    import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
 
-    def __init__(self, **kw: Any):
-        super().__init__(**kw)
-        self.stream_transport: Transport | None = None
+    class Connector(aiohttp.TCPConnector):
+        def __init__(self, **kw: Any):
+            super().__init__(**kw)
+            self.stream_transport: Transport | None = None
 
-    async def close(self, *, abort_ssl: bool = False) -> None:
-        if self.stream_transport is not None:
-            self.stream_transport.close()
-        await super().close(abort_ssl=abort_ssl)
+        async def close(self, *, abort_ssl: bool = False) -> None:
+            if self.stream_transport is not None:
+                self.stream_transport.close()
+            await super().close(abort_ssl=abort_ssl)
+
+    return Connector
 
 
 async def _on_headers_sent(session: Any, ctx: Any, params: Any) -> None:
@@ -149,6 +157,7 @@ async def _on_headers_sent(session: Any, ctx: Any, params: Any) -> None:
 
 
 def trace_config() -> aiohttp.TraceConfig:
+    import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
     tc = aiohttp.TraceConfig()
     tc.on_request_headers_sent.append(_on_headers_sent)
     return tc
@@ -162,6 +171,7 @@ class AiohttpTransport(Transport):
         pass                                         # its connections are the session's connector's
 
     async def stream(self, url: str, headers: dict[str, str], payload: bytes, st: Stream) -> bool:
+        import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
         got_headers = False
         try:
             async with self.session.post(url, data=payload, headers=headers, allow_redirects=False,

@@ -8,7 +8,6 @@ from typing import Any
 
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import Tokenizer
 
 from runbook.core.errors import InputError
 from runbook.core.fsutil import FileRefused, read_regular
@@ -19,6 +18,7 @@ def load_tokenizer(path: str | Path | None, option: str = "--tokenizer") -> Any:
 
     A path given but holding no readable tokenizer is an InputError naming it (lengths would silently be
     approximate otherwise)."""
+    from tokenizers import Tokenizer  # lazy: the tokenizers library only when a tokenizer is loaded
     if not path:
         return None
     p = Path(path)

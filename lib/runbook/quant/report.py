@@ -3,12 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
-
 from runbook.core.units import GIB
 
 
 def weights_frame(rep: Any):
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
     w = rep.weights
     return pd.Series({"algorithm": w.algo, "method": w.quant_method, "producer": f"{w.producer or ''} {w.producer_version or ''}".strip(),
                       "group size": w.group_size, "block size": w.block_size, "config read from": w.source,
@@ -18,6 +17,7 @@ def weights_frame(rep: Any):
 
 
 def kv_cache_frame(rep: Any):
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
     kv = rep.kv_cache
     return pd.Series({"declared": kv.declared, "declared in": kv.declared_in, "auto resolves to": kv.auto_resolves_to,
                       "--kv-cache-dtype": kv.flag, "effective": kv.effective, "KV layers": kv.kv_layers,

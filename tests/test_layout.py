@@ -265,8 +265,8 @@ def test_the_cli_does_not_import_the_heavy_stacks():
     import sys
 
     code = ("import sys; from runbook import cli; cli.build_parser(); "
-            "print(sorted(m for m in ('pandas', 'matplotlib', 'ml_dtypes', 'jupyter_client', 'aiohttp', 'numpy',
-            'safetensors', 'tokenizers') if m in sys.modules))")
+            "print(sorted(m for m in ('pandas', 'matplotlib', 'ml_dtypes', 'jupyter_client', 'aiohttp', 'numpy', "
+            "'safetensors', 'tokenizers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 

@@ -15,8 +15,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge
-
 from runbook.core import registry, secrets
 from runbook.core.archive import number
 from runbook.core.findings import STATUSES, Finding
@@ -85,6 +83,8 @@ class Metrics:
     both never collide in node_exporter, and an alert says which one found it."""
 
     def __init__(self, deployment: str, source: str = "run", scrub: Iterable[str] = ()):
+        from prometheus_client import CollectorRegistry, Gauge  # lazy: prometheus_client (~15 ms) only when metrics are written
+
         self.registry = CollectorRegistry(auto_describe=True)
         self.forms = secrets.expand(scrub)
         self.deployment, self.source = deployment, source

@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from runbook.bench import metrics, server_side
 from runbook.bench import replicas as replica_share
 from runbook.bench.settings import BenchSettings
@@ -94,6 +92,8 @@ class LagMonitor:
 
 def parse_prometheus(text: str) -> dict[str, float]:
     """name{labels} -> value for every sample (labels kept in the key, sorted)."""
+    from prometheus_client.parser import text_string_to_metric_families  # lazy: prometheus_client only when /metrics is read
+
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:

@@ -26,8 +26,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from runbook.endpoint import h1
 from runbook.endpoint.sse import SSEParser, SSETooLarge
+
+if TYPE_CHECKING:
+    from runbook.endpoint import h1
 
 if TYPE_CHECKING:
     import aiohttp
@@ -206,6 +208,7 @@ class H1Transport(Transport):
     name = "h1"
 
     def __init__(self, base_url: str, limit: int, clock: Callable[[], float], session: aiohttp.ClientSession):
+        from runbook.endpoint import h1  # lazy: httptools and yarl only when a request is sent (the CLI's start-up stays light)
         super().__init__(base_url, limit, clock, session)
         self.pool = h1.Pool(base_url, limit, clock)
         self._head: bytes | None = None
@@ -214,6 +217,7 @@ class H1Transport(Transport):
         self.pool.close()
 
     async def stream(self, url: str, headers: dict[str, str], payload: bytes, st: Stream) -> bool:
+        from runbook.endpoint import h1  # lazy: httptools and yarl only when a request is sent (the CLI's start-up stays light)
         if self._head is None:
             try:
                 self._head = h1.head("POST", h1.URL(url), headers)
@@ -317,6 +321,7 @@ class _Sink:
             self._end(Failure("stream_closed", f"connection closed mid-response{why}"))
 
     def on_error(self, exc: BaseException) -> None:
+        from runbook.endpoint import h1  # lazy: httptools and yarl only when a request is sent (the CLI's start-up stays light)
         if isinstance(exc, (Failure, ReusedConnectionClosed)):
             self._end(exc)
         elif isinstance(exc, h1.httptools.HttpParserError):

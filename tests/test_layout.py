@@ -104,7 +104,7 @@ def test_fleet_and_demo_are_layers_nothing_below_imports():
     ("model", "from runbook.service.render import build\n", "model imports runbook.service.render"),
     ("service", "from ..bench.sweep import Level\n", "service imports runbook.bench.sweep"),
     ("runner", "from runbook import kv\n", "shared layer runner imports stage kv"),
-    ("fleet", "from runbook.bench.run import measure\n", "fleet imports runbook.bench.run"),
+    ("fleet", "from runbook.bench.run import assess\n", "fleet imports runbook.bench.run"),
     ("demo", "from runbook.runner.run import run\n", "demo imports runbook.runner.run"),
 ])
 def test_import_rule_catches_a_violation(layer, text, expect):

@@ -23,7 +23,7 @@ def deployment_format(spec: Deployment) -> tuple[str, str]:
     from runbook.accuracy.kvquant import active_format  # lazy: ml_dtypes (~0.6 s) only when the study runs
 
     try:
-        rep = quant.for_deployment(spec)
+        rep = quant.assess(spec)
     except InputError:
         return active_format(str(spec.serving.flags.get("kv-cache-dtype", "bf16")))
     return active_format(rep.kv_cache.effective, rep.kv_cache.scale_coverage)

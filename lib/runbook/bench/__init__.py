@@ -26,11 +26,11 @@ from runbook.bench.report import (
                                   text_table,
                                   turns_frame,
 )
-from runbook.bench.run import BenchResult, measure
+from runbook.bench.run import BenchResult, assess
 from runbook.bench.settings import BenchSettings
 from runbook.bench.stage import STAGE, BenchStageOptions, evaluate
 
-__all__ = ["STAGE", "BenchResult", "BenchSettings", "BenchStageOptions", "measure", "compare_previous", "e2e_s", "evaluate",
+__all__ = ["STAGE", "BenchResult", "BenchSettings", "BenchStageOptions", "assess", "compare_previous", "e2e_s", "evaluate",
            "frame", "frames", "plot_cdf", "plot_latency", "plot_slo_search", "plot_telemetry", "plot_throughput",
            "plot_turns", "queue_frame", "replicas_frame",
            "compare_policies", "run_with_stop", "server_frame", "sign_flip_interval", "spec_decoding_frame", "speculation_frame",

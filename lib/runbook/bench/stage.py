@@ -26,10 +26,10 @@ BenchStageOptions = options_view(BenchSettings, "BenchStageOptions",
 def evaluate(spec: Deployment, options: Options) -> BenchResult:
     """The sweep with the spec's plan under the options, then the regression check against the newest
     archived run under `archive` (default: the outputs dir; '' skips it)."""
-    from runbook.bench.run import measure  # lazy: the HTTP client and numpy only when the stage runs
+    from runbook.bench.run import assess  # lazy: the HTTP client and numpy only when the stage runs
 
     s = BenchSettings.resolve(spec, options)
-    res = measure(spec, s, archive_root=_archive(s.archive))
+    res = assess(spec, s, archive_root=_archive(s.archive))
     if s.speculation and res.summary.get("levels"):     # a server that answered the levels: the study after them
         _speculation(res, s)
     return res

@@ -135,7 +135,7 @@ class Transport(ABC):
 
 
 @functools.cache
-def _connector() -> type[aiohttp.TCPConnector]:
+def _connector() -> Callable[..., Any]:
     """aiohttp's connector, holding the session's transport (closed with it): a class made on first use, with aiohttp."""
     import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
 

@@ -7,7 +7,7 @@ from pydantic import Field
 from runbook.core.options import Options
 from runbook.core.registry import Stage, register
 from runbook.core.spec import Deployment
-from runbook.env.check import EnvReport, check
+from runbook.env.check import EnvReport, assess
 
 
 class EnvOptions(Options):
@@ -24,7 +24,7 @@ def resolved(spec: Deployment, options: EnvOptions) -> Deployment:
 
 
 def evaluate(spec: Deployment, options: EnvOptions | None = None) -> EnvReport:
-    return check(resolved(spec, options or EnvOptions()))
+    return assess(resolved(spec, options or EnvOptions()))
 
 
 STAGE = register(Stage(0, "environment", "env", "GPU, driver, serving-environment and host checks", EnvOptions, evaluate))

@@ -2,8 +2,7 @@
 is the entry point (`runbook kv`, 20_kv_memory); `memory` holds the pure arithmetic, `report` the
 tables, plots and the what-if panel."""
 from runbook.kv.memory import compute as compute_pools
-from runbook.kv.plan import Plan, plan_for_rank
-from runbook.kv.plan import plan as plan_pools
+from runbook.kv.plan import Plan, assess, plan_for_rank
 from runbook.kv.report import (
                                candidates_frame,
                                memory_frame,
@@ -20,6 +19,6 @@ from runbook.kv.report import (
 )
 from runbook.kv.stage import STAGE, KvOptions, evaluate
 
-__all__ = ["STAGE", "KvOptions", "Plan", "candidates_frame", "compute_pools", "evaluate", "memory_frame", "panel",
-           "plan_for_rank", "plan_pools", "plot_capacity", "plot_concurrency", "plot_memory", "ranks_frame", "scenarios_frame",
+__all__ = ["STAGE", "KvOptions", "Plan", "assess", "candidates_frame", "compute_pools", "evaluate", "memory_frame", "panel",
+           "plan_for_rank", "plot_capacity", "plot_concurrency", "plot_memory", "ranks_frame", "scenarios_frame",
            "selected_frame", "story_frame", "text_table", "topology_frame"]

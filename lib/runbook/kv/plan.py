@@ -112,7 +112,7 @@ class Plan:
         return d
 
 
-def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrides: Any) -> Plan:
+def assess(spec: Deployment | None = None, model_dir: str | None = None, **overrides: Any) -> Plan:
     """Stage 20's entry point. Inputs from the spec, then from the checkpoint, then explicit overrides
     (CLI flags, notebook parameters, widgets)."""
     loaded = overrides.pop("loaded", None)   # (Checkpoint, note) already read by the caller
@@ -124,7 +124,7 @@ def plan(spec: Deployment | None = None, model_dir: str | None = None, **overrid
         raise InputError("give MODEL_DIR or --deployment")
     a = arch_mod.from_config(ck.config, str(ck.dir / "config.json"))
     flags = dict(spec.serving.flags) if spec is not None else {}
-    qrep = quant.inspect(ck, flags, compute_capability=spec.hardware.compute_capability if spec is not None else None)
+    qrep = quant.inspect_checkpoint(ck, flags, compute_capability=spec.hardware.compute_capability if spec is not None else None)
     # the spec's values, then the overrides (None: unset), validated once as a whole
     values: dict[str, Any] = {}
     if spec is not None:
@@ -188,7 +188,7 @@ def plan_for_rank(spec: Deployment, rank: int, **overrides: Any) -> dict[str, An
     if not 0 <= rank < nnodes:
         raise InputError(f"node rank {rank}: {spec.source or 'the spec'} has {nnodes} node(s) under parallelism.nodes "
                          f"(ranks 0–{nnodes - 1})")
-    p = plan(spec, **overrides)
+    p = assess(spec, **overrides)
     problem = kvtopo.placement(spec, p.inputs)
     if problem:
         raise InputError(problem)

@@ -11,9 +11,9 @@ from runbook.service.gateway import unit_name as gateway_unit_name
 from runbook.service.install import InstallResult, install, wait_ready
 from runbook.service.render import Build, Rendered, build, effective_flags, parse_args, recommended_flags, render
 from runbook.service.report import changes_frame, drift_frame, plan_frame, units_frame
-from runbook.service.stage import STAGE, ServiceOptions, ServiceReport, assemble, evaluate
+from runbook.service.stage import STAGE, ServiceOptions, ServiceReport, assess, evaluate
 
-__all__ = ["STAGE", "Build", "InstallResult", "Rendered", "ServiceOptions", "ServiceReport", "assemble", "build",
+__all__ = ["STAGE", "Build", "InstallResult", "Rendered", "ServiceOptions", "ServiceReport", "assess", "build",
            "changes_frame", "check", "gateway_argv", "gateway_unit_name", "render_gateway",
            "check_flags", "check_flags_many", "cross_checks", "diff", "drift", "drift_frame", "effective_flags",
            "evaluate", "install", "parse_args", "plan_frame", "recommended_flags", "redact_server_info", "render",

@@ -5,7 +5,7 @@ start-up log read, benchmarked per context-length bucket, guarded for accuracy a
 taken down (where the spec declares a gateway: its policies, the gateway alone relaunched in front of the
 replicas); `report` holds the table, the Pareto plot and the recommendation's text."""
 from runbook.tune.report import buckets_frame, frame, frames, launches_frame, plot_pareto, recommendation_text, text_table, turns_frame
-from runbook.tune.stage import STAGE, TuneOptions, TuneReport, evaluate
+from runbook.tune.stage import STAGE, TuneOptions, TuneReport, assess, evaluate
 
-__all__ = ["STAGE", "TuneOptions", "TuneReport", "buckets_frame", "evaluate", "frame", "frames", "launches_frame", "plot_pareto",
+__all__ = ["STAGE", "TuneOptions", "TuneReport", "assess", "buckets_frame", "evaluate", "frame", "frames", "launches_frame", "plot_pareto",
            "recommendation_text", "text_table", "turns_frame"]

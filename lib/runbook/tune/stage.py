@@ -37,11 +37,16 @@ def _progress(msg: str) -> None:
 
 def evaluate(spec: Deployment, options: TuneOptions, **hooks: Any) -> TuneReport:
     """The tune run under the options (`hooks`: systemctl, nvml, log — tests and the notebook's progress)."""
+    return assess(spec, TuneSettings.resolve(spec, options), **hooks)
+
+
+def assess(spec: Deployment, s: TuneSettings, **hooks: Any) -> TuneReport:
+    """The tune run under its settings: the candidates tried (trials.tune) and their findings."""
     from runbook.tune.findings import findings  # lazy: the run's modules (launch, engines, bench) load with the run
     from runbook.tune.trials import tune  # lazy: as above; the registry imports this module for every CLI verb
 
     hooks.setdefault("log", _progress)
-    res = tune(spec, TuneSettings.resolve(spec, options), **hooks)
+    res = tune(spec, s, **hooks)
     return TuneReport(findings(spec, res), res["rows"], res["recommendation"], res["run_id"], res["run_dir"],
                       res["plan_only"], spec.tune.engine, res["resumed"])
 

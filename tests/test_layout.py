@@ -123,6 +123,7 @@ def test_every_stage_has_the_same_shape(stage):
     mod = importlib.import_module(f"runbook.{stage}")
     assert mod.__doc__ and mod.__doc__.startswith("Stage "), stage
     assert "evaluate" in mod.__all__ and callable(mod.evaluate)
+    assert "assess" in mod.__all__ and callable(mod.assess), f"{stage}: the stage's body is `assess` (docs/contributing.md)"
     assert (LIB / stage / "report.py").is_file(), f"{stage}: tables and plots live in report.py"
     for name in mod.__all__:
         assert hasattr(mod, name), f"runbook.{stage}.__all__ names {name}, which it lacks"

@@ -56,8 +56,8 @@ def test_panel_redraws_only_when_a_rounded_input_changes(monkeypatch):
     from runbook.kv import plan as kvplan_mod
 
     calls = []
-    real = kvplan_mod.plan
-    monkeypatch.setattr(kvplan_mod, "plan", lambda *a, **k: calls.append(k) or real(*a, **k))
+    real = kvplan_mod.assess
+    monkeypatch.setattr(kvplan_mod, "assess", lambda *a, **k: calls.append(k) or real(*a, **k))
     box = kvreport.panel(spec.load(DEFAULT_SPEC))
     (tp, _dtype), (frac, _ctx) = box.children[0].children, box.children[1].children
     drawn = len(calls)                               # the base plan and the first drawing

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from runbook.accuracy.kld import Scores
 from runbook.core.errors import InputError, RunbookError
+from runbook.core.numeric import is_number
 from runbook.core.secrets import redact_text
 from runbook.corpus import code_text
 from runbook.endpoint.reach import BadResponse, decode_json, fetch_json
@@ -101,7 +102,7 @@ def _entry(x: Any, url: str, where: str) -> tuple[float, int]:
     if not (isinstance(x, (list, tuple)) and len(x) >= 2 and isinstance(x[1], int)):
         raise ScoringError(f"{url}: {where} is {str(x)[:60]!r}, not [logprob, token_id, text]")
     lp = x[0]
-    if not isinstance(lp, (int, float)) or isinstance(lp, bool) or not math.isfinite(lp):
+    if not is_number(lp) or not math.isfinite(lp):
         raise ScoringError(f"{url}: {where} has logprob {lp!r}: the server returned no finite logprob")
     return float(lp), x[1]
 

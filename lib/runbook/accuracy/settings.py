@@ -15,7 +15,8 @@ from runbook.core.options import Fraction, Integer, Options, PosInt, Url, intern
 from runbook.core.spec import Accuracy, Deployment
 
 _PLAN = Accuracy()          # the spec's defaults: the settings' defaults where no spec is given
-_SPEC_URL = ("recall", "toolcall", "kld")   # the probes that default to the spec's own server; report and identity skip without --url
+# the probes that default to the spec's own server; report and identity skip without --url
+_PROBES_ON_SPEC_SERVER = ("recall", "toolcall", "kld")
 
 
 class AccuracySettings(Options):
@@ -84,7 +85,7 @@ class AccuracySettings(Options):
         if spec is not None:
             base = {"lengths": list(spec.accuracy.recall_lengths), "depths": list(spec.accuracy.recall_depths),
                     "api_key_env": spec.serving.api_key_env}
-            if given.get("probe", "report") in _SPEC_URL:
+            if given.get("probe", "report") in _PROBES_ON_SPEC_SERVER:
                 base["url"] = spec.serving.local_url
             if given.get("probe") == "kld" and (Path(spec.model.path) / "tokenizer.json").is_file():
                 base["tokenizer"] = spec.model.path       # kld cuts windows into ids: the served checkpoint's tokenizer

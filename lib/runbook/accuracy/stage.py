@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runbook.accuracy.settings import AccuracySettings
-from runbook.core.archive import number
 from runbook.core.findings import Finding
+from runbook.core.numeric import number
 from runbook.core.options import Options, options_view
 from runbook.core.registry import Outcome, Stage, register
 from runbook.core.spec import SLO, Deployment

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from runbook.accuracy.identity import server_config
 from runbook.accuracy.settings import AccuracySettings
 from runbook.core.findings import Finding, Status
+from runbook.core.numeric import is_int
 from runbook.core.secrets import redact_text
 from runbook.endpoint.client import Client
 from runbook.endpoint.reach import BadResponse, decode_json, model_name, read_bounded, run_sync
@@ -372,7 +373,7 @@ async def _prompt_tokens(session: aiohttp.ClientSession, url: str, headers: dict
         if r.status >= 400:
             return None
     n = (decode_json(url, raw).get("usage") or {}).get("prompt_tokens")
-    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+    return n if is_int(n) and n >= 0 else None
 
 
 async def rendered_tools(s: AccuracySettings, url: str, model: str | None, timeout_s: float = 180.0) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from runbook.core import registry, secrets
-from runbook.core.archive import number
 from runbook.core.findings import STATUSES, Finding
+from runbook.core.numeric import number
 
 # Ids, levels and names: letters, digits and . _ : + - only, bounded in length (never free text).
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from runbook.bench import workloads
 from runbook.bench.settings import BenchSettings
 from runbook.core import paths
-from runbook.core.archive import number
+from runbook.core.numeric import number
 from runbook.core.options import Options, options_view
 from runbook.core.registry import Stage, register
 from runbook.core.spec import SLO, Deployment, level_meets_slo

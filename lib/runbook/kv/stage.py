@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from runbook.core.archive import number
+from runbook.core.numeric import number
 from runbook.core.options import Options, PosFloat, options_view
 from runbook.core.registry import Stage, register
 from runbook.core.spec import SLO, Deployment

@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from runbook.core.archive import number
 from runbook.core.findings import Finding
 from runbook.core.fsutil import write_output
+from runbook.core.numeric import number
 from runbook.core.options import Options, PosFloat, Url
 from runbook.core.registry import Outcome, Stage, register
 from runbook.core.spec import Deployment

@@ -6,8 +6,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from runbook.core.archive import number
 from runbook.core.findings import Finding
+from runbook.core.numeric import number
 from runbook.core.registry import Stage, register
 from runbook.core.spec import SLO, Deployment
 from runbook.tune.settings import TuneOptions, TuneSettings

@@ -2,8 +2,7 @@
 and KL divergence against a reference (`kld`) live.
 `evaluate(spec, ...)` is the entry point (`runbook accuracy report`, 50_accuracy); `report` holds
 its tables and plots."""
-from runbook.accuracy.identity import first_difference
-from runbook.accuracy.identity import outputs as greedy_outputs
+from runbook.accuracy.identity import first_difference, greedy_outputs
 from runbook.accuracy.kld import judge as kld_verdict
 from runbook.accuracy.kld import verdict as kld_finding
 from runbook.accuracy.kldprobe import measure_candidate, measure_reference

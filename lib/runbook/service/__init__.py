@@ -1,7 +1,8 @@
 """Stage 30: the systemd unit — built once from spec + what-ifs + recommendations (`build`), then
 rendered, checked, diffed, installed and compared with the running server. `evaluate` is the
 stage's entry point: what 30_service shows and `runbook service report` prints."""
-
+# `check`, `diff`, `drift`, `install` and `render` here are the functions: the from-import rebinds each name the
+# import system had set to its module.
 from runbook.service.check import check, check_flags, check_flags_many, cross_checks, serving_python, verify_unit
 from runbook.service.diff import diff
 from runbook.service.drift import drift, redact_server_info, server_state

@@ -2,7 +2,7 @@
 
 Builds a sparse checkpoint in a temp dir: ~100 shards, 20,000 tensors, real safetensors headers
 (8-byte length + JSON), data regions left as holes, so the files report ~400 GB but use almost
-no disk. Then times `checkpoint.load` + `quant.inspect` and prints wall time and bytes read.
+no disk. Then times `checkpoint.load` + `quant.inspect_checkpoint` and prints wall time and bytes read.
 
     .venv/bin/python benchmarks/checkpoint_scan.py [--shards 100] [--tensors 20000] [--repeat 5]
 """
@@ -74,7 +74,7 @@ def main() -> None:
         for _ in range(a.repeat):
             r0 = me.io_counters().read_chars
             t0 = time.perf_counter()
-            rep = quant.inspect(checkpoint.load(root), {}, tp=8)
+            rep = quant.inspect_checkpoint(checkpoint.load(root), {}, tp=8)
             times.append(time.perf_counter() - t0)
             read = me.io_counters().read_chars - r0
         print(f"checkpoint: {a.shards} shards, {a.tensors} tensors, {apparent / 1e9:.0f} GB apparent, {on_disk / 1e6:.1f} MB on disk")

@@ -21,7 +21,7 @@ from runbook.bench import failover, policies  # noqa: E402
 from runbook.bench.settings import BenchSettings  # noqa: E402
 from runbook.demo import topology  # noqa: E402
 from runbook.endpoint.reach import fetch_json  # noqa: E402
-from runbook.kv.plan import plan as kv_plan  # noqa: E402
+from runbook.kv.plan import assess as kv_plan  # noqa: E402
 
 SESSIONS = {"workload": "agentic", "concurrency": [4], "requests": 8, "turns": 3, "input_len": 128, "output_len": 8,
             "chat": True, "warmup": 0, "telemetry": False}

@@ -154,7 +154,7 @@ def test_risky_nccl_and_cuda_values(dep):
 
 
 def test_host_findings_and_full_report(dep):
-    rep = env.check(dep, nvml=FakeNVML())
+    rep = env.assess(dep, nvml=FakeNVML())
     ids = _by_id(rep.findings)
     assert {"env.host.shm", "env.host.memlock", "env.host.disk", "env.host.cpu_ram", "env.gpu.count", "env.serving.python"} <= set(ids)
     assert rep.host["cpus"] >= 1 and "model card" in rep.host["model_location"]

@@ -82,7 +82,7 @@ def targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, kn
 
 def graph(srcs: dict[str, tuple[Path, str]]) -> dict[str, set[str]]:
     """Importer -> the modules it imports, at module level or inside a function (both run sooner or later).
-    Imports by name at run time (importlib, the stage packages' lazy exports in core/lazy.py) are not read."""
+    Imports by name at run time (importlib: the registry's discovery of stage packages) are not read."""
     known = set(srcs)
     return {m: {t for node, _ in imports(m, p, text) for t in targets(node, m, p.name == "__init__.py", known)}
             for m, (p, text) in srcs.items()}

@@ -34,7 +34,7 @@ def _replicas(policy: str = "cache_aware", n: int = 2, **gateway) -> spec.Deploy
 
 def test_the_replicas_spec_plans_each_replica_as_the_one_server_and_sums_them():
     dep = spec.load(REPLICAS)
-    one = kv.plan_pools(spec.load()).result            # the single-host spec: the server each replica is
+    one = kv.assess(spec.load()).result            # the single-host spec: the server each replica is
     p = kv.evaluate(dep, kv.KvOptions())
     t = p.topology
     assert [(r["name"], r["host"], r["port"], r["gpus"]) for r in t["replicas"]] == [

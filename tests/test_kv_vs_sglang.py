@@ -90,7 +90,7 @@ def argv_to_spec(case: dict) -> spec_mod.Deployment:
 def runbook_figures(case: dict) -> dict:
     try:
         dep = argv_to_spec(case)
-        p = kv.plan_pools(dep, case["model_dir"], weights_gib=case["weights_bytes_per_gpu"] / 2**30)
+        p = kv.assess(dep, case["model_dir"], weights_gib=case["weights_bytes_per_gpu"] / 2**30)
     except (InputError, SpecError) as e:
         return {"input_error": str(e)}
     r = p.result
@@ -304,7 +304,7 @@ def test_the_default_spec_plans_what_sglang_sizes_on_its_gpus():
     dep = spec_mod.load()
     assert dep.hardware.gpu_memory_gib * 1024 == case["gpu"]["total_mib"]   # the figure NVML reports
     assert int(dep.model.size_gib * 2**30) // dep.hardware.gpu_count == case["weights_bytes_per_gpu"]
-    r = kv.plan_pools(dep).result
+    r = kv.assess(dep).result
     got = (r.kv_budget_bytes_per_gpu, r.max_total_num_tokens, r.max_state_slots, r.max_running_requests)
     assert got == (want["rest_bytes"], want["max_total_num_tokens"], want["max_mamba_cache_size"],
                    want["max_running_requests"]), got

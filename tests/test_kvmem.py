@@ -158,7 +158,7 @@ def test_story_frame_numbers():
 
 
 def test_default_deployment_plan_and_json_keys(cli):
-    p = kvplan.plan(spec.load())
+    p = kvplan.assess(spec.load())
     assert p.inputs.kv_dtype == "bfloat16" and p.inputs.mem_fraction_static == 0.88 and p.auto_kv_dtype == "fp8_e4m3"
     assert p.result.max_total_num_tokens > 1_000_000 and "model.size_gib" in p.weights_source
     cp = cli("kv", "--json")
@@ -299,7 +299,7 @@ def test_new_kv_flags_from_the_spec_are_validated(flag, value):
     from runbook.core.errors import SpecError
     flags = dict(spec_data()["serving"]["flags"], **{flag: value})
     with pytest.raises((SpecError, InputError)) as e:
-        kvplan.plan(spec.from_dict(spec_data(**{"serving.flags": flags}), str(REPO / "deployments" / "x.yaml")))
+        kvplan.assess(spec.from_dict(spec_data(**{"serving.flags": flags}), str(REPO / "deployments" / "x.yaml")))
     assert flag in str(e.value) and "\n" not in str(e.value)
 
 
@@ -376,7 +376,7 @@ def test_a_modelopt_fp8_checkpoint_on_an_ampere_gpu_is_refused_by_the_kv_plan(tm
     d = spec.from_dict(spec_data(**{"model.path": str(MODELS / "llama-3.1-70b-instruct-fp8"), "model.card": None,
                                     "model.size_gib": 70, "hardware.compute_capability": cc, "hardware.gpu_memory_gib": 80,
                                     "serving.flags": {}}), str(REPO / "deployments" / "x.yaml"))
-    p = kvplan.plan(d)
+    p = kvplan.assess(d)
     assert p.inputs.quantization == "modelopt_fp8"
     fails = [f for f in p.findings if f.id == "kv.refused"]
     assert bool(fails) == refused, (cc, [f.title for f in fails])

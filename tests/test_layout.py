@@ -104,7 +104,7 @@ def test_fleet_and_demo_are_layers_nothing_below_imports():
     ("model", "from runbook.service.render import build\n", "model imports runbook.service.render"),
     ("service", "from ..bench.sweep import Level\n", "service imports runbook.bench.sweep"),
     ("runner", "from runbook import kv\n", "shared layer runner imports stage kv"),
-    ("fleet", "from runbook.bench.run import measure\n", "fleet imports runbook.bench.run"),
+    ("fleet", "from runbook.bench.run import assess\n", "fleet imports runbook.bench.run"),
     ("demo", "from runbook.runner.run import run\n", "demo imports runbook.runner.run"),
 ])
 def test_import_rule_catches_a_violation(layer, text, expect):
@@ -123,6 +123,7 @@ def test_every_stage_has_the_same_shape(stage):
     mod = importlib.import_module(f"runbook.{stage}")
     assert mod.__doc__ and mod.__doc__.startswith("Stage "), stage
     assert "evaluate" in mod.__all__ and callable(mod.evaluate)
+    assert "assess" in mod.__all__ and callable(mod.assess), f"{stage}: the stage's body is `assess` (docs/contributing.md)"
     assert (LIB / stage / "report.py").is_file(), f"{stage}: tables and plots live in report.py"
     for name in mod.__all__:
         assert hasattr(mod, name), f"runbook.{stage}.__all__ names {name}, which it lacks"
@@ -246,8 +247,8 @@ def test_one_sglang_version_constant():
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_every_export_is_the_object_not_a_submodule(stage):
-    """A stage package's names resolve lazily (core/lazy.py); a function named like its module (service's
-    `check`) must be bound eagerly, or the import system's module attribute would shadow it."""
+    """A stage package binds its names by plain imports; a function named like its module (service's `check`) is
+    the function, not the module the import system also sets as the package attribute of that name."""
     import importlib
     import pkgutil
     import types
@@ -260,13 +261,15 @@ def test_every_export_is_the_object_not_a_submodule(stage):
 
 
 def test_the_cli_does_not_import_the_heavy_stacks():
-    """The registry imports every stage package; `runbook VERB --help` stays light (no pandas, matplotlib, ml_dtypes,
-    aiohttp or numpy: 0.39 s here, where importing every stage's stacks took 1.35 s)."""
+    """The registry imports every stage package, and each binds its names by plain imports; `runbook VERB --help`
+    stays light (no pandas, matplotlib, ml_dtypes, aiohttp, numpy, safetensors or tokenizers: those imports sit inside
+    the functions that need them; 0.39 s here, where importing every stage's stacks took 1.35 s)."""
     import subprocess
     import sys
 
     code = ("import sys; from runbook import cli; cli.build_parser(); "
-            "print(sorted(m for m in ('pandas', 'matplotlib', 'ml_dtypes', 'jupyter_client', 'aiohttp', 'numpy') if m in sys.modules))")
+            "print(sorted(m for m in ('pandas', 'matplotlib', 'ml_dtypes', 'jupyter_client', 'aiohttp', 'numpy', "
+            "'safetensors', 'tokenizers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 

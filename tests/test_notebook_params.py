@@ -22,7 +22,7 @@ STAGES = registry.stages()
 def test_the_parameter_names_users_have_are_kept():
     assert set(KEPT) == {s.notebook for s in STAGES}
     for stem, names in KEPT.items():
-        have = set(params.inspect(NOTEBOOKS / f"{stem}.ipynb"))
+        have = set(params.notebook_params(NOTEBOOKS / f"{stem}.ipynb"))
         assert set(names) <= have, f"{stem}.ipynb lost the parameters {sorted(set(names) - have)} (users set them)"
 
 
@@ -55,7 +55,7 @@ def _evaluate_keywords(stem: str) -> list[str]:
 
 @pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
 def test_the_notebook_hands_every_stage_parameter_to_evaluate(stage):
-    declared = params.inspect(NOTEBOOKS / f"{stage.notebook}.ipynb")
+    declared = params.notebook_params(NOTEBOOKS / f"{stage.notebook}.ipynb")
     taken = set(stage.options.model_fields)
     wanted = [n for n in declared if n not in ("deployment", "results_path") and (n not in params.RESERVED or n in taken)]
     assert _evaluate_keywords(stage.notebook) == wanted
@@ -109,7 +109,7 @@ def test_a_none_default_must_say_what_none_takes():
 @pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
 def test_every_declared_type_reads_back_through_the_runner(stage):
     """What the generator writes is what `--param` types values by (params.coerce), so `--param tp=8` is an int."""
-    for name, d in params.inspect(NOTEBOOKS / f"{stage.notebook}.ipynb").items():
+    for name, d in params.notebook_params(NOTEBOOKS / f"{stage.notebook}.ipynb").items():
         assert params._type(d["inferred_type_name"]) is not None, (stage.notebook, name, d["inferred_type_name"])
 
 

@@ -27,7 +27,7 @@ def test_committed_without_outputs(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_parameters_cell_declares_runner_parameters(path):
-    declared = params.inspect(path)
+    declared = params.notebook_params(path)
     assert declared["deployment"]["inferred_type_name"] == "str"
     assert declared["results_path"]["inferred_type_name"] == "str"
     assert declared["results_path"]["default"] in ('""', "''")
@@ -46,7 +46,7 @@ def test_stage_parameters_default_to_none(stage):
     """A stage parameter is `T | None = None` with a comment saying what None takes (the spec's value, the stage's
     default), or holds the option's own default (seed 0, plan_only False); the cell as it stands gives exactly the
     options model's defaults: None is unset, as an absent flag."""
-    declared = params.inspect(REPO / "notebooks" / f"{stage.notebook}.ipynb")
+    declared = params.notebook_params(REPO / "notebooks" / f"{stage.notebook}.ipynb")
     fields = stage.options.model_fields
     values = {}
     for name, d in declared.items():

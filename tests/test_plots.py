@@ -19,7 +19,7 @@ def test_figures_are_not_registered_with_pyplot():
     import matplotlib.pyplot as plt
 
     plt.close("all")
-    p = kvplan.plan(spec.load(DEFAULT_SPEC), None)
+    p = kvplan.assess(spec.load(DEFAULT_SPEC), None)
     figs = [kvreport.plot_capacity(p), kvreport.plot_concurrency(p), kvreport.plot_memory(p)]
     assert plt.get_fignums() == []                 # pyplot never saw them: no backend hook can draw or close them
     for f in figs:
@@ -28,7 +28,7 @@ def test_figures_are_not_registered_with_pyplot():
 
 
 def test_same_inputs_same_png_bytes():
-    p = kvplan.plan(spec.load(DEFAULT_SPEC), None, tp=4, kv_dtype="fp8_e4m3")
+    p = kvplan.assess(spec.load(DEFAULT_SPEC), None, tp=4, kv_dtype="fp8_e4m3")
     assert plots.png(kvreport.plot_memory(p)) == plots.png(kvreport.plot_memory(p))
 
 
@@ -56,8 +56,8 @@ def test_panel_redraws_only_when_a_rounded_input_changes(monkeypatch):
     from runbook.kv import plan as kvplan_mod
 
     calls = []
-    real = kvplan_mod.plan
-    monkeypatch.setattr(kvplan_mod, "plan", lambda *a, **k: calls.append(k) or real(*a, **k))
+    real = kvplan_mod.assess
+    monkeypatch.setattr(kvplan_mod, "assess", lambda *a, **k: calls.append(k) or real(*a, **k))
     box = kvreport.panel(spec.load(DEFAULT_SPEC))
     (tp, _dtype), (frac, _ctx) = box.children[0].children, box.children[1].children
     drawn = len(calls)                               # the base plan and the first drawing

@@ -24,7 +24,7 @@ def ids(rep):
 
 
 def run(d, flags=None, tp=1):
-    return quant.inspect(checkpoint.load(d), flags or {}, tp=tp)
+    return quant.inspect_checkpoint(checkpoint.load(d), flags or {}, tp=tp)
 
 
 def qwen_shards(scales_on=(), fmt="nvfp4", layers=8, base="model.language_model.layers"):
@@ -182,17 +182,17 @@ def test_awq_excerpt_and_gptq_side_file(tmp_path):
 
 
 def test_real_model_cards(tmp_path):
-    rep = quant.inspect(checkpoint.load(FIX / "models" / "llama-3.1-70b-instruct-fp8"), tp=8)
+    rep = quant.inspect_checkpoint(checkpoint.load(FIX / "models" / "llama-3.1-70b-instruct-fp8"), tp=8)
     kv = rep.kv_cache
     assert (rep.weights.algo, kv.declared, kv.auto_resolves_to, kv.kv_layers) == ("FP8", "FP8", "fp8_e4m3", 80)
     assert rep.kv_cache.layers_with_scales is None and ids(rep)["quant.kv.fp8_scales"].status == "warn"
-    rep = quant.inspect(checkpoint.load(FIX / "models" / "qwen3.5-397b-a17b-nvfp4"))
+    rep = quant.inspect_checkpoint(checkpoint.load(FIX / "models" / "qwen3.5-397b-a17b-nvfp4"))
     assert (rep.weights.algo, rep.weights.group_size, rep.weights.source) == ("NVFP4", 16, "config.json")
     assert rep.kv_cache.auto_resolves_to == "fp8_e4m3" and rep.kv_cache.kv_layers == 15
     assert "quant.files_disagree" not in ids(rep)
-    rep = quant.inspect(checkpoint.load(FIX / "models" / "deepseek-v3"))
+    rep = quant.inspect_checkpoint(checkpoint.load(FIX / "models" / "deepseek-v3"))
     assert rep.weights.algo == "FP8-block" and rep.kv_cache.kv_layers == 61
-    rep = quant.inspect(checkpoint.load(FIX / "models" / "llama-3.1-70b"))
+    rep = quant.inspect_checkpoint(checkpoint.load(FIX / "models" / "llama-3.1-70b"))
     assert rep.weights.algo == "unquantized" and rep.recommended_flags == {"kv-cache-dtype": "auto"}
 
 
@@ -204,7 +204,7 @@ def test_unquantized_single_file_checkpoint_sums_headers(tmp_path):
 
 
 def test_default_deployment_inspects_its_model_card():
-    rep = quant.for_deployment(spec.load())
+    rep = quant.assess(spec.load())
     f = ids(rep)
     assert f["quant.source"].status == "info" and rep.kv_cache.flag == "bf16"
     assert f["quant.kv.fp8_scales"].status == "pass" and f["quant.weight_bytes"].status == "skip"
@@ -300,7 +300,7 @@ def test_hf_repo_id_resolves_offline_to_the_cached_snapshot(tmp_path, monkeypatc
 
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))  # read at import time; the env var alone is too late
     ck = checkpoint.load("acme/tiny-fp8")
-    assert ck.dir == snap and quant.inspect(ck).weights.algo == "FP8"
+    assert ck.dir == snap and quant.inspect_checkpoint(ck).weights.algo == "FP8"
     with pytest.raises(InputError, match="no Hugging Face snapshot of it is cached"):
         checkpoint.load("acme/not-downloaded")
 
@@ -375,6 +375,6 @@ def test_dsa_auto_kv_follows_sglangs_override_by_gpu():
     from runbook import quant
     from runbook.model import checkpoint
     ck = checkpoint.load(REPO / "tests" / "fixtures" / "models" / "deepseek-v3.2")
-    assert quant.inspect(ck, {}, compute_capability="10.0").kv_cache.auto_resolves_to == "fp8_e4m3"
-    assert quant.inspect(ck, {}, compute_capability="9.0").kv_cache.auto_resolves_to == "bfloat16"
-    assert quant.inspect(ck, {}, compute_capability="10.0").kv_cache.honoured is False
+    assert quant.inspect_checkpoint(ck, {}, compute_capability="10.0").kv_cache.auto_resolves_to == "fp8_e4m3"
+    assert quant.inspect_checkpoint(ck, {}, compute_capability="9.0").kv_cache.auto_resolves_to == "bfloat16"
+    assert quant.inspect_checkpoint(ck, {}, compute_capability="10.0").kv_cache.honoured is False

@@ -251,7 +251,7 @@ def decided(tmp_path_factory):
                 mp.setattr(checkpoint, "check_config", lambda *a: None)
                 mp.setattr(checkpoint, "check_hf_quant_config", lambda *a: None)
                 ck = checkpoint.load(d)
-        rep = quant.inspect(ck, fl)
+        rep = quant.inspect_checkpoint(ck, fl)
         reports[cid] = rep
         runs = {"main": fl.get("quantization"), "auto": None, "rec": rep.recommended_flags.get("quantization"),
                 "side": flags.get("side")}
@@ -380,7 +380,7 @@ def test_min_capability_refusals_at_each_gpu(tmp_path):
         assert cp.returncode == 0, cp.stderr[-4000:]
         for r in json.loads(cp.stdout):
             cid = r["id"]
-            rep = quant.inspect(checkpoint.load(dirs[cid]), {k: v for k, v in CASES[cid][3].items() if k != "side"},
+            rep = quant.inspect_checkpoint(checkpoint.load(dirs[cid]), {k: v for k, v in CASES[cid][3].items() if k != "side"},
                                 compute_capability=sm)
             refused = _refused(rep)
             assert bool(refused) == bool(r["refusal"]), (sm, cid, r["refusal"], refused)
@@ -398,12 +398,12 @@ def test_contradicting_quant_files_and_a_null_hf_quant_config_are_named(tmp_path
     """config.json's quantization_config wins over hf_quant_config.json (ModelConfig._parse_quant_hf_config): a
     contradiction is a warn saying which one SGLang serves; "quantization": null makes SGLang ignore the file."""
     cfg, hq, files, _ = CASES["config.json fp8 block vs hq NVFP4"]
-    rep = quant.inspect(checkpoint.load(make(tmp_path / "a", cfg, hf_quant_config=hq, files=files)), {})
+    rep = quant.inspect_checkpoint(checkpoint.load(make(tmp_path / "a", cfg, hf_quant_config=hq, files=files)), {})
     f = {x.id: x for x in rep.findings}["quant.conflict"]
     assert f.status == "warn" and "SGLang uses config.json" in f.title and "NVFP4" in f.title and "serves fp8" in f.detail
-    same = quant.inspect(checkpoint.load(make(tmp_path / "b", llama(), hf_quant_config=ex(LLAMA33_FP4))), {})
+    same = quant.inspect_checkpoint(checkpoint.load(make(tmp_path / "b", llama(), hf_quant_config=ex(LLAMA33_FP4))), {})
     assert "quant.conflict" not in {x.id for x in same.findings}
-    null = quant.inspect(checkpoint.load(make(tmp_path / "c", llama(), hf_quant_config={"producer": {"name": "modelopt"},
+    null = quant.inspect_checkpoint(checkpoint.load(make(tmp_path / "c", llama(), hf_quant_config={"producer": {"name": "modelopt"},
                                                                                          "quantization": None})), {})
     g = {x.id: x for x in null.findings}["quant.hf_quant_config"]
     assert g.status == "warn" and "ignores the file" in g.title and "no quantization" in g.detail

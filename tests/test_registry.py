@@ -64,7 +64,7 @@ def _cli_names(verb: str) -> set[str]:
 def test_every_notebook_parameter_maps_to_an_option_and_a_cli_flag(stage):
     from runbook.core.options import flag
 
-    declared = params_mod.inspect(NOTEBOOKS / f"{stage.notebook}.ipynb")
+    declared = params_mod.notebook_params(NOTEBOOKS / f"{stage.notebook}.ipynb")
     fields = stage.options.model_fields
     names = _cli_names(stage.verb)
     for name in declared:
@@ -108,7 +108,7 @@ SAME_INPUTS = {
 
 def _notebook_defaults(stage: registry.Stage) -> dict:
     """The parameters cell's own values (None: unset), as papermill would leave them."""
-    declared = params_mod.inspect(NOTEBOOKS / f"{stage.notebook}.ipynb")
+    declared = params_mod.notebook_params(NOTEBOOKS / f"{stage.notebook}.ipynb")
     out = {}
     for name, d in declared.items():
         if name in ("deployment", "results_path") or (name in params_mod.RESERVED and name not in stage.options.model_fields):

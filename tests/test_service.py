@@ -384,7 +384,7 @@ def test_evaluate_reads_the_checkpoint_once(monkeypatch):
     calls = []
     real = checkpoint.load
     monkeypatch.setattr(checkpoint, "load", lambda *a, **k: calls.append(a) or real(*a, **k))
-    rep = service.assemble(dep(), installed="/nonexistent/unit.service", url="http://127.0.0.1:9")
+    rep = service.assess(dep(), installed="/nonexistent/unit.service", url="http://127.0.0.1:9")
     assert len(calls) == 1, calls
     got = {f.id for f in rep.findings}
     assert {"service.kv_dtype", "service.drift"} <= got
@@ -395,14 +395,14 @@ def test_evaluate_reads_the_checkpoint_once(monkeypatch):
 def test_cli_service_report_matches_the_library(cli, tmp_path):
     cp = cli("service", "report", "--url", "http://127.0.0.1:9", "--installed", tmp_path / "none.service", "--json")
     j = json.loads(cp.stdout)
-    rep = service.assemble(dep(), installed=tmp_path / "none.service", url="http://127.0.0.1:9")
+    rep = service.assess(dep(), installed=tmp_path / "none.service", url="http://127.0.0.1:9")
     assert [f["id"] for f in j["findings"]] == [f.id for f in rep.findings]
     assert j["units"] == json.loads(json.dumps(rep.data()["units"])) and j["install_plan"] == rep.install_plan
     assert cp.returncode == (1 if any(f.status == "fail" for f in rep.findings) else 0)
 
 
 def test_cross_checks_read_the_checkpoint_once(monkeypatch):
-    """quant.for_deployment hands its checkpoint on (QuantReport.loaded): the capacity cross-check plans KV
+    """quant.assess hands its checkpoint on (QuantReport.loaded): the capacity cross-check plans KV
     from it instead of locating and loading the checkpoint again. Both go through checkpoint.for_spec."""
     from runbook.model import checkpoint
 

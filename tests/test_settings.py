@@ -78,11 +78,11 @@ def test_unset_takes_the_spec_value_a_set_option_wins_and_a_refused_spec_value_n
     t = TuneSettings.resolve(dep, tune.TuneOptions())
     assert (t.budget_s, t.plan_only, t.yes) == (dep.tune.budget_s, False, False)
     assert TuneSettings.resolve(dep, tune.TuneOptions(budget_s=60)).budget_s == 60
-    inp = kv.plan_pools(dep).inputs
+    inp = kv.assess(dep).inputs
     assert (inp.tp, inp.mem_fraction_static) == (dep.parallelism.tp, float(dep.serving.flags["mem-fraction-static"]))
     bad = dep.model_copy(update={"serving": dep.serving.model_copy(update={"flags": {**dep.serving.flags, "page-size": "big"}})})
     with pytest.raises(InputError, match=r"serving\.flags --page-size must be an integer \(got 'big'\)"):
-        kv.plan_pools(bad)
+        kv.assess(bad)
 
 
 def test_no_options_model_has_a_default_but_none():

@@ -34,7 +34,7 @@ MIRRORS_SGLANG: dict[str, str] = {
 # Names that coincide with another stage's options, taking no setting of that stage: the values come from the
 # caller's own settings or the spec, with no default or bound declared here.
 COINCIDENT: dict[str, str] = {
-    "quant/analysis.py:inspect": "quant's inspection of the spec's tp, pp and GPU (kv_memory's flags share the names)",
+    "quant/analysis.py:inspect_checkpoint": "quant's inspection of the spec's tp, pp and GPU (kv_memory's flags share the names)",
     "tune/production.py:paused": "tune's pause of the production unit: tune's --yes, the spec's ready URL (service's "
                                  "flags share the names)",
 }

@@ -30,7 +30,7 @@ def _expected(stage: registry.Stage) -> dict:
 
 
 def _user_params(stage: registry.Stage) -> set[str]:
-    return set(params_mod.inspect(REPO / "notebooks" / f"{stage.notebook}.ipynb")) - set(params_mod.RESERVED)
+    return set(params_mod.notebook_params(REPO / "notebooks" / f"{stage.notebook}.ipynb")) - set(params_mod.RESERVED)
 
 
 def test_the_bad_values_cover_every_stage_with_a_parameter():

@@ -61,7 +61,7 @@ class TestRadixCacheAndToolCalls:
     def test_radix_cache_on_and_off_give_identical_greedy_output(self, sglang_server, radix_off):
         a, b = sglang_server, radix_off
         # A holds every prompt in its cache
-        run_sync(identity.outputs(AccuracySettings(max_tokens=MAX_TOKENS), a.url, code_prompts()[:PROMPTS]))
+        run_sync(identity.greedy_outputs(AccuracySettings(max_tokens=MAX_TOKENS), a.url, code_prompts()[:PROMPTS]))
         at_a, at_b = _size(a.log), _size(b.log)
         res = probes.run_identity(AccuracySettings(probe="identity", url=a.url, compare_url=b.url, prompts=PROMPTS,
                                                      max_tokens=MAX_TOKENS, tokenizer=str(a.model_dir), batch_size=1))

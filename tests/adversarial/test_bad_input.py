@@ -258,7 +258,7 @@ def test_kv_reads_what_if_flag_strings_by_their_meaning(flags, field, want):
 
     d = spec.load(DEFAULT_SPEC)
     d = d.model_copy(update={"serving": d.serving.model_copy(update={"flags": dict(d.serving.flags, **flags)})})
-    assert getattr(kv.plan_pools(d).inputs, field) == want
+    assert getattr(kv.assess(d).inputs, field) == want
 
 
 @pytest.mark.parametrize("value", ["lots", "nan", "inf"])
@@ -272,7 +272,7 @@ def test_kv_refuses_a_what_if_flag_that_is_not_a_number(value):
     d = spec.load(DEFAULT_SPEC)
     d = d.model_copy(update={"serving": d.serving.model_copy(update={"flags": dict(d.serving.flags, **{"mem-fraction-static": value})})})
     with pytest.raises(InputError, match="--mem-fraction-static"):
-        kv.plan_pools(d)
+        kv.assess(d)
 
 
 def _float_fields(model, prefix: str = ""):

@@ -223,7 +223,7 @@ def test_the_run_flags_are_the_model_s():
 # 5. The service notebook's documented `args: list[str]` parameter through --param.
 
 def test_service_args_parameter_is_declared_and_typed():
-    decl = params.inspect(REPO / "notebooks" / "30_service.ipynb")
+    decl = params.notebook_params(REPO / "notebooks" / "30_service.ipynb")
     assert decl["args"]["inferred_type_name"] == "list[str] | None" and decl["args"]["default"] == "None"
     typ = decl["args"]["inferred_type_name"]
     assert params.coerce("args", "kv-cache-dtype=bf16", typ, "30_service.ipynb") == ["kv-cache-dtype=bf16"]
@@ -244,7 +244,7 @@ def test_service_notebook_takes_args_through_param(tmp_path):
 # 6. None means unset: a `T | None` parameter through --param, and a spec's true turned off for one run.
 
 def test_optional_parameters_are_typed_and_none_is_unset():
-    kv = params.inspect(REPO / "notebooks" / "20_kv_memory.ipynb")
+    kv = params.notebook_params(REPO / "notebooks" / "20_kv_memory.ipynb")
     assert (kv["tp"]["inferred_type_name"], kv["tp"]["default"]) == ("int | None", "None")
     assert params.coerce("tp", "4", "int | None", "20_kv_memory.ipynb") == 4
     assert params.coerce("contexts", "8192,32768", "list[int] | None", "20_kv_memory.ipynb") == [8192, 32768]

@@ -66,7 +66,7 @@ def test_retractions_reported_by_the_benchmark_and_read_by_verify_from_the_log(s
     assert retracted >= 1, s["server_side"]
     f = {f.id: f for f in level_findings.server_findings([s])}
     assert f["bench.retracted.c8"].status == "warn" and f"retracted {retracted} running requests" in f["bench.retracted.c8"].title
-    rep = verify.inspect(small_pool.spec, log=small_pool.log)
+    rep = verify.assess(small_pool.spec, log=small_pool.log)
     got = {x.id: x for x in rep.findings}
     assert got["verify.retraction"].status == "warn" and got["verify.pool_below_context"].status == "warn"
     events = [w["line"] for w in rep.warnings() if w["id"] == "retraction"]

@@ -117,7 +117,7 @@ def test_a_broken_plugin_is_refused(fresh_registry):
 
 def test_a_new_workload_is_one_module(echo, server, tmp_path):
     """Dropped in, it is in the help, its check run by workloads.check, keyed for the regression check and run by
-    bench.measure against a server — with no other file changed."""
+    bench.assess against a server — with no other file changed."""
     assert "| prefix | echo | agentic |" in workloads.help_text()
     with pytest.raises(InputError, match="--input-len at most 64 words"):
         workloads.check(BenchSettings.resolve(None, url=server.url, workload="echo", input_len=65))
@@ -125,7 +125,7 @@ def test_a_new_workload_is_one_module(echo, server, tmp_path):
     dep = spec.load(DEFAULT_SPEC)
     o = BenchSettings.resolve(dep, url=server.url, workload="echo", input_len=3, output_len=2, concurrency=[2], requests=4,
                               warmup=0, telemetry=False, seed=7)
-    res = bench.measure(dep, o, archive_root=tmp_path / "archive")
+    res = bench.assess(dep, o, archive_root=tmp_path / "archive")
     s = res.summary
     assert s["workload"] == "echo" and s["workload_description"] == "echo of 3 words" and s["corpus_version"] == "echo-seed7"
     assert s["echo_words"] == 3 and [lv["completed"] for lv in s["levels"]] == [4]

@@ -122,7 +122,7 @@ def test_evaluate_compares_with_the_archive(tmp_path, monkeypatch):
     run_dir.mkdir()
     (run_dir / "summary.json").write_text(json.dumps({"deployment": dep.name, "started": "2026-01-01T00:00:00Z"}))
     (run_dir / "40_benchmark.results.json").write_text(json.dumps({"data": dict(cur, levels=[_lv("c1", 1, 100.0, 10.0)])}))
-    res = bench.measure(dep, BenchSettings.resolve(dep), archive_root=tmp_path)
+    res = bench.assess(dep, BenchSettings.resolve(dep), archive_root=tmp_path)
     assert [f.id for f in res.findings] == ["bench.regression.c1"] and res.summary["previous_run"]["corpus_version"] == "code-1"
-    assert [f.status for f in bench.measure(dep, BenchSettings.resolve(dep), archive_root=tmp_path / "empty").findings] == ["info"]
-    assert bench.measure(dep, BenchSettings.resolve(dep), archive_root=None).findings == []   # no archive: not compared
+    assert [f.status for f in bench.assess(dep, BenchSettings.resolve(dep), archive_root=tmp_path / "empty").findings] == ["info"]
+    assert bench.assess(dep, BenchSettings.resolve(dep), archive_root=None).findings == []   # no archive: not compared

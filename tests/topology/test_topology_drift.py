@@ -70,7 +70,7 @@ def test_the_report_carries_every_replica_and_the_gateway(tmp_path, monkeypatch)
     check = importlib.import_module("runbook.service.check")   # the package binds `check` to the function
     monkeypatch.setattr(check, "serving_python", lambda spec: (None, []))   # SGLang's parser is not this test's subject
     with fleet() as (d, _, _):
-        rep = service.assemble(d, installed=tmp_path / "none.service")
+        rep = service.assess(d, installed=tmp_path / "none.service")
     data = rep.data()
     assert [u["role"] for u in data["units"]] == ["server", "server", "gateway"]
     ids = {f.id for f in rep.findings}

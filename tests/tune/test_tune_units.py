@@ -10,8 +10,9 @@ from conftest import REPO
 from runbook.core import registry
 from runbook.core import spec as spec_mod
 from runbook.core.errors import InputError, SpecError
+from runbook.model import gguf
 from runbook.tune import candidates, energy, measure, recommend, report
-from runbook.tune.engines import gguf, llama
+from runbook.tune.engines import llama
 
 DEFAULT = REPO / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml"
 

@@ -35,7 +35,7 @@ def test_a_real_small_pool_log_gives_its_retraction_and_pool_findings():
 def test_verify_reads_the_saved_log_of_that_server():
     """The whole stage on the saved log, with the demo spec at the pool it ran with: the retraction is a finding."""
     spec = demo.deployment(30000, flags={"max-total-tokens": 1024, "schedule-conservativeness": 0.1})
-    rep = stage.inspect(spec, log=FIXTURE)
+    rep = stage.assess(spec, log=FIXTURE)
     got = {f.id: f.status for f in rep.findings}
     assert got["verify.retraction"] == "warn" and got["verify.pool_below_context"] == "warn"
     assert {"id": "retraction", "line": FIXTURE.read_text().splitlines()[42]} in rep.warnings()

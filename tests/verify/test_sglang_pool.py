@@ -21,7 +21,7 @@ PINNED_GIB = 20.0   # what /proc/meminfo tells the server is available: a whole 
 
 def _verify(srv):
     live = srv.server_info()["max_total_num_tokens"]
-    rep = verify.inspect(srv.spec, log=srv.log, url=srv.url)
+    rep = verify.assess(srv.spec, log=srv.log, url=srv.url)
     found = {f.id: f for f in rep.findings}
     for fid in ("verify.tokens", "verify.server.tokens"):
         assert found[fid].status == "pass", (found[fid].title, found[fid].detail)
@@ -41,7 +41,7 @@ def test_plan_equals_the_live_pool_to_the_token_where_the_free_memory_is_known(t
         srv.stop()
     # kv before the start, given what the host has free and that loading takes none of it (SGLang measures the
     # weights as the drop in free memory, and the pinned figure does not drop)
-    plan = kv.plan_pools(srv.spec, gpu_mem_gib=PINNED_GIB, weights_gib=0)
+    plan = kv.assess(srv.spec, gpu_mem_gib=PINNED_GIB, weights_gib=0)
     assert plan.result.max_total_num_tokens == live == int(PINNED_GIB * fraction * GIB) // 2048
     rp = rep.replanned       # verify, from the log's own readings
     assert (rp["free_before_weights_gib"], rp["weights_gib"], rp["verdict"]) == (PINNED_GIB, 0.0, "agrees")
@@ -57,7 +57,7 @@ def test_an_unpinned_pool_is_confirmed_within_what_the_logs_readings_allow(sglan
     assert rp["cpu"] and lo <= live <= hi and rp["verdict"] == "agrees", (live, rp)
     # verify's plan is kv's from the free memory the log read at start-up (not the host's now, which the running
     # server's own pool has shrunk)
-    plan = kv.plan_pools(sglang_server.spec, gpu_mem_gib=rp["free_before_weights_gib"])
+    plan = kv.assess(sglang_server.spec, gpu_mem_gib=rp["free_before_weights_gib"])
     assert plan.result.max_total_num_tokens == rep.predicted["max_total_num_tokens"]
 
 
@@ -69,7 +69,7 @@ def test_kv_plans_a_cpu_server_from_this_hosts_free_memory(monkeypatch):
     dep = sglang.deployment()
     sglang.tiny_model(Path(dep.model.path))
     monkeypatch.setattr(kvplan, "host_free_gib", lambda: 10.0)
-    p = kv.plan_pools(dep)
+    p = kv.assess(dep)
     assert p.inputs.gpu_mem_gib == 10.0 and "10.00 GiB now" in next(f.title for f in p.findings if f.id == "kv.cpu_memory")
     frac = dep.serving.flags["mem-fraction-static"]
     assert p.result.max_total_num_tokens == int(int((10.0 * frac - p.inputs.weights_bytes_per_gpu / GIB) * GIB) // 2048)

@@ -113,7 +113,7 @@ def startup(tokens=PLAN_TOKENS, dtype="torch.bfloat16", ctx=CTX, mrr=PLAN_MRR, w
 def run_log(tmp_path, lines, d=None, **kw):
     p = tmp_path / "server.log"
     p.write_text("\n".join(lines) + "\n")
-    return verify.inspect(d or dep(), log=p, **kw)
+    return verify.assess(d or dep(), log=p, **kw)
 
 
 def test_every_pattern_matches_the_rendered_line():
@@ -210,12 +210,12 @@ def test_since_reads_from_that_time(tmp_path):
 def test_hostile_logs_give_findings_not_tracebacks(tmp_path, garbage):
     p = tmp_path / "bad.log"
     p.write_bytes(b"\n".join(s.encode() for s in startup()[:3]) + b"\n" + garbage)
-    rep = verify.inspect(dep(), log=p)
+    rep = verify.assess(dep(), log=p)
     assert rep.findings and len(json.dumps(document(rep))) < 200_000
 
 
 def test_missing_log_is_skip(tmp_path):
-    rep = verify.inspect(dep(), log=tmp_path / "nope.log")
+    rep = verify.assess(dep(), log=tmp_path / "nope.log")
     assert ids(rep.findings)["verify.log"].status == "skip"
 
 
@@ -232,7 +232,7 @@ def test_journal_path_with_a_scripted_journalctl(tmp_path):
     systemd = "2026-01-05T09:59:59+0000 gpu-host systemd[1]: Starting sglang-qwen.service - SGLang qwen3.5-397b..."
     old = startup(tokens=10, journal=True, ts="2026-01-04 08:00:00")
     exe = _fake_journalctl(tmp_path, old + [systemd] + startup(journal=True))
-    rep = verify.inspect(dep(), journalctl=exe, systemctl="/nonexistent/systemctl")
+    rep = verify.assess(dep(), journalctl=exe, systemctl="/nonexistent/systemctl")
     f = ids(rep.findings)
     assert f["verify.tokens"].status == "pass" and rep.source == "journal:sglang-qwen"
     assert rep.facts.start_time == "2026-01-05T09:59:59+0000"
@@ -241,8 +241,8 @@ def test_journal_path_with_a_scripted_journalctl(tmp_path):
 
 def test_journalctl_failing_is_skip(tmp_path):
     exe = _fake_journalctl(tmp_path, [], rc=1)
-    assert ids(verify.inspect(dep(), journalctl=exe).findings)["verify.log"].status == "skip"
-    assert ids(verify.inspect(dep(), journalctl="/nonexistent/journalctl").findings)["verify.log"].status == "skip"
+    assert ids(verify.assess(dep(), journalctl=exe).findings)["verify.log"].status == "skip"
+    assert ids(verify.assess(dep(), journalctl="/nonexistent/journalctl").findings)["verify.log"].status == "skip"
 
 
 def _journal_usable() -> str:
@@ -260,7 +260,7 @@ def test_real_journal(tmp_path):
     log.write_text("\n".join(startup()) + "\n")
     subprocess.run(["systemd-run", f"--unit={unit}", "--wait", "cat", str(log)], check=True, capture_output=True, timeout=60)
     time.sleep(1)
-    rep = verify.inspect(dep(), unit=unit)
+    rep = verify.assess(dep(), unit=unit)
     assert ids(rep.findings)["verify.tokens"].status == "pass"
 
 
@@ -322,7 +322,7 @@ def test_mtp_keeps_target_and_draft_pools_apart(tmp_path):
     replaces the target (it read 5,107 bytes/token and the draft's 0.85 GiB as the weights)."""
     d = mtp_dep()
     from runbook import kv
-    plan = kv.plan_pools(d).result
+    plan = kv.assess(d).result
     tokens, mrr = plan.max_total_num_tokens, plan.max_running_requests
     rep = run_log(tmp_path, startup(tokens=tokens, mrr=mrr, draft_bpt=ISSUE_DRAFT_BPT, slots=plan.max_state_slots), d)
     rows = {r["quantity"]: r for r in document(rep)["rows"]}
@@ -349,7 +349,7 @@ def test_the_mtp_draft_pool_sglang_builds_matches_the_plan(tmp_path):
     the target pool is still compared without the draft (the draft is outside the KV budget here)."""
     d = mtp_dep()
     from runbook import kv
-    plan = kv.plan_pools(d).result
+    plan = kv.assess(d).result
     assert (plan.draft_kv_bytes_per_token_per_gpu, plan.draft_kv_budget_bytes_per_token_per_gpu) == (SGLANG_DRAFT_BPT, 0)
     rep = run_log(tmp_path, startup(tokens=plan.max_total_num_tokens, mrr=plan.max_running_requests, draft_bpt=SGLANG_DRAFT_BPT,
                                     slots=plan.max_state_slots), d)

@@ -2,25 +2,43 @@
 and KL divergence against a reference (`kld`) live.
 `evaluate(spec, ...)` is the entry point (`runbook accuracy report`, 50_accuracy); `report` holds
 its tables and plots."""
+from runbook.accuracy.identity import first_difference, greedy_outputs
+from runbook.accuracy.kld import judge as kld_verdict
+from runbook.accuracy.kld import verdict as kld_finding
+from runbook.accuracy.kldprobe import measure_candidate, measure_reference
+from runbook.accuracy.probes import run_recall
+from runbook.accuracy.report import (
+                                     growth_plot,
+                                     identity_frames,
+                                     kld_frame,
+                                     kld_plot,
+                                     kld_table,
+                                     kld_text,
+                                     kv_layer_errors,
+                                     kv_layer_table,
+                                     kv_table,
+                                     layers_frame,
+                                     layers_plot,
+                                     not_measured,
+                                     plot_growth,
+                                     plot_kld,
+                                     plot_layers,
+                                     plot_recall,
+                                     recall_plots,
+                                     study_frame,
+                                     study_text,
+                                     toolcall_frames,
+                                     toolcall_tables,
+)
+from runbook.accuracy.scoring import windows as kld_windows
 from runbook.accuracy.settings import AccuracySettings
-from runbook.accuracy.stage import STAGE, AccuracyOptions, evaluate
-from runbook.core.lazy import exports
+from runbook.accuracy.stage import STAGE, AccuracyOptions, AccuracyReport, assess, evaluate
+from runbook.accuracy.toolcall import ToolCallReport
+from runbook.accuracy.toolcall import run as probe_toolcalls
 
-# Imported on first use (core/lazy.py): the registry imports this package to read its contract.
-__getattr__, __dir__ = exports(__name__, {"kv_table": "report", "toolcall_frames": "report", "plot_growth": "report",
-    "plot_recall": "report", "kld_table": "report", "plot_kld": "report",
-    "kv_layer_table": "report", "kv_layer_errors": "report", "plot_layers": "report", "study_text": "report",
-    "layers_frame": "report", "layers_plot": "report", "study_frame": "report", "growth_plot": "report",
-    "recall_plots": "report", "identity_frames": "report", "toolcall_tables": "report", "kld_text": "report",
-    "kld_frame": "report", "kld_plot": "report", "not_measured": "report",
-    "kld_windows": "scoring:windows", "measure_reference": "kldprobe", "measure_candidate": "kldprobe",
-    "kld_verdict": "kld:judge", "kld_finding": "kld:verdict",
-    "AccuracyReport": "stage", "assess": "stage", "ToolCallReport": "toolcall", "probe_toolcalls": "toolcall:run",
-    "first_difference": "identity", "greedy_outputs": "identity:outputs", "run_recall": "probes"})
-
-__all__ = ["STAGE", "AccuracyOptions", "AccuracySettings", "AccuracyReport", "assess", "ToolCallReport", "evaluate", "kv_table",
-           "plot_growth", "plot_recall", "kv_layer_table", "kv_layer_errors", "plot_layers", "probe_toolcalls", "toolcall_frames",
-           "first_difference", "greedy_outputs", "run_recall", "kld_table", "plot_kld", "kld_windows", "measure_reference",
-           "measure_candidate", "kld_verdict", "kld_finding", "study_text", "layers_frame", "layers_plot", "study_frame",
-           "growth_plot", "recall_plots", "identity_frames", "toolcall_tables", "kld_text", "kld_frame", "kld_plot",
-           "not_measured"]
+__all__ = ["STAGE", "AccuracyOptions", "AccuracySettings", "AccuracyReport", "assess", "ToolCallReport", "evaluate",
+           "kv_table", "plot_growth", "plot_recall", "kv_layer_table", "kv_layer_errors", "plot_layers",
+           "probe_toolcalls", "toolcall_frames", "first_difference", "greedy_outputs", "run_recall", "kld_table",
+           "plot_kld", "kld_windows", "measure_reference", "measure_candidate", "kld_verdict", "kld_finding",
+           "study_text", "layers_frame", "layers_plot", "study_frame", "growth_plot", "recall_plots",
+           "identity_frames", "toolcall_tables", "kld_text", "kld_frame", "kld_plot", "not_measured"]

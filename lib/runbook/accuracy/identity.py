@@ -33,7 +33,7 @@ def first_difference(a: str, b: str, tokenizer: Any = None) -> int | None:
     return min(len(xs), len(ys))
 
 
-async def outputs(s: AccuracySettings, url: str, texts: Sequence[str], batched: bool = False) -> list[Any]:
+async def greedy_outputs(s: AccuracySettings, url: str, texts: Sequence[str], batched: bool = False) -> list[Any]:
     """Greedy completions of `texts` (s.max_tokens each): one at a time (batching cannot be what differs), else
     (`batched`) up to s.batch_size in flight together, so that the server batches them."""
     c = Client(url, s.model, api_key=s.api_key)
@@ -274,8 +274,8 @@ async def compare_configs(s: AccuracySettings, url_a: str, url_b: str, texts: Se
     ca, cb = configs
     known = ca is not None and cb is not None
     diffs = config_differences(ca, cb)
-    a = await outputs(s, url_a, texts)
-    b = await outputs(s, url_b, texts)
+    a = await greedy_outputs(s, url_a, texts)
+    b = await greedy_outputs(s, url_b, texts)
     rows = _rows(a, b, tok, texts)
     bad = [r for r in rows if not r["identical"]]
     unit = "token" if tok is not None else "character"
@@ -305,8 +305,8 @@ async def batch_invariance(s: AccuracySettings, url: str, texts: Sequence[str],
     """The same prompts against one server one at a time (A), then s.batch_size at once (B): greedy output must not
     depend on the batch it was decoded in. A difference is a `warn`: accuracy under load differs from the
     accuracy measured one request at a time."""
-    a = await outputs(s, url, texts)
-    b = await outputs(s, url, texts, batched=True)
+    a = await greedy_outputs(s, url, texts)
+    b = await greedy_outputs(s, url, texts, batched=True)
     rows = _rows(a, b, tok, texts)
     bad = [r for r in rows if not r["identical"]]
     unit = "token" if tok is not None else "character"

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding, Status
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PROB_FLOOR = 1e-10          # a candidate tail rounded to 0: KLD stays finite (ln 1e-10 = −23 nats per unit of P_tail)
 LOGPROB_SLACK = 1e-3        # a float32 log-softmax may round the top token's logprob a hair above 0
@@ -59,6 +60,7 @@ class Scores:
 
 def check_scores(s: Scores, what: str = "scores") -> None:
     """InputError naming the field when a window's arrays are ragged, not finite, or not logprobs."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     n = s.ids.shape[0] if s.ids.ndim == 1 else -1
     if n < 2:
         raise InputError(f"{what}: ids must be a list of at least 2 token ids, got shape {s.ids.shape}")
@@ -87,6 +89,7 @@ def check_scores(s: Scores, what: str = "scores") -> None:
 def position_kld(p_lp: np.ndarray, q_lp: np.ndarray) -> np.ndarray:
     """KL(P‖Q) per row, in nats, over the k ids of each row plus one tail bucket each (the module's truncation).
     p_lp, q_lp: (m, k) logprobs of the same ids under P and Q."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     p, q = np.exp(p_lp.astype(np.float64)), np.exp(q_lp.astype(np.float64))
     p_tail = np.clip(1.0 - p.sum(axis=1), 0.0, 1.0)
     q_tail = np.clip(1.0 - q.sum(axis=1), 0.0, 1.0)
@@ -111,6 +114,7 @@ class Positions:
 def positions(ref: Sequence[Scores], cand: Sequence[Scores]) -> Positions:
     """Per-position statistics; InputError when the windows or their token ids differ (the probe never compares
     different tokens: mismatched tokenizers), or the candidate lacks the reference's top-k logprobs."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     if len(ref) != len(cand) or not ref:
         raise InputError(f"the reference scored {len(ref)} windows and the candidate {len(cand)}: compare the same windows")
     parts: list[tuple[np.ndarray, ...]] = []
@@ -144,6 +148,7 @@ def depth_buckets(window_tokens: int) -> list[tuple[int, int]]:
 
 def summary(p: Positions, mask: np.ndarray | None = None) -> dict[str, Any]:
     """llama.cpp's statistics over the positions in `mask` (all when None). Probabilities and Δp as fractions."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     m = np.ones(p.kld.shape, bool) if mask is None else mask
     n = int(m.sum())
     if n == 0:
@@ -165,6 +170,7 @@ def summary(p: Positions, mask: np.ndarray | None = None) -> dict[str, Any]:
 
 def window_sums(p: Positions, buckets: Sequence[tuple[int, int]], windows: int) -> dict[str, np.ndarray]:
     """(windows, buckets) sums of KLD, of same-top-1 and the position counts: what the bootstrap resamples."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     b = np.full(p.depth.shape, -1)
     for j, (lo, hi) in enumerate(buckets):
         b[(p.depth >= lo) & (p.depth < hi)] = j
@@ -179,6 +185,7 @@ def window_sums(p: Positions, buckets: Sequence[tuple[int, int]], windows: int) 
 
 
 def _resample(n_windows: int, n_boot: int, seed: int) -> np.ndarray:
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     return np.random.default_rng(seed).integers(0, n_windows, size=(n_boot, n_windows))
 
 
@@ -186,6 +193,7 @@ def bootstrap(sums: dict[str, np.ndarray], key: str, base: dict[str, np.ndarray]
               seed: int = SEED, alpha: float = 0.05) -> dict[str, list[float | None]]:
     """Percentile CIs of the mean of `key` (minus base's, paired: the same windows drawn for both), overall
     ("all") and per bucket, resampling whole windows (positions within a window are correlated)."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     w = sums["count"].shape[0]
     idx = _resample(w, n_boot, seed)
 
@@ -261,6 +269,7 @@ class Verdict:
 def judge(result: KldResult, floor: KldResult, n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
     """pass: not distinguishable from the floor, or above it by less than Q8_0 weights move a model; fail: at least
     Q5_K_M's shift, or FAIL_TOP1_PTS fewer positions with the reference's top token; warn in between."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     if result.sums["count"].shape != floor.sums["count"].shape or not np.array_equal(result.sums["count"], floor.sums["count"]):
         raise InputError("the candidate and the noise floor were measured on different windows: measure both on the same")
     excess = result.overall["kld_mean"] - floor.overall["kld_mean"]

@@ -8,7 +8,6 @@ from typing import Any
 
 from runbook import quant
 from runbook.accuracy import identity, kldprobe, recall
-from runbook.accuracy.kvquant import active_format
 from runbook.accuracy.settings import AccuracySettings
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
@@ -21,8 +20,10 @@ from runbook.model.tokenizer import load_tokenizer
 
 def deployment_format(spec: Deployment) -> tuple[str, str]:
     """(format, scaling) of the deployment's KV cache, from the quant inspection (bf16 when unreadable)."""
+    from runbook.accuracy.kvquant import active_format  # lazy: ml_dtypes (~0.6 s) only when the study runs
+
     try:
-        rep = quant.for_deployment(spec)
+        rep = quant.assess(spec)
     except InputError:
         return active_format(str(spec.serving.flags.get("kv-cache-dtype", "bf16")))
     return active_format(rep.kv_cache.effective, rep.kv_cache.scale_coverage)

@@ -10,15 +10,16 @@ import asyncio
 import string
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from runbook.accuracy.settings import AccuracySettings
 from runbook.core.findings import Finding
 from runbook.core.stats import bootstrap_ci
 from runbook.corpus import CHARS_PER_TOKEN, code_text
 from runbook.endpoint.client import Client, RequestSpec
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ANSWER_TOKENS = 12        # an identifier's value, with room for quotes
 IN_FLIGHT = 4             # needles asked at once
@@ -60,6 +61,7 @@ def _needle(rng: np.random.Generator, i: int) -> tuple[str, str, str]:
 def build_items(s: AccuracySettings, tokenizer: Any = None) -> list[Item]:
     """s.per_cell needles per s.lengths × s.depths cell, deterministic from s.seed; `tokenizer`: a loaded one (exact
     lengths, as token ids), else text cut at ~4 characters per token."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     rng = np.random.default_rng(s.seed)
     text = code_text()
     items: list[Item] = []
@@ -124,6 +126,7 @@ def grid(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def paired(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """B − A recall on the same items, with a bootstrap CI."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     bm = {r["id"]: r for r in b}
     diffs = [float(bm[r["id"]]["correct"]) - float(r["correct"]) for r in a if r["id"] in bm]
     mean, lo, hi = bootstrap_ci(diffs)

@@ -1,13 +1,10 @@
-"""Tables and plots for the accuracy notebook (imported on first use: runbook.accuracy's lazy exports). The tables
-and plots take the study's rows and the probes' data; what notebook 50 calls with the report itself returns None for
-an empty one (an input error: `registry.display`)."""
+"""Tables and plots for the accuracy notebook (numpy and pandas imported inside each: the registry imports the package).
+The tables and plots take the study's rows and the probes' data; what notebook 50 calls with the report itself returns
+None for an empty one (an input error: `registry.display`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
-import pandas as pd
 
 from runbook.core import tables
 from runbook.core.plots import figure
@@ -16,6 +13,7 @@ from runbook.core.registry import display
 
 def kv_table(rows: Sequence[dict[str, Any]]):
     """Worst layer per source × format × scaling."""
+    import pandas as pd  # lazy: numpy and pandas only when a table or plot is drawn (the CLI's start-up stays light)
     df = pd.DataFrame(rows)
     if df.empty:
         return df
@@ -28,6 +26,7 @@ def kv_table(rows: Sequence[dict[str, Any]]):
 def kv_layer_table(layers: Sequence[dict[str, Any]]):
     """Which layers clip at scale 1.0 (kvstats.clipping_layers: the worst KV head per layer), clipping ones first;
     shares in percent."""
+    import pandas as pd  # lazy: numpy and pandas only when a table or plot is drawn (the CLI's start-up stays light)
     df = pd.DataFrame(layers)
     if df.empty:
         return df
@@ -42,6 +41,7 @@ def kv_layer_table(layers: Sequence[dict[str, Any]]):
 
 def kv_layer_errors(rows: Sequence[dict[str, Any]]):
     """Attention-output relative error (%) per layer (rows) and storage format × scaling (columns)."""
+    import pandas as pd  # lazy: numpy and pandas only when a table or plot is drawn (the CLI's start-up stays light)
     df = pd.DataFrame(rows)
     if df.empty:
         return df
@@ -51,6 +51,7 @@ def kv_layer_errors(rows: Sequence[dict[str, Any]]):
 
 def plot_layers(layers: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]):
     """Per layer: |K| and |V| maxima against FP8's limits (left), attention-output error per format (right)."""
+    import pandas as pd  # lazy: numpy and pandas only when a table or plot is drawn (the CLI's start-up stays light)
     lf, rf = pd.DataFrame(layers), pd.DataFrame(rows)
     fig, (a, b) = figure((11, 3.8), ncols=2)
     if not lf.empty:
@@ -81,6 +82,7 @@ TOOLCALL_ARGUMENTS = ["arguments_valid", "schema_errors", "arguments_chars", "ar
 def toolcall_frames(cases: Sequence[dict[str, Any]]) -> list[Any]:
     """The probe's cases indexed by tool and streamed or not, split by TOOLCALL_ANSWER and TOOLCALL_ARGUMENTS, with
     headers in words (a snake_case header cannot wrap); an empty list without cases."""
+    import pandas as pd  # lazy: numpy and pandas only when a table or plot is drawn (the CLI's start-up stays light)
     if not cases:
         return []
     df = pd.DataFrame(cases)
@@ -92,6 +94,7 @@ def toolcall_frames(cases: Sequence[dict[str, Any]]) -> list[Any]:
 
 
 def plot_growth(growth: Sequence[dict[str, Any]]):
+    import pandas as pd  # lazy: numpy and pandas only when a table or plot is drawn (the CLI's start-up stays light)
     df = pd.DataFrame(growth)
     fig, axes = figure((10, 3.6), ncols=2)
     for ax, src in zip(axes, sorted(df["source"].unique()) if not df.empty else [], strict=False):
@@ -109,6 +112,7 @@ def plot_growth(growth: Sequence[dict[str, Any]]):
 
 
 def plot_recall(grid: Sequence[dict[str, Any]], title: str = "Needle recall (exact match)"):
+    import numpy as np  # lazy: numpy and pandas only when a table or plot is drawn (the CLI's start-up stays light)
     lengths = sorted({c["length"] for c in grid})
     depths = sorted({c["depth"] for c in grid})
     m = np.full((len(depths), len(lengths)), np.nan)
@@ -133,6 +137,7 @@ def _bucket(r: dict[str, Any]) -> str:
 def kld_table(doc: dict[str, Any]):
     """The KLD probe per depth bucket and overall: the candidate beside the noise floor (`doc`: probes.run_kld's
     document, or any {"candidate": KldResult.data(), "floor": KldResult.data()})."""
+    import pandas as pd  # lazy: numpy and pandas only when a table or plot is drawn (the CLI's start-up stays light)
     cand, floor = doc.get("candidate") or {}, doc.get("floor") or {}
     rows = list(cand.get("by_depth") or []) + ([{**cand["overall"], "from": None}] if cand.get("overall") else [])
     frows = list(floor.get("by_depth") or []) + ([floor["overall"]] if floor.get("overall") else [])
@@ -152,6 +157,7 @@ def kld_table(doc: dict[str, Any]):
 
 def plot_kld(doc: dict[str, Any]):
     """Mean KLD (with its bootstrap CI) and same-top-1 by depth bucket: the noise floor(s) and the candidate."""
+    import numpy as np  # lazy: numpy and pandas only when a table or plot is drawn (the CLI's start-up stays light)
     series = [("reference vs itself (second pass)", doc.get("floor")), ("reference vs itself (batched)", doc.get("floor_batch")),
               ("candidate", doc.get("candidate"))]
     shown = [(n, d) for n, d in series if d and d.get("by_depth")]
@@ -222,6 +228,7 @@ def recall_plots(rep: Any, url: str | None = None, compare_url: str | None = Non
 @display
 def identity_frames(rep: Any) -> list[Any]:
     """What differs between A and B, A against B per prompt, one at a time against batch_size at once."""
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
     return [pd.DataFrame(rep.identity_differences), pd.DataFrame(rep.identity), pd.DataFrame(rep.identity_batch)]
 
 

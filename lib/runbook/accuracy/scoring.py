@@ -27,15 +27,17 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from runbook.accuracy.kld import Scores
 from runbook.core.errors import InputError, RunbookError
+from runbook.core.numeric import is_number
 from runbook.core.secrets import redact_text
 from runbook.corpus import code_text
 from runbook.endpoint.reach import BadResponse, decode_json, fetch_json
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAX_BODY_BYTES = 256 << 20      # a 2,048-token window's top-20 is ~2 MB; a chunk's named ids ~10 MB
 TIMEOUT_S = 900.0               # one request: a long window's prefill on a busy CPU
@@ -100,7 +102,7 @@ def _entry(x: Any, url: str, where: str) -> tuple[float, int]:
     if not (isinstance(x, (list, tuple)) and len(x) >= 2 and isinstance(x[1], int)):
         raise ScoringError(f"{url}: {where} is {str(x)[:60]!r}, not [logprob, token_id, text]")
     lp = x[0]
-    if not isinstance(lp, (int, float)) or isinstance(lp, bool) or not math.isfinite(lp):
+    if not is_number(lp) or not math.isfinite(lp):
         raise ScoringError(f"{url}: {where} has logprob {lp!r}: the server returned no finite logprob")
     return float(lp), x[1]
 
@@ -111,6 +113,7 @@ def parse(doc: Any, url: str, ids: Sequence[int], start: int, top_k: int,
     logprobs) for positions start+1 … len(ids)−1. SGLang answers one entry per position start … len(ids)−1, the first
     one null whatever `start` is (its logprob needs the logits of the position before: measured on 0.5.23's CPU
     server); ScoringError for anything else."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     meta = doc.get("meta_info") if isinstance(doc, dict) else None
     if not isinstance(meta, dict):
         raise ScoringError(f"{url}: the answer has no meta_info: not SGLang's /generate")
@@ -193,12 +196,14 @@ async def _generate(pool: concurrent.futures.Executor, rq: Request, ids: Sequenc
 
 
 async def _reference_window(pool: concurrent.futures.Executor, rq: Request, ids: Sequence[int]) -> Scores:
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     doc = await _generate(pool, rq, ids, 0, None)
     actual, top_ids, top_lp, _ = parse(doc, rq.url, ids, 0, rq.top_k, None)
     return Scores(np.asarray(ids, dtype=np.int64), actual, top_ids, top_lp)
 
 
 async def _candidate_window(pool: concurrent.futures.Executor, rq: Request, ref: Scores) -> Scores:
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     ids = ref.ids.tolist()
     parts = []
     for lo in range(1, len(ids), rq.chunk):       # positions [lo, e): logprob_start_len lo − 1, whose entry is null

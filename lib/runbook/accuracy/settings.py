@@ -18,11 +18,12 @@ from runbook.core.settings import Settings, from_spec, internal
 from runbook.core.spec import Accuracy, Deployment
 
 _PLAN = Accuracy()          # the spec's defaults: the settings' defaults where no spec is given
-_SPEC_URL = ("recall", "toolcall", "kld")   # the probes that default to the spec's own server; report and identity skip without --url
+# the probes that default to the spec's own server; report and identity skip without --url
+_PROBES_ON_SPEC_SERVER = ("recall", "toolcall", "kld")
 
 
 def _url(spec: Deployment | None, given: dict[str, Any]) -> str | None:
-    return spec.serving.local_url if spec is not None and given.get("probe", "report") in _SPEC_URL else None
+    return spec.serving.local_url if spec is not None and given.get("probe", "report") in _PROBES_ON_SPEC_SERVER else None
 
 
 def _tokenizer(spec: Deployment | None, given: dict[str, Any]) -> str | None:

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runbook.accuracy.settings import AccuracySettings
-from runbook.core.archive import number
 from runbook.core.findings import Finding
+from runbook.core.numeric import number
 from runbook.core.options import Options
 from runbook.core.registry import Outcome, Stage, register
 from runbook.core.settings import options_view

@@ -19,18 +19,20 @@ import asyncio
 import json
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from runbook.accuracy.identity import server_config
 from runbook.accuracy.settings import AccuracySettings
 from runbook.core.findings import Finding, Status
+from runbook.core.numeric import is_int
 from runbook.core.secrets import redact_text
 from runbook.endpoint.client import Client
 from runbook.endpoint.reach import BadResponse, decode_json, model_name, read_bounded, run_sync
 from runbook.endpoint.reach import probe as reachable
 from runbook.endpoint.sse import SSEParser
+
+if TYPE_CHECKING:
+    import aiohttp
 
 MAX_BODY_BYTES = 8 << 20          # one answer (or one whole stream) larger than this is not a tool call
 MAX_EVENTS = 100_000
@@ -338,6 +340,7 @@ async def _streamed(s: aiohttp.ClientSession, url: str, headers: dict[str, str],
 async def probe(s: AccuracySettings, url: str, model: str | None, tools: list[str] | None = None,
                 timeout_s: float = 180.0) -> list[Case]:
     """Every tool (or `tools`), non-streaming then streaming, one request at a time, to `model` at `url`."""
+    import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
     api_key = s.api_key
     c = Client(url, model, chat=True, api_key=api_key)
     headers = c.headers()
@@ -370,12 +373,13 @@ async def _prompt_tokens(session: aiohttp.ClientSession, url: str, headers: dict
         if r.status >= 400:
             return None
     n = (decode_json(url, raw).get("usage") or {}).get("prompt_tokens")
-    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+    return n if is_int(n) and n >= 0 else None
 
 
 async def rendered_tools(s: AccuracySettings, url: str, model: str | None, timeout_s: float = 180.0) -> dict[str, Any]:
     """The same conversation with and without the tools, counted by the server (usage.prompt_tokens): equal counts
     mean the chat template dropped the tools, so the model never saw one and cannot call it, whatever the parser."""
+    import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
     c = Client(url, model, chat=True, api_key=s.api_key)
     body = _body(s, "read_file", False, model)
     bare = {k: v for k, v in body.items() if k not in ("tools", "tool_choice")}

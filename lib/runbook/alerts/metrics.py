@@ -15,11 +15,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge
-
 from runbook.core import registry, secrets
-from runbook.core.archive import number
 from runbook.core.findings import STATUSES, Finding
+from runbook.core.numeric import number
 
 # Ids, levels and names: letters, digits and . _ : + - only, bounded in length (never free text).
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}")
@@ -85,6 +83,8 @@ class Metrics:
     both never collide in node_exporter, and an alert says which one found it."""
 
     def __init__(self, deployment: str, source: str = "run", scrub: Iterable[str] = ()):
+        from prometheus_client import CollectorRegistry, Gauge  # lazy: prometheus_client (~15 ms) only when metrics are written
+
         self.registry = CollectorRegistry(auto_describe=True)
         self.forms = secrets.expand(scrub)
         self.deployment, self.source = deployment, source

@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-
-from prometheus_client import CollectorRegistry, generate_latest
+from typing import TYPE_CHECKING
 
 from runbook.core import secrets
 from runbook.core.errors import SpecError
 from runbook.core.fsutil import atomic_write_text
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 ENV = "RUNBOOK_TEXTFILE_DIR"
 
@@ -50,6 +52,8 @@ def path_for(directory: Path, deployment: str, stage: str | None = None) -> Path
 
 def render(reg: CollectorRegistry, scrub: Iterable[str] = ()) -> str:
     """The exposition format, by prometheus_client; secret values masked as a last guard (labels are ids already)."""
+    from prometheus_client import generate_latest  # lazy: prometheus_client (~15 ms) only when metrics are written
+
     return secrets.redact_text(generate_latest(reg).decode("utf-8"), scrub)
 
 

@@ -8,8 +8,6 @@ import random
 import time
 from typing import Any
 
-import numpy as np
-
 from runbook.bench import metrics, workloads
 from runbook.bench.settings import BenchSettings
 from runbook.bench.sweep import levels_of, warm_up
@@ -81,6 +79,7 @@ def sign_flip_interval(xs: list[float], seed: int = 0,
     distribution — a t interval assumes normal block means and covers less with few blocks. Over
     AB_EXACT_BLOCKS blocks, subsets are sampled uniformly (Monte-Carlo randomisation test, still valid:
     the observed order counts as one of the draws; an empty draw ties at every δ and costs a cell)."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     if not xs:
         return None, None, None
     a = np.asarray(xs, dtype=float)
@@ -109,6 +108,7 @@ def paired(a_recs: list, b_recs: list, a_url: str, b_url: str,
     """Paired B − A differences. With `block_of` (request id → block) the interval is over block means
     (a sign-flip randomisation interval with blocks as the units); without, each request is its own
     block (sequential, c1)."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     findings: list[Finding] = []
     for name, url, rs in (("A", a_url, a_recs), ("B", b_url, b_recs)):
         if rs and not any(r.ok for r in rs):

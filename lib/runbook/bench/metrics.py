@@ -24,8 +24,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
 from runbook.core.spec import level_meets_slo  # noqa: F401  (the level-wide rule, re-exported for the stage)
 from runbook.endpoint.client import RequestRecord
 
@@ -67,6 +65,7 @@ def itl_per_token_s(r: RequestRecord) -> list[float]:
 
 def stats(xs: Iterable[float | None], scale: float = 1000.0) -> dict[str, float | None]:
     """mean, p50, p90, p95, p99, max (×scale: seconds → ms by default); None when empty."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     a = np.asarray([x for x in xs if x is not None], dtype=float) * scale
     keys = ["mean"] + [f"p{p}" for p in PCTS] + ["max", "n"]
     if a.size == 0:
@@ -102,6 +101,7 @@ def meets_slo(r: RequestRecord, slo: Any) -> bool:
 
 
 def summarise(records: Sequence[RequestRecord], slo: Any = None) -> dict[str, Any]:
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     ok = [r for r in records if r.ok]
     win = window_s(records)
     out_tok = sum(r.output_tokens for r in ok)

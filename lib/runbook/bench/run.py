@@ -251,8 +251,8 @@ def _bar(total: int, label: str):
     return tqdm(total=total, desc=label, disable=not sys.stderr.isatty() and "ipykernel" not in sys.modules, leave=False)
 
 
-def measure(spec: Deployment, settings: BenchSettings | None = None, archive_root: str | Path | None = None,
-            exclude_run: str | None = None) -> BenchResult:
+def assess(spec: Deployment, settings: BenchSettings | None = None, archive_root: str | Path | None = None,
+           exclude_run: str | None = None) -> BenchResult:
     """The sweep, then the regression check against the newest archived
     benchmark of this deployment under `archive_root` (outputs/ for the CLI, the runner's archive
     for the notebook; none: no comparison). The regression findings and the previous run it used are in the result."""

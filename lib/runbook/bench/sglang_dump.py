@@ -19,6 +19,7 @@ import pickle
 from typing import Any
 
 from runbook.core.errors import InputError
+from runbook.core.numeric import is_int, is_number
 
 PICKLE_MAGIC = b"\x80"           # protocol 2 and later start with PROTO
 
@@ -62,7 +63,7 @@ def load(raw: bytes, source: str) -> Any:
 
 
 def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+    return v if is_int(v) and v >= 0 else None
 
 
 def _field(obj: Any, name: str) -> Any:
@@ -105,7 +106,7 @@ def rows(raw: bytes, source: str, block: int) -> tuple[list[dict[str, Any]], int
         n_out = _int(_field(meta, "completion_tokens"))
         if n_out is None:
             n_out = _int(_field(sp, "max_new_tokens"))
-        if not isinstance(created, (int, float)) or isinstance(created, bool) or not math.isfinite(created) or not n_in or n_out is None:
+        if not is_number(created) or not math.isfinite(created) or not n_in or n_out is None:
             skipped += 1
             continue
         sess = next((v for v in (_field(obj, "session_id"), _field(obj, "conversation_id"))

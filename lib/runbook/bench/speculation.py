@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
 from runbook.core.findings import Finding
+from runbook.core.numeric import is_int
 from runbook.endpoint.records import RequestRecord
 
 KINDS = ("code", "agentic", "random")      # what spec_study.py can send
@@ -37,9 +38,6 @@ class DraftCounts:
     predicted: int
 
 
-def _int(v: Any) -> TypeGuard[int]:
-    return isinstance(v, int) and not isinstance(v, bool)
-
 
 def draft_counts(timings: Any) -> tuple[DraftCounts | None, str | None]:
     """The request's counters, or None and one line saying why they cannot be used. A `timings` without `draft_n`
@@ -47,12 +45,12 @@ def draft_counts(timings: Any) -> tuple[DraftCounts | None, str | None]:
     if not isinstance(timings, dict):
         return None, "no `timings` object in the response (llama-server sends it on the last chunk)"
     predicted = timings.get("predicted_n")
-    if not _int(predicted) or predicted < 0:
+    if not is_int(predicted) or predicted < 0:
         return None, f"timings.predicted_n is {predicted!r}, not a count"
     if "draft_n" not in timings and "draft_n_accepted" not in timings:
         return DraftCounts(0, 0, predicted), None
     drafted, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
-    if not _int(drafted) or not _int(accepted):
+    if not is_int(drafted) or not is_int(accepted):
         return None, f"timings.draft_n {drafted!r} / draft_n_accepted {accepted!r} are not both integers"
     if drafted < 0 or accepted < 0:
         return None, f"negative draft counters (draft_n {drafted}, draft_n_accepted {accepted})"

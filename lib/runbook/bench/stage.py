@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from runbook.bench import workloads
 from runbook.bench.settings import BenchSettings
 from runbook.core import paths
-from runbook.core.archive import number
+from runbook.core.numeric import number
 from runbook.core.options import Options
 from runbook.core.registry import Stage, register
 from runbook.core.settings import options_view
@@ -27,10 +27,10 @@ BenchStageOptions = options_view(BenchSettings, "BenchStageOptions",
 def evaluate(spec: Deployment, options: Options) -> BenchResult:
     """The sweep with the spec's plan under the options, then the regression check against the newest
     archived run under `archive` (default: the outputs dir; '' skips it)."""
-    from runbook.bench.run import measure  # lazy: the HTTP client and numpy only when the stage runs
+    from runbook.bench.run import assess  # lazy: the HTTP client and numpy only when the stage runs
 
     s = BenchSettings.resolve(spec, options)
-    res = measure(spec, s, archive_root=_archive(s.archive_root))
+    res = assess(spec, s, archive_root=_archive(s.archive_root))
     if s.speculation and res.summary.get("levels"):     # a server that answered the levels: the study after them
         _speculation(res, s)
     return res

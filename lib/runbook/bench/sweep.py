@@ -8,16 +8,15 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import aiohttp
-import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
+from typing import TYPE_CHECKING, Any
 
 from runbook.bench import metrics, server_side
 from runbook.bench import replicas as replica_share
 from runbook.bench.settings import BenchSettings
 from runbook.endpoint.client import Client, RequestRecord, RequestSpec
+
+if TYPE_CHECKING:
+    import aiohttp
 
 LAG_BOUND_MS = 25.0      # event-loop lag p99 above this: the client, not the server, sets the pace
 CPU_BOUND_SHARE = 0.85   # one core: the event loop is single-threaded
@@ -93,6 +92,8 @@ class LagMonitor:
 
 def parse_prometheus(text: str) -> dict[str, float]:
     """name{labels} -> value for every sample (labels kept in the key, sorted)."""
+    from prometheus_client.parser import text_string_to_metric_families  # lazy: prometheus_client only when /metrics is read
+
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -102,6 +103,7 @@ def parse_prometheus(text: str) -> dict[str, float]:
 
 
 async def scrape(session: aiohttp.ClientSession, base: str) -> dict[str, float] | None:
+    import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
     try:
         async with session.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
             if r.status != 200:
@@ -113,6 +115,7 @@ async def scrape(session: aiohttp.ClientSession, base: str) -> dict[str, float] 
 
 async def flush_cache(session: aiohttp.ClientSession, base: str) -> bool:
     """SGLang's POST /flush_cache; False where the server has none (llama-server)."""
+    import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
     try:
         async with session.post(base + "/flush_cache", timeout=aiohttp.ClientTimeout(total=30)) as r:
             return r.status == 200
@@ -297,6 +300,7 @@ async def _send_schedule(schedule: Sequence[float], t0: float, deadline: float |
 async def _send_poisson(rate: float, n: int, seed: int, t0: float, deadline: float | None,
                         do: Callable[..., Coroutine[Any, Any, None]]) -> None:
     """Poisson arrivals at `rate` from `t0`, open loop, none after the deadline."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     rng = np.random.default_rng(seed)
     tasks: list[asyncio.Task[None]] = []
     at = 0.0

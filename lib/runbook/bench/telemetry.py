@@ -19,9 +19,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
-import numpy as np
-
 from runbook.bench.sweep import parse_prometheus
 from runbook.core.units import GIB
 
@@ -44,6 +41,7 @@ def _bare(name: str) -> str:
 
 def pick_gauges(parsed: dict[str, float]) -> dict[str, float]:
     """Our gauges from one /metrics scrape; several label sets (ranks) of one gauge: their max."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     out: dict[str, float] = {}
     by_bare: dict[str, list[float]] = {}
     for k, v in parsed.items():
@@ -150,6 +148,7 @@ class Telemetry:
         self.samples.append(s)
 
     async def _scrape(self) -> dict[str, float] | None:
+        import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
         try:
             async with self._session.get(self._base + "/metrics", timeout=aiohttp.ClientTimeout(total=max(2.0, self.interval_s * 2))) as r:
                 if r.status != 200:
@@ -179,6 +178,7 @@ class Telemetry:
 
 
 def _agg(xs: list[float]) -> dict[str, float | None]:
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     if not xs:
         return {"mean": None, "max": None}
     return {"mean": float(np.mean(xs)), "max": float(np.max(xs))}

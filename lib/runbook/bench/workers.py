@@ -21,12 +21,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
-import multiprocessing as mp
 import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runbook.bench import metrics
 from runbook.bench import replicas as replica_share
@@ -46,7 +45,9 @@ from runbook.endpoint.client import Client, RequestRecord, RequestSpec
 from runbook.endpoint.reach import run_sync
 from runbook.model.tokenizer import load_tokenizer
 
-Pool = concurrent.futures.ProcessPoolExecutor
+if TYPE_CHECKING:
+    from concurrent.futures import ProcessPoolExecutor as Pool
+
 START_MARGIN_S = 0.3      # the parent sets the common start this far ahead: every worker is waiting by then
 
 
@@ -59,6 +60,8 @@ def pool(workers: int) -> Pool:
     """`workers` spawned processes with the client imported (spawn: safe under Jupyter's threads).
     `workers` tasks submitted at once start that many processes; waiting for them keeps start-up
     out of the first level."""
+    import multiprocessing as mp  # lazy: multiprocessing's process pool only when --workers asks for one
+
     ex = concurrent.futures.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
     for f in [ex.submit(_ready) for _ in range(workers)]:
         f.result()

@@ -12,11 +12,6 @@ from typing import Any
 INPROGRESS = ".inprogress-"
 
 
-def number(v: Any) -> float | None:
-    """A figure read back from a results file: an int or float (JSON has no bool/number confusion, but
-    Python's bool is an int), else None."""
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
 
 def list_runs(out_dir: Path) -> list[dict[str, Any]]:
     """Finished runs (a visible folder with summary.json), newest first."""

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from runbook.core.numeric import is_int
 from runbook.core.options import FINITE
 
 _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -104,7 +105,7 @@ def check_flag_values(v: Any) -> Any:
                              f"write {k}: true (unquoted) to set the switch, or false to leave it off")
         if isinstance(k, str) and k in TYPED_FLAGS and val is not None:
             typ, lo, hi, what = TYPED_FLAGS[k]
-            ok_type = (isinstance(val, int) and not isinstance(val, bool)) or (typ is float and isinstance(val, float))
+            ok_type = (is_int(val)) or (typ is float and isinstance(val, float))
             if not ok_type or not (lo <= val <= hi) or (typ is float and val == 0) or (typ is int and val == 0):
                 raise ValueError(f"{k}: must be {what} (got {val!r})")
     return v

@@ -4,11 +4,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-import numpy as np
-
 
 def bootstrap_ci(diffs: Sequence[float], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float, float]:
     """Mean of paired differences with a percentile bootstrap confidence interval."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     a = np.asarray(diffs, dtype=float)
     if a.size == 0:
         return (float("nan"),) * 3
@@ -23,6 +22,7 @@ def t_quantile(p: float, df: int) -> float:
     on (−π/2, π/2), which is smooth, so the CDF is a Simpson sum on a fine grid and the quantile its interpolation
     (error below 1e-6 at df = 1, where the tails are heaviest; tested against scipy). numpy only: the runbook's own
     environment has no scipy."""
+    import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
     if not 0 < p < 1 or df < 1:
         raise ValueError(f"t_quantile needs 0 < p < 1 and df ≥ 1 (got p={p}, df={df})")
     if p < 0.5:

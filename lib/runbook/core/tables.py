@@ -6,9 +6,10 @@ import functools
 import math
 import numbers
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 MISSING = "—"
 # Column-name words -> decimals. Latencies and token rates carry a tenth; ratios, shares and request rates
@@ -45,6 +46,7 @@ def decimals(column: Any, values: Any = ()) -> int:
 
 
 def _missing(v: Any) -> bool:
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
     return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA or v is pd.NaT
 
 
@@ -64,6 +66,7 @@ def cell(v: Any, places: int) -> str:
 
 def formatters(df: pd.DataFrame) -> dict[Any, Callable[[Any], str]]:
     """One formatter per column, for Styler.format and DataFrame.to_string alike."""
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
     out: dict[Any, Callable[[Any], str]] = {}
     for col in df.columns:
         ser = df[col]
@@ -74,6 +77,7 @@ def formatters(df: pd.DataFrame) -> dict[Any, Callable[[Any], str]]:
 
 def _figures(ser: pd.Series) -> bool:
     """A column of figures (right-aligned): numbers, gaps aside; an object column of numbers and None too."""
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
     if pd.api.types.is_bool_dtype(ser):
         return False
     if pd.api.types.is_numeric_dtype(ser):
@@ -85,6 +89,7 @@ def _figures(ser: pd.Series) -> bool:
 def style(df: pd.DataFrame):
     """The frame as a notebook shows it: formatted cells, headers that wrap, figures right-aligned and text left,
     each header as its column."""
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
     st = df.style.format(formatters(df), na_rep=MISSING).format_index(lambda v: MISSING if _missing(v) else str(v))
     figures = [c for c in df.columns if _figures(df[c])]
     text = [c for c in df.columns if c not in figures]

@@ -26,13 +26,16 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 
+from runbook.core.numeric import is_int
 from runbook.endpoint.records import RequestRecord, RequestSpec
 from runbook.endpoint.transport import AiohttpTransport, Failure, H1Transport, ReusedConnectionClosed, Stream, Transport
+
+if TYPE_CHECKING:
+    import aiohttp
 
 EXACT_SOURCES = ("usage",)
 # the streamed requests' HTTP client by name (--transport, the summary's client.transport); endpoint/h1.py: why two
@@ -277,7 +280,7 @@ class Client:
         """Tokens per chunk, and the client's own count; see the module docstring."""
         n = len(rec.chunk_times)
         final_raw = (rec.usage or {}).get("completion_tokens")
-        final: int | None = final_raw if isinstance(final_raw, int) and not isinstance(final_raw, bool) else None
+        final: int | None = final_raw if is_int(final_raw) else None
         if not n:
             rec.chunk_tokens, rec.client_tokens = [], 0
             return
@@ -319,7 +322,7 @@ class Client:
         if not req.ignore_eos or req.max_tokens <= 0:
             return
         got_raw = (rec.usage or {}).get("completion_tokens")
-        got: int | None = got_raw if isinstance(got_raw, int) and not isinstance(got_raw, bool) else None
+        got: int | None = got_raw if is_int(got_raw) else None
         if got is not None and got < req.max_tokens:
             raise Failure("short_output", f"ignore_eos: {got} of max_tokens {req.max_tokens} tokens generated "
                                         f"(finish_reason {rec.finish_reason!r}); the server did not honour ignore_eos")

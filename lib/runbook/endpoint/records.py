@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from runbook.core.numeric import is_int
+
 
 @dataclass
 class RequestSpec:
@@ -58,13 +60,13 @@ class RequestRecord:
     @property
     def output_tokens(self) -> int:
         """Server usage when present (the definition we report), else the attributed client count."""
-        if self.usage and _is_int(self.usage.get("completion_tokens")):
+        if self.usage and is_int(self.usage.get("completion_tokens")):
             return int(self.usage["completion_tokens"])
         return sum(self.chunk_tokens)
 
     @property
     def input_tokens(self) -> int | None:
-        if self.usage and _is_int(self.usage.get("prompt_tokens")):
+        if self.usage and is_int(self.usage.get("prompt_tokens")):
             return int(self.usage["prompt_tokens"])
         return self.prompt_tokens_client
 
@@ -73,13 +75,10 @@ class RequestRecord:
         """Prompt tokens the server served from its prefix cache, where its usage says so."""
         u = self.usage or {}
         d = u.get("prompt_tokens_details")
-        if isinstance(d, dict) and _is_int(d.get("cached_tokens")):
+        if isinstance(d, dict) and is_int(d.get("cached_tokens")):
             return int(d["cached_tokens"])
-        return int(u["cached_tokens"]) if _is_int(u.get("cached_tokens")) else None
+        return int(u["cached_tokens"]) if is_int(u.get("cached_tokens")) else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)

@@ -21,14 +21,18 @@ wake-up per request; why: h1.py) and `AiohttpTransport`. A third is one subclass
 from __future__ import annotations
 
 import asyncio
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import aiohttp
-
-from runbook.endpoint import h1
 from runbook.endpoint.sse import SSEParser, SSETooLarge
+
+if TYPE_CHECKING:
+    from runbook.endpoint import h1
+
+if TYPE_CHECKING:
+    import aiohttp
 
 DONE_GRACE_S = 2.0               # after [DONE], how long a response may take to end before its connection is dropped
 
@@ -107,7 +111,8 @@ class Transport(ABC):
     def open(cls, base_url: str, limit: int, clock: Callable[[], float], **kw: Any) -> aiohttp.ClientSession:
         """The level's session, with this transport opened on it; its requests are stamped when their
         headers are written (aiohttp's tracing, for whatever goes through aiohttp)."""
-        conn = _Connector(limit=limit, limit_per_host=limit, keepalive_timeout=30)
+        import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
+        conn = _connector()(limit=limit, limit_per_host=limit, keepalive_timeout=30)
         session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None),
                                         trace_configs=[trace_config()], **kw)
         conn.stream_transport = cls(base_url, limit, clock, session)
@@ -129,17 +134,22 @@ class Transport(ABC):
         """With the session: the transport's own connections are closed."""
 
 
-class _Connector(aiohttp.TCPConnector):
-    """aiohttp's connector, holding the session's transport (closed with it)."""
+@functools.cache
+def _connector() -> Callable[..., Any]:
+    """aiohttp's connector, holding the session's transport (closed with it): a class made on first use, with aiohttp."""
+    import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
 
-    def __init__(self, **kw: Any):
-        super().__init__(**kw)
-        self.stream_transport: Transport | None = None
+    class Connector(aiohttp.TCPConnector):
+        def __init__(self, **kw: Any):
+            super().__init__(**kw)
+            self.stream_transport: Transport | None = None
 
-    async def close(self, *, abort_ssl: bool = False) -> None:
-        if self.stream_transport is not None:
-            self.stream_transport.close()
-        await super().close(abort_ssl=abort_ssl)
+        async def close(self, *, abort_ssl: bool = False) -> None:
+            if self.stream_transport is not None:
+                self.stream_transport.close()
+            await super().close(abort_ssl=abort_ssl)
+
+    return Connector
 
 
 async def _on_headers_sent(session: Any, ctx: Any, params: Any) -> None:
@@ -149,6 +159,7 @@ async def _on_headers_sent(session: Any, ctx: Any, params: Any) -> None:
 
 
 def trace_config() -> aiohttp.TraceConfig:
+    import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
     tc = aiohttp.TraceConfig()
     tc.on_request_headers_sent.append(_on_headers_sent)
     return tc
@@ -162,6 +173,7 @@ class AiohttpTransport(Transport):
         pass                                         # its connections are the session's connector's
 
     async def stream(self, url: str, headers: dict[str, str], payload: bytes, st: Stream) -> bool:
+        import aiohttp  # lazy: aiohttp (~0.15 s) only when a request is sent (the CLI's start-up stays light)
         got_headers = False
         try:
             async with self.session.post(url, data=payload, headers=headers, allow_redirects=False,
@@ -196,6 +208,7 @@ class H1Transport(Transport):
     name = "h1"
 
     def __init__(self, base_url: str, limit: int, clock: Callable[[], float], session: aiohttp.ClientSession):
+        from runbook.endpoint import h1  # lazy: httptools and yarl only when a request is sent (the CLI's start-up stays light)
         super().__init__(base_url, limit, clock, session)
         self.pool = h1.Pool(base_url, limit, clock)
         self._head: bytes | None = None
@@ -204,6 +217,7 @@ class H1Transport(Transport):
         self.pool.close()
 
     async def stream(self, url: str, headers: dict[str, str], payload: bytes, st: Stream) -> bool:
+        from runbook.endpoint import h1  # lazy: httptools and yarl only when a request is sent (the CLI's start-up stays light)
         if self._head is None:
             try:
                 self._head = h1.head("POST", h1.URL(url), headers)
@@ -307,6 +321,7 @@ class _Sink:
             self._end(Failure("stream_closed", f"connection closed mid-response{why}"))
 
     def on_error(self, exc: BaseException) -> None:
+        from runbook.endpoint import h1  # lazy: httptools and yarl only when a request is sent (the CLI's start-up stays light)
         if isinstance(exc, (Failure, ReusedConnectionClosed)):
             self._end(exc)
         elif isinstance(exc, h1.httptools.HttpParserError):

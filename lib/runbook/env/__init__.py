@@ -1,10 +1,7 @@
 """Stage 00: GPUs, driver, serving environment and host checks. `evaluate(spec)` is the entry point
-(`runbook env`, 00_environment); `report` holds its tables."""
-from runbook.core.lazy import exports
+(`runbook env`, 00_environment); `env_frame` is its table."""
+from runbook.env.check import EnvReport, assess
+from runbook.env.report import env_frame, gpus_frame, processes_frame, topology_frame
 from runbook.env.stage import STAGE, EnvOptions, evaluate
 
-# Imported on first use (core/lazy.py): the registry imports this package to read its contract.
-__getattr__, __dir__ = exports(__name__, {"EnvReport": "check", "env_frame": "report", "gpus_frame": "report",
-    "processes_frame": "report", "topology_frame": "report"})
-
-__all__ = ["STAGE", "EnvOptions", "EnvReport", "env_frame", "evaluate", "gpus_frame", "processes_frame", "topology_frame"]
+__all__ = ["STAGE", "EnvOptions", "EnvReport", "assess", "env_frame", "evaluate", "gpus_frame", "processes_frame", "topology_frame"]

@@ -219,7 +219,7 @@ def nccl_cuda_env(spec: Deployment) -> list[Finding]:
     return out
 
 
-def check(spec: Deployment, nvml: Any = None, run: Callable = subprocess.run) -> EnvReport:
+def assess(spec: Deployment, nvml: Any = None, run: Callable = subprocess.run) -> EnvReport:
     """Every environment check for a deployment, as one report."""
     g = gpus.check(spec, nvml)
     rep = EnvReport(list(g.findings), g.gpus, g.processes, g.topology, g.driver)

@@ -8,7 +8,7 @@ from runbook.core.options import Options
 from runbook.core.registry import Stage, register
 from runbook.core.settings import Settings, from_spec, options_view
 from runbook.core.spec import Deployment, Hardware
-from runbook.env.check import EnvReport, check
+from runbook.env.check import EnvReport, assess
 
 
 class EnvSettings(Settings):
@@ -31,7 +31,7 @@ def resolved(spec: Deployment, options: Options) -> Deployment:
 
 
 def evaluate(spec: Deployment, options: Options | None = None) -> EnvReport:
-    return check(resolved(spec, options or EnvOptions()))
+    return assess(resolved(spec, options or EnvOptions()))
 
 
 STAGE = register(Stage(0, "environment", "env", "GPU, driver, serving-environment and host checks", EnvOptions, evaluate))

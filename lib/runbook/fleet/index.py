@@ -14,6 +14,7 @@ import jinja2
 
 from runbook.core import registry
 from runbook.core.fsutil import atomic_write_text
+from runbook.core.numeric import is_number
 from runbook.fleet.options import FleetOptions
 from runbook.runner.upload import MARKER, open_store
 
@@ -144,7 +145,7 @@ def _point(s: dict[str, Any], link: Any) -> dict[str, Any]:
     p = {"run_id": s["_run"], "started": s.get("started"), "exit_code": s.get("exit_code"),
          "link": link(f"{s['_host']}/{s['_run']}/summary.html") if "summary.html" in s["_html"] else None}
     # the run-summary figures the stages declare as trends (core/registry.py), in stage order
-    p.update({k: m[k] for k in registry.trend_keys() if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool)})
+    p.update({k: m[k] for k in registry.trend_keys() if is_number(m.get(k))})
     if isinstance(m.get("output_tok_s"), dict):
         p["output_tok_s"] = {str(k): v for k, v in m["output_tok_s"].items() if isinstance(v, (int, float))}
     return p

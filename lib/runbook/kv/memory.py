@@ -126,7 +126,8 @@ class Inputs(Settings):
 
 
 @dataclass
-class Stage:
+class PipelineStage:
+    """One pipeline-parallel rank's layers (`--pp-size`): their KV and state bytes (the results' `stages`)."""
     index: int
     start_layer: int
     end_layer: int
@@ -233,7 +234,7 @@ def compute(arch: Arch, inp: Inputs) -> Result:
     fp4 = defaults.fp4_recipe(kv_dtype, explicit, inp.compute_capability)
     for why in refused + ([heads_why] if heads_why else []):
         findings.append(Finding("kv.refused", "fail", "SGLang refuses to start: " + why[0], detail=why[1], remedy=why[2]))
-    stages: list[Stage] = []
+    stages: list[PipelineStage] = []
     draft_bytes = draft_budget = 0
     full, swa, lin = set(arch.full_layer_ids), set(arch.swa_layer_ids), set(arch.linear_layer_ids)
     for i, (s, e) in enumerate(pp_stages(arch.num_layers, inp.pp)):
@@ -251,7 +252,7 @@ def compute(arch: Arch, inp: Inputs) -> Result:
                 extra = int(cell * spec.draft_kv_layers / (nf + ns))
             cell += extra
             draft_budget = draft_bytes = max(draft_budget, extra)
-        stages.append(Stage(i, s, e, nf + ns, nf, ns, nl, cell, state_bytes_per_request(arch, a_tp, nl, ssm_dtype)))
+        stages.append(PipelineStage(i, s, e, nf + ns, nf, ns, nl, cell, state_bytes_per_request(arch, a_tp, nl, ssm_dtype)))
     if spec is not None and spec.own_mtp and arch.linear is not None:
         draft_bytes = _own_draft_pool_bytes(arch, kv_dtype, a_tp, spec.draft_kv_layers or 1, fp4)
     heads = kv_heads_per_gpu(arch, a_tp)
@@ -312,7 +313,7 @@ def _own_draft_pool_bytes(arch: Arch, kv_dtype: str, a_tp: int, layers: int, fp4
     return math.ceil(cell_bytes(arch, kv_dtype, a_tp, layers, nvfp4_layouts=layouts, dequant_workspace_esz=workspace_esz))
 
 
-def _stage_state_bytes(arch: Arch, a_tp: int, stages: list[Stage], ssm_dtype: str | None) -> int:
+def _stage_state_bytes(arch: Arch, a_tp: int, stages: list[PipelineStage], ssm_dtype: str | None) -> int:
     """kv_cache_configurator.py:3233-3260 _handle_max_mamba_cache: every rank is charged the largest stage share, as
     int(all layers' bytes × (largest stage's layers / all layers)) — SGLang's float, truncated, so a byte below what
     one slot of that stage's pool holds where the float lands under the whole number (Qwen3.5-397B PP2 TP4:
@@ -406,7 +407,7 @@ def _state_pool(inp: Inputs, rest_gib: float, slots: int, per_slot: int, spec: d
     return k, inter
 
 
-def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[Stage], rest_gib: float, ctx: int, slots: int, per_slot: int,
+def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[PipelineStage], rest_gib: float, ctx: int, slots: int, per_slot: int,
            findings: list[Finding], spec: defaults.Speculative | None, mrr_arg: int | None) -> None:
     res.kv_budget_bytes_per_gpu = kv_avail = int(rest_gib * GIB)
     max_mamba: int | None = None

@@ -76,7 +76,7 @@ class Plan:
         return d
 
 
-def plan(spec: Deployment | None = None, model_dir: str | None = None, options: Options | None = None, *,
+def assess(spec: Deployment | None = None, model_dir: str | None = None, options: Options | None = None, *,
          loaded: tuple[checkpoint.Checkpoint, str] | None = None, weights_gib: float | None = None, **what_if: Any) -> Plan:
     """Stage 20's entry point. Inputs from the spec (each `kvmem.Inputs` field says where), then the options (CLI
     flags, notebook parameters) and `what_if` (widgets, callers), then the checkpoint's. `loaded`: the (Checkpoint,
@@ -89,7 +89,7 @@ def plan(spec: Deployment | None = None, model_dir: str | None = None, options: 
         raise InputError("give MODEL_DIR or --deployment")
     a = arch_mod.from_config(ck.config, str(ck.dir / "config.json"))
     flags = dict(spec.serving.flags) if spec is not None else {}
-    qrep = quant.inspect(ck, flags, compute_capability=spec.hardware.compute_capability if spec is not None else None)
+    qrep = quant.inspect_checkpoint(ck, flags, compute_capability=spec.hardware.compute_capability if spec is not None else None)
     # the spec's values, then the options and what-ifs (None: unset), validated once as a whole
     inp = kvmem.Inputs.resolve(spec, options, **what_if)
     given = (options.model_dump(exclude_none=True) if options is not None else {}) | {k: v for k, v in what_if.items() if v is not None}
@@ -135,7 +135,7 @@ def plan_for_rank(spec: Deployment, rank: int, **overrides: Any) -> dict[str, An
     if not 0 <= rank < nnodes:
         raise InputError(f"node rank {rank}: {spec.source or 'the spec'} has {nnodes} node(s) under parallelism.nodes "
                          f"(ranks 0–{nnodes - 1})")
-    p = plan(spec, **overrides)
+    p = assess(spec, **overrides)
     problem = kvtopo.placement(spec, p.inputs)
     if problem:
         raise InputError(problem)

@@ -265,7 +265,7 @@ def panel(spec: Deployment | None, model_dir: str | None = None):
     import ipywidgets as w  # lazy: JupyterLab only (~0.1 s)
     from IPython.display import display  # lazy: JupyterLab only (IPython, ~60 ms)
 
-    base = kv_plan.plan(spec, model_dir or None)
+    base = kv_plan.assess(spec, model_dir or None)
     tp = w.Dropdown(options=[1, 2, 4, 8], value=base.inputs.tp, description="TP")
     choices = [c for c in sglang_names.KV_CACHE_DTYPE_CHOICES if c != "bfloat16"]   # bf16 is the same choice
     current = str(spec.serving.flags.get("kv-cache-dtype", "auto")) if spec is not None else "auto"
@@ -284,7 +284,7 @@ def panel(spec: Deployment | None, model_dir: str | None = None):
         if key == shown:
             return
         shown = key
-        p = kv_plan.plan(spec, model_dir or None, tp=key[0], kv_dtype=key[1], mem_fraction_static=key[2],
+        p = kv_plan.assess(spec, model_dir or None, tp=key[0], kv_dtype=key[1], mem_fraction_static=key[2],
                  context_len=key[3], contexts=(key[3],))
         out.clear_output(wait=True)
         with out:

@@ -6,13 +6,13 @@ from typing import Any
 
 from pydantic import Field
 
-from runbook.core.archive import number
+from runbook.core.numeric import number
 from runbook.core.options import Options, PosFloat
 from runbook.core.registry import Stage, register
 from runbook.core.settings import options_view
 from runbook.core.spec import SLO, Deployment
 from runbook.kv.memory import Inputs
-from runbook.kv.plan import Plan, plan
+from runbook.kv.plan import Plan, assess
 
 # The flags and notebook parameters: the memory arithmetic's inputs (kv/memory.py) a user sets, None meaning the
 # spec's value; the checkpoint dir and the weights' size are the plan's own (kv/plan.py reads them into the inputs).
@@ -24,7 +24,7 @@ KvOptions = options_view(Inputs, "KvOptions", own={
 
 def evaluate(spec: Deployment | None, options: Options) -> Plan:
     """The plan for the spec (or MODEL_DIR alone) with the options' what-ifs over its flags."""
-    return plan(spec, getattr(options, "model_dir", None), options, weights_gib=getattr(options, "weights_gib", None))
+    return assess(spec, getattr(options, "model_dir", None), options, weights_gib=getattr(options, "weights_gib", None))
 
 
 def text(p: Plan) -> str:

@@ -1,2 +1,2 @@
 """Shared facts about the model: where it lives, its checkpoint headers and config, its architecture,
-its tokenizer. Stages read the model only through this package."""
+its tokenizer, a GGUF file's header (`gguf`). Stages read the model only through this package."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runbook.core.errors import InputError
+from runbook.core.numeric import is_int, is_number
 from runbook.model import mamba2
 from runbook.model import sglang_names as names
 
@@ -112,7 +113,7 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def _int(cfg: dict[str, Any], key: str, source: str) -> int:
     v = cfg.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+    if not is_int(v) or v <= 0:
         raise InputError(f"{source}: '{key}' must be a positive integer (got {v!r})")
     return v
 
@@ -142,7 +143,7 @@ def from_config(config: dict[str, Any], source: str = "config.json") -> Arch:
     n_heads, kv_heads, head_dim = _heads(cfg, source, assumptions)
     # model_config.py _derive_model_shapes: the config's v_head_dim when set (MiMo-V2: 192 / 128), else head_dim
     v = cfg.get("v_head_dim")
-    v_head_dim = v if isinstance(v, int) and not isinstance(v, bool) and v > 0 and not arch_name.startswith("DeepseekV4") \
+    v_head_dim = v if is_int(v) and v > 0 and not arch_name.startswith("DeepseekV4") \
         else head_dim
     mla, kv_lora, rope = _mla(cfg, arch_name, bool(archs), source, assumptions)
     nextn = _nonneg(cfg.get("num_nextn_predict_layers") or 0, "num_nextn_predict_layers", source)
@@ -305,14 +306,14 @@ def _swa_shape(cfg: dict[str, Any], arch_name: str, hybrid_swa: bool, kv_heads: 
 
 
 def _nonneg(v: Any, key: str, source: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+    if not is_int(v) or v < 0:
         raise InputError(f"{source}: '{key}' must be a non-negative integer (got {v!r})")
     return v
 
 
 def _opt_int(d: dict[str, Any], keys: tuple[str, ...]) -> int | None:
     for k in keys:
-        if isinstance(d.get(k), int) and not isinstance(d.get(k), bool) and d[k] > 0:
+        if is_int(d.get(k)) and d[k] > 0:
             return int(d[k])
     return None
 
@@ -324,13 +325,13 @@ def _context_len(cfg: dict[str, Any], model_type: str, source: str, assumptions:
     factor: float = 1
     if rope:
         f = rope.get("factor", 1)
-        factor = f if isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 else 1
+        factor = f if is_number(f) and f > 0 else 1
         if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
             factor = 1
     for key in _CONTEXT_KEYS:
         v = cfg.get(key)
         if v is not None:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            if not is_number(v) or v <= 0:
                 raise InputError(f"{source}: '{key}' must be a positive integer (got {v!r})")
             return int(factor * v), f"{key} in config.json" + (f" × rope factor {factor:g}" if factor != 1 else "")
     if model_type in SGLANG_CONTEXT_DEFAULTS:

@@ -18,6 +18,7 @@ from typing import Any
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
 from runbook.core.fsutil import FileRefused, read_regular
+from runbook.core.numeric import is_int, is_number
 from runbook.model.location import hf_snapshot, locate, looks_like_repo_id
 
 INDEX = "model.safetensors.index.json"
@@ -78,7 +79,7 @@ class Checkpoint:
         meta = (self.index or {}).get("metadata") or {}
         if not isinstance(meta, dict):
             meta = {}
-        if isinstance(meta.get("total_size"), (int, float)) and not isinstance(meta["total_size"], bool) and meta["total_size"] > 0:
+        if is_number(meta.get("total_size")) and meta["total_size"] > 0:
             return int(meta["total_size"])
         if self.shards and self.complete:
             return sum(s.data_bytes for s in self.shards.values())
@@ -184,7 +185,7 @@ def _bad(path: Path, key: str, want: str, got: Any, fix: str) -> InputError:
 def _check_int(path: Path, key: str, v: Any, lo: int, hi: int, fix: str) -> None:
     if v is None:
         return
-    if isinstance(v, bool) or not isinstance(v, int):
+    if not is_int(v):
         raise _bad(path, key, f"an integer in [{lo}, {hi:,}]", v, fix)
     if not lo <= v <= hi:
         raise InputError(f"{path}: '{key}' must be an integer in [{lo}, {hi:,}] (got {_shown(v)}); {fix}")
@@ -215,7 +216,7 @@ def _check_quant(path: Path, q: dict[str, Any], prefix: str, fix: str) -> None:
         # a string ("FP8") is a real ModelOpt form SGLang starts with; the quant stage says what it does with it
         raise _bad(path, prefix + "kv_cache_scheme", "an object or a string", kvs, fix)
     wbs = q.get("weight_block_size")
-    if wbs is not None and not (isinstance(wbs, list) and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= 1 << 20
+    if wbs is not None and not (isinstance(wbs, list) and all(is_int(x) and 0 < x <= 1 << 20
                                                                 for x in wbs)):
         raise _bad(path, prefix + "weight_block_size", "a list of positive integers", wbs, fix)
 
@@ -267,7 +268,7 @@ def check_index(path: Path, index: dict[str, Any]) -> dict[str, str]:
     if total is not None:
         if isinstance(total, float) and math.isfinite(total) and total.is_integer():
             total = int(total)
-        if isinstance(total, bool) or not isinstance(total, int):
+        if not is_int(total):
             raise _bad(path, "metadata.total_size", "the checkpoint's size in bytes (an integer)", total, fix)
         if not 0 <= total <= _MAX_TOTAL_SIZE:
             raise InputError(f"{path}: 'metadata.total_size' must be a size in bytes in [0, {_MAX_TOTAL_SIZE:,}] (1 PiB) "

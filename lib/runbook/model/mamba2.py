@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from runbook.core.errors import InputError
+from runbook.core.numeric import is_int
 
 # Defaults of SGLang's config classes for fields a real config.json may leave out.
 CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -22,7 +23,7 @@ _NEMOTRON_BLOCKS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 def _int(cfg: dict[str, Any], key: str, default: int | None, source: str) -> int:
     v = cfg.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+    if not is_int(v) or v < 0:
         raise InputError(f"{source}: '{key}' must be a non-negative integer (got {v!r})")
     return v
 
@@ -85,7 +86,7 @@ def layers(cfg: dict[str, Any], model_type: str, n: int,
         if not isinstance(lac, dict):
             raise InputError(f"{source}: 'linear_attn_config' must be an object with kda_layers, num_heads and head_dim")
         kda = lac.get("kda_layers")
-        if not isinstance(kda, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in kda):
+        if not isinstance(kda, list) or not all(is_int(i) for i in kda):
             raise InputError(f"{source}: 'linear_attn_config.kda_layers' must be a list of 1-based layer numbers")
         state = [i for i in range(n) if i + 1 in kda]
         full = [i for i in range(n) if i + 1 not in kda]

@@ -6,10 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import Tokenizer
-
 from runbook.core.errors import InputError
 from runbook.core.fsutil import FileRefused, read_regular
 
@@ -19,6 +15,7 @@ def load_tokenizer(path: str | Path | None, option: str = "--tokenizer") -> Any:
 
     A path given but holding no readable tokenizer is an InputError naming it (lengths would silently be
     approximate otherwise)."""
+    from tokenizers import Tokenizer  # lazy: the tokenizers library only when a tokenizer is loaded
     if not path:
         return None
     p = Path(path)
@@ -75,6 +72,8 @@ class ChatCounter:
     tokens (the template writes them). `count` is None when the template refuses the messages."""
 
     def __init__(self, tokenizer: Any, template: str, specials: dict[str, str]):
+        from jinja2.ext import loopcontrols  # lazy: jinja2's sandbox only when a chat template is rendered
+        from jinja2.sandbox import ImmutableSandboxedEnvironment  # lazy: jinja2's sandbox only when a chat template is rendered
         def raise_exception(msg: str) -> None:
             raise ValueError(msg)
 

@@ -1,13 +1,10 @@
 """Stage 10: what SGLang will do with the checkpoint's weight and KV-cache quantization.
-`evaluate(spec)` is the entry point (`runbook quant`, 10_quant_config); `inspect` reads one
+`evaluate(spec)` is the entry point (`runbook quant`, 10_quant_config); `inspect_checkpoint` reads one
 checkpoint without a spec."""
-from runbook.core.lazy import exports
+from runbook.quant.analysis import QuantReport, assess, inspect_checkpoint
+from runbook.quant.declared import KVCache, Weights, scale_tensors
+from runbook.quant.report import flags_frame, kv_cache_frame, weights_frame
 from runbook.quant.stage import STAGE, QuantOptions, evaluate
 
-# Imported on first use (core/lazy.py): the registry imports this package to read its contract.
-__getattr__, __dir__ = exports(__name__, {"KVCache": "declared", "QuantReport": "analysis", "Weights": "declared",
-    "for_deployment": "analysis", "inspect": "analysis", "scale_tensors": "declared", "kv_cache_frame": "report",
-    "flags_frame": "report", "weights_frame": "report"})
-
-__all__ = ["STAGE", "KVCache", "QuantOptions", "QuantReport", "Weights", "evaluate", "flags_frame", "for_deployment", "inspect",
-           "kv_cache_frame", "scale_tensors", "weights_frame"]
+__all__ = ["STAGE", "KVCache", "QuantOptions", "QuantReport", "Weights", "evaluate", "assess", "inspect_checkpoint",
+           "kv_cache_frame", "scale_tensors", "weights_frame", "flags_frame"]

@@ -1,5 +1,5 @@
 """Stage 10's analysis of one checkpoint: what SGLang 0.5.23 will do with its weight and KV-cache
-quantization, decided from the files alone. `inspect` reads what the files declare (declared.py), follows
+quantization, decided from the files alone. `inspect_checkpoint` reads what the files declare (declared.py), follows
 SGLang's own decision under the deployment's flags (sglang_rules.py) and turns both into findings
 (findings.py). The costliest risk, an FP8 KV cache with no calibrated scales (SGLang then silently uses
 1.0), is a fail finding with its remedy."""
@@ -44,8 +44,8 @@ class QuantReport:
                 "recommended_flags": self.recommended_flags}
 
 
-def inspect(ck: Checkpoint, flags: dict[str, Any] | None = None, tp: int = 1, pp: int = 1, location_note: str = "",
-            compute_capability: str | None = None) -> QuantReport:
+def inspect_checkpoint(ck: Checkpoint, flags: dict[str, Any] | None = None, tp: int = 1, pp: int = 1, location_note: str = "",
+                       compute_capability: str | None = None) -> QuantReport:
     """Inspect a loaded checkpoint against a deployment's SGLang flags and parallelism."""
     flags = dict(flags or {})
     findings: list[Finding] = list(ck.problems)
@@ -101,10 +101,10 @@ def inspect(ck: Checkpoint, flags: dict[str, Any] | None = None, tp: int = 1, pp
     return QuantReport(ckinfo, w, kv, rec, findings, (ck, location_note))
 
 
-def for_deployment(spec: Deployment, model_dir: str | None = None) -> QuantReport:
+def assess(spec: Deployment, model_dir: str | None = None) -> QuantReport:
     """Inspect the deployment's checkpoint (or model_dir) under the spec's flags and parallelism."""
     ck, note = checkpoint.for_spec(spec, model_dir)
-    rep = inspect(ck, spec.serving.flags, spec.parallelism.tp, spec.parallelism.pp, note, spec.hardware.compute_capability)
+    rep = inspect_checkpoint(ck, spec.serving.flags, spec.parallelism.tp, spec.parallelism.pp, note, spec.hardware.compute_capability)
     rep.loaded = (ck, note)
     if note:
         rep.findings.insert(0, Finding("quant.source", "info", "inspecting the model card, not the checkpoint", detail=note))

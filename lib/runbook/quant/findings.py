@@ -46,7 +46,7 @@ def weights_findings(w: Weights, a: arch_mod.Arch, tp: int, pp: int, ck: Checkpo
                        evidence=f"{len(w.excluded_modules)} exclude/ignore pattern(s)"
                                 + (f", e.g. {w.excluded_modules[:3]}" if w.excluded_modules else "")))
     if w.total_bytes:
-        assert w.bytes_per_gpu is not None  # set from total_bytes in inspect()
+        assert w.bytes_per_gpu is not None  # set from total_bytes in inspect_checkpoint()
         out.append(Finding("quant.weight_bytes", "info", f"weights: {w.total_bytes / GIB:.1f} GiB in total, ~{w.bytes_per_gpu / GIB:.1f} "
                            f"GiB per GPU at TP {tp} × PP {pp}",
                            detail="Per GPU = total / (TP × PP): an even split; replicated norms and router weights add a little.",

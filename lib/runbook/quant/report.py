@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
-
 from runbook.core.registry import display
 from runbook.core.units import GIB
 
 
 @display
 def weights_frame(rep: Any):
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
     w = rep.weights
     return pd.Series({"algorithm": w.algo, "method": w.quant_method, "producer": f"{w.producer or ''} {w.producer_version or ''}".strip(),
                       "group size": w.group_size, "block size": w.block_size, "config read from": w.source,
@@ -22,6 +21,7 @@ def weights_frame(rep: Any):
 
 @display
 def kv_cache_frame(rep: Any):
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
     kv = rep.kv_cache
     return pd.Series({"declared": kv.declared, "declared in": kv.declared_in, "auto resolves to": kv.auto_resolves_to,
                       "--kv-cache-dtype": kv.flag, "effective": kv.effective, "KV layers": kv.kv_layers,
@@ -32,4 +32,5 @@ def kv_cache_frame(rep: Any):
 @display
 def flags_frame(rep: Any):
     """The SGLang flags to set for this checkpoint, one row each."""
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
     return pd.Series(rep.recommended_flags, name="value", dtype=object).to_frame()

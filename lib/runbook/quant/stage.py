@@ -8,7 +8,7 @@ from runbook.core.options import Options
 from runbook.core.registry import Stage, register
 from runbook.core.spec import Deployment
 from runbook.model import checkpoint
-from runbook.quant.analysis import QuantReport, for_deployment, inspect
+from runbook.quant.analysis import QuantReport, assess, inspect_checkpoint
 
 
 class QuantOptions(Options):
@@ -19,8 +19,8 @@ class QuantOptions(Options):
 def evaluate(spec: Deployment | None, options: QuantOptions) -> QuantReport:
     """The deployment's checkpoint under its flags; without a spec, MODEL_DIR alone (`runbook quant DIR`)."""
     if spec is None:
-        return inspect(checkpoint.load(options.model_dir or ""))
-    return for_deployment(spec, options.model_dir)
+        return inspect_checkpoint(checkpoint.load(options.model_dir or ""))
+    return assess(spec, options.model_dir)
 
 
 STAGE = register(Stage(10, "quant_config", "quant", "what SGLang will do with a checkpoint's weight and KV-cache quantization",

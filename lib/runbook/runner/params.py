@@ -55,7 +55,7 @@ def _type(name: str | None) -> Any:
         return None
 
 
-def inspect(notebook: Path) -> dict[str, dict[str, Any]]:
+def notebook_params(notebook: Path) -> dict[str, dict[str, Any]]:
     """The notebook's parameters: name -> {inferred_type_name, default, help}.
 
     Read with Python's own parser: papermill's line regex skips any line with a second '=' (such as
@@ -211,7 +211,7 @@ def resolve(pairs: list[str], notebooks: list[Path], scrub: Iterable[str] = ()) 
     per_nb: dict[Path, dict[str, Any]] = {nb: {} for nb in notebooks}
     if not raw:
         return per_nb
-    declared: dict[Path, dict[str, dict[str, Any]]] = {nb: inspect(nb) for nb in notebooks}
+    declared: dict[Path, dict[str, dict[str, Any]]] = {nb: notebook_params(nb) for nb in notebooks}
     for k, v in sorted(raw.items(), key=lambda kv: "." in kv[0]):     # scoped last: they override a plain NAME
         scope, name = _scoped(k, notebooks)
         takers = [nb for nb in (scope or notebooks) if name in declared[nb]]

@@ -198,7 +198,7 @@ def cross_checks(spec: Deployment, r: Rendered, quant_rep: Any = None) -> list[F
         else:
             out.append(Finding("service.kv_dtype", "pass", f"--kv-cache-dtype {kv} agrees with {registry.notebook('quant_config')}"))
     try:
-        p = kv_stage.plan_pools(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": r.flags})}),
+        p = kv_stage.assess(spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": r.flags})}),
                               loaded=quant_rep.loaded if quant_rep is not None else None)
     except (InputError, SpecError) as e:
         return out + [Finding("service.capacity", "skip", "KV capacity not cross-checked", detail=str(e))]

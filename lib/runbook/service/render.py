@@ -308,7 +308,7 @@ def _unit(spec: Deployment, groups: list[tuple[str, ...]], env: dict[str, str], 
 def recommended_flags(spec: Deployment) -> tuple[dict[str, str] | None, Any]:
     """The quant notebook's recommendations (None when the checkpoint cannot be read)."""
     try:
-        rep = quant.for_deployment(spec)
+        rep = quant.assess(spec)
     except InputError:
         return None, None
     return rep.recommended_flags, rep

@@ -2,9 +2,10 @@
 server. Each takes the stage's report and returns None for an empty one (an input error: `registry.display`)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 from runbook.core.registry import display
 
@@ -30,23 +31,27 @@ def diff_text(rep: Any) -> str:
 @display
 def units_frame(rep: Any) -> pd.DataFrame:
     """Every unit the spec renders, where it goes: each server's (one, each replica's, each node rank's), the gateway's."""
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
     return pd.DataFrame([{"unit": f"{u.unit_name}.service", "role": u.role, "host": u.host or "this host",
                           "replica": u.replica, "node": u.node, "rank": u.rank if u.node else None} for u in rep.units])
 
 
 @display
 def changes_frame(rep: Any) -> pd.DataFrame | None:
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
     return pd.DataFrame(rep.changes) if rep.changes else None
 
 
 @display
 def plan_frame(rep: Any) -> pd.DataFrame:
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
     return pd.DataFrame(rep.install_plan)
 
 
 @display
 def drift_frame(rep: Any) -> pd.DataFrame:
     """Differing flags when there are any; else what the server reports (or why it could not be read)."""
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
     if rep.drift:
         return pd.DataFrame(rep.drift)
     why = next((f.title for f in rep.findings if f.id == "service.drift"), "not checked")

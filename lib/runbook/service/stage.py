@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from runbook.core.archive import number
 from runbook.core.findings import Finding
 from runbook.core.fsutil import write_output
+from runbook.core.numeric import number
 from runbook.core.options import Options, PosFloat, Url
 from runbook.core.registry import Outcome, Stage, register
 from runbook.core.spec import Deployment
@@ -53,8 +53,8 @@ def all_units(spec: Deployment, args: dict[str, Any] | None = None) -> list[Rend
     return units + ([gateway.render_unit(spec)] if spec.topology.gateway is not None else [])
 
 
-def assemble(spec: Deployment, args: dict[str, Any] | None = None, installed: str | Path | None = None,
-             url: str | None = None) -> ServiceReport:
+def assess(spec: Deployment, args: dict[str, Any] | None = None, installed: str | Path | None = None,
+           url: str | None = None) -> ServiceReport:
     """Everything 30_service shows, built from one unit (checkpoint read once)."""
     b = build(spec, args, with_quant=True)
     units, findings = check(spec, args, built=b)
@@ -96,7 +96,7 @@ class ServiceOptions(Options):
 
 
 def evaluate(spec: Deployment, options: ServiceOptions) -> ServiceReport:
-    return assemble(spec, parse_args(options.args or []), options.installed_unit, options.server_url)
+    return assess(spec, parse_args(options.args or []), options.installed_unit, options.server_url)
 
 
 def _render(spec: Deployment, o: ServiceOptions) -> Outcome:

@@ -4,12 +4,8 @@ the KV plan), then launched one at a time with the production unit paused (`laun
 start-up log read, benchmarked per context-length bucket, guarded for accuracy against the reference, and
 taken down (where the spec declares a gateway: its policies, the gateway alone relaunched in front of the
 replicas); `report` holds the table, the Pareto plot and the recommendation's text."""
-from runbook.core.lazy import exports
-from runbook.tune.stage import STAGE, TuneOptions, TuneReport, evaluate
+from runbook.tune.report import buckets_frame, frame, frames, launches_frame, plot_pareto, recommendation_text, text_table, turns_frame
+from runbook.tune.stage import STAGE, TuneOptions, TuneReport, assess, evaluate
 
-# Imported on first use (core/lazy.py): the registry imports this package to read its contract.
-__getattr__, __dir__ = exports(__name__, {"frame": "report", "frames": "report", "plot_pareto": "report", "text_table": "report",
-    "recommendation_text": "report", "buckets_frame": "report", "launches_frame": "report", "turns_frame": "report"})
-
-__all__ = ["STAGE", "TuneOptions", "TuneReport", "buckets_frame", "evaluate", "frame", "frames", "launches_frame", "plot_pareto",
+__all__ = ["STAGE", "TuneOptions", "TuneReport", "assess", "buckets_frame", "evaluate", "frame", "frames", "launches_frame", "plot_pareto",
            "recommendation_text", "text_table", "turns_frame"]

@@ -1,5 +1,5 @@
 """One launched candidate under load: the fixed levels (figures per context-length bucket) and the SLO
-search's limit, through stage 40's own benchmark (bench.measure), with the energy drawn meanwhile."""
+search's limit, through stage 40's own benchmark (bench.assess), with the energy drawn meanwhile."""
 from __future__ import annotations
 
 import time
@@ -114,7 +114,7 @@ def run(spec: Deployment, url: str, out: Path | None = None, nvml: Any = None, d
     cspec = spec.model_copy(update={"slo": slo})
     meter = EnergyMeter(nvml)
     meter.start()
-    fixed = bench.measure(cspec, _settings(cspec, url, out=out))
+    fixed = bench.assess(cspec, _settings(cspec, url, out=out))
     joules = meter.stop()
     recs = [r for lv in fixed.levels for r in lv.records]
     levels = [{k: lv.get(k) for k in ("label", "concurrency", "completed", "failed", "output_tok_s", "ttft_ms", "tpot_ms",
@@ -130,7 +130,7 @@ def run(spec: Deployment, url: str, out: Path | None = None, nvml: Any = None, d
     doc["accept_length"] = round(sum(acc) / len(acc), 3) if acc else None
     if t.slo_search and has_slo(slo) and (deadline is None or time.monotonic() < deadline):
         o = _settings(cspec, url, find_max="slo", find_max_levels=t.search_levels)
-        search = bench.measure(cspec, o).summary.get("slo_search") or {}
+        search = bench.assess(cspec, o).summary.get("slo_search") or {}
         doc["slo_limit"] = search.get("limit") or 0
         doc["slo_search"] = {k: search.get(k) for k in ("metric", "limit", "first_miss", "resolved", "levels_tried")}
     else:

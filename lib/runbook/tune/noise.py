@@ -26,6 +26,7 @@ from typing import Any
 
 from runbook import bench
 from runbook.core import stats
+from runbook.core.numeric import is_number
 
 
 def reference_runs(ref: dict[str, Any]) -> list[list[dict[str, Any]]]:
@@ -41,7 +42,7 @@ def _values(per_request: Any) -> dict[str, tuple[str, float]]:
     out = {}
     for p in per_request if isinstance(per_request, list) else []:
         v = p.get("tok_s") if isinstance(p, dict) else None
-        if (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
+        if (is_number(v) and 0 < v < math.inf
                 and isinstance(p.get("key"), str) and isinstance(p.get("block"), str)):
             out[p["key"]] = (p["block"], math.log(v))
     return out

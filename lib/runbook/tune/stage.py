@@ -6,8 +6,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from runbook.core.archive import number
 from runbook.core.findings import Finding
+from runbook.core.numeric import number
 from runbook.core.options import Options
 from runbook.core.registry import Stage, register
 from runbook.core.spec import SLO, Deployment
@@ -38,11 +38,16 @@ def _progress(msg: str) -> None:
 
 def evaluate(spec: Deployment, options: Options, **hooks: Any) -> TuneReport:
     """The tune run under the options (`hooks`: systemctl, nvml, log — tests and the notebook's progress)."""
+    return assess(spec, TuneSettings.resolve(spec, options), **hooks)
+
+
+def assess(spec: Deployment, s: TuneSettings, **hooks: Any) -> TuneReport:
+    """The tune run under its settings: the candidates tried (trials.tune) and their findings."""
     from runbook.tune.findings import findings  # lazy: the run's modules (launch, engines, bench) load with the run
     from runbook.tune.trials import tune  # lazy: as above; the registry imports this module for every CLI verb
 
     hooks.setdefault("log", _progress)
-    res = tune(spec, TuneSettings.resolve(spec, options), **hooks)
+    res = tune(spec, s, **hooks)
     return TuneReport(findings(spec, res), res["rows"], res["recommendation"], res["run_id"], res["run_dir"],
                       res["plan_only"], spec.tune.engine, res["resumed"])
 

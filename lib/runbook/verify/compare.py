@@ -22,7 +22,7 @@ def _dtype(v: Any) -> str | None:
 
 
 def predicted(result: Any, reserved_note: bool = True) -> dict[str, Any]:
-    """From kv.plan_pools(spec).result: the same figures `runbook kv` prints."""
+    """From kv.assess(spec).result: the same figures `runbook kv` prints."""
     w = result.weights_bytes_per_gpu
     reserved = result.reserved_bytes_per_gpu
     return {"kv_dtype": result.kv_dtype, "max_total_num_tokens": result.max_total_num_tokens,

@@ -26,10 +26,10 @@ def replica_spec(spec: Deployment, r: Replica) -> Deployment:
                                    "topology": Topology()})
 
 
-def inspect(spec: Deployment, one: Callable[..., Any], log_dir: str | None = None, gateway_url: str | None = None,
-            since: str | None = None, journalctl: str = "journalctl",
-            systemctl: str = "systemctl") -> tuple[list[Finding], list[dict[str, Any]], dict[str, Any] | None]:
-    """`one` is stage.inspect (the one-server verify). Returns the findings, one row per replica (the report's
+def assess_topology(spec: Deployment, one: Callable[..., Any], log_dir: str | None = None, gateway_url: str | None = None,
+                    since: str | None = None, journalctl: str = "journalctl",
+                    systemctl: str = "systemctl") -> tuple[list[Finding], list[dict[str, Any]], dict[str, Any] | None]:
+    """`one` is stage.assess (the one-server verify). Returns the findings, one row per replica (the report's
     `replicas`) and the gateway's view (its `gateway`, None without a gateway)."""
     reps: list[dict[str, Any]] = []
     findings: list[Finding] = []

@@ -47,7 +47,7 @@ def _free_before(w: dict[str, Any]) -> float | None:
 
 
 def replan(plan: Any, facts: Facts, gpu_mem_gib: float | None, cpu: bool = False) -> dict[str, Any] | None:
-    """`plan` is kv.plan_pools(spec) for the unit. None when the log lacks the inputs or the plan has no memory fraction.
+    """`plan` is kv.assess(spec) for the unit. None when the log lacks the inputs or the plan has no memory fraction.
     `cpu`: SGLang runs with --device cpu, where the memory is the host's and no GPU's size applies."""
     obs = observed_inputs(facts)
     frac = getattr(getattr(plan, "result", None), "mem_fraction_static", None)

@@ -80,9 +80,9 @@ def _scrub(rep: VerifyReport, spec: Deployment) -> VerifyReport:
     return rep
 
 
-def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = None, url: str | None = None,
-             since: str | None = None, journalctl: str = "journalctl", systemctl: str = "systemctl",
-             drift: Callable[..., Any] | None = None) -> VerifyReport:
+def assess(spec: Deployment, log: str | Path | None = None, unit: str | None = None, url: str | None = None,
+           since: str | None = None, journalctl: str = "journalctl", systemctl: str = "systemctl",
+           drift: Callable[..., Any] | None = None) -> VerifyReport:
     """Stage 35: the running server against the plan. `log` (a saved file) wins over `unit` (the journal;
     default: the spec's systemd unit); `url` adds /server_info; `since` bounds what is read."""
     since_dt: dt.datetime | None = None
@@ -162,11 +162,11 @@ def inspect(spec: Deployment, log: str | Path | None = None, unit: str | None = 
 
 def _plan(spec: Deployment, flags: dict[str, Any], findings: list[Finding],
           host_free_gib: float | None = None) -> tuple[Any, dict[str, Any], dict[str, int | None]]:
-    """The plan for the unit (kv.plan_pools), its predicted figures and bytes per token (target, draft).
+    """The plan for the unit (kv.assess), its predicted figures and bytes per token (target, draft).
     `host_free_gib`: a CPU server's free host memory at its start."""
     try:
         unit_spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"flags": flags})})
-        p = kv.plan_pools(unit_spec, **({"gpu_mem_gib": host_free_gib} if host_free_gib is not None else {}))
+        p = kv.assess(unit_spec, None, gpu_mem_gib=host_free_gib)      # None: the spec's hardware
     except (InputError, SpecError) as e:
         findings.append(Finding("verify.plan", "skip", f"no plan to compare with: {registry.notebook('kv_memory')} could not run",
                                 detail=str(e),
@@ -253,12 +253,12 @@ def evaluate(spec: Deployment, options: VerifyOptions) -> VerifyReport:
         if options.log_file or options.unit:
             raise InputError(f"{spec.source or 'the spec'}: topology.replicas: each replica has its own log; give "
                              "--log-dir DIR (replica-NAME.log, gateway.log) or neither (each unit's journal)")
-        found, reps, gw = fleet.inspect(spec, inspect, options.log_dir, options.server_url, options.since)
+        found, reps, gw = fleet.assess_topology(spec, assess, options.log_dir, options.server_url, options.since)
         return _scrub(VerifyReport(found, "topology", replicas=reps, gateway=gw), spec)
     if options.log_dir:
         raise InputError(f"--log-dir: {spec.source or 'the spec'} declares no topology.replicas; give --log FILE")
-    return inspect(spec, log=options.log_file, unit=options.unit, url=options.server_url or spec.serving.local_url,
-                   since=options.since)
+    return assess(spec, log=options.log_file, unit=options.unit, url=options.server_url or spec.serving.local_url,
+                  since=options.since)
 
 
 def text(rep: VerifyReport) -> str:

@@ -12,6 +12,7 @@ from runbook.bench.settings import BenchSettings
 from runbook.bench.workloads.base import BuildContext, LazyRequests, Workload, WorkloadType
 from runbook.core.errors import InputError
 from runbook.core.fsutil import FileRefused, read_regular
+from runbook.core.numeric import is_int
 from runbook.endpoint.records import RequestSpec
 
 MAX_WORKLOAD_BYTES = 1 << 30   # a JSON Lines prompt file; beyond 1 GiB it is not a workload
@@ -37,7 +38,7 @@ def read_workload_file(path: Path, dump_ok: bool = False) -> tuple[bytes, str]:
 
 
 def _max_tokens(mt: object) -> int | None:
-    if isinstance(mt, int) and not isinstance(mt, bool):
+    if is_int(mt):
         return mt
     if isinstance(mt, float) and mt.is_integer():
         return int(mt)

@@ -19,6 +19,7 @@ from runbook.bench.settings import BenchSettings
 from runbook.bench.workloads.base import BuildContext, LazyRequests, Workload, WorkloadType
 from runbook.bench.workloads.file import read_workload_file
 from runbook.core.errors import InputError
+from runbook.core.numeric import is_int, is_number
 from runbook.corpus import CHARS_PER_TOKEN, code_text
 from runbook.corpus import VERSION as CORPUS_VERSION
 from runbook.endpoint.records import RequestSpec
@@ -35,7 +36,7 @@ def _trace_int(d: dict[str, Any], key: str, where: str, lo: int) -> int:
     v = d.get(key)
     if isinstance(v, float) and v.is_integer():
         v = int(v)
-    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= MAX_TRACE_LENGTH:
+    if not is_int(v) or not lo <= v <= MAX_TRACE_LENGTH:
         raise InputError(f"{where}: \"{key}\" must be an integer in [{lo}, {MAX_TRACE_LENGTH:,}] (got {str(v)[:40]!r})")
     return v
 
@@ -54,10 +55,10 @@ def read_trace(text: str, source: str) -> list[dict[str, Any]]:
         if not isinstance(d, dict):
             raise InputError(f"{where}: each line must be a JSON object with timestamp, input_length, output_length")
         ts = d.get("timestamp")
-        if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts) or ts < 0:
+        if not is_number(ts) or not math.isfinite(ts) or ts < 0:
             raise InputError(f"{where}: \"timestamp\" must be a non-negative number of milliseconds (got {str(ts)[:40]!r})")
         hs = d.get("hash_ids", [])
-        if not isinstance(hs, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hs):
+        if not isinstance(hs, list) or not all(is_int(h) for h in hs):
             raise InputError(f"{where}: \"hash_ids\" must be a list of integers")
         sid = d.get("session_id")
         rows.append({"t": float(ts) / 1000.0, "input": _trace_int(d, "input_length", where, 1),

@@ -20,7 +20,8 @@ from runbook.core import oscalls
 from runbook.core.errors import InputError
 from runbook.core.spec import Deployment
 from runbook.core.units import MIB
-from runbook.tune.engines import PreCheck, Server, Startup, gguf
+from runbook.model import gguf
+from runbook.tune.engines import PreCheck, Server, Startup
 
 # ggml's block sizes: bytes per element of each cache type llama-server accepts (ggml.c type_traits)
 BYTES_PER_ELEMENT = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,

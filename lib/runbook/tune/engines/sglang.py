@@ -1,5 +1,5 @@
 """SGLang as tune launches it: the unit's own ExecStart (service.build), the flags through the candidate's
-own SGLang parser (service.check_flags), the KV plan (kv.plan_pools: SGLang's start-up refusals, context
+own SGLang parser (service.check_flags), the KV plan (kv.assess: SGLang's start-up refusals, context
 length, requests at the workload's longest context), and the start-up log read by stage 35 (verify)."""
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _parsers(specs: list[Deployment], units: list[Any]) -> list[tuple[str | None
 
 def _plan(spec: Deployment, longest: int, buckets: list[int]) -> tuple[str | None, dict[str, Any], list[Any]]:
     try:
-        p = kv.plan_pools(spec, contexts=sorted({*buckets, longest}))
+        p = kv.assess(spec, contexts=sorted({*buckets, longest}))
     except (InputError, SpecError) as e:
         return f"no KV plan: {e}", {}, []
     r = p.result
@@ -131,7 +131,7 @@ class SGLang(Server):
         return spec.systemd.ready_path
 
     def startup(self, spec: Deployment, log_path: Any, pre: PreCheck) -> Startup:
-        rep = verify.inspect(spec, log=str(log_path))
+        rep = verify.assess(spec, log=str(log_path))
         bad = [f for f in rep.findings if f.id in FAILURES and f.status == "fail"]
         failure = f"{bad[0].title}; {bad[0].remedy}" if bad else _raised(log_path)
         return Startup({k: rep.observed.get(k) for k in ("kv_dtype", "max_total_num_tokens", "max_running_requests",

@@ -40,7 +40,9 @@ def test_upgrade_canary_between_two_sglang_versions(tmp_path, fake_systemd):
                              reference_runs=1,        # the versions' A/B is the subject, not speed: no third start
                              guard={"identity_prompts": 4, "identity_max_tokens": 24, "min_identical_tokens": 8,
                                     "recall_lengths": [512], "toolcall": False})
-    rep = tune_stage.evaluate(spec_mod.load(path), tune_stage.TuneOptions(yes=True, archive=str(tmp_path / "arch")),
+    dep = spec_mod.load(path)
+    settings = tune_stage.TuneSettings.resolve(dep, tune_stage.TuneOptions(yes=True, archive=str(tmp_path / "arch")))
+    rep = tune_stage.assess(dep, settings,
                               systemctl=fake_systemd.systemctl)
     rows = {r["name"]: r for r in rep.rows}
 

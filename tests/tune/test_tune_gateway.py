@@ -101,7 +101,8 @@ def test_without_yes_the_active_gateway_unit_is_a_safety_stop(fleet_units, tmp_p
 def test_yes_stops_only_the_gateway_unit_and_restores_it(fleet_units, tmp_path):
     fake, dep, path, unit, url, replicas = fleet_units
     before = fake.main_pid(unit)
-    rep = tune_stage.evaluate(dep, tune_stage.TuneOptions(yes=True, archive=str(tmp_path / "arch")), systemctl=fake.systemctl)
+    settings = tune_stage.TuneSettings.resolve(dep, tune_stage.TuneOptions(yes=True, archive=str(tmp_path / "arch")))
+    rep = tune_stage.assess(dep, settings, systemctl=fake.systemctl)
     ids = {f.id: f for f in rep.findings}
     assert unit in ids["tune.production.stopped"].title and ids["tune.production.restored"].status == "pass"
     assert pid_gone(before) and _state(fake, unit) == "active" and fake.main_pid(unit) != before and _ready(url)
@@ -154,7 +155,8 @@ def test_live_tune_over_two_policies_through_the_gateway(gateway_fleet, tmp_path
                       "kld_windows": 0}}
     dep = spec_mod.load(_write(prod, tune, tmp_path / "fleet.yaml"))
     try:
-        rep = tune_stage.evaluate(dep, tune_stage.TuneOptions(yes=True, archive=str(tmp_path / "arch")),
+        settings = tune_stage.TuneSettings.resolve(dep, tune_stage.TuneOptions(yes=True, archive=str(tmp_path / "arch")))
+        rep = tune_stage.assess(dep, settings,
                                   systemctl=fake_systemd.systemctl)
         ids = {f.id: f for f in rep.findings}
         assert ids["tune.production.restored"].status == "pass" and _state(fake_systemd, unit) == "active" and _ready(url)

@@ -167,11 +167,13 @@ def test_an_active_production_unit_is_refused_without_yes(tmp_path, fake_systemd
     try:
         dep = spec_mod.load(path)
         with pytest.raises(Refused, match="--yes"):
-            tune_stage.evaluate(dep, tune_stage.TuneOptions(archive=str(tmp_path / "arch")), systemctl=fake_systemd.systemctl)
+            settings = tune_stage.TuneSettings.resolve(dep, tune_stage.TuneOptions(archive=str(tmp_path / "arch")))
+            tune_stage.assess(dep, settings, systemctl=fake_systemd.systemctl)
         assert not (tmp_path / "arch" / "tune").exists() or not list((tmp_path / "arch" / "tune").glob("*/candidates/*.json"))
         # with --yes: stopped for the run (the candidate gets the port), then started again and ready
         pid = fake_systemd.main_pid(unit)
-        rep = tune_stage.evaluate(dep, tune_stage.TuneOptions(yes=True, archive=str(tmp_path / "arch")),
+        settings = tune_stage.TuneSettings.resolve(dep, tune_stage.TuneOptions(yes=True, archive=str(tmp_path / "arch")))
+        rep = tune_stage.assess(dep, settings,
                                   systemctl=fake_systemd.systemctl)
         assert rep.rows[0]["status"] == "done" and pid_gone(pid)
         ids = {f.id: f.status for f in rep.findings}

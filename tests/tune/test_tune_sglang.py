@@ -60,7 +60,8 @@ def test_tune_launches_sglang_candidates_and_restores_the_sglang_production_unit
     try:
         assert _wait_health(url, START_S), demo.log_tail(tmp_path / "production.log")
         before = fake_systemd.main_pid(unit)
-        rep = tune_stage.evaluate(dep, tune_stage.TuneOptions(yes=True, archive=str(tmp_path / "arch")),
+        settings = tune_stage.TuneSettings.resolve(dep, tune_stage.TuneOptions(yes=True, archive=str(tmp_path / "arch")))
+        rep = tune_stage.assess(dep, settings,
                                   systemctl=fake_systemd.systemctl)
         rows = {r["name"]: r for r in rep.rows}
         ids = {f.id: f for f in rep.findings}

@@ -36,9 +36,9 @@ def _progress(msg: str) -> None:
     print(f"{dt.datetime.now(dt.timezone.utc):%H:%M:%SZ} tune: {msg}", file=sys.stderr, flush=True)
 
 
-def evaluate(spec: Deployment, options: Options, **hooks: Any) -> TuneReport:
-    """The tune run under the options (`hooks`: systemctl, nvml, log — tests and the notebook's progress)."""
-    return assess(spec, TuneSettings.resolve(spec, options), **hooks)
+def evaluate(spec: Deployment, options: Options) -> TuneReport:
+    """The tune run under the options (a test's own systemctl or NVML goes to `assess`)."""
+    return assess(spec, TuneSettings.resolve(spec, options))
 
 
 def assess(spec: Deployment, s: TuneSettings, **hooks: Any) -> TuneReport:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from runbook.accuracy import probes, toolcall
 from runbook.accuracy.settings import AccuracySettings
 from runbook.core.findings import Finding
 from runbook.core.numeric import number
@@ -38,7 +39,7 @@ class AccuracyReport:
 def assess(spec: Deployment, s: AccuracySettings) -> AccuracyReport:
     """The KV study, then the live probes with the settings (`AccuracySettings.resolve`); greedy identity compares
     s.url with s.identity_b, and its findings name what differs between the two."""
-    from runbook.accuracy import kvstudy, probes, toolcall  # lazy: numpy, ml_dtypes and aiohttp only when the stage runs
+    from runbook.accuracy import kvstudy  # lazy: numpy and ml_dtypes (~0.6 s) only when the study runs (the root does not import it)
 
     active = probes.deployment_format(spec)
     study = kvstudy.study(spec, s, active)
@@ -62,7 +63,7 @@ def evaluate(spec: Deployment, options: Options) -> AccuracyReport:
 
 
 def _kvquant(spec: Deployment, o: Options) -> Outcome:
-    from runbook.accuracy import kvstudy, probes  # lazy: numpy and ml_dtypes (~0.7 s) only when a probe runs
+    from runbook.accuracy import kvstudy  # lazy: numpy and ml_dtypes (~0.6 s) only when the study runs (the root does not import it)
 
     active = probes.deployment_format(spec)
     st = kvstudy.study(spec, AccuracySettings.resolve(spec, o), active)
@@ -70,22 +71,16 @@ def _kvquant(spec: Deployment, o: Options) -> Outcome:
 
 
 def _recall(spec: Deployment, o: Options) -> Outcome:
-    from runbook.accuracy import probes  # lazy: numpy and aiohttp only when a probe runs
-
     rec, findings = probes.run_recall(AccuracySettings.resolve(spec, o))
     return Outcome(findings, {"recall": rec})
 
 
 def _toolcall(spec: Deployment, o: Options) -> Outcome:
-    from runbook.accuracy import toolcall  # lazy: aiohttp only when a probe runs
-
     tc = toolcall.run(AccuracySettings.resolve(spec, o))
     return Outcome(tc.findings, {"toolcall": tc.data()})
 
 
 def _identity(spec: Deployment, o: Options) -> Outcome:
-    from runbook.accuracy import probes  # lazy: numpy and aiohttp only when a probe runs
-
     s = AccuracySettings.resolve(spec, o)
     ident = probes.run_identity(s)
     # the A/B judged by KL divergence against the noise floor too; greedy identity stays the first-divergence finding
@@ -96,8 +91,6 @@ def _identity(spec: Deployment, o: Options) -> Outcome:
 
 
 def _kld(spec: Deployment, o: Options) -> Outcome:
-    from runbook.accuracy import probes  # lazy: numpy and aiohttp only when a probe runs
-
     kl, findings = probes.run_kld(AccuracySettings.resolve(spec, o))
     return Outcome(findings, {"kld": kl})
 

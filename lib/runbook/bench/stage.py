@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from runbook.bench import workloads
+from runbook.bench.report import text_table
+from runbook.bench.run import BenchResult, assess
 from runbook.bench.settings import BenchSettings
 from runbook.core import paths
 from runbook.core.numeric import number
@@ -15,9 +17,6 @@ from runbook.core.options import Options
 from runbook.core.registry import Stage, register
 from runbook.core.settings import options_view
 from runbook.core.spec import SLO, Deployment, level_meets_slo
-
-if TYPE_CHECKING:
-    from runbook.bench.run import BenchResult
 
 # The flags and notebook parameters: the settings (bench/settings.py) a user sets, None meaning the spec's value.
 BenchStageOptions = options_view(BenchSettings, "BenchStageOptions",
@@ -27,8 +26,6 @@ BenchStageOptions = options_view(BenchSettings, "BenchStageOptions",
 def evaluate(spec: Deployment, options: Options) -> BenchResult:
     """The sweep with the spec's plan under the options, then the regression check against the newest
     archived run under `archive` (default: the outputs dir; '' skips it)."""
-    from runbook.bench.run import assess  # lazy: the HTTP client and numpy only when the stage runs
-
     s = BenchSettings.resolve(spec, options)
     res = assess(spec, s, archive_root=_archive(s.archive_root))
     if s.speculation and res.summary.get("levels"):     # a server that answered the levels: the study after them
@@ -80,8 +77,6 @@ def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
 
 def text(result: BenchResult) -> str:
     """What `runbook bench` prints above its findings: the levels' tables."""
-    from runbook.bench.report import text_table  # lazy: pandas (~0.35 s), only when a table is printed
-
     return text_table(result)
 
 

@@ -13,6 +13,7 @@ from runbook.core.settings import options_view
 from runbook.core.spec import SLO, Deployment
 from runbook.kv.memory import Inputs
 from runbook.kv.plan import Plan, assess
+from runbook.kv.report import text_table
 
 # The flags and notebook parameters: the memory arithmetic's inputs (kv/memory.py) a user sets, None meaning the
 # spec's value; the checkpoint dir and the weights' size are the plan's own (kv/plan.py reads them into the inputs).
@@ -29,8 +30,6 @@ def evaluate(spec: Deployment | None, options: Options) -> Plan:
 
 def text(p: Plan) -> str:
     """What `runbook kv` prints above its findings: the notebook's first table."""
-    from runbook.kv.report import text_table  # lazy: the report module (plots) only when a table is printed
-
     return text_table(p) or ""
 
 

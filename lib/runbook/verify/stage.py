@@ -17,6 +17,7 @@ from runbook.core.options import Options, Url
 from runbook.core.registry import Stage, register
 from runbook.core.spec import Deployment
 from runbook.verify import compare, fleet, logparse, logsource, replan
+from runbook.verify.report import text_table
 
 
 @dataclass
@@ -263,8 +264,6 @@ def evaluate(spec: Deployment, options: VerifyOptions) -> VerifyReport:
 
 def text(rep: VerifyReport) -> str:
     """What `runbook verify` prints above its findings: the predicted-vs-observed table."""
-    from runbook.verify.report import text_table  # lazy: the report module only when a table is printed
-
     return text_table(rep) or ""
 
 

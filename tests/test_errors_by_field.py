@@ -35,3 +35,19 @@ def test_bench_pairs_name_flags_on_the_command_line(cli):
 
 def test_unset_values_pass_the_rules():
     assert notebook.options("benchmark", workers=None, rates=None).workers is None
+
+
+def test_an_error_the_stage_raises_names_the_parameter_in_the_notebook_and_the_flag_on_the_command_line(tmp_path):
+    """Not a pair the options refuse but one the spec decides (replicas each have their own log): raised while the
+    stage runs, named as `{field}` and located by Stage.input_finding for its reader."""
+    from topology.specs import topo
+
+    from runbook.core import registry
+
+    rep = notebook.evaluate("verify", topo(), "", log_file=str(tmp_path / "x.log"))
+    (f,) = rep.findings
+    assert f.id == "verify.input" and "give log_dir (replica-NAME.log" in f.detail and "--" not in f.detail
+    err = InputError("{log_dir}: the spec declares no topology.replicas; give {log_file}")
+    assert registry.get("verify").input_finding(err, cli=True).detail == (
+        "--log-dir: the spec declares no topology.replicas; give --log")
+    assert registry.get("verify").input_finding(err).detail == "log_dir: the spec declares no topology.replicas; give log_file"

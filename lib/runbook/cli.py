@@ -287,7 +287,7 @@ def _run_stage(verb: str, a: argparse.Namespace) -> int:
         o = _options(verb, a)
     except InputError as e:
         # a flag's value may be an environment secret (a key pasted into --url): never echoed
-        print(f"runbook {verb}: error: {secrets.redact_text(stage.input_finding(e).detail, secrets.secret_values())}",
+        print(f"runbook {verb}: error: {secrets.redact_text(stage.input_finding(e, cli=True).detail, secrets.secret_values())}",
               file=sys.stderr)
         return 2
     return _cmd_stage(stage, a, o)
@@ -346,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runbook {args.verb}: safety stop: {e}", file=sys.stderr)
         return EXIT_SAFETY_STOP
     except RunbookError as e:
-        # an error may quote what the user typed (--param KEY=VALUE): the environment's secrets never reach stderr
-        print(f"runbook: error: {secrets.redact_text(str(e), secrets.secret_values())}", file=sys.stderr)
+        # an error may quote what the user typed (--param KEY=VALUE): the environment's secrets never reach stderr;
+        # a stage's error names its settings as flags (Stage.input_finding)
+        text = _VERBS[args.verb].input_finding(e, cli=True).detail if args.verb in _VERBS else str(e)
+        print(f"runbook: error: {secrets.redact_text(text, secrets.secret_values())}", file=sys.stderr)
         return 2

@@ -107,7 +107,7 @@ def test_policy_comparison_refuses_what_it_cannot_compare():
     never = lambda p: pytest.fail("relaunched")  # noqa: E731
     with pytest.raises(InputError, match="two or more different"):
         policies.compare_policies(["cache_aware", "cache_aware"], never, o)
-    with pytest.raises(InputError, match="--workload agentic"):
+    with pytest.raises(InputError, match=r"\{workload\} agentic"):
         policies.compare_policies(["cache_aware", "round_robin"], never, BenchSettings.resolve(_topology_spec(), workload="random"))
 
 

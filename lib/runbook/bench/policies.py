@@ -58,7 +58,7 @@ def compare_policies(policies: Sequence[str], relaunch: Callable[[str], None], s
     if len(set(policies)) < 2:
         raise InputError("a policy comparison needs two or more different gateway policies, e.g. cache_aware,round_robin")
     if settings.workload != "agentic":
-        raise InputError(f"the policy comparison measures cache hits per agentic turn: --workload agentic, not {settings.workload}")
+        raise InputError(f"the policy comparison measures cache hits per agentic turn: {{workload}} agentic, not {settings.workload}")
     o = settings.model_copy(update={"flush_cache": True})
     rows = []
     for p in policies:

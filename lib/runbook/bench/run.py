@@ -217,7 +217,7 @@ async def _levels(o: BenchSettings, slo: Any, own: list[Level] | None, measure: 
     """The run's levels: the SLO search, the workload's own (a trace's one level), or the fixed levels; the search's result."""
     if o.find_max == "slo":
         if slo is None or not any(getattr(slo, k, None) for k in ("ttft_ms_p99", "tpot_ms_p99", "e2e_ms_p99")):
-            raise InputError("--find-max slo needs the spec's SLOs (slo.ttft_ms_p99, slo.tpot_ms_p99)")
+            raise InputError("{find_max} slo needs the spec's SLOs (slo.ttft_ms_p99, slo.tpot_ms_p99)")
         return await slo_search(measure, o, slo)
     for lv in own if own is not None else levels_of(o):
         await measure(lv)

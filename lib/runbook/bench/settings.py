@@ -145,7 +145,7 @@ class BenchSettings(Settings):
     def server(self) -> str:
         """The server's base URL: --url, else the spec's (resolve sets it)."""
         if self.url is None:
-            raise InputError("no server URL: give --url, or a deployment spec")
+            raise InputError("no server URL: give {url}, or a deployment spec")
         return self.url
 
 

@@ -106,8 +106,8 @@ def located(model: type[BaseModel], msg: str, cli: bool) -> str:
     notebook parameter (`log_file`). Validators name fields this way, never by a flag's spelling."""
     def name(m: re.Match[str]) -> str:
         field = next((k for k, f in model.model_fields.items() if m.group(1) in (k, f.alias)), None)
-        if field is None:
-            return m.group(0)
+        if field is None:   # another stage's setting (bench's, met inside tune): its usual spelling
+            return "--" + m.group(1).replace("_", "-") if cli else m.group(1)
         return flag(model, field) if cli else field
     return _FIELD_REF.sub(name, msg)
 

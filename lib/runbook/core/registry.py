@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 import runbook
 from runbook.core.errors import RunbookError
 from runbook.core.findings import Finding
-from runbook.core.options import Options
+from runbook.core.options import Options, located
 
 if TYPE_CHECKING:
     from runbook.core.spec import SLO, Deployment
@@ -118,10 +118,12 @@ class Stage:
         """The action the options name (`actions`), else `evaluate`: what the verb runs."""
         return self.actions.get(getattr(options, self.action_field, "") if self.action_field else "", self.evaluate)
 
-    def input_finding(self, err: RunbookError) -> Finding:
+    def input_finding(self, err: RunbookError, cli: bool = False) -> Finding:
         """The one finding an input the stage could not use becomes (a missing file, a bad value), `<verb>.input`:
-        the notebook records it and completes; the CLI prints its detail as its error line."""
-        return Finding(f"{self.verb}.input", "fail", f"could not run the {self.verb} checks", detail=" ".join(str(err).split()),
+        the notebook records it and completes; the CLI prints its detail as its error line. A `{field}` the error names
+        is the flag on the command line (`cli`), else the notebook's parameter (core/options.py `located`)."""
+        detail = located(self.options, " ".join(str(err).split()), cli)
+        return Finding(f"{self.verb}.input", "fail", f"could not run the {self.verb} checks", detail=detail,
                        remedy="Fix the file or field named above and run the notebook again.")
 
 

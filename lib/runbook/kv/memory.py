@@ -31,7 +31,7 @@ DEFAULT_CONTEXTS = (8192, 32768, 131072, 262144)
 def normalise_dtype(d: str) -> str:
     name = sglang_names.kv_dtype_name(d)
     if name is None:
-        raise InputError(f"--kv-dtype {d}: not a KV cache dtype (use one of {_FLAG_NAMES})")
+        raise InputError(f"{{kv_dtype}} {d}: not a KV cache dtype (use one of {_FLAG_NAMES})")
     return name
 
 

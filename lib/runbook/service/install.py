@@ -202,7 +202,7 @@ def local_units(spec: Deployment, args: dict[str, Any] | None = None, one: bool 
                          "run it on a host that topology.replicas[].host, topology.gateway.host or "
                          "parallelism.nodes[] names (or install per host with the Ansible playbook's units tag)")
     if one and len(mine) > 1:
-        raise InputError(f"service: --installed and --ready-url name one unit, but this host runs {len(mine)} "
+        raise InputError(f"service: {{installed_unit}} and {{ready_url}} name one unit, but this host runs {len(mine)} "
                          f"({', '.join(u.unit_name for u in mine)}); leave them out")
     return mine
 

@@ -28,8 +28,8 @@ def drift_all(spec: Deployment, url: str | None = None, args: dict[str, Any] | N
     if not spec.topology.replicas:
         return drift(spec, url, args, fetch, built)
     if url:
-        raise InputError("--url: this deployment declares topology.replicas; drift reads each replica at its own URL "
-                         "(topology.replicas[].host:port): leave --url out")
+        raise InputError("{server_url}: this deployment declares topology.replicas; drift reads each replica at its own URL "
+                         "(topology.replicas[].host:port): leave {server_url} out")
     b = built or build(spec, args)
     rows: Rows = []
     findings: list[Finding] = []

@@ -76,7 +76,7 @@ def select(cands: list[Candidate], names: list[str] | None) -> list[Candidate]:
     known = {c.name for c in cands}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise InputError(f"--candidates {','.join(unknown)}: no such candidate (known: {', '.join(sorted(known))})")
+        raise InputError(f"{{candidates}} {','.join(unknown)}: no such candidate (known: {', '.join(sorted(known))})")
     return [c for i, c in enumerate(cands) if i == 0 or c.name in names]
 
 

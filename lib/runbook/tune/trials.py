@@ -85,9 +85,9 @@ def _resumed(root: Path, run: str, spec: Deployment) -> tuple[Path, dict[str, di
         meta = json.loads((d / "run.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         known = sorted(p.name for p in root.iterdir() if (p / "run.json").is_file()) if root.is_dir() else []
-        raise InputError(f"--resume {run}: no tune run there ({d}); runs: {', '.join(known[-5:]) or 'none yet'}") from None
+        raise InputError(f"{{resume}} {run}: no tune run there ({d}); runs: {', '.join(known[-5:]) or 'none yet'}") from None
     if meta.get("deployment") != spec.name:
-        raise InputError(f"--resume {run}: that run tuned {meta.get('deployment')!r}, not {spec.name!r}; give its deployment")
+        raise InputError(f"{{resume}} {run}: that run tuned {meta.get('deployment')!r}, not {spec.name!r}; give its deployment")
     done: dict[str, dict[str, Any]] = {}
     for p in sorted((d / "candidates").glob("*.json")):
         try:

@@ -91,7 +91,7 @@ def assess(spec: Deployment, log: str | Path | None = None, unit: str | None = N
         try:
             since_dt = logsource.parse_since(since)
         except ValueError as e:
-            raise InputError(f"--since: {e}") from None
+            raise InputError(f"{{since}}: {e}") from None
     findings: list[Finding] = []
     # The unit exactly as render/install build it, and the plan for it (the figures `runbook kv` prints).
     flags: dict[str, Any] = dict(spec.serving.flags)
@@ -249,15 +249,16 @@ class VerifyOptions(Options):
 
 def evaluate(spec: Deployment, options: VerifyOptions) -> VerifyReport:
     """The same default as the notebook's: the spec's own host:port (no server there is a skip finding). With
-    replicas: each one at its own URL, and the gateway at `--url` (default: topology.gateway's host:port)."""
+    replicas: each one at its own URL, and the gateway at `server_url` (default: topology.gateway's host:port). An
+    error names a setting as `{field}`: the flag on the command line, the parameter in the notebook."""
     if spec.topology.replicas:
         if options.log_file or options.unit:
             raise InputError(f"{spec.source or 'the spec'}: topology.replicas: each replica has its own log; give "
-                             "--log-dir DIR (replica-NAME.log, gateway.log) or neither (each unit's journal)")
+                             "{log_dir} (replica-NAME.log, gateway.log) or neither (each unit's journal)")
         found, reps, gw = fleet.assess_topology(spec, assess, options.log_dir, options.server_url, options.since)
         return _scrub(VerifyReport(found, "topology", replicas=reps, gateway=gw), spec)
     if options.log_dir:
-        raise InputError(f"--log-dir: {spec.source or 'the spec'} declares no topology.replicas; give --log FILE")
+        raise InputError(f"{{log_dir}}: {spec.source or 'the spec'} declares no topology.replicas; give {{log_file}}")
     return assess(spec, log=options.log_file, unit=options.unit, url=options.server_url or spec.serving.local_url,
                   since=options.since)
 

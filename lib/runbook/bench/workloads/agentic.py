@@ -33,7 +33,7 @@ class Agentic(WorkloadType):
 
     def check(self, o: BenchSettings) -> None:
         if o.rates:
-            raise InputError("--workload agentic runs sessions at fixed concurrency (N sessions at once); --rate is for single requests")
+            raise InputError("{workload} agentic runs sessions at fixed concurrency (N sessions at once); {rates} is for single requests")
 
     def start(self, o: BenchSettings, ctx: BuildContext) -> Workload:
         from runbook.model.tokenizer import chat_counter  # lazy: jinja2 only when agentic sessions run

@@ -127,7 +127,7 @@ class WorkloadType:
     # A request source:
     def build(self, o: BenchSettings, n: int, ctx: BuildContext) -> Workload:
         """`n` requests of the workload `o.workload` selects."""
-        raise InputError(f"--workload {o.workload}: runs sessions as they go; it has no fixed list of requests to build")
+        raise InputError(f"{{workload}} {o.workload}: runs sessions as they go; it has no fixed list of requests to build")
 
     # A session driver:
     def sessions(self, o: BenchSettings, run: Workload, lv: Level, tokenizer: Any) -> LevelLoad:

@@ -57,7 +57,7 @@ class PromptFile(WorkloadType):
         if not path.is_file():
             from runbook.bench.workloads.registry import named  # lazy: the registry imports every workload module, this one too
 
-            raise InputError(f"--workload {o.workload}: not {'|'.join(named())} and not a file")
+            raise InputError(f"{{workload}} {o.workload}: not {'|'.join(named())} and not a file")
         raw, text = read_workload_file(path)
         rows: list[RequestSpec] = []
         for i, line in enumerate(text.splitlines()):
@@ -74,7 +74,7 @@ class PromptFile(WorkloadType):
                                  f"got {type(d).__name__}")
             prompt = d.get("messages") if bool(o.chat) and "messages" in d else d.get("prompt")
             if prompt is None:
-                raise InputError(f"{path}:{i + 1}: needs \"prompt\" (or \"messages\" with --chat)")
+                raise InputError(f"{path}:{i + 1}: needs \"prompt\" (or \"messages\" with {{chat}})")
             mt = d.get("max_tokens", o.output_len)
             n_out = _max_tokens(mt)
             if n_out is None or not 0 < n_out <= 1 << 24:

@@ -61,13 +61,13 @@ def check(o: BenchSettings) -> None:
     wt = resolve(o.workload)
     wt.check(o)
     if o.find_max is not None and wt.own_load:
-        raise InputError(f"--find-max slo varies the load; {wt.own_load}, so it cannot be searched")
+        raise InputError(f"{{find_max}} slo varies the load; {wt.own_load}, so it cannot be searched")
     if o.workers != 1 and wt.one_process:
-        raise InputError(f"--workers N splits fixed-concurrency levels of --requests over N processes; {wt.one_process} "
-                         "run in one process: drop --workers")
+        raise InputError(f"{{workers}} N splits fixed-concurrency levels of {{requests}} over N processes; {wt.one_process} "
+                         "run in one process: drop {workers}")
     if o.compare_url and not wt.paired:
         unpaired = " or ".join(w.name for w in ordered() if not w.paired)
-        raise InputError(f"--compare-url runs the A/B comparison on single requests; it does not take the {unpaired} workloads")
+        raise InputError(f"{{compare_url}} runs the A/B comparison on single requests; it does not take the {unpaired} workloads")
 
 
 def ordered() -> list[WorkloadType]:
@@ -83,7 +83,7 @@ def resolve(ref: str | None) -> WorkloadType:
     for w in WORKLOADS.values():
         if w.fallback:
             return w
-    raise InputError(f"--workload {ref}: not {'|'.join(named())}")
+    raise InputError(f"{{workload}} {ref}: not {'|'.join(named())}")
 
 
 def names() -> list[str]:

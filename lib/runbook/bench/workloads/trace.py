@@ -74,14 +74,14 @@ def build_trace(ref: str, n: int, tokenizer: Any = None, chat: bool = False, ign
                 speed: float = 1.0) -> Workload:
     """Requests of a Mooncake trace with their send offsets (÷ speed); at most n of them."""
     if not (speed > 0 and math.isfinite(speed)):
-        raise InputError(f"--trace-speed must be a positive number (got {speed})")
+        raise InputError(f"{{trace_speed}} must be a positive number (got {speed})")
     if ref == "synthetic":
         raw = resources.files("runbook.corpus").joinpath("data").joinpath(SYNTHETIC_TRACE).read_bytes()
         text, source = raw.decode(), f"corpus {SYNTHETIC_TRACE}"
     else:
         path = Path(ref)
         if not path.is_file():
-            raise InputError(f"--workload trace:{ref}: no such file (a Mooncake JSON Lines trace, an SGLang request dump "
+            raise InputError(f"{{workload}} trace:{ref}: no such file (a Mooncake JSON Lines trace, an SGLang request dump "
                              ".pkl, or trace:synthetic)")
         raw, text = read_workload_file(path, dump_ok=True)
         source = str(path)
@@ -147,7 +147,7 @@ class Trace(WorkloadType):
 
     def check(self, o: BenchSettings) -> None:
         if o.rates:
-            raise InputError("--workload trace:FILE replays the trace's own times; --rate does not apply (use --trace-speed)")
+            raise InputError("{workload} trace:FILE replays the trace's own times; {rates} does not apply (use {trace_speed})")
 
     def build(self, o: BenchSettings, n: int, ctx: BuildContext) -> Workload:
         return build_trace(o.workload[len(self.prefix or ""):], n, ctx.tokenizer, bool(o.chat), ctx.ignore_eos, o.trace_speed)

@@ -101,9 +101,12 @@ def describe(err: Any) -> str:
 _FIELD_REF = re.compile(r"\{([a-z][a-z0-9_]*)\}")
 
 
-def located(model: type[BaseModel], msg: str, cli: bool) -> str:
+def located(model: type[BaseModel], msg: str, cli: bool | None) -> str:
     """A rule's message with each `{field}` it names as its reader knows it: the CLI flag (`--log`), else the
-    notebook parameter (`log_file`). Validators name fields this way, never by a flag's spelling."""
+    notebook parameter (`log_file`). Validators name fields this way, never by a flag's spelling. `cli` None: not
+    known yet (a stage's settings resolved while it runs): left as `{field}` for Stage.input_finding to locate."""
+    if cli is None:
+        return msg
     def name(m: re.Match[str]) -> str:
         field = next((k for k, f in model.model_fields.items() if m.group(1) in (k, f.alias)), None)
         if field is None:   # another stage's setting (bench's, met inside tune): its usual spelling
@@ -136,7 +139,7 @@ def shown(err: Any, echo: bool) -> str:
     return f" (got {got!r})" if isinstance(got, str) and not number else f" (got {got})"
 
 
-def _problem(model: type[BaseModel], e: ValidationError, cli: bool) -> str:
+def _problem(model: type[BaseModel], e: ValidationError, cli: bool | None) -> str:
     """The first error, located by its `loc`: the field it names gives the flag (cli) or the parameter, and
     whether its value may be shown."""
     err = e.errors()[0]
@@ -145,7 +148,7 @@ def _problem(model: type[BaseModel], e: ValidationError, cli: bool) -> str:
     field = next((k for k, f in model.model_fields.items() if name in (k, f.alias)), None)
     if field is None:
         return located(model, describe(err), cli) if not name else f"{name}: not a setting of this stage"
-    where = flag(model, field) if cli else field
+    where = flag(model, field) if cli else "{" + field + "}" if cli is None else field
     return phrase(where, located(model, describe(err), cli) + shown(err, echoes(model.model_fields[field])))
 
 
@@ -154,9 +157,9 @@ def phrase(where: str, msg: str) -> str:
     return f"{where} {msg}" if msg.startswith("must ") else f"{where}: {msg}"
 
 
-def validate(model: type[OptionsT], values: dict[str, Any], cli: bool = False) -> OptionsT:
+def validate(model: type[OptionsT], values: dict[str, Any], cli: bool | None = False) -> OptionsT:
     """The options from explicit values; a bad one is an InputError naming the flag (cli) or the
-    notebook parameter, on one line."""
+    notebook parameter (or, cli None, `{field}` for its reader: `located`), on one line."""
     try:
         return model.model_validate({k: v for k, v in values.items() if v is not None})
     except ValidationError as e:

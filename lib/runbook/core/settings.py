@@ -95,7 +95,7 @@ class Settings(Options):
                 extra = _extra(cls.model_fields[k])
                 where = extra[_SPEC] if isinstance(extra[_SPEC], str) else extra.get(_AT, k)
                 raise InputError(_spec_problem(spec, where, e, base[k])) from None
-            s = validate(cls, merged)   # raises: the value named as its option
+            s = validate(cls, merged, cli=None)   # raises: the value named as `{field}`, located by Stage.input_finding
         return s.derived(spec)
 
     def derived(self: SettingsT, spec: Deployment | None) -> SettingsT:

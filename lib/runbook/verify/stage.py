@@ -5,9 +5,9 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from runbook import kv, service
 from runbook.core import registry, secrets
@@ -15,6 +15,7 @@ from runbook.core.errors import InputError, SpecError
 from runbook.core.findings import Finding
 from runbook.core.options import Options, Url
 from runbook.core.registry import Stage, register
+from runbook.core.settings import Settings, from_spec, options_view
 from runbook.core.spec import Deployment
 from runbook.verify import compare, fleet, logparse, logsource, replan
 from runbook.verify.report import text_table
@@ -218,28 +219,32 @@ def _memory_usage(mem: dict[str, Any], tokens: Any) -> Finding:
     return Finding("verify.server.memory", "info", f"SGLang's memory account: {words}")
 
 
-class VerifyOptions(Options):
+def _since(v: str) -> str:
+    try:
+        logsource.parse_since(v)
+    except ValueError:
+        raise ValueError("must be a time like 2026-01-05 or '2026-01-05 10:30:00'") from None
+    return v.strip()
+
+
+def _server_url(spec: Deployment | None, given: dict[str, Any]) -> str | None:
+    """The spec's own host:port; with replicas none here (fleet.py reads each at its own, the gateway at its own)."""
+    return spec.serving.local_url if spec is not None and not spec.topology.replicas else None
+
+
+class VerifySettings(Settings):
     log_file: str | None = Field(None, alias="log", description="a saved server log (default: the unit's journal)")
     log_dir: str | None = Field(None, description="with a topology: a directory of saved logs, replica-NAME.log per "
                                 "replica and gateway.log (default: each unit's journal)")
     unit: str | None = Field(None, description="systemd unit whose journal to read (default: the spec's systemd.unit_name)")
-    server_url: Url | None = Field(None, alias="url", description="compare /server_info of this server (default: the spec's host:port); "
+    server_url: Url | None = Field(None, alias="url", json_schema_extra=from_spec(_server_url, at="serving"),
+                                   description="compare /server_info of this server (default: the spec's host:port); "
                                    "with a topology: the gateway's URL (default: topology.gateway's)")
-    since: str | None = Field(None, description="read from this time, e.g. '2026-01-05 10:00' (default: the unit's last start)")
-
-    @field_validator("since")
-    @classmethod
-    def _since(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                logsource.parse_since(v)
-            except ValueError:
-                raise ValueError("must be a time like 2026-01-05 or '2026-01-05 10:30:00'") from None
-            return v.strip()
-        return v
+    since: Annotated[str, AfterValidator(_since)] | None = Field(
+        None, description="read from this time, e.g. '2026-01-05 10:00' (default: the unit's last start)")
 
     @model_validator(mode="after")
-    def _one_source(self) -> VerifyOptions:
+    def _one_source(self) -> VerifySettings:
         if self.log_file and self.unit:
             raise ValueError("{log_file} and {unit} are two sources: give one")
         if self.log_dir and (self.log_file or self.unit):
@@ -247,20 +252,24 @@ class VerifyOptions(Options):
         return self
 
 
-def evaluate(spec: Deployment, options: VerifyOptions) -> VerifyReport:
+# The flags and notebook parameters: the settings a user sets, None meaning the spec's value.
+VerifyOptions = options_view(VerifySettings, "VerifyOptions")
+
+
+def evaluate(spec: Deployment, options: Options) -> VerifyReport:
     """The same default as the notebook's: the spec's own host:port (no server there is a skip finding). With
     replicas: each one at its own URL, and the gateway at `server_url` (default: topology.gateway's host:port). An
     error names a setting as `{field}`: the flag on the command line, the parameter in the notebook."""
+    o = VerifySettings.resolve(spec, options)
     if spec.topology.replicas:
-        if options.log_file or options.unit:
+        if o.log_file or o.unit:
             raise InputError(f"{spec.source or 'the spec'}: topology.replicas: each replica has its own log; give "
                              "{log_dir} (replica-NAME.log, gateway.log) or neither (each unit's journal)")
-        found, reps, gw = fleet.assess_topology(spec, assess, options.log_dir, options.server_url, options.since)
+        found, reps, gw = fleet.assess_topology(spec, assess, o.log_dir, o.server_url, o.since)
         return _scrub(VerifyReport(found, "topology", replicas=reps, gateway=gw), spec)
-    if options.log_dir:
+    if o.log_dir:
         raise InputError(f"{{log_dir}}: {spec.source or 'the spec'} declares no topology.replicas; give {{log_file}}")
-    return assess(spec, log=options.log_file, unit=options.unit, url=options.server_url or spec.serving.local_url,
-                  since=options.since)
+    return assess(spec, log=o.log_file, unit=o.unit, url=o.server_url, since=o.since)
 
 
 def text(rep: VerifyReport) -> str:

@@ -15,6 +15,7 @@ from runbook.core.fsutil import write_output
 from runbook.core.numeric import number
 from runbook.core.options import Options, PosFloat, Url
 from runbook.core.registry import Outcome, Stage, register
+from runbook.core.settings import Settings, options_view
 from runbook.core.spec import Deployment
 from runbook.service import gateway, kubernetes
 from runbook.service.check import check
@@ -65,43 +66,50 @@ def assess(spec: Deployment, args: dict[str, Any] | None = None, installed: str 
                          plan.steps, rows, server)
 
 
-class ServiceOptions(Options):
-    action: Literal["render", "check", "diff", "install", "drift", "k8s", "report"] | None = Field(
-        None, description="report (default): check + diff + install plan + drift, what 30_service shows",
+class ServiceSettings(Settings):
+    action: Literal["render", "check", "diff", "install", "drift", "k8s", "report"] = Field(
+        "report", description="report: check + diff + install plan + drift, what 30_service shows",
         json_schema_extra={"positional": "ACTION"})
-    args: list[str] | None = Field(None, alias="arg", description="add or override one SGLang flag, NAME=VALUE "
-                                   "(what-if; default: the spec's flags as they are)",
+    args: list[str] = Field([], alias="arg", description="add or override one SGLang flag, NAME=VALUE "
+                            "(what-if; default: the spec's flags as they are)",
                             json_schema_extra={"metavar": "NAME=VALUE", "each": True})   # a value may hold commas
     installed_unit: str | None = Field(None, alias="installed", description="diff, report: the installed unit "
                                           "(default: systemd.unit_path or /etc/systemd/system/<name>.service)")
     server_url: Url | None = Field(None, alias="url",
                                    description="drift, report: server base URL (default: http://host:port from the spec)")
+    # None in the next four: each unit's own (its installed path, its host:port, ...), worked out per unit.
     # The settings of the verb's other actions (render, k8s, install) are no parameter of notebook 30 ("notebook": False).
     out: str | None = Field(None, description="render: write the unit here (a directory when the spec renders more than "
                             "one unit: node ranks, replicas, the gateway); k8s: write the manifests here (a directory)",
                             json_schema_extra={"notebook": False})
-    image: str | None = Field(None, description="k8s: the SGLang container image (default lmsysorg/sglang:v<SGLang version>)",
+    image: str = Field(kubernetes.DEFAULT_IMAGE, description="k8s: the SGLang container image",
                               json_schema_extra={"notebook": False})
     gateway_image: str | None = Field(None, description="k8s: the gateway's container image, holding its wheel "
                                       "(default: --image)", json_schema_extra={"notebook": False})
-    yes: bool | None = Field(None, description="install: really do it (default: dry run)",
+    yes: bool = Field(False, description="install: really do it (default: dry run)",
                              json_schema_extra={"switch": True, "notebook": False})
     root: str | None = Field(None, description="install: prefix for the unit path (testing, chroots)",
                              json_schema_extra={"notebook": False})
-    systemctl: str | None = Field(None, description="install: systemctl command to use", json_schema_extra={"notebook": False})
+    systemctl: str = Field("systemctl", description="install: systemctl command to use", json_schema_extra={"notebook": False})
     ready_url: Url | None = Field(None, description="install: readiness URL (default: http://host:port + systemd.ready_path)",
                                   json_schema_extra={"notebook": False})
     ready_timeout: PosFloat | None = Field(None, description="install: readiness timeout (default: systemd.timeout_start_sec)",
                                          json_schema_extra={"notebook": False})
 
 
-def evaluate(spec: Deployment, options: ServiceOptions) -> ServiceReport:
-    return assess(spec, parse_args(options.args or []), options.installed_unit, options.server_url)
+# The flags and notebook parameters: the settings a user sets, None meaning the default (each unit's own where it is).
+ServiceOptions = options_view(ServiceSettings, "ServiceOptions")
 
 
-def _render(spec: Deployment, o: ServiceOptions) -> Outcome:
+def evaluate(spec: Deployment, options: Options) -> ServiceReport:
+    s = ServiceSettings.resolve(spec, options)
+    return assess(spec, parse_args(s.args), s.installed_unit, s.server_url)
+
+
+def _render(spec: Deployment, options: Options) -> Outcome:
     """The unit files: written under --out (a line on stderr each), else printed; --json lists them."""
-    units = all_units(spec, parse_args(o.args or []))
+    o = ServiceSettings.resolve(spec, options)
+    units = all_units(spec, parse_args(o.args))
     if o.out:
         out = Path(o.out)
         for u in units:
@@ -112,24 +120,27 @@ def _render(spec: Deployment, o: ServiceOptions) -> Outcome:
                    shown="" if o.out else "\n".join(u.text for u in units), listed=False)
 
 
-def _check(spec: Deployment, o: ServiceOptions) -> Outcome:
-    return Outcome(check(spec, parse_args(o.args or []))[1], {})
+def _check(spec: Deployment, options: Options) -> Outcome:
+    o = ServiceSettings.resolve(spec, options)
+    return Outcome(check(spec, parse_args(o.args))[1], {})
 
 
-def _diff(spec: Deployment, o: ServiceOptions) -> Outcome:
+def _diff(spec: Deployment, options: Options) -> Outcome:
     """The diff against the installed unit, printed in place of the findings when there is one."""
-    unit = local_units(spec, parse_args(o.args or []), one=o.installed_unit is not None)[0]
+    o = ServiceSettings.resolve(spec, options)
+    unit = local_units(spec, parse_args(o.args), one=o.installed_unit is not None)[0]
     text, rows, findings = diff(unit, Path(o.installed_unit or unit_path(spec, unit)))
     return Outcome(findings, {"diff": text, "changes": rows}, shown=text + "\n" if text else None)
 
 
-def _install(spec: Deployment, o: ServiceOptions) -> Outcome:
+def _install(spec: Deployment, options: Options) -> Outcome:
     """This host's units (the one server's; with a topology, the replicas, node ranks and gateway placed on it)."""
+    o = ServiceSettings.resolve(spec, options)
     findings: list[Any] = []
     data: dict[str, Any] = {"steps": [], "rolled_back": False, "backup": None}
-    for unit in local_units(spec, parse_args(o.args or []), one=o.ready_url is not None):
+    for unit in local_units(spec, parse_args(o.args), one=o.ready_url is not None):
         res = install(spec, unit, dry_run=not o.yes, root=Path(o.root) if o.root else None,
-                      systemctl=o.systemctl.split() if o.systemctl else ("systemctl",), ready_url=o.ready_url,
+                      systemctl=o.systemctl.split() or ["systemctl"], ready_url=o.ready_url,
                       ready_timeout=o.ready_timeout, log=lambda m: print(m, file=sys.stderr))
         findings += res.findings
         data["steps"] += res.steps
@@ -140,10 +151,11 @@ def _install(spec: Deployment, o: ServiceOptions) -> Outcome:
     return Outcome(findings, data)
 
 
-def _k8s(spec: Deployment, o: ServiceOptions) -> Outcome:
+def _k8s(spec: Deployment, options: Options) -> Outcome:
     """Kubernetes manifests from the spec: validated against the schemas, their commands by the programs' parsers;
     written to --out DIR/<name>.yaml, else printed."""
-    docs = kubernetes.manifests(spec, o.image or kubernetes.DEFAULT_IMAGE, o.gateway_image)
+    o = ServiceSettings.resolve(spec, options)
+    docs = kubernetes.manifests(spec, o.image, o.gateway_image)
     findings = kubernetes.validate(docs) + kubernetes.check_commands(spec, docs)
     text = kubernetes.to_yaml(spec, docs)
     target = None
@@ -159,8 +171,9 @@ def _k8s(spec: Deployment, o: ServiceOptions) -> Outcome:
                    shown=None if o.out else text)
 
 
-def _drift(spec: Deployment, o: ServiceOptions) -> Outcome:
-    rows, findings, info = drift_all(spec, o.server_url, parse_args(o.args or []))
+def _drift(spec: Deployment, options: Options) -> Outcome:
+    o = ServiceSettings.resolve(spec, options)
+    rows, findings, info = drift_all(spec, o.server_url, parse_args(o.args))
     return Outcome(findings, {"differences": rows, "server": info})
 
 

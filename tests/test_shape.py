@@ -14,7 +14,8 @@ from conftest import REPO
 from pydantic import Field
 
 from runbook.core import registry
-from runbook.core.options import Options
+from runbook.core.options import Options, marks
+from runbook.core.settings import settings_of
 from runbook.runner import paramcell
 
 NOTEBOOKS = REPO / "notebooks"
@@ -41,6 +42,8 @@ def departures(stage: registry.Stage, nb: dict[str, Any], package: Any) -> list[
     if list(inspect.signature(stage.evaluate).parameters)[:2] != ["spec", "options"] or \
             len(inspect.signature(stage.evaluate).parameters) != 2:
         out.append("evaluate is not evaluate(spec, options)")
+    if settings_of(stage.options) is None and not all(marks(f).get("spec_less") for f in stage.options.model_fields.values()):
+        out.append("the options are not a view of a settings model (options_view): no one merge with the spec")
     for name, f in stage.options.model_fields.items():
         if f.get_default(call_default_factory=True) is not None:
             out.append(f"option {name} has a default other than None (unset; the real default lives in the settings)")
@@ -68,6 +71,10 @@ def departures(stage: registry.Stage, nb: dict[str, Any], package: Any) -> list[
 @pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
 def test_every_stage_has_the_one_shape(stage):
     assert departures(stage, _notebook(stage), importlib.import_module(f"runbook.{stage.package}")) == []
+
+
+class _Hand(Options):
+    tp: int | None = Field(None, description="tensor parallel size (default: the spec's)")
 
 
 class _WithDefault(Options):
@@ -102,7 +109,8 @@ class _Bare:
     ({}, _guarded, None, "a cell guards on the report: 'p'"),
     ({}, _stale, None, "the parameters cell is not what make notebook-params generates"),
     ({}, None, _Bare, "the package does not export assess"),
-], ids=["non-None default", "evaluate signature", "guard", "stale cell", "no assess"])
+    ({"options": _Hand}, None, None, "the options are not a view of a settings model"),
+], ids=["non-None default", "evaluate signature", "guard", "stale cell", "no assess", "options by hand"])
 def test_each_departure_is_named(plant, nb_change, package, expected):
     kv = registry.get("kv_memory")
     stage = replace(kv, **plant)

@@ -144,4 +144,13 @@ def options_view(settings: type[Options], name: str, help: dict[str, str] | None
                              settings.__pydantic_decorators__.model_validators.items() if d.info.mode == "after"}
     model = create_model(name, __base__=Options, __doc__=f"{settings.__name__}'s settings as options: None is unset.",
                          __module__=settings.__module__, __validators__=rules, **fields)
+    _VIEWS[model] = settings
     return cast(type[Options], model)
+
+
+_VIEWS: dict[type, type[Options]] = {}
+
+
+def settings_of(options: type[Options]) -> type[Options] | None:
+    """The settings model an options model is the view of (None: options made by hand)."""
+    return _VIEWS.get(options)

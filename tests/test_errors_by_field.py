@@ -51,3 +51,6 @@ def test_an_error_the_stage_raises_names_the_parameter_in_the_notebook_and_the_f
     assert registry.get("verify").input_finding(err, cli=True).detail == (
         "--log-dir: the spec declares no topology.replicas; give --log")
     assert registry.get("verify").input_finding(err).detail == "log_dir: the spec declares no topology.replicas; give log_file"
+    # read as text by a library caller: the Python names it passes; a unit's ${var} is no field
+    assert str(err) == "log_dir: the spec declares no topology.replicas; give log_file"
+    assert str(InputError("ExecStart=${args} in {unit}")) == "ExecStart=${args} in unit"

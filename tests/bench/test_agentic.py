@@ -147,11 +147,11 @@ def test_think_time_fixed_and_exponential(server):
 
 
 def test_agentic_refuses_what_it_cannot_measure():
-    with pytest.raises(InputError, match=r"\{rates\}"):
+    with pytest.raises(InputError, match=r"\brates\b"):
         bench.run(opts("http://127.0.0.1:9", rates=[2.0]))
-    with pytest.raises(InputError, match="{think_dist} must be 'fixed' or 'exp'"):
+    with pytest.raises(InputError, match="think_dist must be 'fixed' or 'exp'"):
         BenchSettings.resolve(None, think_dist="pareto")
-    with pytest.raises(InputError, match=r"\{compare_url\}"):
+    with pytest.raises(InputError, match=r"\bcompare_url\b"):
         bench.run(opts("http://127.0.0.1:9", compare_url="http://127.0.0.1:8"))
 
 

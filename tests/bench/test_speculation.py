@@ -169,7 +169,7 @@ def test_the_baseline_url_needs_the_study():
     from runbook.bench.settings import BenchSettings
     from runbook.core.errors import InputError
 
-    with pytest.raises(InputError, match="add {speculation}"):
+    with pytest.raises(InputError, match="add speculation"):
         BenchSettings.resolve(None, url="http://127.0.0.1:1", speculation_baseline_url="http://127.0.0.1:2")
     s = BenchSettings.resolve(None, url="http://127.0.0.1:1", speculation=True, speculation_baseline_url="http://127.0.0.1:2")
     assert s.speculation_contexts == [256, 1024] and s.speculation_requests == 3

@@ -90,5 +90,5 @@ def test_trace_speed_and_cli(fast, tmp_path):
     (lv,) = doc["levels"]
     assert lv["label"] == "trace-x4" and lv["completed"] == 10 and doc["trace_speed"] == 4
     assert 0.2 <= lv["window_s"] < 0.6                       # 0.9 s of trace at ×4, plus the last response
-    with pytest.raises(InputError, match=r"\{rates\}"):
+    with pytest.raises(InputError, match=r"rates"):
         bench.run(BenchSettings(url=fast.url, workload=f"trace:{p}", rates=[1.0]))

@@ -54,7 +54,7 @@ def test_shares_and_refusals():
 
 
 def test_unknown_transport_is_an_input_error():
-    with pytest.raises(InputError, match="{transport} must be one of h1, aiohttp"):
+    with pytest.raises(InputError, match="transport must be one of h1, aiohttp"):
         workloads.check(BenchSettings.resolve(None, url="http://127.0.0.1:9", transport="h2"))
 
 

@@ -157,7 +157,7 @@ def test_a_session_driver_registers_in_code(fresh_registry, server):
             return workloads.LevelLoad([RequestSpec(-1, "warm", 1, None, True)], False, drive)
 
     workloads.register(Pairs())
-    with pytest.raises(InputError, match=r"pair sessions run in one process: drop \{workers\}"):
+    with pytest.raises(InputError, match=r"pair sessions run in one process: drop workers"):
         workloads.check(BenchSettings.resolve(None, url=server.url, workload="pairs", workers=2))
     with pytest.raises(InputError, match="does not take the agentic or trace or pairs workloads"):
         workloads.check(BenchSettings.resolve(None, url=server.url, workload="pairs", compare_url=server.url))

@@ -110,7 +110,7 @@ def _expected_plot(root, tp: int, kv_dtype: str, frac: float) -> bytes:
     from runbook.kv import report as kvreport
 
     d = spec.load(root / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml")
-    p = kvplan.plan(d, None, tp=tp, kv_dtype=kv_dtype, mem_fraction_static=frac, context_len=262144, contexts=(262144,))
+    p = kvplan.assess(d, None, tp=tp, kv_dtype=kv_dtype, mem_fraction_static=frac, context_len=262144, contexts=(262144,))
     return plots.png(kvreport.plot_memory(p))
 
 

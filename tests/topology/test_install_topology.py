@@ -30,5 +30,5 @@ def test_a_host_the_spec_places_nothing_on_is_refused():
 
 def test_one_unit_options_with_several_units_here_are_refused():
     d = loopback([30001, 30002], 30003)
-    with pytest.raises(InputError, match=r"\{installed_unit\} and \{ready_url\} name one unit"):
+    with pytest.raises(InputError, match=r"installed_unit and ready_url name one unit"):
         local_units(d, one=True, here={"127.0.0.1"})

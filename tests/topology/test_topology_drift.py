@@ -62,7 +62,7 @@ def test_no_gateway_and_no_replicas_are_skips_not_passes():
 
 
 def test_url_with_replicas_is_refused_in_one_line():
-    with pytest.raises(InputError, match=r"^\{server_url\}: this deployment declares topology.replicas"):
+    with pytest.raises(InputError, match=r"^server_url: this deployment declares topology.replicas"):
         drift_all(loopback([9, 10], 11), "http://127.0.0.1:9")
 
 

@@ -52,7 +52,7 @@ def test_candidates_reference_first_grid_expanded_and_selected():
                                     "page-size=32,disable-radix-cache=off", "page-size=64,disable-radix-cache=on",
                                     "page-size=64,disable-radix-cache=off"]
     assert [c.name for c in candidates.select(cs, ["mtp"])] == ["reference", "mtp"]
-    with pytest.raises(InputError, match=r"\{candidates\} nope: no such candidate"):
+    with pytest.raises(InputError, match=r"candidates nope: no such candidate"):
         candidates.select(cs, ["nope"])
     applied = candidates.apply(dep, cs[2]).serving.flags
     assert "enable-metrics" not in applied and applied["kv-cache-dtype"] == "bf16"

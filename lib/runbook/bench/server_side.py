@@ -75,7 +75,9 @@ def histogram_deltas(before: dict[str, float] | None, after: dict[str, float] | 
 
 
 def counter_deltas(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
-    """COUNTERS' changes over the level, summed over label sets; a counter the server does not have is absent."""
+    """COUNTERS' changes over the level, summed over label sets; a counter the server does not have is absent.
+    SGLang creates `cached_tokens_total`'s series at the first cache hit (metrics_collector.py, `if cached_tokens >
+    0`): a server that counts requests but shows no such series has cached nothing yet, 0, not unknown."""
     if not before or not after:
         return {}
     names = {v: k for k, v in COUNTERS.items()}
@@ -84,6 +86,8 @@ def counter_deltas(before: dict[str, float] | None, after: dict[str, float] | No
         name, _ = _split(key)
         if name in names:
             out[names[name]] = out.get(names[name], 0.0) + v - before.get(key, 0.0)
+    if "requests" in out:
+        out.setdefault("cached_tokens", 0.0)
     return out
 
 

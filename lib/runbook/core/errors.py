@@ -7,10 +7,23 @@
      ├── LockHeld         another run holds the deployment's lock (CLI exit 75)
      └── SafetyStop       a change to what serves production that the operator has not allowed (CLI exit 77)
 """
+import re
+
+# A setting a message names as `{field}` (core/options.py `located`: the flag on the command line, the parameter in
+# a notebook); not a shell's or a unit's `${VAR}`.
+FIELD_REF = re.compile(r"(?<!\$)\{([a-z][a-z0-9_]*)\}")
 
 
 class RunbookError(Exception):
-    """Base of every error the runbook raises on purpose."""
+    """Base of every error the runbook raises on purpose. Its text names each setting by its Python name (what a
+    library caller passes); `template` keeps the `{field}` marks for Stage.input_finding to locate."""
+
+    @property
+    def template(self) -> str:
+        return super().__str__()
+
+    def __str__(self) -> str:
+        return FIELD_REF.sub(r"\1", self.template)
 
 
 class SpecError(RunbookError):

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
-from runbook.core.errors import InputError
+from runbook.core.errors import FIELD_REF, InputError
 
 # Every number a user gives (spec, flag, notebook parameter) is finite: nan compares false with every bound
 # and inf turns the arithmetic absurd. Models and adapters take this config; FiniteFloat carries it where
@@ -98,9 +98,6 @@ def describe(err: Any) -> str:
     return template.format(**{k: v for k, v in ctx.items()}) if ctx else template.split(" {")[0]
 
 
-_FIELD_REF = re.compile(r"\{([a-z][a-z0-9_]*)\}")
-
-
 def located(model: type[BaseModel], msg: str, cli: bool | None) -> str:
     """A rule's message with each `{field}` it names as its reader knows it: the CLI flag (`--log`), else the
     notebook parameter (`log_file`). Validators name fields this way, never by a flag's spelling. `cli` None: not
@@ -112,7 +109,7 @@ def located(model: type[BaseModel], msg: str, cli: bool | None) -> str:
         if field is None:   # another stage's setting (bench's, met inside tune): its usual spelling
             return "--" + m.group(1).replace("_", "-") if cli else m.group(1)
         return flag(model, field) if cli else field
-    return _FIELD_REF.sub(name, msg)
+    return FIELD_REF.sub(name, msg)
 
 
 def marks(f: FieldInfo) -> dict[str, Any]:

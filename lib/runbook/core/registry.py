@@ -122,7 +122,7 @@ class Stage:
         """The one finding an input the stage could not use becomes (a missing file, a bad value), `<verb>.input`:
         the notebook records it and completes; the CLI prints its detail as its error line. A `{field}` the error names
         is the flag on the command line (`cli`), else the notebook's parameter (core/options.py `located`)."""
-        detail = located(self.options, " ".join(str(err).split()), cli)
+        detail = located(self.options, " ".join(err.template.split()), cli)
         return Finding(f"{self.verb}.input", "fail", f"could not run the {self.verb} checks", detail=detail,
                        remedy="Fix the file or field named above and run the notebook again.")
 

@@ -34,16 +34,18 @@ def main() -> int:
         spec = fleet.spec
         plan = kv_plan(spec)
         topo = plan.topology or {}
-        print("## plan per replica beside each live pool")
+        rep = verify.evaluate(spec, verify.VerifyOptions(log_dir=str(log_dir)))
+        seen = {r["name"]: r for r in rep.data()["replicas"]}
+        print("## plan per replica beside each live pool (/server_info; running requests from its log)")
         print("| replica | url | planned max_total_num_tokens | live max_total_num_tokens | planned running | live running |")
         print("|---|---|---|---|---|---|")
         for row in topo.get("replicas", []):
             info = fetch_json(row["url"] + "/server_info", timeout=10)
+            observed = seen.get(row["name"], {}).get("observed") or {}
             print(f"| {row['name']} | {row['url']} | {row.get('max_total_num_tokens')} | {info.get('max_total_num_tokens')} | "
-                  f"{row.get('max_running_requests')} | {info.get('max_running_requests')} |")
+                  f"{row.get('max_running_requests')} | {observed.get('max_running_requests')} |")
         print(f"total: {topo.get('total')}\npolicy: {topo.get('policy_note')}\n")
 
-        rep = verify.evaluate(spec, verify.VerifyOptions(log_dir=str(log_dir)))
         print("## gateway verify")
         for f in rep.findings:
             if f.id.startswith(("verify.gateway", "verify.replica")):
@@ -52,7 +54,10 @@ def main() -> int:
 
         o = BenchSettings.resolve(spec, **SESSIONS)
         res, found = policies.compare_policies(["cache_aware", "round_robin"], topology.relauncher(fleet, log_dir), o)
-        print("## cache hits per agentic turn through the gateway (8 sessions x 3 turns, concurrency 4)")
+        (c,) = SESSIONS["concurrency"]
+        sessions = max(c, -(-SESSIONS["requests"] // SESSIONS["turns"]))   # as the agentic workload plans them
+        print(f"## cache hits per agentic turn through the gateway ({sessions} sessions x {SESSIONS['turns']} turns, "
+              f"concurrency {c})")
         print("| policy | turn 1 | turn 2 | turn 3 | turns 2+ | requests per replica |")
         print("|---|---|---|---|---|---|")
         for p in res["policies"]:

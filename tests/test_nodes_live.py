@@ -47,20 +47,32 @@ def nodes_server(tmp_path_factory):
     from runbook.service.render import render
 
     d = tmp_path_factory.mktemp("nodes")
-    port, rank1_port, init_port = ports.free_port(), ports.free_port(), ports.free_port()
     path = d / "nodes.yaml"
-    path.write_text(yaml.safe_dump(nodes_spec_data(port, rank1_port, init_port), sort_keys=False))
-    spec = specmod.load(path)
-    units = render(spec)
-    servers = []
+
+    def start(port: int):
+        """Both ranks on fresh ports; a rank that failed takes the other down with it, so a relaunch starts clean."""
+        path.write_text(yaml.safe_dump(nodes_spec_data(port, ports.free_port(), ports.free_port()), sort_keys=False))
+        spec = specmod.load(path)
+        units = render(spec)
+        servers = []
+        try:
+            for u in units:
+                env = unitfile.environment(unitfile.parse(u.text))       # the unit's Environment= lines, as systemd reads them
+                rank_port = int(u.argv[u.argv.index("--port") + 1])
+                dep = spec.model_copy(update={"serving": spec.serving.model_copy(update={"port": rank_port, "env": {}})})
+                servers.append(demo.launch(dep, argv=u.argv, env=env, log_path=d / f"rank{u.rank}.log"))
+            for s in servers:           # rank 1's /health (its stand-in listener) answers once its scheduler is up
+                demo.wait_ready(s, 300)
+        except BaseException:
+            for s in servers:
+                s.stop()
+            raise
+        return spec, units, servers
+
+    # a rank whose port another process took during its start-up: both relaunched on other ports (core/ports.py)
+    (spec, units, servers), _ = ports.relaunching(
+        start, ports.free_port(), failed_log=lambda e: e.log.read_text(errors="replace") if isinstance(e, demo.Exited) else None)
     try:
-        for u in units:
-            env = unitfile.environment(unitfile.parse(u.text))       # the unit's Environment= lines, as systemd reads them
-            rank_port = int(u.argv[u.argv.index("--port") + 1])
-            dep = spec.model_copy(update={"serving": spec.serving.model_copy(update={"port": rank_port, "env": {}})})
-            servers.append(demo.launch(dep, argv=u.argv, env=env, log_path=d / f"rank{u.rank}.log"))
-        for s in servers:           # rank 1's /health (its stand-in listener) answers once its scheduler is up
-            demo.wait_ready(s, 300)
         yield path, spec, servers[0], servers[1], units
     finally:
         for s in servers:           # rank 0 first: its shutdown stops every TP rank

@@ -29,7 +29,7 @@ SESSIONS = {"workload": "agentic", "concurrency": [4], "requests": 8, "turns": 3
 
 def main() -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="topology-figures-"))
-    fleet = topology.start(topology.deployment(2, policy="cache_aware"), log_dir)
+    fleet = topology.launch(log_dir, policy="cache_aware")
     try:
         spec = fleet.spec
         plan = kv_plan(spec)

@@ -127,7 +127,7 @@ def gateway_fleet(tmp_path_factory):
     from its rendered unit's ExecStart (runbook.demo.topology), policy cache_aware; shared by the session."""
     from runbook.demo import topology
 
-    fleet = topology.start(topology.deployment(2), tmp_path_factory.mktemp("fleet"))
+    fleet = topology.launch(tmp_path_factory.mktemp("fleet"))
     yield fleet
     fleet.stop()
 

@@ -50,7 +50,7 @@ def test_the_benchmark_runs_through_the_gateway_and_reads_each_replica(gateway_f
 @pytest.fixture(scope="module")
 def own_fleet(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("own-fleet")
-    fleet = topology.start(topology.deployment(2, policy="round_robin"), log_dir)
+    fleet = topology.launch(log_dir, policy="round_robin")
     yield fleet, log_dir
     fleet.stop()
 

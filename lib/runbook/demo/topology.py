@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runbook.core import paths
+from runbook.core import paths, ports
 from runbook.core.spec import Deployment
 from runbook.demo import sglang
 from runbook.demo.sglang import EngineError, SGLangServer
@@ -153,6 +153,19 @@ def start(dep: Deployment, log_dir: Path) -> Fleet:
     except BaseException:
         fleet.stop()
         raise
+    return fleet
+
+
+def launch(log_dir: Path, replicas: int = 2, policy: str = "cache_aware") -> Fleet:
+    """A fleet on free ports (`deployment`), started (`start`). A replica whose port another process took during its
+    start-up relaunches the fleet on other free ports (core/ports.py `relaunching`), as tune does its candidates."""
+    def attempt(_port: int) -> Fleet:
+        return start(deployment(replicas, policy=policy), log_dir)
+
+    def failed_log(e: BaseException) -> str | None:
+        return e.log.read_text(errors="replace") if isinstance(e, sglang.Exited) else None
+
+    fleet, _ = ports.relaunching(attempt, sglang.free_port(), failed_log=failed_log)
     return fleet
 
 

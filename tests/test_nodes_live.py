@@ -70,8 +70,7 @@ def nodes_server(tmp_path_factory):
         return spec, units, servers
 
     # a rank whose port another process took during its start-up: both relaunched on other ports (core/ports.py)
-    (spec, units, servers), _ = ports.relaunching(
-        start, ports.free_port(), failed_log=lambda e: e.log.read_text(errors="replace") if isinstance(e, demo.Exited) else None)
+    (spec, units, servers), _ = ports.relaunching(start, ports.free_port(), failed_log=demo.exited_log)
     try:
         yield path, spec, servers[0], servers[1], units
     finally:

@@ -125,6 +125,12 @@ class Exited(EngineError):
         self.log = log
 
 
+def exited_log(e: BaseException) -> str | None:
+    """The log of a server that exited during start-up (`Exited`), for core/ports.py `relaunching` to read whether
+    it lost its port; None for any other failure."""
+    return e.log.read_text(errors="replace") if isinstance(e, Exited) and e.log.is_file() else None
+
+
 def serving_python() -> Path:
     """The interpreter that runs SGLang: $RUNBOOK_SERVING_PYTHON (set by `make test`), else the demo spec's
     (the checkout's .venv-serving)."""
@@ -356,16 +362,13 @@ def start(dep: Deployment | None = None, *, port: int | None = None, flags: Mapp
             raise
         return srv
 
-    def failed_log(e: BaseException) -> str | None:
-        return e.log.read_text(errors="replace") if isinstance(e, Exited) and e.log.is_file() else None
-
     def keep(c: ports.Collision) -> None:     # the lost attempt's log beside the next one's
         if log_path is not None and c.relaunched_on is not None:
             with contextlib.suppress(OSError):
                 os.replace(log_path, log_path.with_name(f"{log_path.stem}.port{c.port}{log_path.suffix}"))
 
     try:
-        srv, collisions = ports.relaunching(once, dep.serving.port, failed_log=failed_log, host=dep.serving.host,
+        srv, collisions = ports.relaunching(once, dep.serving.port, failed_log=exited_log, host=dep.serving.host,
                                             attempts=0 if argv is not None else relaunch, on_collision=keep)
     except ports.PortsTaken as e:
         raise EngineError(f"SGLang was not started: {e}") from None

@@ -162,10 +162,7 @@ def launch(log_dir: Path, replicas: int = 2, policy: str = "cache_aware") -> Fle
     def attempt(_port: int) -> Fleet:
         return start(deployment(replicas, policy=policy), log_dir)
 
-    def failed_log(e: BaseException) -> str | None:
-        return e.log.read_text(errors="replace") if isinstance(e, sglang.Exited) else None
-
-    fleet, _ = ports.relaunching(attempt, sglang.free_port(), failed_log=failed_log)
+    fleet, _ = ports.relaunching(attempt, sglang.free_port(), failed_log=sglang.exited_log)
     return fleet
 
 

@@ -28,12 +28,14 @@ def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, rea
         scoring.check_fits(real_sglang.url, 8193)
     ref = kldprobe.measure_reference(s, wins, real_sglang.url)
     # The same BF16 server, the same positions at other shapes (chunks over a cached prefix vs one pass; two windows
-    # at once): BF16 rounding alone moves the distribution, measured here at ~0.0015 nats and ~97 % same top-1 (the
-    # small model's near-ties flip) — below Q6_K weights' shift.
+    # at once): BF16 rounding alone moves the distribution, measured here at ~0.0015 nats. What the sample guarantees,
+    # not a point estimate's side of a line: a KLD is never negative, and the floor's interval stays below the shift
+    # that fails a candidate (else nothing could be measured above it). Same top-1 between two BF16 passes is not
+    # gated (vLLM's FP8-KV study, PR 54705: ill-posed; the small model's near-ties flip either way).
     for name, floor in ref.floors.items():
         o = floor.overall
         assert o["positions"] == WINDOWS * (TOKENS - 1), name
-        assert 0 <= o["kld_mean"] < 0.005 and o["same_top1"] > 0.95, (name, o)
+        assert 0 <= o["kld_mean"] and o["kld_ci"][1] < kld.FAIL_KLD, (name, o)
     # a trained model on real code: perplexity is a meaningful number, far below the vocabulary's 49,152
     assert 1.5 < ref.floors["second_pass"].overall["ppl_ref"] < 30
 
@@ -41,9 +43,14 @@ def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, rea
     floor = ref.floors[ref.floor_used]
     v = kld.judge(result, floor)
     o = result.overall
-    assert v.excess_ci[0] > 0, (o, v)                          # measurable: every window above the floor
-    assert o["kld_mean"] > 3 * floor.overall["kld_mean"]             # measured: ~0.009 against ~0.0015
-    assert o["same_top1"] < 1 and o["ppl_ratio"] > 1
+    # measurable, and by more than Q8_0 moves a model: the paired interval's lower bound (every window's excess over
+    # the floor; ~0.0075 nats measured) clears PASS_KLD, so the verdict cannot be pass. PPL ratio and same top-1 are
+    # reported, not gated: over 2 × 1,024 tokens their direction is noise's (CI once saw a PPL ratio of 0.99983).
+    assert v.excess_ci[0] > kld.PASS_KLD, (o, v)
+    assert o["ppl_ratio"] == pytest.approx(o["ppl_cand"] / o["ppl_ref"])
     assert [(b["from"], b["to"]) for b in result.by_depth] == [(1, 128), (128, 512), (512, 1024)]
     f = kldprobe.findings(ref, result, "KV cache dtype: auto vs fp8_e4m3")[1]
     assert f.status == v.status != "pass" and "fp8_e4m3" in f.title
+    print(f"\nfloor {floor.overall['kld_mean']:.5f} {floor.overall['kld_ci']}, fp8 excess {v.excess_kld:.5f} {v.excess_ci}, "
+          f"windows {result.sums['kld'].sum(axis=1) / result.sums['count'].sum(axis=1)}, ppl ratio {o['ppl_ratio']:.5f}, "
+          f"same top-1 {o['same_top1']:.4f}")

@@ -83,8 +83,13 @@ def test_ttft_and_tpot_beside_the_servers_own_histograms(sglang_server):
     assert s["output_tokens_client"] == s["output_tokens"] == 12 * 32 and s["count_sources"] == ["usage"]
     rows = {r["metric"]: r for r in server_side.beside(s)}
     assert set(rows) == {"TTFT", "TPOT", "ITL", "E2E"} and rows["TTFT"]["server_n"] == rows["TPOT"]["server_n"] == 12
-    assert rows["TTFT"]["ours_mean_ms"] >= rows["TTFT"]["server_mean_ms"] - 0.5, rows["TTFT"]
-    assert 0.8 <= rows["TPOT"]["ratio_mean"] <= 1.25, rows["TPOT"]
+    d_ttft = rows["TTFT"]["ours_mean_ms"] - rows["TTFT"]["server_mean_ms"]
+    d_e2e = rows["E2E"]["ours_mean_ms"] - rows["E2E"]["server_mean_ms"]
+    assert d_ttft >= -0.5 and d_e2e >= -0.5, rows                   # causality, within the clocks' resolution
+    # Each request's decode span differs between the two ends by its last token's delay minus its first's, each at
+    # least 0 and at most that request's E2E and TTFT excess: so, over 31 intervals, 31 × ΔTPOT lies in
+    # [−ΔTTFT, ΔE2E] — a bound from the arithmetic, not from how busy the machine was (a ratio gate was).
+    assert -d_ttft - 1 <= 31 * (rows["TPOT"]["ours_mean_ms"] - rows["TPOT"]["server_mean_ms"]) <= d_e2e + 1, rows
     assert rows["ITL"]["server_n"] == 12 * 31                                        # one interval per token after the first
     f = next(f for f in res.findings if f.id == "bench.server_side.c4")
     assert "TTFT mean ours" in f.title and "server" in f.title
@@ -94,17 +99,22 @@ def test_ttft_and_tpot_beside_the_servers_own_histograms(sglang_server):
 
 def test_output_rate_beside_sglangs_own_client(sglang_server):
     """`sglang.benchmark.serving` and our bench on the same server at the same time, the same work at concurrency 4
-    each: the same tokens counted, and output tok/s within 0.8–1.25 of each other (the median of three such runs).
-    Run alone, one after the other, the two vary several-fold on a busy 2-core machine; run together, the
-    machine's load falls on both. A client that miscounted tokens, or timed its window wrong, is off by more."""
+    each: the same tokens counted, and each client's window bounded by its own requests — at least its longest
+    request (our max, SGLang's p99), at most their summed latencies (a closed loop always has one in flight). A
+    client that miscounted tokens, or timed its window wrong, fails here. Their output tok/s ratio is a speed
+    figure, measured and printed by benchmarks/sglang_side_by_side.py, not gated: two clients sharing two busy cores
+    split them as the scheduler likes."""
     with reference.SGLangClient(sglang_server.spec.serving.python) as sg:
-        runs = [reference.side_by_side(sg, sglang_server.url, sglang_server.model_dir, [4], requests=12, input_len=128,
-                                       output_len=32, seed=k, together=True)[0] for k in range(3)]
-    rows = [r.row() for r in runs]
-    for row in rows:
-        assert row["ours_output_tokens"] == [12 * 32] and row["sglang_output_tokens"] == [12 * 32], row
-    ratios = sorted(row["ratio"] for row in rows)
-    assert 0.8 <= ratios[1] <= 1.25, rows
+        (run,) = reference.side_by_side(sg, sglang_server.url, sglang_server.model_dir, [4], requests=12, input_len=128,
+                                        output_len=32, seed=0, together=True)
+    row = run.row()
+    assert row["ours_output_tokens"] == [12 * 32] and row["sglang_output_tokens"] == [12 * 32], row
+    (ours,), (theirs,) = run.ours, run.theirs
+    e2e = ours["e2e_ms"]
+    assert e2e["n"] == 12 and e2e["max"] / 1000 <= ours["window_s"] <= 12 * e2e["mean"] / 1000, ours
+    assert theirs["completed"] == 12 and \
+        theirs["p99_e2e_latency_ms"] / 1000 <= theirs["duration"] <= 12 * theirs["mean_e2e_latency_ms"] / 1000, theirs
+    print(f"\nour output tok/s over SGLang's, run together: {row['ratio']:.3f}")
 
 
 def test_cache_hits_per_turn_from_sglangs_cached_tokens(sglang_server):

@@ -37,14 +37,19 @@ def test_the_benchmark_reports_queueing(small_pool):
     (s,) = res.summary["levels"]
     assert s["completed"] == 8, s["errors"]
     q = s["server_side"]["queue_ms"]
-    assert q["n"] == 8 and q["p99"] > 100 and q["mean"] > 10, q          # some waited for a whole request to finish
+    # At most 4 run at once (asserted below), so at least 4 of the 8 waited until a running request had decoded its
+    # 64 tokens: the mean queue time (exact: Δsum / Δcount) is at least half the shortest decode span this level
+    # measured — a bound from the level's own figures (a fixed 100 ms was the machine's speed); 10 % for the clocks.
+    (lv,) = res.levels
+    shortest_ms = 1000 * min(r.chunk_times[-1] - r.chunk_times[0] for r in lv.records)
+    assert q["n"] == 8 and q["mean"] >= 0.9 * shortest_ms / 2, (q, shortest_ms)
     # The queue gauge is sampled (telemetry's interval) and a short queue can fall between two samples: the
     # histogram above is the evidence; the gauge, where it caught the queue, must agree with it.
     assert s["telemetry"]["num_running_reqs"]["max"] <= POOL // (192 + 64)
     f = next(f for f in res.findings if f.id == "bench.queue.c8")
     assert "waited in the server's queue" in f.title
     row = report.queue_frame(res.summary).loc["c8"]
-    assert row["queue p99 ms"] > 100 and row["waiting (max)"] == s["telemetry"]["num_queue_reqs"]["max"]
+    assert row["queue p99 ms"] == q["p99"] and row["waiting (max)"] == s["telemetry"]["num_queue_reqs"]["max"]
     assert not s["server_side"].get("retracted_requests")     # SGLang shows the counter once it first counts
 
 

@@ -69,32 +69,6 @@ def test_server_info_names_its_version_and_pool(sglang_server):
     assert [m["id"] for m in models["data"]] == [sglang.SERVED_NAME]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def test_stop_waits_for_every_process_of_its_session(tmp_path, sglang_server):
-    """A second server, at another memory fraction (its own flag reaches it), and stopping it leaves none of its
-    processes (the server, its scheduler and detokenizer, multiprocessing's resource tracker). Its pool is not compared
-    with the session server's: on CPU both follow the host's free memory, which other servers of the run move
-    (tests/verify/test_sglang_pool.py pins it to compare pools to the token)."""
-    srv = sglang.start(flags={"mem-fraction-static": 0.1}, log_path=tmp_path / "server.log")
-    try:
-        pids = srv.pids()
-        assert srv.pid in pids and len(pids) >= 3, [psutil.Process(p).name() for p in pids]
-        info = srv.server_info()
-        assert info["mem_fraction_static"] == 0.1 != sglang_server.server_info()["mem_fraction_static"]
-        assert info["max_total_num_tokens"] > 0
-    finally:
-        srv.stop()
-    assert not [p for p in pids if _alive(p)]
-    assert srv.proc.returncode is not None and sglang.session_pids(srv.pid) == []
-    assert (tmp_path / "server.log").read_text().count("The server is fired up")  # its log is kept
-
-
 def test_server_that_exits_during_startup_says_how_in_one_line(tmp_path):
     with pytest.raises(sglang.EngineError) as e:
         sglang.start(flags={"attention-backend": "no_such_backend"}, log_path=tmp_path / "server.log", ready_timeout=180)

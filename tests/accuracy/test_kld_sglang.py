@@ -28,14 +28,14 @@ def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, rea
         scoring.check_fits(real_sglang.url, 8193)
     ref = kldprobe.measure_reference(s, wins, real_sglang.url)
     # The same BF16 server, the same positions at other shapes (chunks over a cached prefix vs one pass; two windows
-    # at once): BF16 rounding alone moves the distribution, measured here at ~0.0015 nats. What the sample guarantees,
-    # not a point estimate's side of a line: a KLD is never negative, and the floor's interval stays below the shift
+    # at once): BF16 rounding alone moves the distribution (0.0003 nats measured for the floor used). What the
+    # sample guarantees, not a point estimate's side of a line: a KLD is never negative, and the floor's interval stays below the shift
     # that fails a candidate (else nothing could be measured above it). Same top-1 between two BF16 passes is not
     # gated (vLLM's FP8-KV study, PR 54705: ill-posed; the small model's near-ties flip either way).
     for name, floor in ref.floors.items():
         o = floor.overall
         assert o["positions"] == WINDOWS * (TOKENS - 1), name
-        assert 0 <= o["kld_mean"] and o["kld_ci"][1] < kld.FAIL_KLD, (name, o)
+        assert o["kld_mean"] >= 0 and o["kld_ci"][1] < kld.FAIL_KLD, (name, o)
     # a trained model on real code: perplexity is a meaningful number, far below the vocabulary's 49,152
     assert 1.5 < ref.floors["second_pass"].overall["ppl_ref"] < 30
 
@@ -44,8 +44,8 @@ def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, rea
     v = kld.judge(result, floor)
     o = result.overall
     # measurable, and by more than Q8_0 moves a model: the paired interval's lower bound (every window's excess over
-    # the floor; ~0.0075 nats measured) clears PASS_KLD, so the verdict cannot be pass. PPL ratio and same top-1 are
-    # reported, not gated: over 2 × 1,024 tokens their direction is noise's (CI once saw a PPL ratio of 0.99983).
+    # the floor; 0.0086-0.0091 nats measured) clears PASS_KLD, so the verdict cannot be pass. PPL ratio and same
+    # top-1 are reported, not gated: over 2 × 1,024 tokens their direction is noise's (CI once saw a PPL ratio of 0.99983).
     assert v.excess_ci[0] > kld.PASS_KLD, (o, v)
     assert o["ppl_ratio"] == pytest.approx(o["ppl_cand"] / o["ppl_ref"])
     assert [(b["from"], b["to"]) for b in result.by_depth] == [(1, 128), (128, 512), (512, 1024)]

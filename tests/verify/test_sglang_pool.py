@@ -7,6 +7,7 @@ re-plans the live pool to the token, at two memory fractions. Unpinned, `verify`
 log's readings allow (replan.cpu_bounds). Both read the pool and SGLang's memory account from /server_info."""
 from pathlib import Path
 
+import psutil
 import pytest
 
 from runbook import kv, verify
@@ -17,6 +18,13 @@ from runbook.verify import replan
 pytestmark = [pytest.mark.sglang]
 
 PINNED_GIB = 20.0   # what /proc/meminfo tells the server is available: a whole number of KiB, two decimals in its log
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _verify(srv):
@@ -36,9 +44,17 @@ def _verify(srv):
 def test_plan_equals_the_live_pool_to_the_token_where_the_free_memory_is_known(tmp_path, fraction):
     srv = sglang.start(flags={"mem-fraction-static": fraction}, log_path=tmp_path / "server.log", host_free_gib=PINNED_GIB)
     try:
+        pids = srv.pids()       # the server, its scheduler and detokenizer, multiprocessing's resource tracker
+        assert srv.pid in pids and len(pids) >= 3, [psutil.Process(p).name() for p in pids]
+        assert srv.server_info()["mem_fraction_static"] == fraction          # its own flag reached it
         live, rep = _verify(srv)
     finally:
         srv.stop()
+    # Stopping a server leaves none of its processes and keeps its log: checked on this start rather than on one of
+    # its own (tests/test_sglang_engine.py started a third server for it, ~40 s).
+    assert not [p for p in pids if _alive(p)]
+    assert srv.proc.returncode is not None and sglang.session_pids(srv.pid) == []
+    assert "The server is fired up" in (tmp_path / "server.log").read_text()
     # kv before the start, given what the host has free and that loading takes none of it (SGLang measures the
     # weights as the drop in free memory, and the pinned figure does not drop)
     plan = kv.assess(srv.spec, gpu_mem_gib=PINNED_GIB, weights_gib=0)

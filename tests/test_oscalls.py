@@ -104,7 +104,10 @@ def test_a_leader_signal_reaches_the_leader_alone_and_every_process_of_the_group
     """leader_signal (SGLang's SIGINT): only the main process gets it; a child that outlives it (here it ignores
     SIGINT and SIGTERM) is SIGKILLed with the group, and stop returns only once no process of the group is left."""
     kid, got = tmp_path / "kid", tmp_path / "got"
+    # SIGINT's Python handler set again: a suite started in the background (`cmd &`) inherits SIGINT ignored, and
+    # the leader then waited out the grace (11 s seen)
     code = (f"import signal,subprocess,sys,time\n"
+            f"signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             f"p=subprocess.Popen([sys.executable,'-c','import signal,time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
             f"signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)'])\n"
             f"open({str(kid)!r},'w').write(str(p.pid))\n"

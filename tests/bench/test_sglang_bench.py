@@ -88,7 +88,8 @@ def test_ttft_and_tpot_beside_the_servers_own_histograms(sglang_server):
     assert d_ttft >= -0.5 and d_e2e >= -0.5, rows                   # causality, within the clocks' resolution
     # Each request's decode span differs between the two ends by its last token's delay minus its first's, each at
     # least 0 and at most that request's E2E and TTFT excess: so, over 31 intervals, 31 × ΔTPOT lies in
-    # [−ΔTTFT, ΔE2E] — a bound from the arithmetic, not from how busy the machine was (a ratio gate was).
+    # [−ΔTTFT, ΔE2E] — a bound from the arithmetic, not from how busy the machine was (a ratio gate was). SGLang's
+    # TPOT is its E2E minus its TTFT over n − 1, from the same stamps (srt/observability/req_time_stats.py).
     assert -d_ttft - 1 <= 31 * (rows["TPOT"]["ours_mean_ms"] - rows["TPOT"]["server_mean_ms"]) <= d_e2e + 1, rows
     assert rows["ITL"]["server_n"] == 12 * 31                                        # one interval per token after the first
     f = next(f for f in res.findings if f.id == "bench.server_side.c4")

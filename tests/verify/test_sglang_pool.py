@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from runbook import kv, verify
+from runbook.core import oscalls
 from runbook.core.units import GIB
 from runbook.demo import sglang
 from runbook.verify import replan
@@ -18,13 +19,6 @@ from runbook.verify import replan
 pytestmark = [pytest.mark.sglang]
 
 PINNED_GIB = 20.0   # what /proc/meminfo tells the server is available: a whole number of KiB, two decimals in its log
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _verify(srv):
@@ -52,7 +46,7 @@ def test_plan_equals_the_live_pool_to_the_token_where_the_free_memory_is_known(t
         srv.stop()
     # Stopping a server leaves none of its processes and keeps its log: checked on this start rather than on one of
     # its own (tests/test_sglang_engine.py started a third server for it, ~40 s).
-    assert not [p for p in pids if _alive(p)]
+    assert not [p for p in pids if oscalls.pid_running(p)]
     assert srv.proc.returncode is not None and sglang.session_pids(srv.pid) == []
     assert "The server is fired up" in (tmp_path / "server.log").read_text()
     # kv before the start, given what the host has free and that loading takes none of it (SGLang measures the

@@ -158,12 +158,48 @@ def test_pool_5pct_smaller_warns(tmp_path):
     assert ids(run_log(tmp_path, startup(tokens=int(PLAN_TOKENS * 0.95))).findings)["verify.tokens"].status == "warn"
 
 
-def test_fp8_kv_without_scales_fails(tmp_path):
+def _card(tmp_path, scales: bool):
+    """The story's checkpoint in small (a Qwen3.5 hybrid, ModelOpt NVFP4 declaring FP8 KV): its index and shards,
+    with k/v scales on every full-attention layer or on none, read by stage 10's reader."""
+    from ckpt_factory import attn_layer, make, qwen35_config
+
+    base, t = "model.language_model.layers", {}
+    for i in (3, 7):
+        t.update(attn_layer(i, "bf16", base))
+        if scales:
+            t.update({f"{base}.{i}.self_attn.k_proj.k_scale": ("F32", []), f"{base}.{i}.self_attn.v_proj.v_scale": ("F32", [])})
+    hq = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}}
+    return make(tmp_path / ("scaled" if scales else "unscaled"), qwen35_config(), [t], hf_quant_config=hq)
+
+
+@pytest.mark.parametrize("dtype, logged, scales, status", [
+    ("torch.float8_e4m3fn", True, False, "fail"),    # the story: explicit fp8_e4m3, a checkpoint without scales
+    ("torch.float8_e4m3fn", True, True, "pass"),     # SGLang's line although the checkpoint's scales load (issue 31224)
+    ("torch.float8_e5m2", False, False, "fail"),     # no line for E5M2, and no scales either
+    ("torch.float8_e4m3fn", True, None, "warn"),     # the checkpoint is not on this host: the line alone decides nothing
+])
+def test_fp8_kv_scales_are_judged_from_the_dtype_the_flag_and_the_checkpoint(tmp_path, dtype, logged, scales, status):
+    d = dep(**{"model.card": str(_card(tmp_path, scales))}) if scales is not None else dep()
+    rep = run_log(tmp_path, startup(dtype=dtype, fp8_no_scales=logged), d)
+    f = ids(rep.findings)["verify.fp8_kv_scales"]
+    assert f.status == status, f
+    assert ("Defaulting to scaling factors of 1.0" in f.evidence) == logged
+    if status == "fail":
+        assert "without scaling factors" in f.title and "no k_scale/v_scale tensors" in f.detail and "bf16" in f.remedy
+    assert any(w["id"] == "fp8_kv_no_scales" for w in document(rep)["warnings"]) == logged
+
+
+def test_fp8_kv_with_a_scales_file_is_not_a_pass(tmp_path):
+    d = dep(**{"serving.flags.kv-cache-dtype": "fp8_e4m3", "serving.flags.quantization-param-path": "/srv/kv_scales.json"})
+    f = ids(run_log(tmp_path, startup(dtype="torch.float8_e4m3fn"), d).findings)["verify.fp8_kv_scales"]
+    assert f.status == "warn" and f.evidence == "/srv/kv_scales.json" and "18818" in f.detail
+
+
+def test_an_fp8_pool_where_the_unit_asks_for_bf16_fails_the_dtype(tmp_path):
     rep = run_log(tmp_path, startup(dtype="torch.float8_e4m3fn", fp8_no_scales=True))
     f = ids(rep.findings)
-    assert f["verify.fp8_kv_scales"].status == "fail" and "Defaulting to scaling factors of 1.0" in f["verify.fp8_kv_scales"].evidence
     assert f["verify.kv_dtype"].status == "fail" and "bfloat16" in f["verify.kv_dtype"].title   # the unit asks for bf16
-    assert any(w["id"] == "fp8_kv_no_scales" for w in document(rep)["warnings"])
+    assert f["verify.fp8_kv_scales"].title.startswith("fp8_e4m3 KV cache")
 
 
 def test_default_moe_config_on_sm120_warns(tmp_path):

@@ -63,6 +63,7 @@ class Plan:
     topology: dict[str, Any] | None = None       # replicas: each one's plan and the total (kv/topology.py)
     ranks: list[dict[str, Any]] | None = None    # one server across nodes: each node rank's share
     ranks_total: dict[str, Any] | None = None
+    checkpoint_kv: Any = None                    # quant.declared.KVCache: what the checkpoint holds for the KV cache
 
     def data(self) -> dict[str, Any]:
         d = self.result.to_json()
@@ -124,7 +125,8 @@ def assess(spec: Deployment | None = None, model_dir: str | None = None, options
                             detail=(auto_why + "; " if auto_why and kv_flag == "auto" else "") + f"weights per GPU: {source}"))
     findings += result.findings
     topo, rank_list, total_ranks, topo_findings = kvtopo.whole(spec, inp, result)
-    return Plan(a, inp, result, cands, findings + topo_findings, auto, source, scen, topo, rank_list, total_ranks)
+    return Plan(a, inp, result, cands, findings + topo_findings, auto, source, scen, topo, rank_list, total_ranks,
+                checkpoint_kv=qrep.kv_cache)
 
 
 def plan_for_rank(spec: Deployment, rank: int, **overrides: Any) -> dict[str, Any]:

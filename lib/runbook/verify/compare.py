@@ -134,8 +134,10 @@ def compare(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, unit_flags:
     return out
 
 
-def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> list[Finding]:
-    """Weights, headroom and the warnings SGLang logged."""
+def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts, qpp: str | None = None,
+                 checkpoint_kv: Any = None) -> list[Finding]:
+    """Weights, headroom, the FP8 KV scales and the warnings SGLang logged. `qpp`: the unit's
+    --quantization-param-path; `checkpoint_kv`: stage 10's reading of the checkpoint (quant.declared.KVCache)."""
     out: list[Finding] = []
     pw, ow = pred.get("weights_gib_per_gpu"), obs.get("weights_gib_per_gpu")
     if ow is not None:
@@ -151,15 +153,9 @@ def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> lis
                            detail="activations of long prefills and sampling need this room",
                            remedy="Lower --mem-fraction-static a little (e.g. by 0.02) or --chunked-prefill-size." if low else ""))
     w = facts.warnings
-    fp8 = w.get("fp8_kv_no_scales")
-    if fp8:
-        out.append(Finding("verify.fp8_kv_scales", "fail", "FP8 KV cache without scaling factors: SGLang defaults them to 1.0",
-                           detail="values outside FP8's range are clipped in every attention layer, which can change greedy output",
-                           evidence=fp8.lines[0],
-                           remedy=f"--kv-cache-dtype bf16 ({registry.notebook('quant_config')}'s recommendation), or a checkpoint "
-                                  "with calibrated k/v scales."))
-    elif facts.kv:
-        out.append(Finding("verify.fp8_kv_scales", "pass", "no FP8-KV-without-scales warning in the log"))
+    logged = w.get("fp8_kv_no_scales")
+    if facts.kv or logged:   # SGLang logs that line only when the resolved dtype is fp8_e4m3
+        out.append(fp8_scales(_dtype(obs.get("kv_dtype")) or ("fp8_e4m3" if logged else None), qpp, checkpoint_kv, logged))
     moe = w.get("moe_default_config")
     if moe:
         path = moe.groups[0][0] if moe.groups and moe.groups[0] else ""
@@ -200,6 +196,43 @@ def log_findings(pred: dict[str, Any], obs: dict[str, Any], facts: Facts) -> lis
                            remedy="Precompile once (`python3 -m sglang.compile_deep_gemm` with the unit's flags) and keep "
                                   "SGLANG_DG_CACHE_DIR on persistent disk, so a restart does not recompile."))
     return out
+
+
+def fp8_scales(kv_dtype: str | None, qpp: str | None, checkpoint_kv: Any, logged: Any) -> Finding:
+    """The FP8 KV cache's scales from three facts: the resolved KV dtype, --quantization-param-path and whether the
+    checkpoint carries k/v scales. SGLang's "no scaling factors" line is evidence only: 0.5.23 prints it for
+    fp8_e4m3 whenever the path is unset, even when the checkpoint's scales load (SGLang issue 31224), and never for
+    fp8_e5m2 (model_runner_components/load_model_utils.py:118-141)."""
+    line = logged.lines[0] if logged else ""
+    if kv_dtype not in sglang_names.FP8_KV:
+        return Finding("verify.fp8_kv_scales", "pass", f"KV cache in {kv_dtype or 'an unread dtype'}: no FP8 scales involved",
+                       evidence=line)
+    cov = getattr(checkpoint_kv, "scale_coverage", "unknown")
+    total, n = getattr(checkpoint_kv, "kv_layers", 0), getattr(checkpoint_kv, "layers_with_scales", None)
+    said = (f"SGLang's \"no scaling factors\" line {'was' if line else 'was not'} logged; it says nothing about the "
+            "checkpoint (printed for fp8_e4m3 whenever --quantization-param-path is unset, never for fp8_e5m2)")
+    bf16 = f"--kv-cache-dtype bf16 ({registry.notebook('quant_config')}'s recommendation)"
+    if qpp:
+        return Finding("verify.fp8_kv_scales", "warn", f"{kv_dtype} KV cache with scales from --quantization-param-path",
+                       detail="SGLang 0.5.23's triton and flashinfer backends scale on write but not on read with this "
+                              "route (SGLang issue 18818); fa3 applies it both ways",
+                       evidence=str(qpp), remedy=f"Checkpoint k/v scales, or {bf16}; measure with the accuracy stage.")
+    if cov == "all":
+        return Finding("verify.fp8_kv_scales", "pass", f"{kv_dtype} KV cache with the checkpoint's k/v scales on all {total} KV layers",
+                       detail=said, evidence=line or ", ".join(checkpoint_kv.scale_tensor_names[:3]))
+    if cov == "some":
+        return Finding("verify.fp8_kv_scales", "fail", f"{kv_dtype} KV cache: k/v scales on only {n} of {total} KV layers, "
+                       f"the other {total - (n or 0)} use 1.0", detail=said, evidence=line or ", ".join(checkpoint_kv.scale_tensor_names),
+                       remedy=f"{bf16}, or a complete calibration.")
+    if cov == "none":
+        return Finding("verify.fp8_kv_scales", "fail", f"{kv_dtype} KV cache without scaling factors: SGLang uses 1.0 on all "
+                       f"{total} KV layers", detail="the checkpoint carries no k_scale/v_scale tensors and no "
+                       "--quantization-param-path is set: values outside FP8's range are clipped and small ones lose "
+                       f"precision in every attention layer; {said}", evidence=line or "no k/v scale tensors in the checkpoint",
+                       remedy=f"{bf16}, or a checkpoint with calibrated k/v scales.")
+    return Finding("verify.fp8_kv_scales", "warn", f"{kv_dtype} KV cache: whether the checkpoint carries k/v scales cannot be "
+                   "read here", detail=said, evidence=line,
+                   remedy="Run verify where the checkpoint's index or shards are (model.path), or set " + bf16 + ".")
 
 
 def load_findings(facts: Facts) -> list[Finding]:

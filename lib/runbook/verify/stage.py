@@ -156,7 +156,8 @@ def assess(spec: Deployment, log: str | Path | None = None, unit: str | None = N
                                             plan_frac,
                                             replanned=rep.replanned)
             findings += compare.pool_findings({"draft": bpt_pred["predicted_draft"]}, facts)
-            findings += compare.log_findings(pred, rep.observed, facts)
+            findings += compare.log_findings(pred, rep.observed, facts, flags.get("quantization-param-path"),
+                                             p.checkpoint_kv if p is not None else None)
     if url:
         findings += _server(spec, url, rep, flags, plan_frac, drift or service.drift)
     return _scrub(rep, spec)

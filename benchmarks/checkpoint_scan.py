@@ -22,7 +22,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 from runbook import quant
-from runbook.model import checkpoint  # noqa: E402
+from runbook.model import checkpoint
 
 MODELOPT = {"producer": {"name": "modelopt", "version": "0.35.0"},
             "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "group_size": 16, "exclude_modules": ["lm_head"]}}

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-from runbook.bench import workers  # noqa: E402
-from runbook.bench.sweep import Level, run_level  # noqa: E402
-from runbook.endpoint.client import TRANSPORTS, Client, RequestSpec  # noqa: E402
-from runbook.endpoint.reach import run_sync  # noqa: E402
+from runbook.bench import workers
+from runbook.bench.sweep import Level, run_level
+from runbook.endpoint.client import TRANSPORTS, Client, RequestSpec
+from runbook.endpoint.reach import run_sync
 
 BACKLOG = 1024
 

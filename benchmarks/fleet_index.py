@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-from runbook import fleet  # noqa: E402
+from runbook import fleet
 
 
 def _server(port: int) -> subprocess.Popen:

@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from runbook.accuracy import kld, report, scoring  # noqa: E402
-from runbook.demo import realmodel, sglang  # noqa: E402
-from runbook.endpoint.reach import run_sync  # noqa: E402
-from runbook.model.tokenizer import load_tokenizer  # noqa: E402
+from runbook.accuracy import kld, report, scoring
+from runbook.demo import realmodel, sglang
+from runbook.endpoint.reach import run_sync
+from runbook.model.tokenizer import load_tokenizer
 
 
 def server(model: Path, log_dir: Path, name: str, flags: dict) -> sglang.SGLangServer:

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-from runbook.accuracy import kvcapture  # noqa: E402
-from runbook.demo import realmodel, sglang  # noqa: E402
+from runbook.accuracy import kvcapture
+from runbook.demo import realmodel, sglang
 
 
 def main() -> int:

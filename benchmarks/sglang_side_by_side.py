@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-from runbook.bench import reference, server_side  # noqa: E402
-from runbook.bench import run as bench  # noqa: E402
+from runbook.bench import reference, server_side
+from runbook.bench import run as bench
 from runbook.bench.settings import BenchSettings
 
 

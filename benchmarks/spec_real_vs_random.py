@@ -19,10 +19,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-from runbook.bench import BenchSettings, spec_study  # noqa: E402
-from runbook.core import tables  # noqa: E402
-from runbook.demo import llama as demo  # noqa: E402
-from runbook.demo import realmodel  # noqa: E402
+from runbook.bench import BenchSettings, spec_study
+from runbook.core import tables
+from runbook.demo import llama as demo
+from runbook.demo import realmodel
 
 # llama.cpp's own defaults for each mode unless said: what `--spec-type X` gives a user
 MODES: dict[str, list[str]] = {

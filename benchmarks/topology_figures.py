@@ -16,12 +16,12 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-from runbook import verify  # noqa: E402
-from runbook.bench import failover, policies  # noqa: E402
-from runbook.bench.settings import BenchSettings  # noqa: E402
-from runbook.demo import topology  # noqa: E402
-from runbook.endpoint.reach import fetch_json  # noqa: E402
-from runbook.kv.plan import assess as kv_plan  # noqa: E402
+from runbook import verify
+from runbook.bench import failover, policies
+from runbook.bench.settings import BenchSettings
+from runbook.demo import topology
+from runbook.endpoint.reach import fetch_json
+from runbook.kv.plan import assess as kv_plan
 
 SESSIONS = {"workload": "agentic", "concurrency": [4], "requests": 8, "turns": 3, "input_len": 128, "output_len": 8,
             "chat": True, "warmup": 0, "telemetry": False}

@@ -13,10 +13,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-from runbook.core import spec as spec_mod  # noqa: E402
-from runbook.demo import llama as demo  # noqa: E402
-from runbook.demo.tune import SGLANG_CANDIDATES, write_sglang_spec  # noqa: E402
-from runbook.tune import report, stage  # noqa: E402
+from runbook.core import spec as spec_mod
+from runbook.demo import llama as demo
+from runbook.demo.tune import SGLANG_CANDIDATES, write_sglang_spec
+from runbook.tune import report, stage
 
 
 def _old_rule(rows: list[dict], reference: str, min_gain: float) -> str:

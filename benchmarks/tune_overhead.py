@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-from runbook.core import spec as spec_mod  # noqa: E402
-from runbook.demo import llama as demo  # noqa: E402
-from runbook.demo.tune import write_sglang_spec, write_spec  # noqa: E402
-from runbook.tune import stage  # noqa: E402
+from runbook.core import spec as spec_mod
+from runbook.demo import llama as demo
+from runbook.demo.tune import write_sglang_spec, write_spec
+from runbook.tune import stage
 
 CANDIDATES = {"q8-kv": {"flags": {"cache-type-k": "q8_0", "cache-type-v": "q8_0"}},
               "np4": {"flags": {"parallel": 4}},

@@ -13,7 +13,7 @@ def serve(routes: dict, require_bearer: str | None = None):
     seen: list[tuple[str, str | None]] = []
 
     class H(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             auth = self.headers.get("Authorization")
             seen.append((self.path, auth))
             if require_bearer and auth != f"Bearer {require_bearer}":
@@ -23,7 +23,7 @@ def serve(routes: dict, require_bearer: str | None = None):
                 body = body()
             self._send(status, body)
 
-        def do_POST(self):  # noqa: N802 - a route's callable gets the request's JSON body
+        def do_POST(self):  # a route's callable gets the request's JSON body
             sent = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
             seen.append((self.path, self.headers.get("Authorization")))
             status, body = routes.get(self.path, (404, {"error": "not found"}))

@@ -81,7 +81,7 @@ def test_after_an_input_error_no_cell_shows_anything(path, monkeypatch, capsys):
     cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
     ns: dict = {}
     for src in cells:
-        exec(compile(src, path.name, "exec"), ns)   # noqa: S102 - the committed notebook's own cells
+        exec(compile(src, path.name, "exec"), ns)  # the committed notebook's own cells
         if "notebook.evaluate(" in src:
             capsys.readouterr()                     # what the parameters and the evaluate cell showed is theirs
     assert capsys.readouterr().out == ""

@@ -282,7 +282,7 @@ def test_readiness_probe_waits_for_the_server_and_gives_up():
     seen: list[int] = []
 
     class H(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             seen.append(503 if not seen else 200)
             self.send_response(seen[-1])
             self.send_header("Content-Length", "0")

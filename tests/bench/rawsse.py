@@ -76,7 +76,7 @@ class RawServer(ThreadedApp):
             return web.json_response({"error": "only POST"}, status=405)
         try:
             body = await request.json()
-        except Exception:  # noqa: BLE001
+        except Exception:
             body = {}
         self.bodies.append(body)
         reply = self.handler(body)

@@ -14,7 +14,7 @@ import sys
 import types
 
 sys.path.insert(0, os.path.dirname(__file__))
-import sglang_env  # noqa: E402
+import sglang_env
 
 sglang_env.install()
 

@@ -153,7 +153,7 @@ def main() -> int:
 
     sglang_env.install()
     with contextlib.redirect_stdout(io.StringIO()):
-        import sglang.srt.configs.model_config  # noqa: F401
+        import sglang.srt.configs.model_config
         import sglang.srt.model_loader.loader  # noqa: F401
 
         _emulate_cuda_probes(int(os.environ.get("RUNBOOK_ORACLE_SM", "90")))

@@ -48,7 +48,7 @@ def main(job_path: str) -> None:
     t0 = time.perf_counter()
     try:
         model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32, attn_implementation="runbook_capture")
-    except Exception as e:  # noqa: BLE001 - transformers raises many kinds for a broken checkpoint; one line for all
+    except Exception as e:  # transformers raises many kinds for a broken checkpoint; one line for all
         fail(f"{job['model_dir']}: transformers cannot load it ({' '.join(str(e).split())[:200]}); re-download the checkpoint")
     model.eval()
     load_s = time.perf_counter() - t0

@@ -57,7 +57,7 @@ def load(raw: bytes, source: str) -> Any:
         return _Inert(io.BytesIO(raw)).load()
     except RecursionError:
         raise InputError(f"{source}: the request dump nests too deep to read") from None
-    except Exception as e:  # noqa: BLE001 - any malformed pickle is one bad input
+    except Exception as e:  # any malformed pickle is one bad input
         raise InputError(f"{source}: not a readable SGLang request dump ({type(e).__name__}: {str(e)[:120]}); "
                          "give a .pkl from --dump-requests-folder / --crash-dump-folder, or a Mooncake JSON Lines trace") from None
 

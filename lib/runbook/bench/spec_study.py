@@ -135,13 +135,13 @@ def server_mode(url: str, api_key: str | None = None) -> str:
         v = ((props.get("default_generation_settings") or {}).get("params") or {}).get("speculative.types")
         if isinstance(v, str) and v and v != "none":
             return v
-    except Exception:  # noqa: BLE001 - an unknown mode is said as such, never a failure of the study
+    except Exception:  # an unknown mode is said as such, never a failure of the study
         pass
     try:
         slots = fetch_json(base + "/slots", api_key, 10.0, expect=list)
         flags = {s.get("speculative") for s in slots if isinstance(s, dict)}
         return "on" if True in flags else "none" if flags == {False} else ""
-    except Exception:  # noqa: BLE001 - as above
+    except Exception:  # as above
         return ""
 
 

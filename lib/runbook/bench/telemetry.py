@@ -89,7 +89,7 @@ class Telemetry:
             self._nvml = nv
             if not self._handles:
                 self.skipped["gpu"] = "NVML reports no GPU"
-        except Exception as e:  # noqa: BLE001 - no module, no driver, no permission: all a skip
+        except Exception as e:  # no module, no driver, no permission: all a skip
             self._nvml = None
             self.skipped["gpu"] = f"no NVML: {type(e).__name__}: {e}"[:200]
 
@@ -105,7 +105,7 @@ class Telemetry:
                             ("temperature_c", lambda h=h: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))):
                 try:
                     row[key] = fn()
-                except Exception:  # noqa: BLE001 - a field this GPU does not support
+                except Exception:  # a field this GPU does not support
                     row[key] = None
             rows.append(row)
         return rows
@@ -128,7 +128,7 @@ class Telemetry:
                 await self._sample()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - telemetry never breaks a level
+            except Exception:  # telemetry never breaks a level
                 pass
 
     async def _sample(self) -> None:

@@ -78,7 +78,7 @@ def call(argv: Sequence[str], *, timeout: float = CTL_TIMEOUT_S, env: Mapping[st
     non-zero); otherwise its CompletedProcess (an `is-active` answering "inactive" exits 3: the caller reads it)."""
     argv = list(argv)
     try:
-        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,  # noqa: S603
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
                             env=dict(env) if env is not None else None, start_new_session=True)
     except subprocess.TimeoutExpired:
         raise CommandFailed(argv, None, reason=f"timed out after {timeout:g} s") from None
@@ -318,7 +318,7 @@ def held(signals: Sequence[int] = TERMINATING) -> Iterator[Shutdown]:
     with on_signals(signals) as sd:
         try:
             yield sd
-        except BaseException as e:  # noqa: BLE001 - raised again below, once the held signals are delivered
+        except BaseException as e:  # raised again below, once the held signals are delivered
             failure = e
     for s in dict.fromkeys(sd.received):
         if failure is None or s != signal.SIGINT:
@@ -374,7 +374,7 @@ def start_session(argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
     """A helper process in a session (and process group) of its own: a Ctrl-C or SIGTERM aimed at this process's
     group does not reach it. stdin is closed unless given. OSError when it cannot start."""
     popen.setdefault("stdin", subprocess.DEVNULL)
-    return subprocess.Popen(list(argv), start_new_session=True, **popen)  # noqa: S603 - argv, no shell
+    return subprocess.Popen(list(argv), start_new_session=True, **popen)  # argv, no shell
 
 
 class SessionChild:

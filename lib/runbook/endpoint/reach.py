@@ -303,7 +303,7 @@ async def model_name(url: str, api_key: str | None, timeout: float = 10.0, max_b
     try:
         ids = served_models(await asyncio.to_thread(fetch_json, target, api_key, timeout, max_bytes), target)
         return ids[0] if ids else None
-    except Exception:   # noqa: BLE001 - any failure means "no name known": the caller falls back
+    except Exception:  # any failure means "no name known": the caller falls back
         return None
 
 

@@ -291,7 +291,7 @@ class _Sink:
         try:
             if self.st.feed(body, self.conn.now):
                 self._end(done=True)
-        except Exception as e:  # noqa: BLE001 - this request's own failure, never the level's
+        except Exception as e:  # this request's own failure, never the level's
             self._end(e)
 
     def on_end(self) -> None:
@@ -302,7 +302,7 @@ class _Sink:
             return
         try:
             done = self.st.close(self.conn.pool.clock())
-        except Exception as e:  # noqa: BLE001 - this request's own failure, never the level's
+        except Exception as e:  # this request's own failure, never the level's
             self._end(e)
             return
         self._end(done=done)

@@ -25,7 +25,7 @@ def load_tokenizer(path: str | Path | None, option: str = "--tokenizer") -> Any:
                          f"or the file, or leave {option} out (lengths are then approximate)")
     try:
         return Tokenizer.from_file(str(f))
-    except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own Exception for any bad file
+    except Exception as e:  # the tokenizers library raises its own Exception for any bad file
         why = " ".join(str(e).split())[:160]
         raise InputError(f"{option} {f}: not a tokenizer the tokenizers library reads ({why}); "
                          "give the model's own tokenizer.json") from None
@@ -94,7 +94,7 @@ class ChatCounter:
     def count(self, messages: list[dict[str, Any]]) -> int | None:
         try:
             text = self.render(messages)
-        except Exception:  # noqa: BLE001 - a template that refuses these messages: no count, not a crash
+        except Exception:  # a template that refuses these messages: no count, not a crash
             return None
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
@@ -108,5 +108,5 @@ def chat_counter(path: str | Path | None, tokenizer: Any) -> ChatCounter | None:
         return None
     try:
         return ChatCounter(tokenizer, *found)
-    except Exception:  # noqa: BLE001 - a template Jinja cannot compile: fall back to content counts
+    except Exception:  # a template Jinja cannot compile: fall back to content counts
         return None

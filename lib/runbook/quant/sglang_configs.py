@@ -47,7 +47,7 @@ def _kv_modelopt_fp8(cfg: dict[str, Any], flat: bool) -> str | None:
     return kv if isinstance(kv, str) or kv is None else str(kv)
 
 
-def _kv_modelopt_fp4(cfg: dict[str, Any], flat: bool) -> str | None:  # noqa: C901
+def _kv_modelopt_fp4(cfg: dict[str, Any], flat: bool) -> str | None:
     # modelopt_quant.py ModelOptFp4Config.from_config: flat configs take kv_cache_scheme as a dict (float 8 -> FP8,
     # else "auto") or as a string (FP8/FLOAT8 -> FP8, FP4/FLOAT4/NVFP4 -> NVFP4, else "auto"); nested read
     # quantization.kv_cache_quant_algo. An "fp8" checkpoint is requantized online (no KV algo).

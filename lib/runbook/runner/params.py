@@ -50,7 +50,7 @@ def _type(name: str | None) -> Any:
     if not name or name == "None":
         return None
     try:
-        return eval(name, {"__builtins__": {}}, _TYPES)  # noqa: S307 - names restricted to _TYPES
+        return eval(name, {"__builtins__": {}}, _TYPES)  # names restricted to _TYPES
     except Exception:
         return None
 

@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
         oscalls.prctl(oscalls.PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != runner_pid:  # the runner died before the line above took effect
             return 128 + signal.SIGTERM
-        proc = subprocess.Popen(cmd, preexec_fn=_child_setup)  # noqa: S603,PLW1509 - no other thread yet
+        proc = subprocess.Popen(cmd, preexec_fn=_child_setup)  # no other thread yet
         threading.Thread(target=_watch_parent, args=(runner_pid,), daemon=True).start()
         rc = proc.wait()
         kill_descendants()  # an orphaned kernel, if papermill left one

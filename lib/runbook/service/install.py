@@ -69,7 +69,7 @@ def wait_ready(url: str, timeout: float, interval: float = 2.0) -> tuple[bool, s
             last = str(getattr(e, "reason", e))
         except reach.BadResponse as e:   # answered, but cut off, too large or too slow
             last = e.reason
-        except Exception as e:  # noqa: BLE001 - a malformed URL or a broken answer: not ready, with the reason
+        except Exception as e:  # a malformed URL or a broken answer: not ready, with the reason
             last = f"{type(e).__name__}: {e}"
         if time.monotonic() >= deadline:
             return False, last
@@ -338,7 +338,7 @@ def _apply(ins: _Install, url: str, timeout: float, interval: float, ready_cmd: 
         res.interrupted = True
         name = e.name if isinstance(e, Interrupted) else "SIGINT (Ctrl-C)"
         why = f"interrupted by {name} during {ins.stage}"
-    except Exception as e:  # noqa: BLE001 - anything else after the write must still roll back
+    except Exception as e:  # anything else after the write must still roll back
         why = f"{ins.stage}: {type(e).__name__}" + (f": {' '.join(str(e).split())}" if str(e) else "")
     else:
         res.installed = "new"
@@ -372,7 +372,7 @@ def _undo(ins: _Install) -> list[str]:
             entry["status"] = f"failed: {e}"
         except OSError as e:
             entry["status"] = f"failed: {e.strerror or e}"
-        except Exception as e:  # noqa: BLE001 - a rollback step failing is reported, never raised
+        except Exception as e:  # a rollback step failing is reported, never raised
             entry["status"] = f"failed: {type(e).__name__}: {e}"
         else:
             entry["status"] = "ok"

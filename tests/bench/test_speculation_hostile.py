@@ -1,5 +1,6 @@
 """The speculation study against a scripted llama-server look-alike whose `timings` lie: the real client and study
 code end to end, each hostile response left out with its one line, nothing raised, the honest ones still counted."""
+import asyncio
 import json
 
 import pytest
@@ -46,9 +47,10 @@ class FakeLlama(ThreadedApp):
         self.n += 1
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for k in range(8):
+        for k in range(8):     # one token per 5 ms: a stream a server could send (metrics.implausible)
             chunk = {"choices": [{"index": 0, "text": f" t{k}", "finish_reason": None}]}
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await asyncio.sleep(0.005)
         last = {"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
                 "usage": {"prompt_tokens": 64, "completion_tokens": 8}}
         if t != "absent":

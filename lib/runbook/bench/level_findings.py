@@ -36,6 +36,13 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
             out.append(Finding(f"bench.errors.{tag}", st, f"{tag}: {s['failed']} of {s['completed'] + s['failed']} requests failed",
                                evidence=", ".join(f"{k}: {v}" for k, v in s["errors"].items()),
                                remedy="Read the raw records (error_kind, error) and the server log."))
+        if s.get("implausible"):
+            bad = s["implausible"]
+            out.append(Finding(f"bench.implausible.{tag}", "warn",
+                               f"{tag}: {len(bad)} records no server could have produced, left out of every figure",
+                               detail="; ".join(f"request {b['id']}: {b['why']}" for b in bad[:3]) + (" …" if len(bad) > 3 else ""),
+                               remedy="The client read bytes that were not this request's answer (a stale or shared "
+                                      "connection, a clock step): re-run the level; report it with the raw records."))
         if s.get("workers_lost"):
             out.append(Finding(f"bench.client_bound.{tag}", "fail",
                                f"{tag}: {s['workers_lost']} load-generator workers did not report: a worker process died",

@@ -17,6 +17,7 @@
   as the level's SLO check, whose p99 is over the requests that have the metric.
 - Client queue: asked to send → request headers on the wire (waiting for a pooled connection); kept
   out of TTFT and reported apart.
+- Implausible records (`implausible`): what no server could have produced is named and kept out of every figure.
 Percentiles are numpy's linear interpolation.
 """
 from __future__ import annotations
@@ -100,8 +101,43 @@ def meets_slo(r: RequestRecord, slo: Any) -> bool:
     return all(limit is None or v is None or v * 1000 <= limit for limit, v in checks)
 
 
+# A record this many times faster than one decode step of its own level was not produced by the server: the
+# 0.5 ms TTFTs a tune run once printed were ~350x under the server's 176 ms step. Batching and speculative chunks
+# move a legitimate request's pace by a few times, never by this much.
+IMPLAUSIBLE_FACTOR = 50.0
+MIN_STEP_S = 0.001   # below a millisecond per token the client's own scheduling sets the pace (servers scripted to stream at once)
+
+
+def implausible(records: Sequence[RequestRecord]) -> dict[int, str]:
+    """Records the server could not have produced, id -> why: a response that began before its request was sent,
+    more tokens than asked for, a first token sooner than a fiftieth of one decode step, or every token in one read
+    at fifty times the step's pace. The step is the level's upper-quartile TPOT: it stays a sound request's while
+    up to three in four records are too fast (the tune run's six of eight) or one in four is slowed by a retraction."""
+    import numpy as np
+    tpots = [t for r in records if r.ok and (t := tpot_s(r)) is not None]
+    step = float(np.percentile(tpots, 75)) if tpots else None
+    out: dict[int, str] = {}
+    for r in records:
+        ttft, tpot = ttft_s(r), tpot_s(r)
+        if (r.chunk_times and r.chunk_times[0] < r.send_time) or (r.end_time is not None and r.end_time < r.send_time):
+            out[r.id] = "its response began before its request was sent"
+        elif r.ok and r.max_tokens and r.output_tokens > r.max_tokens:
+            out[r.id] = f"{r.output_tokens} tokens where {r.max_tokens} were asked for"
+        elif not r.ok or step is None or step < MIN_STEP_S:
+            continue
+        elif ttft is not None and ttft * IMPLAUSIBLE_FACTOR < step:
+            out[r.id] = (f"first token {ttft * 1000:.2f} ms after sending, under 1/{IMPLAUSIBLE_FACTOR:g} of one decode step "
+                         f"at this level ({step * 1000:.1f} ms): too soon to have prefilled {r.input_tokens or '?'} tokens")
+        elif tpot is not None and tpot * IMPLAUSIBLE_FACTOR < step:
+            out[r.id] = (f"all {r.output_tokens} tokens within {(e2e_s(r) or 0) - (ttft or 0):.4f} s, over "
+                         f"{IMPLAUSIBLE_FACTOR:g}x the pace of this level's decode step ({step * 1000:.1f} ms)")
+    return out
+
+
 def summarise(records: Sequence[RequestRecord], slo: Any = None) -> dict[str, Any]:
     import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
+    bad = implausible(records)
+    records = [r for r in records if r.id not in bad]
     ok = [r for r in records if r.ok]
     win = window_s(records)
     out_tok = sum(r.output_tokens for r in ok)
@@ -130,6 +166,7 @@ def summarise(records: Sequence[RequestRecord], slo: Any = None) -> dict[str, An
         "server_counted": all(r.usage is not None and isinstance(r.usage.get("completion_tokens"), int) for r in ok),
         "itl_exact": all(r.count_source == "usage" for r in ok),
         "client_queue_ms": stats(r.queue_s for r in records),
+        "implausible": [{"id": i, "why": why} for i, why in sorted(bad.items())],
     }
     if good is not None:
         s["goodput_req_s"] = good / win if win > 0 else 0.0

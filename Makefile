@@ -7,6 +7,9 @@ RUNTIME := $(VENV)/.runtime-installed
 DEV := $(VENV)/.dev-installed
 RUN_ARGS ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers: one per core here. tests/conftest.py groups the tests that share a server onto one worker.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 LAB_PORT ?= 8888
 
 SERVING := .venv-serving
@@ -142,15 +145,16 @@ docs-check: $(DEV)
 test-deps: $(DEV) $(SERVING_STAMP) $(CANARY_STAMP) $(GATEWAY_STAMP) $(LLAMA_SERVER) $(REAL_MODEL) lint docs-check
 
 test:
-	$(MAKE) --no-print-directory -j4 --output-sync=target test-deps
+	@s=$$(date +%s); $(MAKE) --no-print-directory -j4 --output-sync=target test-deps \
+	  && echo "make test: set-up took $$(( $$(date +%s) - s )) s"
 	RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python RUNBOOK_GATEWAY_PYTHON=$(CURDIR)/$(GATEWAY)/bin/python \
-	  $(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+	  $(PY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # The unit tests in under two minutes: no serving interpreter, llama-server, notebooks, browser or servers
 # (the `slow` marker and its reasons: pyproject's [tool.pytest.ini_options] markers, tests/conftest.py).
 # RUNBOOK_SERVING_PYTHON is dropped so the library's flag checks do not start SGLang from an unmarked test.
 test-fast: $(DEV)
-	env -u RUNBOOK_SERVING_PYTHON $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	env -u RUNBOOK_SERVING_PYTHON $(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # JupyterLab on notebooks/ with the project's kernel ("Python 3 (runbook)") registered.
 lab: $(RUNTIME)

@@ -1,5 +1,8 @@
+import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -159,10 +162,86 @@ def repeats_on_second_transport(item) -> bool:
     return "transport" in params and params["transport"] != DEFAULT_TRANSPORT
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     for item in items:
         reasons = slow_reasons(item)
         for name in sorted(reasons):
             item.add_marker(name)
         if reasons or repeats_on_second_transport(item):
             item.add_marker("slow")
+    if hasattr(config, "workerinput") and "groups_file" in config.workerinput:
+        share_workers(items, Path(config.workerinput["groups_file"]))
+
+
+# ---------------------------------------------------------------- pytest-xdist: which tests share a worker
+# `make test` runs two xdist workers (`--dist loadgroup`). A module's tests run on one worker, so its module- and
+# class-scoped servers start once; modules that take the same session-scoped server are one group, so that server
+# starts once in the run, not once per worker. xdist's own xdist_group marks do not reach its scheduler under
+# pytest 9 (it renames `item._nodeid`, which pytest 9 no longer reads), so each worker writes the groups it
+# collected to a file and the controller's scheduler reads it.
+SHARED_SERVERS = ("llama", "sglang_server", "real_sglang", "real_sglang_fp8", "gateway_fleet")
+
+
+def worker_groups(items) -> dict[str, str]:
+    """Each test's group: its module, merged with every module that shares a session server with it."""
+    parent: dict[str, str] = {}
+
+    def root(k: str) -> str:
+        while parent.setdefault(k, k) != k:
+            k = parent[k]
+        return k
+
+    for item in items:
+        mod = item.nodeid.split("::", 1)[0]
+        for f in SHARED_SERVERS:
+            if f in item.fixturenames:
+                parent[root(mod)] = root(f)
+    return {item.nodeid: root(item.nodeid.split("::", 1)[0]) for item in items}
+
+
+def share_workers(items, groups_file: Path) -> None:
+    """Order the groups by their slow tests, most first (the longest work starts first and no long group is left
+    for last), and write each test's group for the scheduler. Every worker collects and writes the same."""
+    groups = worker_groups(items)
+    weight: dict[str, int] = {}
+    for item in items:
+        weight[groups[item.nodeid]] = weight.get(groups[item.nodeid], 0) + (100 if item.get_closest_marker("slow") else 1)
+    first = {g: i for i, g in reversed(list(enumerate(groups[it.nodeid] for it in items)))}
+    items.sort(key=lambda it: (-weight[groups[it.nodeid]], first[groups[it.nodeid]]))
+    tmp = groups_file.with_name(f"{groups_file.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(groups))
+    os.replace(tmp, groups_file)
+
+
+GROUPS_FILE = pytest.StashKey[Path]()
+
+
+def pytest_configure_node(node):
+    """The controller: tells each worker where to write the groups."""
+    if GROUPS_FILE not in node.config.stash:
+        node.config.stash[GROUPS_FILE] = Path(tempfile.mkdtemp(prefix="xdist-groups-")) / "groups.json"
+    node.workerinput["groups_file"] = str(node.config.stash[GROUPS_FILE])
+
+
+def pytest_unconfigure(config):
+    if GROUPS_FILE in config.stash:
+        shutil.rmtree(config.stash[GROUPS_FILE].parent, ignore_errors=True)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        """xdist's scope scheduling over the workers' groups, in the workers' order."""
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:   # read once: every worker has finished collecting before the first split
+                self.groups = json.loads(config.stash[GROUPS_FILE].read_text())
+            return self.groups.get(nodeid, nodeid.split("::", 1)[0])
+
+    config.option.loadscopereorder = False
+    return ByGroup(config, log)
+

@@ -136,5 +136,5 @@ def _item(fixtures=(), marks=(), params=None):
     (_item(["tmp_path"], marks=["parametrize"], params={"n": 2}), []),
 ])
 def test_conftest_marks_items_by_reason(item, expected):
-    pytest_collection_modifyitems([item])
+    pytest_collection_modifyitems(SimpleNamespace(), [item])   # a config of no xdist worker
     assert item.added == expected

@@ -24,8 +24,8 @@ def planted(kind: str) -> RequestRecord:
         r.usage = {"prompt_tokens": 512, "completion_tokens": 17}
     elif kind == "ttft":                 # the tune run: the first token 0.5 ms after send, the rest at the server's pace
         r.chunk_times = [r.send_time + 0.0005 + k * STEP for k in range(16)]
-    elif kind == "one_read":             # every token in one read, after a plausible TTFT
-        r.chunk_times = [r.send_time + 0.9 + k * 1e-5 for k in range(16)]
+    elif kind == "one_read":             # every token 10 ms after send: 15 steps of 176 ms could not have run
+        r.chunk_times = [r.send_time + 0.01 + k * 1e-5 for k in range(16)]
     return r
 
 
@@ -68,5 +68,7 @@ def test_sound_levels_flag_nothing():
     spec.chunk_times = [spec.send_time + 0.9 + k * STEP for k in range(4)]   # 4 chunks of 4 tokens (speculation)
     spec.chunk_tokens = [4] * 4
     one = sound(7, n=1)                                          # no TPOT: never judged by a pace
-    assert metrics.implausible([sound(0), sound(1), fast, spec, one]) == {}
+    buffered = sound(8)                                          # paced by the server, read by the client at once
+    buffered.chunk_times = [buffered.send_time + 0.9 + 15 * STEP + k * 1e-5 for k in range(16)]
+    assert metrics.implausible([sound(0), sound(1), fast, spec, one, buffered]) == {}
     assert metrics.summarise([sound(0)])["implausible"] == []

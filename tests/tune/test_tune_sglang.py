@@ -97,7 +97,7 @@ def test_tune_launches_sglang_candidates_and_restores_the_sglang_production_unit
         assert startup and startup[0].status == "fail" and "without scaling factors" in startup[0].title
         assert fp8["guard"]["tested"].startswith("KV cache dtype: bfloat16 vs fp8_e4m3")
         assert fp8["verdict"].startswith("not recommended: ")
-        assert "start-up log check failed — FP8 KV cache without scaling factors" in fp8["verdict"]
+        assert "start-up log check failed — fp8_e4m3 KV cache without scaling factors" in fp8["verdict"]
         # judged by the KL divergence against the reference's own noise floor; greedy identity is where outputs part
         checks = {c["probe"]: c for c in fp8["guard"]["checks"]}
         assert checks["kld"]["status"] in ("pass", "warn", "fail") and checks["kld"]["overall"]["positions"] > 0

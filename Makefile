@@ -150,7 +150,7 @@ test:
 	RUNBOOK_SERVING_PYTHON=$(CURDIR)/$(SERVING)/bin/python RUNBOOK_GATEWAY_PYTHON=$(CURDIR)/$(GATEWAY)/bin/python \
 	  $(PY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
-# The unit tests in under two minutes: no serving interpreter, llama-server, notebooks, browser or servers
+# The unit tests in about three minutes on 2 cores: no serving interpreter, llama-server, notebooks, browser or servers
 # (the `slow` marker and its reasons: pyproject's [tool.pytest.ini_options] markers, tests/conftest.py).
 # RUNBOOK_SERVING_PYTHON is dropped so the library's flag checks do not start SGLang from an unmarked test.
 test-fast: $(DEV)

@@ -145,3 +145,34 @@ def test_runner_agentic_sessions_on_llama_server(llama, cli, tmp_path):
     assert grow[0] < grow[1] < grow[2]                          # history + the answer + a 24-token tool result
     assert grow[1] - grow[0] >= 24 + 6
     assert "<img" in (run_dir / "40_benchmark.html").read_text()
+
+
+@pytest.mark.llama
+def test_llama_server_outlives_no_killed_parent():
+    """The process that started llama-server is SIGKILLed (a test run killed): the kernel kills the server too (a
+    killed run once left llama-server and smg behind; both now start through oscalls.SessionChild)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from runbook.core import oscalls
+
+    code = ("from runbook.demo import llama as demo; s = demo.start_llama_server(demo.llama_server_path(), parallel=1); "
+            "print(s.proc.pid, flush=True); import time; time.sleep(600)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pid = int(parent.stdout.readline())
+        assert oscalls.pid_running(pid)
+    finally:
+        parent.kill()
+        parent.wait(10)
+    deadline = time.monotonic() + 30
+    while oscalls.pid_running(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = oscalls.pid_running(pid)
+    if alive:                               # never leave one behind, even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not alive

@@ -199,7 +199,8 @@ def start_llama_server(exe: Path | None = None, model_dir: Path | None = None, p
             cmd += ["--no-cache-prompt", "--cache-ram", "0"]
         cmd += list(extra_args)
         with open(log, "w") as logf:   # the child keeps its own copy of the descriptor
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            # in a session of its own, SIGKILLed by the kernel if this process dies (a killed test run left it behind)
+            proc = oscalls.SessionChild(cmd[0], cmd, logf.fileno(), os.environ).proc
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:

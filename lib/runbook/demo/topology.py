@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runbook.core import paths, ports
+from runbook.core import oscalls, paths, ports
 from runbook.core.spec import Deployment
 from runbook.demo import sglang
 from runbook.demo.sglang import EngineError, SGLangServer
@@ -108,9 +107,8 @@ def start_gateway(dep: Deployment, log_path: Path | None = None, ready_timeout: 
         log_path = Path(name)
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    with open(log_path, "w") as logf:
-        proc = subprocess.Popen(unit.argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
+    with open(log_path, "w") as logf:   # SIGKILLed by the kernel if this process dies, as the replicas are stopped
+        proc = oscalls.SessionChild(unit.argv[0], unit.argv, logf.fileno(), env).proc
     srv = SGLangServer(proc, g.url, g.port, unit.argv, Path(), log_path, dep, launched=time.monotonic())
     want = len(dep.topology.replicas) if healthy is None else healthy
     try:

@@ -47,6 +47,31 @@ def record(findings_src: str = "[]", data_src: str = "{}") -> str:
             f"notebook.finish(__import__('pathlib').Path(results_path).stem.split('.')[0], {findings_src}, results_path, data={data_src})")
 
 
+def left_after_parent_killed(code: str, alive, wait_s: float) -> tuple[list[int], list[int]]:
+    """`code` starts a server and prints its pid, in a child interpreter that is then SIGKILLed (a test run killed):
+    `alive(pid)` before the kill, and once it is empty or `wait_s` passed. Whatever is left is SIGKILLed, so a
+    failing test leaves nothing behind."""
+    import signal
+    import subprocess
+    import time
+
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+        pid = int(parent.stdout.readline())
+        before = alive(pid)
+    finally:
+        parent.kill()
+        parent.wait(10)
+    deadline = time.monotonic() + wait_s
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = alive(pid)
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    return before, left
+
+
 @pytest.fixture
 def cli():
     """Run `python -m runbook ...` as cron would; returns CompletedProcess."""

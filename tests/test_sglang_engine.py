@@ -10,6 +10,7 @@ import sys
 import aiohttp
 import psutil
 import pytest
+from conftest import left_after_parent_killed
 
 from runbook.core import SGLANG_VERSION
 from runbook.demo import sglang
@@ -126,25 +127,7 @@ def test_the_tiny_model_is_built_the_same_every_time(tmp_path, sglang_server):
 def test_a_server_outlives_no_killed_parent(tmp_path):
     """The process that started SGLang is SIGKILLed (a test run killed, `serve` stopped): the server in its own session
     gets SIGTERM from the kernel and every process of that session exits."""
-    import os
-    import signal
-    import subprocess
-    import time
-
     code = ("import sys, time; from runbook.demo import sglang; "
             f"s = sglang.start(log_path=sglang.Path({str(tmp_path / 'server.log')!r})); print(s.pid, flush=True); time.sleep(600)")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        pid = int(parent.stdout.readline())
-        assert len(sglang.session_pids(pid)) >= 3
-    finally:
-        parent.kill()
-        parent.wait(10)
-    deadline = time.monotonic() + 60
-    while sglang.session_pids(pid) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    left = sglang.session_pids(pid)
-    for p in left:                      # never leave one behind, even when the test fails
-        os.kill(p, signal.SIGKILL)
-    assert not left
+    before, left = left_after_parent_killed(code, sglang.session_pids, 60)
+    assert len(before) >= 3 and not left

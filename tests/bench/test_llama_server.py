@@ -151,28 +151,11 @@ def test_runner_agentic_sessions_on_llama_server(llama, cli, tmp_path):
 def test_llama_server_outlives_no_killed_parent():
     """The process that started llama-server is SIGKILLed (a test run killed): the kernel kills the server too (a
     killed run once left llama-server and smg behind; both now start through oscalls.SessionChild)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
+    from conftest import left_after_parent_killed
 
     from runbook.core import oscalls
 
     code = ("from runbook.demo import llama as demo; s = demo.start_llama_server(demo.llama_server_path(), parallel=1); "
             "print(s.proc.pid, flush=True); import time; time.sleep(600)")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        pid = int(parent.stdout.readline())
-        assert oscalls.pid_running(pid)
-    finally:
-        parent.kill()
-        parent.wait(10)
-    deadline = time.monotonic() + 30
-    while oscalls.pid_running(pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    alive = oscalls.pid_running(pid)
-    if alive:                               # never leave one behind, even when the test fails
-        os.kill(pid, signal.SIGKILL)
-    assert not alive
+    before, left = left_after_parent_killed(code, lambda pid: [pid] if oscalls.pid_running(pid) else [], 30)
+    assert before and not left

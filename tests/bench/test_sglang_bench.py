@@ -74,7 +74,7 @@ def test_every_workload_against_sglang_matches_its_own_counters(sglang_server, t
 
 def test_ttft_and_tpot_beside_the_servers_own_histograms(sglang_server):
     """Our TTFT contains the server's (we send before it receives; it stamps its first token before sending it), so
-    our mean is never below its; TPOT is one definition measured at both ends of the same streams."""
+    our mean is never below its; TPOT is one definition at both ends of the same streams, (E2E − TTFT) / (n − 1)."""
     o = BenchStageOptions(workload="random", concurrency=[4], requests=12, input_len=128, output_len=32, archive="",
                           flush_cache=True)
     res = evaluate(sglang_server.spec, o)
@@ -83,14 +83,13 @@ def test_ttft_and_tpot_beside_the_servers_own_histograms(sglang_server):
     assert s["output_tokens_client"] == s["output_tokens"] == 12 * 32 and s["count_sources"] == ["usage"]
     rows = {r["metric"]: r for r in server_side.beside(s)}
     assert set(rows) == {"TTFT", "TPOT", "ITL", "E2E"} and rows["TTFT"]["server_n"] == rows["TPOT"]["server_n"] == 12
-    d_ttft = rows["TTFT"]["ours_mean_ms"] - rows["TTFT"]["server_mean_ms"]
-    d_e2e = rows["E2E"]["ours_mean_ms"] - rows["E2E"]["server_mean_ms"]
-    assert d_ttft >= -0.5 and d_e2e >= -0.5, rows                   # causality, within the clocks' resolution
-    # Each request's decode span differs between the two ends by its last token's delay minus its first's, each at
-    # least 0 and at most that request's E2E and TTFT excess: so, over 31 intervals, 31 × ΔTPOT lies in
-    # [−ΔTTFT, ΔE2E] — a bound from the arithmetic, not from how busy the machine was (a ratio gate was). SGLang's
-    # TPOT is its E2E minus its TTFT over n − 1, from the same stamps (srt/observability/req_time_stats.py).
-    assert -d_ttft - 1 <= 31 * (rows["TPOT"]["ours_mean_ms"] - rows["TPOT"]["server_mean_ms"]) <= d_e2e + 1, rows
+    d = {m: rows[m]["ours_mean_ms"] - rows[m]["server_mean_ms"] for m in ("TTFT", "TPOT", "E2E")}
+    assert d["TTFT"] >= -0.5, rows                   # causality, within the clocks' resolution
+    # No such bound for E2E: ours ends at the last chunk carrying output, SGLang's when it finishes the request, which
+    # can come after that chunk is sent (a fresh machine's CI saw ours 11 ms below, under load). What holds is the
+    # arithmetic: every request has 32 tokens and both ends take TPOT as (E2E − TTFT) / 31 from their own stamps
+    # (SGLang: srt/observability/req_time_stats.py), so 31 × ΔTPOT = ΔE2E − ΔTTFT for the means.
+    assert 31 * d["TPOT"] == pytest.approx(d["E2E"] - d["TTFT"], abs=1.0), rows
     assert rows["ITL"]["server_n"] == 12 * 31                                        # one interval per token after the first
     f = next(f for f in res.findings if f.id == "bench.server_side.c4")
     assert "TTFT mean ours" in f.title and "server" in f.title

@@ -158,24 +158,25 @@ def test_pool_5pct_smaller_warns(tmp_path):
     assert ids(run_log(tmp_path, startup(tokens=int(PLAN_TOKENS * 0.95))).findings)["verify.tokens"].status == "warn"
 
 
-def _card(tmp_path, scales: bool):
+def _card(tmp_path, scales: tuple[int, ...]):
     """The story's checkpoint in small (a Qwen3.5 hybrid, ModelOpt NVFP4 declaring FP8 KV): its index and shards,
-    with k/v scales on every full-attention layer or on none, read by stage 10's reader."""
+    with k/v scales on the full-attention layers named (3 and 7 are all of them), read by stage 10's reader."""
     from ckpt_factory import attn_layer, make, qwen35_config
 
     base, t = "model.language_model.layers", {}
     for i in (3, 7):
         t.update(attn_layer(i, "bf16", base))
-        if scales:
+        if i in scales:
             t.update({f"{base}.{i}.self_attn.k_proj.k_scale": ("F32", []), f"{base}.{i}.self_attn.v_proj.v_scale": ("F32", [])})
     hq = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}}
-    return make(tmp_path / ("scaled" if scales else "unscaled"), qwen35_config(), [t], hf_quant_config=hq)
+    return make(tmp_path / f"scales-{len(scales)}", qwen35_config(), [t], hf_quant_config=hq)
 
 
 @pytest.mark.parametrize("dtype, logged, scales, status", [
-    ("torch.float8_e4m3fn", True, False, "fail"),    # the story: explicit fp8_e4m3, a checkpoint without scales
-    ("torch.float8_e4m3fn", True, True, "pass"),     # SGLang's line although the checkpoint's scales load (issue 31224)
-    ("torch.float8_e5m2", False, False, "fail"),     # no line for E5M2, and no scales either
+    ("torch.float8_e4m3fn", True, (), "fail"),       # the story: explicit fp8_e4m3, a checkpoint without scales
+    ("torch.float8_e4m3fn", True, (3, 7), "pass"),   # SGLang's line although the checkpoint's scales load (issue 31224)
+    ("torch.float8_e4m3fn", True, (3,), "fail"),     # layer 7 runs at 1.0
+    ("torch.float8_e5m2", False, (), "fail"),        # no line for E5M2, and no scales either
     ("torch.float8_e4m3fn", True, None, "warn"),     # the checkpoint is not on this host: the line alone decides nothing
 ])
 def test_fp8_kv_scales_are_judged_from_the_dtype_the_flag_and_the_checkpoint(tmp_path, dtype, logged, scales, status):
@@ -184,7 +185,9 @@ def test_fp8_kv_scales_are_judged_from_the_dtype_the_flag_and_the_checkpoint(tmp
     f = ids(rep.findings)["verify.fp8_kv_scales"]
     assert f.status == status, f
     assert ("Defaulting to scaling factors of 1.0" in f.evidence) == logged
-    if status == "fail":
+    if status == "fail" and scales:
+        assert "k/v scales on only 1 of 2 KV layers, the other 1 use 1.0" in f.title and "bf16" in f.remedy
+    elif status == "fail":
         assert "without scaling factors" in f.title and "no k_scale/v_scale tensors" in f.detail and "bf16" in f.remedy
     assert any(w["id"] == "fp8_kv_no_scales" for w in document(rep)["warnings"]) == logged
 

@@ -7,27 +7,14 @@ import socket
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 from accuracy.fake_generate import Model, serve, truth
 from runbook.accuracy import kld, probes, scoring
 from runbook.accuracy.settings import AccuracySettings
 from runbook.core.errors import InputError
-from runbook.corpus import code_text
 
 WINDOWS, LENGTH, TOP_K, CHUNK = 3, 200, 5, 64
-
-
-@pytest.fixture(scope="module")
-def tokdir(tmp_path_factory):
-    """A small BPE tokenizer trained on the corpus (the probe needs a tokenizer.json; which one does not matter)."""
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator([code_text()[:50_000]], trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"],
-                                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    d = tmp_path_factory.mktemp("tok")
-    tok.save(str(d / "tokenizer.json"))
-    return d
 
 
 def settings(url, ref, tokdir, **kw):

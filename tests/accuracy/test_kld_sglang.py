@@ -1,13 +1,15 @@
 """The KLD probe against the real SGLang server on CPU serving the real model (SmolLM2-135M-Instruct, BF16 weights):
 the reference (BF16 KV) reproduces its own next-token distributions (the noise floor), and an FP8 E4M3 KV cache
 without scales moves them measurably. The reference is the session's BF16 server (real_sglang); its scores are
-kept and the FP8 server is scored against them, as tune's guard would. Small on purpose (2 windows × 1,024 tokens);
-benchmarks/kld_fp8_kv.py measures more."""
+kept, and written as a record, and the FP8 server is scored against them, as tune's guard would. Small on purpose
+(2 windows × 1,024 tokens); benchmarks/kld_fp8_kv.py measures more."""
+import numpy as np
 import pytest
 
-from runbook.accuracy import kld, kldprobe, scoring
+from runbook.accuracy import identity, kld, kldprobe, record, scoring
 from runbook.accuracy.settings import AccuracySettings
 from runbook.demo import realmodel
+from runbook.endpoint.reach import run_sync
 from runbook.model.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.sglang]
@@ -20,7 +22,7 @@ def settings(url):
                                     kld_window_tokens=TOKENS, kld_chunk=256, batch_size=2)
 
 
-def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, real_sglang, real_sglang_fp8):
+def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, real_sglang, real_sglang_fp8, tmp_path):
     wins = scoring.windows(load_tokenizer(realmodel.hf_dir()), WINDOWS, TOKENS)
     s = settings(real_sglang.url)
     scoring.check_fits(real_sglang.url, TOKENS)                   # /v1/models' max_model_len: 8,192
@@ -39,8 +41,10 @@ def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, rea
     # a trained model on real code: perplexity is a meaningful number, far below the vocabulary's 49,152
     assert 1.5 < ref.floors["second_pass"].overall["ppl_ref"] < 30
 
-    result = kldprobe.measure_candidate(s, ref, real_sglang_fp8.url)      # the session's FP8 E4M3 KV server
-    floor = ref.floors[ref.floor_used]
+    cand = run_sync(scoring.score_candidate(scoring.Request(real_sglang_fp8.url, None, s.kld_top_k, s.kld_chunk), ref.scores))
+    result = kld.compare(ref.scores, cand)                               # the session's FP8 E4M3 KV server
+    used = ref.floor_used
+    floor = ref.floors[used]
     v = kld.judge(result, floor)
     o = result.overall
     # measurable, and by more than Q8_0 moves a model: the paired interval's lower bound (every window's excess over
@@ -54,3 +58,19 @@ def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, rea
     print(f"\nfloor {floor.overall['kld_mean']:.5f} {floor.overall['kld_ci']}, fp8 excess {v.excess_kld:.5f} {v.excess_ci}, "
           f"windows {result.sums['kld'].sum(axis=1) / result.sums['count'].sum(axis=1)}, ppl ratio {o['ppl_ratio']:.5f}, "
           f"same top-1 {o['same_top1']:.4f}")
+
+    # The recorded reference (accuracy/record.py): SGLang's logprobs are float32, so the file holds them exactly, and
+    # the FP8 server compared with the file gets the very figures the live reference gave.
+    made = record.made_by(record.model_identity(realmodel.hf_dir()), identity.server_config(real_sglang.url), WINDOWS,
+                          TOKENS, s.kld_top_k, s.kld_chunk, real_sglang.url)
+    rec = record.read(record.write(tmp_path / "bf16.safetensors", ref, made).path)
+    for mine, kept in zip(ref.scores, rec.reference.scores, strict=True):
+        assert np.array_equal(mine.top_lp, kept.top_lp) and np.array_equal(mine.actual, kept.actual)
+    from_file = kld.compare(rec.reference.scores, cand)
+    assert from_file.overall == result.overall and kld.judge(from_file, rec.reference.floors[used]) == v
+    assert rec.made["server_info"]["kv_cache_dtype"] in ("auto", "bf16") and rec.made["model"]["weights_sha256"]
+    # the BF16 server, one server at a time, against its own record: inside its floor
+    doc, found = kldprobe.against_record(AccuracySettings.resolve(None, None, probe="kld", url=real_sglang.url,
+                                                                  tokenizer=str(realmodel.hf_dir()), record=str(rec.path)))
+    assert {f.id: f.status for f in found}["accuracy.kld.verdict"] == "pass", doc["verdict"]
+    print(f"record {rec.bytes:,} bytes; bf16 against its record: excess {doc['verdict']['excess_kld']:.5f}")

@@ -19,7 +19,7 @@ from runbook.core.spec import Accuracy, Deployment
 
 _PLAN = Accuracy()          # the spec's defaults: the settings' defaults where no spec is given
 # the probes that default to the spec's own server; report and identity skip without --url
-_PROBES_ON_SPEC_SERVER = ("recall", "toolcall", "kld")
+_PROBES_ON_SPEC_SERVER = ("recall", "toolcall", "kld", "record")
 
 
 def _url(spec: Deployment | None, given: dict[str, Any]) -> str | None:
@@ -28,14 +28,15 @@ def _url(spec: Deployment | None, given: dict[str, Any]) -> str | None:
 
 def _tokenizer(spec: Deployment | None, given: dict[str, Any]) -> str | None:
     """kld cuts windows into ids: the served checkpoint's tokenizer, when it is here."""
-    if spec is None or given.get("probe") != "kld" or not (Path(spec.model.path) / "tokenizer.json").is_file():
+    if spec is None or given.get("probe") not in ("kld", "record") or not (Path(spec.model.path) / "tokenizer.json").is_file():
         return None
     return spec.model.path
 
 
 class AccuracySettings(Settings):
-    probe: Literal["kvquant", "recall", "identity", "report", "toolcall", "kld"] = Field(
-        "report", description="report: all of them, what 50_accuracy shows (live probes skip without --url)",
+    probe: Literal["kvquant", "recall", "identity", "report", "toolcall", "kld", "record"] = Field(
+        "report", description="report: all of them, what 50_accuracy shows (live probes skip without --url); record: "
+                              "write the reference's scores and floors to --record",
         json_schema_extra={"positional": "PROBE"})
     url: Url | None = Field(None, description="recall, toolcall: the endpoint (default: the spec's); identity, report: A, and "
                                               "the server checked for batch invariance (default: none, skipped)",
@@ -79,6 +80,9 @@ class AccuracySettings(Settings):
                                                "answer (default: 128)")
     floor_url: Url | None = Field(None, description="kld, identity, report: a restart of the reference with the same "
                                                     "settings, for the noise floor (default: a second pass on the reference)")
+    record: str | None = Field(None, description="record: the file to write (the reference at --url, its windows' top-k "
+                                                 "and noise floors); kld, report: compare --url with this recorded "
+                                                 "reference instead of --compare-url (default: none)")
     # Set by the run itself, never a flag or a notebook parameter:
     api_key_env: str | None = internal(None, "the spec's serving.api_key_env: the variable holding the API key",
                                        "serving.api_key_env")

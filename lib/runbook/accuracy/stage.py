@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from runbook.accuracy import probes, toolcall
+from runbook.accuracy import kldprobe, probes, toolcall
 from runbook.accuracy.settings import AccuracySettings
 from runbook.core.findings import Finding
 from runbook.core.numeric import number
@@ -95,6 +95,11 @@ def _kld(spec: Deployment, o: Options) -> Outcome:
     return Outcome(findings, {"kld": kl})
 
 
+def _record(spec: Deployment, o: Options) -> Outcome:
+    doc, findings = kldprobe.write_record(AccuracySettings.resolve(spec, o))
+    return Outcome(findings, {"record": doc})
+
+
 def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
     """recall (share of needles found), greedy_identical (share of identical prompts), the KV study's largest
     attention-output error for this deployment's own KV format, and the KLD probe's mean KLD, same-top-1 share and
@@ -128,5 +133,5 @@ STAGE = register(Stage(50, "accuracy", "accuracy",
                        "divergence against a reference live",
                        AccuracyOptions, evaluate, figures=figures, trends=("recall", "greedy_identical", "kvquant_attn_rel_err_max"),
                        actions={"kvquant": _kvquant, "recall": _recall, "toolcall": _toolcall, "identity": _identity,
-                                "kld": _kld},
+                                "kld": _kld, "record": _record},
                        action_field="probe"))

@@ -12,14 +12,15 @@ from typing import Any
 from runbook.core.errors import InputError
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> Path:
-    """Write text to path atomically (temp file in the same dir, fsync, rename)."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None) -> Path:
+    """Write data to path atomically (temp file in the same dir, fsync, rename): a file already there is replaced
+    whole or left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, mode if mode is not None else 0o644 & ~current_umask())  # 0644, or less under a stricter umask
@@ -28,6 +29,10 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = Non
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
 def current_umask() -> int:

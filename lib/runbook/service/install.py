@@ -11,11 +11,9 @@ when the install had restarted it. The finding then says which unit is installed
 from __future__ import annotations
 
 import datetime as dt
-import os
 import shutil
 import signal
 import socket
-import tempfile
 import time
 import urllib.error
 from collections.abc import Callable, Sequence
@@ -26,6 +24,7 @@ from typing import Any
 from runbook.core import oscalls
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding
+from runbook.core.fsutil import atomic_write_bytes
 from runbook.core.oscalls import CommandFailed, Interrupted
 from runbook.core.spec import Deployment
 from runbook.endpoint import reach
@@ -87,22 +86,6 @@ def _run_ctl(argv: list[str], timeout: float) -> oscalls.Completed[str]:
         return oscalls.call(argv, timeout=timeout)
     except CommandFailed as e:
         raise _StepFailed(e.reason) from None
-
-
-def _write_bytes(path: Path, data: bytes, mode: int) -> None:
-    """Atomic byte-exact write (temp file in the same dir, fsync, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _unchanged(path: Path, prev: bytes | None) -> bool:
@@ -303,7 +286,7 @@ def _write_reload_restart_wait(ins: _Install, url: str, timeout: float, interval
     """The steps that change the host, in order; `ins.stage` says which one a failure happened in."""
     path, unit = ins.path, ins.unit
     ins.stage = "write unit"
-    ins.run_step("write unit", f"write {path} (temp file + rename, mode 0644)", lambda: _write_bytes(path, ins.new, 0o644))
+    ins.run_step("write unit", f"write {path} (temp file + rename, mode 0644)", lambda: atomic_write_bytes(path, ins.new, 0o644))
     ins.stage = "reload"
     ins.run_step("reload", ins.cmd("daemon-reload"), lambda: ins.ctl("daemon-reload"))
     ins.stage = "restart"
@@ -388,7 +371,7 @@ def _undo(ins: _Install) -> list[str]:
         old = prev
         src = f"{ins.backup}" if ins.backup else "the bytes read before the install"
         attempt("roll back", f"restore {src} -> {path} (byte for byte, mode {ins.prev_mode:04o})",
-                lambda: _write_bytes(path, old, ins.prev_mode))
+                lambda: atomic_write_bytes(path, old, ins.prev_mode))
     attempt("reload", ins.cmd("daemon-reload"), lambda: ins.ctl("daemon-reload"))
     if prev is not None and ins.restarted:
         attempt("restart previous", ins.cmd("restart", unit), lambda: ins.ctl("restart", unit))

@@ -8,14 +8,19 @@ import os
 
 import numpy as np
 import pytest
+import yaml
+from conftest import DEFAULT_SPEC
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
 from accuracy.conftest import train_tokenizer
 from accuracy.fake_generate import Model, serve
-from runbook.accuracy import kldprobe, probes, record
+from runbook.accuracy import kldprobe, probes, record, stage
 from runbook.accuracy.settings import AccuracySettings
+from runbook.alerts import metrics
+from runbook.alerts.textfile import render
 from runbook.core.errors import InputError
+from runbook.core.spec import load as load_spec
 
 WINDOWS, LENGTH, TOP_K, CHUNK = 3, 200, 5, 64
 
@@ -162,3 +167,38 @@ def test_record_and_compare_from_the_cli(tokdir, tmp_path, cli):
     path.write_bytes(path.read_bytes()[:100])
     cp = cli("accuracy", "kld", "--url", "http://127.0.0.1:9", "--record", path, "--tokenizer", tokdir)
     assert cp.returncode == 2 and len(cp.stderr.strip().splitlines()) == 1 and "truncated" in cp.stderr, cp.stderr
+
+
+def _spec(tmp_path, tokdir, url, rec="reference.safetensors"):
+    """The default deployment with its server at `url`, its model dir `tokdir` and accuracy.record relative to it."""
+    doc = yaml.safe_load(DEFAULT_SPEC.read_text())
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    doc["serving"].update(host=host, port=int(port))
+    doc["model"]["path"] = str(tokdir)
+    doc["accuracy"]["record"] = rec
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(doc))
+    return load_spec(tmp_path / "d.yaml")
+
+
+def test_the_spec_names_the_record_and_every_run_compares_and_pages(tokdir, recorded, tmp_path):
+    """`runbook run`'s stage 50 (the report): the spec's server against the spec's record, and the figures the run
+    summary, the fleet index and the textfile carry; a record that belongs to another model is a fail finding."""
+    path, _, _, _ = recorded
+    (tmp_path / "reference.safetensors").write_bytes(path.read_bytes())
+    with serve(Model(vocab(tokdir), shift=0.15), kv="fp8_e4m3") as (url, _):
+        spec = _spec(tmp_path, tokdir, url)
+        s = AccuracySettings.resolve(spec, None)                       # probe report, nothing given
+        assert (s.url, s.record, s.tokenizer) == (url, str(tmp_path / "reference.safetensors"), str(tokdir))
+        doc, found = stage._kld_of_report(s)
+    figs = stage.figures({"kld": doc})
+    assert figs["kld_excess"] == pytest.approx(doc["verdict"]["excess_kld"], abs=1e-6) and figs["kld_excess"] > 0
+    assert figs["kld_verdict"] == doc["verdict"]["status"] != "pass" and "kld_top1_drop_pts" in figs
+    text = render(metrics.collect_stage("d1", "accuracy", found, {"kld": doc}, 0.0).registry)
+    assert 'runbook_check_failed{check="kld",deployment="d1",source="verb"} 1.0' in text
+    assert f'runbook_accuracy_kld_excess_nats{{deployment="d1",source="verb"}} {figs["kld_excess"]}' in text
+    with serve(Model(vocab(tokdir)), model_path="/models/other") as (url, _):
+        doc, found = stage._kld_of_report(AccuracySettings.resolve(_spec(tmp_path, tokdir, url), None))
+    (f,) = found
+    assert (doc, f.id, f.status) == ({}, "accuracy.kld.record", "fail") and "another model" in f.detail
+    text = render(metrics.collect_stage("d1", "accuracy", found, {}, 0.0).registry)
+    assert 'runbook_check_failed{check="kld",deployment="d1",source="verb"} 1.0' in text

@@ -22,15 +22,27 @@ _PLAN = Accuracy()          # the spec's defaults: the settings' defaults where 
 _PROBES_ON_SPEC_SERVER = ("recall", "toolcall", "kld", "record")
 
 
+def _compares_with_record(spec: Deployment | None, given: dict[str, Any]) -> bool:
+    """The report (every `runbook run`) compares the spec's server with the spec's recorded reference."""
+    return (spec is not None and given.get("probe", "report") == "report" and not given.get("compare_url")
+            and bool(given.get("record") or spec.accuracy.record))
+
+
 def _url(spec: Deployment | None, given: dict[str, Any]) -> str | None:
-    return spec.serving.local_url if spec is not None and given.get("probe", "report") in _PROBES_ON_SPEC_SERVER else None
+    on_spec = given.get("probe", "report") in _PROBES_ON_SPEC_SERVER or _compares_with_record(spec, given)
+    return spec.serving.local_url if spec is not None and on_spec else None
 
 
 def _tokenizer(spec: Deployment | None, given: dict[str, Any]) -> str | None:
     """kld cuts windows into ids: the served checkpoint's tokenizer, when it is here."""
-    if spec is None or given.get("probe") not in ("kld", "record") or not (Path(spec.model.path) / "tokenizer.json").is_file():
+    cuts = given.get("probe") in ("kld", "record") or _compares_with_record(spec, given)
+    if spec is None or not cuts or not (Path(spec.model.path) / "tokenizer.json").is_file():
         return None
     return spec.model.path
+
+
+def _record(spec: Deployment | None, given: dict[str, Any]) -> str | None:
+    return str(spec.resolve_path(spec.accuracy.record)) if spec is not None and spec.accuracy.record else None
 
 
 class AccuracySettings(Settings):
@@ -82,7 +94,9 @@ class AccuracySettings(Settings):
                                                     "settings, for the noise floor (default: a second pass on the reference)")
     record: str | None = Field(None, description="record: the file to write (the reference at --url, its windows' top-k "
                                                  "and noise floors); kld, report: compare --url with this recorded "
-                                                 "reference instead of --compare-url (default: none)")
+                                                 "reference instead of --compare-url (default: the spec's "
+                                                 "accuracy.record; report then defaults --url to the spec's server)",
+                        json_schema_extra=from_spec(_record))
     # Set by the run itself, never a flag or a notebook parameter:
     api_key_env: str | None = internal(None, "the spec's serving.api_key_env: the variable holding the API key",
                                        "serving.api_key_env")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from runbook.accuracy import kldprobe, probes, toolcall
 from runbook.accuracy.settings import AccuracySettings
+from runbook.core.errors import InputError
 from runbook.core.findings import Finding
 from runbook.core.numeric import number
 from runbook.core.options import Options
@@ -46,12 +47,25 @@ def assess(spec: Deployment, s: AccuracySettings) -> AccuracyReport:
     rec, recall_findings = probes.run_recall(s)
     ident = probes.run_identity(s)
     tc = toolcall.run(s)
-    kl, kld_findings = probes.run_kld(s)
+    kl, kld_findings = _kld_of_report(s)
     # the KLD compares url with compare_url; identity url with identity_b: the same pair unless spec_off_url is given
     ident_findings = probes.judged_by_kld(ident.findings, kld_findings) if s.identity_b == s.compare_url else ident.findings
     return AccuracyReport(study, active, rec, ident.rows,
                           study.findings + recall_findings + ident_findings + tc.findings + kld_findings,
                           tc.data(), ident.batch, ident.differences, kl)
+
+
+def _kld_of_report(s: AccuracySettings) -> tuple[dict[str, Any], list[Finding]]:
+    """The KLD probe; in the report a recorded reference that does not belong to this server (another model, a
+    tampered file) is a fail of its own, and the other probes still run: a cron run records it and pages."""
+    try:
+        return probes.run_kld(s)
+    except InputError as e:
+        if not s.record or s.compare_url:
+            raise
+        return {}, [Finding("accuracy.kld.record", "fail", "the recorded reference was refused: production not compared "
+                            "with it", detail=str(e), remedy="Fix the record the spec's accuracy.record names (the "
+                            "detail says what differs), or record the reference again: runbook accuracy record")]
 
 
 # The flags and notebook parameters: the settings (accuracy/settings.py) a user sets, None meaning the spec's value.
@@ -100,6 +114,10 @@ def _record(spec: Deployment, o: Options) -> Outcome:
     return Outcome(findings, {"record": doc})
 
 
+KLD_VERDICTS = ("pass", "warn", "fail")
+TRENDS = ("recall", "greedy_identical", "kvquant_attn_rel_err_max", "kld_excess", "kld_top1_drop_pts")
+
+
 def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
     """recall (share of needles found), greedy_identical (share of identical prompts), the KV study's largest
     attention-output error for this deployment's own KV format, and the KLD probe's mean KLD, same-top-1 share and
@@ -120,18 +138,24 @@ def figures(data: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
                 if e is not None]
         if errs:
             out["kvquant_attn_rel_err_max"] = round(max(errs), 6)
-    cand = ((data.get("kld") or {}).get("candidate") or {}).get("overall") or {}
-    for key, name in (("kld_mean", "kld_mean"), ("same_top1", "kld_same_top1"), ("ppl_ratio", "kld_ppl_ratio")):
-        v = number(cand.get(key))
+    kl = data.get("kld") or {}
+    cand = (kl.get("candidate") or {}).get("overall") or {}
+    verdict = kl.get("verdict") or {}
+    for doc, key, name in ((cand, "kld_mean", "kld_mean"), (cand, "same_top1", "kld_same_top1"),
+                           (cand, "ppl_ratio", "kld_ppl_ratio"), (verdict, "excess_kld", "kld_excess"),
+                           (verdict, "top1_drop_pts", "kld_top1_drop_pts")):
+        v = number(doc.get(key))
         if v is not None:
             out[name] = round(v, 6)
+    if verdict.get("status") in KLD_VERDICTS:
+        out["kld_verdict"] = verdict["status"]
     return out
 
 
 STAGE = register(Stage(50, "accuracy", "accuracy",
                        "KV-quantization error offline; long-context recall, greedy identity, tool calls and KL "
                        "divergence against a reference live",
-                       AccuracyOptions, evaluate, figures=figures, trends=("recall", "greedy_identical", "kvquant_attn_rel_err_max"),
+                       AccuracyOptions, evaluate, figures=figures, trends=TRENDS,
                        actions={"kvquant": _kvquant, "recall": _recall, "toolcall": _toolcall, "identity": _identity,
                                 "kld": _kld, "record": _record},
                        action_field="probe"))

@@ -34,6 +34,7 @@ CHECKS = {
     "recall": r"accuracy\.recall(\..+)?",
     "identity": r"accuracy\.identity(\..+)?",
     "toolcall": r"accuracy\.toolcall\..+",
+    "kld": r"accuracy\.kld\.(verdict|record)",
 }
 # (name, help, extra labels) of every gauge, in the order the textfile lists them.
 GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -67,13 +68,16 @@ GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("runbook_accuracy_recall_ratio", "Share of long-context needles found.", ()),
     ("runbook_accuracy_greedy_identical_ratio", "Share of prompts with identical greedy output (speculative on/off).", ()),
     ("runbook_accuracy_kvquant_attn_rel_error", "Largest attention-output relative error of the deployment's KV format.", ()),
+    ("runbook_accuracy_kld_excess_nats", "Mean KL divergence from the reference above its noise floor (nats).", ()),
+    ("runbook_accuracy_kld_top1_drop_points", "Same-top-1 agreement with the reference below its floor's (points).", ()),
 )
 # Run-summary figures (runner/figures.py, the stages' `figures`) -> gauge; output_tok_s is per level below.
 _FIGURES = {"kv_tokens_planned": "runbook_kv_tokens_planned", "kv_tokens_observed": "runbook_kv_tokens_observed",
             "max_concurrency_within_slo": "runbook_bench_max_concurrency_within_slo",
             "max_rate_within_slo": "runbook_bench_max_rate_within_slo_requests_per_second",
             "recall": "runbook_accuracy_recall_ratio", "greedy_identical": "runbook_accuracy_greedy_identical_ratio",
-            "kvquant_attn_rel_err_max": "runbook_accuracy_kvquant_attn_rel_error"}
+            "kvquant_attn_rel_err_max": "runbook_accuracy_kvquant_attn_rel_error",
+            "kld_excess": "runbook_accuracy_kld_excess_nats", "kld_top1_drop_pts": "runbook_accuracy_kld_top1_drop_points"}
 _CHANGES = ("max_concurrency_within_slo", "max_rate_within_slo")   # besides output_tok_s per level
 
 

@@ -203,7 +203,8 @@ def _series(cell: dict[str, Any]) -> list[dict[str, Any]]:
     names = {"kv_tokens_planned": "KV tokens planned", "kv_tokens_observed": "KV tokens observed",
              "max_concurrency_within_slo": "max concurrency within SLO", "max_rate_within_slo": "max request rate within SLO",
              "recall": "long-context recall",
-             "greedy_identical": "greedy identity", "kvquant_attn_rel_err_max": "KV-quant attention error (max)"}
+             "greedy_identical": "greedy identity", "kvquant_attn_rel_err_max": "KV-quant attention error (max)",
+             "kld_excess": "KLD above the reference's floor (nats)", "kld_top1_drop_pts": "top-1 drop against the reference (points)"}
     for key, label in names.items():
         vals = [p.get(key) for p in tr]
         if any(v is not None for v in vals):

@@ -191,7 +191,7 @@ class Accuracy(Strict):
     clipped_frac_fail: float = Field(default=0.01, ge=0)
     attn_rel_err_warn: float = Field(default=0.01, ge=0)
     attn_rel_err_fail: float = Field(default=0.05, ge=0)
-    record: str | None = Field(None, description="a recorded reference (`runbook accuracy record`; relative to this "
+    record: str | None = Field(default=None, description="a recorded reference (`runbook accuracy record`; relative to this "
                                                  "file): every run compares the server with it (stage 50's KLD probe)")
 
 

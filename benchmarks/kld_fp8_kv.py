@@ -1,17 +1,23 @@
-"""KL divergence of SGLang's FP8 KV caches (no scales) from BF16 on the real model, per depth bucket, on CPU.
+"""The one-box flow on the real model, on CPU: record the BF16 reference, then restart the server on the same port
+with each candidate KV cache and compare it with the record (`runbook accuracy record`, `accuracy kld --record`).
 
-One SGLang server at a time (runbook.demo.sglang, the real SmolLM2-135M-Instruct checkpoint): the BF16 reference
-scores the windows (its top-k per position), then scores them again as a candidate would (the noise floor: a second
-pass, and the windows --concurrency at once), then a restarted BF16 server and each FP8 server score them as
-candidates. Prints one table per server: KLD, same top-1 and PPL ratio per depth bucket, and the verdict.
+One SGLang server at a time (runbook.demo.sglang, the real SmolLM2-135M-Instruct checkpoint), as on a host that holds
+one copy of the model:
+1. BF16 KV: `kldprobe.write_record` scores the windows (top-k per position), measures the noise floor (a second pass
+   and the windows --concurrency at once) and writes the record; with --long, a second record of one window as long
+   as the model's context allows (8,191 ids: SGLang keeps one position for the token it generates).
+2. The same port, restarted: BF16 again (the restart floor), then each --kv dtype; each compared with every record.
+Prints per record its size, time and this client's peak memory, and per candidate and record the depth table, the
+share of positions above the tail threshold, and the verdict.
 
     PYTHONPATH=lib RUNBOOK_SERVING_PYTHON=.venv-serving/bin/python .venv/bin/python benchmarks/kld_fp8_kv.py \
-        [--windows 8] [--tokens 2048] [--top-k 20] [--chunk 128] [--concurrency 4] [--model-dir DIR]
+        [--windows 4] [--tokens 2048] [--top-k 20] [--chunk 512] [--concurrency 4] [--long] [--kv fp8_e4m3 fp8_e5m2]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -20,81 +26,75 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import pandas as pd
 
-from runbook.accuracy import kld, report, scoring
+from runbook.accuracy import kldprobe, report
+from runbook.accuracy.settings import AccuracySettings
+from runbook.core import ports
 from runbook.demo import realmodel, sglang
-from runbook.endpoint.reach import run_sync
-from runbook.model.tokenizer import load_tokenizer
+
+LONG_TOKENS = 8191       # the real model's 8,192 positions, less the one a /generate request generates
 
 
-def server(model: Path, log_dir: Path, name: str, flags: dict) -> sglang.SGLangServer:
-    dep = sglang.deployment(sglang.free_port(), source=realmodel.spec_path(), model_dir=model, flags=flags)
-    t = time.monotonic()
-    srv = sglang.start(dep, log_path=log_dir / f"{name}.log")
-    print(f"# {name}: ready in {time.monotonic() - t:.0f} s", flush=True)
-    return srv
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--windows", type=int, default=8)
+    ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--top-k", type=int, default=20)
-    ap.add_argument("--chunk", type=int, default=128)
+    ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--model-dir", type=Path, default=None, help="default: the real model (make real-model)")
+    ap.add_argument("--long", action="store_true", help=f"also a record of one {LONG_TOKENS:,}-token window")
     ap.add_argument("--kv", nargs="+", default=["fp8_e4m3", "fp8_e5m2"])
-    ap.add_argument("--json", type=Path, help="also write every result here")
+    ap.add_argument("--json", type=Path, help="also write every comparison here")
     a = ap.parse_args()
-    a.model_dir = a.model_dir or realmodel.hf_dir()
-    wins = scoring.windows(load_tokenizer(a.model_dir), a.windows, a.tokens)
-    logs = Path(tempfile.mkdtemp(prefix="kld-bench-"))
-    results: dict[str, kld.KldResult] = {}
-    ref: list[kld.Scores] = []
+    model = realmodel.hf_dir()
+    work = Path(tempfile.mkdtemp(prefix="kld-bench-"))
+    port = ports.free_port()
+    shapes = {"short": (a.windows, a.tokens)} | ({"long": (1, LONG_TOKENS)} if a.long else {})
 
-    def phase(name: str, flags: dict, work) -> None:
-        """One server for `work`, started again (at most 3 times) when it dies under it: a busy shared host."""
-        for attempt in range(3):
-            try:
-                with server(a.model_dir, logs, f"{name.replace(' ', '-')}-{attempt}", flags) as srv:
-                    work(scoring.Request(srv.url, None, a.top_k, a.chunk))
-                return
-            except (scoring.ScoringError, sglang.EngineError) as e:
-                print(f"# {name}: attempt {attempt + 1} failed: {e}", flush=True)
+    def settings(url: str, **kw) -> AccuracySettings:
+        return AccuracySettings.resolve(None, None, url=url, tokenizer=str(model), kld_top_k=a.top_k, kld_chunk=a.chunk,
+                                        batch_size=a.concurrency, **kw)
 
-    def reference(rq: scoring.Request) -> None:
-        if not ref:
-            t = time.monotonic()
-            ref.extend(run_sync(scoring.score_reference(rq, wins)))
-            print(f"# reference pass: {time.monotonic() - t:.0f} s", flush=True)
-        for name, conc in (("bf16 second pass", 1), (f"bf16 {a.concurrency} at once", a.concurrency)):
-            if name not in results:
+    def server(name: str, flags: dict) -> sglang.SGLangServer:
+        dep = sglang.deployment(port, source=realmodel.spec_path(), model_dir=model, flags=flags)
+        t = time.monotonic()
+        srv = sglang.start(dep, log_path=work / f"{name}.log", relaunch=0)     # the same port, as the unit's
+        print(f"# {name}: ready on port {port} in {time.monotonic() - t:.0f} s", flush=True)
+        return srv
+
+    records = {}
+    with server("bf16-reference", {}) as srv:
+        for name, (n, tokens) in shapes.items():
+            path = work / f"bf16-{name}.safetensors"
+            doc, findings = kldprobe.write_record(settings(srv.url, probe="record", record=str(path), kld_windows=n,
+                                                           kld_window_tokens=tokens))
+            if not doc:
+                print(f"# record {name} not written: {[f.title for f in findings]}")
+                return 1
+            records[name] = path
+            floor = doc["floor"] if doc["floor_used"] == "second_pass" else doc["floor_batch"]
+            print(f"# record {name}: {n} × {tokens:,} tokens, {doc['bytes']:,} bytes in {doc['seconds']:.0f} s; floor "
+                  f"({doc['floor_used']}) mean KLD {floor['overall']['kld_mean']:.5f}; client peak RSS {peak_rss_mb():.0f} MB",
+                  flush=True)
+    results = {}
+    pd.set_option("display.width", 220)
+    for cand, flags in [("bf16 restart", {})] + [(kv, {"kv-cache-dtype": kv}) for kv in a.kv]:
+        with server(cand.replace(" ", "-"), flags) as srv:
+            for name, path in records.items():
                 t = time.monotonic()
-                results[name] = kld.compare(ref, run_sync(scoring.score_candidate(rq, ref, conc)))
-                print(f"# {name}: {time.monotonic() - t:.0f} s", flush=True)
-
-    def candidate(name: str):
-        def work(rq: scoring.Request) -> None:
-            t = time.monotonic()
-            results[name] = kld.compare(ref, run_sync(scoring.score_candidate(rq, ref)))
-            print(f"# {name}: {time.monotonic() - t:.0f} s", flush=True)
-        return work
-
-    phase("bf16", {}, reference)
-    if not ref:
-        return 1
-    for name, flags in [("bf16 restart", {})] + [(kv, {"kv-cache-dtype": kv}) for kv in a.kv]:
-        phase(name, flags, candidate(name))
-    floor = max((results[k] for k in results if k.startswith("bf16")), key=lambda r: r.overall["kld_mean"])
-    pd.set_option("display.width", 200)
-    for name, res in results.items():
-        doc = {"candidate": res.data(), "floor": floor.data()}
-        print(f"\n## {name} against the BF16 reference ({a.windows} windows × {a.tokens} tokens, top-{a.top_k} + tail)")
-        print(report.kld_table(doc).to_string())
-        f = kld.verdict(res, floor, name)
-        print(f"verdict: {f.status}: {f.title}")
+                doc, findings = kldprobe.against_record(settings(srv.url, probe="kld", record=str(path)))
+                verdict = next(f for f in findings if f.id == "accuracy.kld.verdict")
+                results[f"{cand} / {name}"] = doc
+                print(f"\n## {cand} against the BF16 record {name} ({time.monotonic() - t:.0f} s; client peak RSS "
+                      f"{peak_rss_mb():.0f} MB)")
+                print(report.kld_table(doc).to_string())
+                print(f"verdict: {verdict.status}: {verdict.title}", flush=True)
     if a.json:
-        a.json.write_text(json.dumps({k: v.data() for k, v in results.items()}, indent=1))
-    print(f"\n# server logs: {logs}")
+        a.json.write_text(json.dumps(results, indent=1, default=str))
+    print(f"\n# records and server logs: {work}")
     return 0
 
 

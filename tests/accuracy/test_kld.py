@@ -100,6 +100,9 @@ def test_compare_statistics_match_numpy_and_hand_counts():
     assert o["kld_mean"] == pytest.approx(allk.mean())
     assert o["kld_se"] == pytest.approx(np.std(allk, ddof=1) / math.sqrt(allk.size))
     assert o["kld_p99"] == pytest.approx(np.percentile(allk, 99))
+    assert o["kld_share_above"] == (allk > kld.TAIL_KLD).mean() and 0 < o["kld_share_above"] < 1, o["kld_share_above"]
+    deep = res.by_depth[1]
+    assert deep["kld_share_above"] == (np.concatenate([k[127:] for k in np.split(allk, 3)]) > kld.TAIL_KLD).mean()
     assert o["ppl_ref"] == pytest.approx(math.exp(-lr.mean()))
     assert o["ppl_ratio"] == pytest.approx(math.exp(-lc.mean()) / math.exp(-lr.mean()))
     dp = np.exp(lc) - np.exp(lr)

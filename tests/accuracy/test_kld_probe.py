@@ -38,6 +38,7 @@ def test_the_probe_reports_the_kld_of_the_two_models(tokdir):
     assert c["positions"] == WINDOWS * (LENGTH - 1)
     assert c["kld_mean"] == pytest.approx(want.mean(), rel=1e-9)
     assert c["kld_max"] == pytest.approx(want.max(), rel=1e-9)
+    assert c["kld_share_above"] == (want > kld.TAIL_KLD).mean()                # the tail, counted
     assert doc["floor"]["overall"]["kld_mean"] == 0 and doc["floor"]["overall"]["same_top1"] == 1
     assert doc["floor_batch"]["overall"]["kld_mean"] == 0
     assert [(b["from"], b["to"]) for b in doc["candidate"]["by_depth"]] == [(1, 128), (128, 200)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from runbook.accuracy.kld import TAIL_KLD
 from runbook.core import tables
 from runbook.core.plots import figure
 from runbook.core.registry import display
@@ -134,6 +135,10 @@ def _bucket(r: dict[str, Any]) -> str:
     return f"[{r['from']:,}, {r['to']:,})"
 
 
+def _pct(x: Any) -> float | None:
+    return 100 * x if isinstance(x, (int, float)) else None
+
+
 def kld_table(doc: dict[str, Any]):
     """The KLD probe per depth bucket and overall: the candidate beside the noise floor (`doc`: probes.run_kld's
     document, or any {"candidate": KldResult.data(), "floor": KldResult.data()})."""
@@ -148,6 +153,8 @@ def kld_table(doc: dict[str, Any]):
         out.append({"depth": "all" if r.get("from") is None else _bucket(r), "positions": r.get("positions"),
                     "mean KLD": r.get("kld_mean"), "KLD 95 % CI": (f"{ci[0]:.5f} … {ci[1]:.5f}" if ci[0] is not None else None),
                     "floor mean KLD": f.get("kld_mean"), "KLD p99": r.get("kld_p99"), "KLD max": r.get("kld_max"),
+                    f"% above {TAIL_KLD:g} nats": _pct(r.get("kld_share_above")),
+                    f"floor % above {TAIL_KLD:g}": _pct(f.get("kld_share_above")),
                     "same top-1 %": 100 * r["same_top1"] if r.get("same_top1") is not None else None,
                     "floor same top-1 %": 100 * f["same_top1"] if f.get("same_top1") is not None else None,
                     "PPL ratio": r.get("ppl_ratio"), "RMS Δp %": 100 * r["dp_rms"] if r.get("dp_rms") is not None else None})

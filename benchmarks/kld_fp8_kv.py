@@ -5,7 +5,7 @@ One SGLang server at a time (runbook.demo.sglang, the real SmolLM2-135M-Instruct
 one copy of the model:
 1. BF16 KV: `kldprobe.write_record` scores the windows (top-k per position), measures the noise floor (a second pass
    and the windows --concurrency at once) and writes the record; with --long, a second record of one window as long
-   as the model's context allows (8,191 ids: SGLang keeps one position for the token it generates).
+   as the server takes (scoring.longest_input: 8,185 of the 8,192 positions; SGLang keeps the rest for output).
 2. The same port, restarted: BF16 again (the restart floor), then each --kv dtype; each compared with every record.
 Prints per record its size, time and this client's peak memory, and per candidate and record the depth table, the
 share of positions above the tail threshold, and the verdict.
@@ -26,12 +26,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import pandas as pd
 
-from runbook.accuracy import kldprobe, report
+from runbook.accuracy import kldprobe, report, scoring
 from runbook.accuracy.settings import AccuracySettings
 from runbook.core import ports
 from runbook.demo import realmodel, sglang
-
-LONG_TOKENS = 8191       # the real model's 8,192 positions, less the one a /generate request generates
 
 
 def peak_rss_mb() -> float:
@@ -45,14 +43,14 @@ def main() -> int:
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--long", action="store_true", help=f"also a record of one {LONG_TOKENS:,}-token window")
+    ap.add_argument("--long", action="store_true", help="also a record of one window as long as the server takes")
     ap.add_argument("--kv", nargs="+", default=["fp8_e4m3", "fp8_e5m2"])
     ap.add_argument("--json", type=Path, help="also write every comparison here")
     a = ap.parse_args()
     model = realmodel.hf_dir()
     work = Path(tempfile.mkdtemp(prefix="kld-bench-"))
     port = ports.free_port()
-    shapes = {"short": (a.windows, a.tokens)} | ({"long": (1, LONG_TOKENS)} if a.long else {})
+    shapes = {"short": (a.windows, a.tokens)}
 
     def settings(url: str, **kw) -> AccuracySettings:
         return AccuracySettings.resolve(None, None, url=url, tokenizer=str(model), kld_top_k=a.top_k, kld_chunk=a.chunk,
@@ -67,12 +65,14 @@ def main() -> int:
 
     records = {}
     with server("bf16-reference", {}) as srv:
+        if a.long:
+            shapes["long"] = (1, scoring.longest_input(srv.url) or a.tokens)
         for name, (n, tokens) in shapes.items():
             path = work / f"bf16-{name}.safetensors"
             doc, findings = kldprobe.write_record(settings(srv.url, probe="record", record=str(path), kld_windows=n,
                                                            kld_window_tokens=tokens))
             if not doc:
-                print(f"# record {name} not written: {[f.title for f in findings]}")
+                print(f"# record {name} not written: {[(f.title, f.detail) for f in findings]}")
                 return 1
             records[name] = path
             floor = doc["floor"] if doc["floor_used"] == "second_pass" else doc["floor_batch"]

@@ -58,7 +58,8 @@ def answer(model: Model, body: dict, mode: str = "") -> dict:
 def serve(model: Model, mode: str = "", context: int = 4096, kv: str = "auto", generate: bool = True, model_path: str = "/m"):
     """A fake SGLang at a loopback URL: /v1/models (max_model_len), /server_info, /generate."""
     routes = {"/v1/models": (200, {"object": "list", "data": [{"id": "fake", "max_model_len": context}]}),
-              "/server_info": (200, {"version": "0.5.23", "model_path": model_path, "kv_cache_dtype": kv, "context_length": context})}
+              "/server_info": (200, {"version": "0.5.23", "model_path": model_path, "kv_cache_dtype": kv, "context_length": context,
+                                      "max_req_input_len": context - 6})}     # SGLang 0.5.23: min(ctx - 1, pool - 1) - 5
     if generate:
         routes["/generate"] = (200, lambda body: answer(model, body, mode))
     with httpfake.serve(routes) as (url, seen):

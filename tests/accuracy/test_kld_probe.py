@@ -92,6 +92,16 @@ def test_a_window_longer_than_the_context_is_refused_before_any_request(tokdir):
     assert not any(p == "/generate" for p, _ in seen_ref + seen_cand)
 
 
+def test_a_window_the_server_keeps_no_room_for_is_refused(tokdir):
+    """SGLang takes fewer input ids than its context: 0.5.23 refuses len(input_ids) >= max_req_input_len."""
+    with serve(Model(vocab(tokdir))) as (ref, _), serve(Model(vocab(tokdir)), context=205) as (cand, seen), \
+            pytest.raises(InputError, match=r"200-token window is more input than the server takes in one request \(198 ids"):
+        probes.run_kld(settings(cand, ref, tokdir))
+    assert not any(p == "/generate" for p, _ in seen)
+    with serve(Model(vocab(tokdir))) as (ref, _):
+        assert scoring.longest_input(ref) == 4096 - 7
+
+
 def test_an_unreachable_candidate_is_a_skip(tokdir):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

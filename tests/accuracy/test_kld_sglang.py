@@ -28,6 +28,9 @@ def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, rea
     scoring.check_fits(real_sglang.url, TOKENS)                   # /v1/models' max_model_len: 8,192
     with pytest.raises(Exception, match="longer than the server's context of 8,192"):
         scoring.check_fits(real_sglang.url, 8193)
+    assert scoring.longest_input(real_sglang.url) == 8185       # SGLang keeps 7 of the 8,192 positions for output
+    with pytest.raises(Exception, match=r"more input than the server takes in one request \(8,185 ids"):
+        scoring.check_fits(real_sglang.url, 8186)
     ref = kldprobe.measure_reference(s, wins, real_sglang.url)
     # The same BF16 server, the same positions at other shapes (chunks over a cached prefix vs one pass; two windows
     # at once): BF16 rounding alone moves the distribution (0.0003 nats measured for the floor used). What the

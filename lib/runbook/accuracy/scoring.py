@@ -81,12 +81,30 @@ def context_length(url: str, api_key: str | None = None, timeout: float = 10.0) 
     return None
 
 
+def longest_input(url: str, api_key: str | None = None, timeout: float = 10.0) -> int | None:
+    """The most input ids the server takes in one request: SGLang refuses `len(input_ids) >= max_req_input_len`
+    (/server_info; 0.5.23 sets it to min(context − 1, KV pool − 1) − 5, managers/tp_worker.py, so 8,185 of an 8,192
+    context); None when it does not say."""
+    try:
+        info = fetch_json(url.rstrip("/") + "/server_info", api_key, timeout)
+    except (OSError, ValueError):
+        return None
+    n = info.get("max_req_input_len") if isinstance(info, dict) else None
+    return n - 1 if isinstance(n, int) and not isinstance(n, bool) and n > 1 else None
+
+
 def check_fits(url: str, length: int, api_key: str | None = None) -> None:
-    """InputError before any scoring request when a window is longer than the server's context."""
+    """InputError before any scoring request when a window is longer than the server's context, or than the input
+    it takes in one request."""
     ctx = context_length(url, api_key)
     if ctx is not None and length > ctx:
         raise InputError(f"{url}: a {length:,}-token window is longer than the server's context of {ctx:,} tokens; "
                          f"lower kld_window_tokens to {ctx:,} or less")
+    most = longest_input(url, api_key)
+    if most is not None and length > most:
+        raise InputError(f"{url}: a {length:,}-token window is more input than the server takes in one request "
+                         f"({most:,} ids: its max_req_input_len, which reserves room for output); lower "
+                         f"kld_window_tokens to {most:,} or less")
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,11 @@ kept, and written as a record, and the FP8 server is scored against them, as tun
 (2 windows × 1,024 tokens); benchmarks/kld_fp8_kv.py measures more."""
 import numpy as np
 import pytest
+import yaml
 
-from runbook.accuracy import identity, kld, kldprobe, record, scoring
+from runbook.accuracy import identity, kld, kldprobe, record, scoring, stage
 from runbook.accuracy.settings import AccuracySettings
+from runbook.core.spec import load as load_spec
 from runbook.demo import realmodel
 from runbook.endpoint.reach import run_sync
 from runbook.model.tokenizer import load_tokenizer
@@ -72,8 +74,19 @@ def test_bf16_is_its_own_floor_and_fp8_kv_moves_the_distribution(real_model, rea
     from_file = kld.compare(rec.reference.scores, cand)
     assert from_file.overall == result.overall and kld.judge(from_file, rec.reference.floors[used]) == v
     assert rec.made["server_info"]["kv_cache_dtype"] in ("auto", "bf16") and rec.made["model"]["weights_sha256"]
-    # the BF16 server, one server at a time, against its own record: inside its floor
-    doc, found = kldprobe.against_record(AccuracySettings.resolve(None, None, probe="kld", url=real_sglang.url,
-                                                                  tokenizer=str(realmodel.hf_dir()), record=str(rec.path)))
-    assert {f.id: f.status for f in found}["accuracy.kld.verdict"] == "pass", doc["verdict"]
-    print(f"record {rec.bytes:,} bytes; bf16 against its record: excess {doc['verdict']['excess_kld']:.5f}")
+    # Per replica (a topology; the spec names the record): each server against the record at its own URL. The BF16
+    # server is inside its own record's floor; the one started with an FP8 KV cache is named.
+    doc = yaml.safe_load(realmodel.spec_path().read_text())
+    port = lambda u: int(u.rsplit(":", 1)[1])       # noqa: E731
+    doc["topology"] = {"replicas": [{"name": "bf16", "host": "127.0.0.1", "port": port(real_sglang.url)},
+                                    {"name": "fp8", "host": "localhost", "port": port(real_sglang_fp8.url)}]}
+    doc["model"]["path"], doc["accuracy"] = str(realmodel.hf_dir()), {"record": rec.path.name}
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(doc))
+    spec = load_spec(tmp_path / "fleet.yaml")
+    kl, found = stage._kld_per_replica(spec, AccuracySettings.resolve(spec, None))
+    by_id = {f.id: f for f in found}
+    assert by_id["accuracy.kld.verdict.bf16"].status == "pass", kl["replicas"]
+    assert by_id["accuracy.kld.verdict.fp8"].status != "pass" and "fp8_e4m3" in by_id["accuracy.kld.verdict.fp8"].title
+    assert [r["replica"] for r in kl["replicas"]] == ["bf16", "fp8"]
+    assert kl["candidate_url"] == real_sglang_fp8.url.replace("127.0.0.1", "localhost")      # the worst replica's document
+    print(f"record {rec.bytes:,} bytes; replicas: {kl['replicas']}")

@@ -2,6 +2,7 @@
 tool-call and KL-divergence probes (each a `skip` finding when its endpoint is not given or not reachable)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,7 @@ def assess(spec: Deployment, s: AccuracySettings) -> AccuracyReport:
     rec, recall_findings = probes.run_recall(s)
     ident = probes.run_identity(s)
     tc = toolcall.run(s)
-    kl, kld_findings = _kld_of_report(s)
+    kl, kld_findings = _kld_per_replica(spec, s) if _per_replica(spec, s) else _kld_of_report(s)
     # the KLD compares url with compare_url; identity url with identity_b: the same pair unless spec_off_url is given
     ident_findings = probes.judged_by_kld(ident.findings, kld_findings) if s.identity_b == s.compare_url else ident.findings
     return AccuracyReport(study, active, rec, ident.rows,
@@ -66,6 +67,30 @@ def _kld_of_report(s: AccuracySettings) -> tuple[dict[str, Any], list[Finding]]:
         return {}, [Finding("accuracy.kld.record", "fail", "the recorded reference was refused: production not compared "
                             "with it", detail=str(e), remedy="Fix the record the spec's accuracy.record names (the "
                             "detail says what differs), or record the reference again: runbook accuracy record")]
+
+
+def _per_replica(spec: Deployment, s: AccuracySettings) -> bool:
+    """A topology's replicas are each compared with the record: the spec's server is then not one URL."""
+    return bool(s.record and not s.compare_url and spec.topology.replicas and s.url == spec.serving.local_url)
+
+
+def _kld_per_replica(spec: Deployment, s: AccuracySettings) -> tuple[dict[str, Any], list[Finding]]:
+    """Every replica against the same record at its own URL, not through the gateway (which would pick one): a
+    replica whose distributions differ (another SGLang version, a flag, a faulty GPU) is named in its verdict,
+    `accuracy.kld.verdict.<replica>`. The document is the worst replica's, with `replicas` (one row each)."""
+    rows, findings, docs = [], [], []
+    for name, url in spec.servers:
+        doc, found = _kld_of_report(s.model_copy(update={"url": url}))
+        v = doc.get("verdict") or {}
+        decided = [f for f in found if f.id != "accuracy.kld.floor"]
+        rows.append({"replica": name, "url": url, "status": decided[0].status if decided else "skip",
+                     "excess_kld": v.get("excess_kld"), "top1_drop_pts": v.get("top1_drop_pts"), "tested": doc.get("tested")})
+        findings += [dataclasses.replace(f, id=f"{f.id}.{name}", title=f"replica {name}: {f.title}") for f in decided]
+        if not any(f.id == "accuracy.kld.floor" for f in findings):
+            findings[:0] = [f for f in found if f.id == "accuracy.kld.floor"]
+        docs.append(doc)
+    worst = max(docs, key=lambda d: number((d.get("verdict") or {}).get("excess_kld")) or float("-inf"))
+    return ({**worst, "replicas": rows} if worst else {"replicas": rows}), findings
 
 
 # The flags and notebook parameters: the settings (accuracy/settings.py) a user sets, None meaning the spec's value.

@@ -34,7 +34,7 @@ CHECKS = {
     "recall": r"accuracy\.recall(\..+)?",
     "identity": r"accuracy\.identity(\..+)?",
     "toolcall": r"accuracy\.toolcall\..+",
-    "kld": r"accuracy\.kld\.(verdict|record)",
+    "kld": r"accuracy\.kld\.(verdict|record)(\..+)?",
 }
 # (name, help, extra labels) of every gauge, in the order the textfile lists them.
 GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (

@@ -202,3 +202,25 @@ def test_the_spec_names_the_record_and_every_run_compares_and_pages(tokdir, reco
     assert (doc, f.id, f.status) == ({}, "accuracy.kld.record", "fail") and "another model" in f.detail
     text = render(metrics.collect_stage("d1", "accuracy", found, {}, 0.0).registry)
     assert 'runbook_check_failed{check="kld",deployment="d1",source="verb"} 1.0' in text
+
+
+def test_with_a_topology_every_replica_is_compared_with_the_record(tokdir, recorded, tmp_path):
+    path, _, _, _ = recorded
+    (tmp_path / "reference.safetensors").write_bytes(path.read_bytes())
+    with serve(Model(vocab(tokdir))) as (same, seen_same), serve(Model(vocab(tokdir), shift=0.15), kv="fp8_e4m3") as (off, _):
+        spec = _spec(tmp_path, tokdir, "http://127.0.0.1:30000")
+        doc = yaml.safe_load((tmp_path / "d.yaml").read_text())
+        doc["topology"] = {"replicas": [{"name": "r1", "host": "127.0.0.1", "port": int(same.rsplit(":", 1)[1])},
+                                        {"name": "r2", "host": "localhost", "port": int(off.rsplit(":", 1)[1])}]}
+        (tmp_path / "d.yaml").write_text(yaml.safe_dump(doc))
+        spec = load_spec(tmp_path / "d.yaml")
+        s = AccuracySettings.resolve(spec, None)
+        assert stage._per_replica(spec, s)
+        kl, found = stage._kld_per_replica(spec, s)
+    status = {f.id: f.status for f in found}
+    assert status["accuracy.kld.verdict.r1"] == "pass" and status["accuracy.kld.verdict.r2"] != "pass"
+    assert [(r["replica"], r["status"]) for r in kl["replicas"]] == [("r1", "pass"), ("r2", status["accuracy.kld.verdict.r2"])]
+    assert "fp8_e4m3" in kl["replicas"][1]["tested"] and kl["candidate_url"].startswith("http://localhost:")
+    assert any(p == "/generate" for p, _ in seen_same)                    # at its own URL, not through a gateway
+    text = render(metrics.collect_stage("d1", "accuracy", found, {"kld": kl}, 0.0).registry)
+    assert 'runbook_check_failed{check="kld",deployment="d1",source="verb"} 1.0' in text

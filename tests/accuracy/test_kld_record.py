@@ -224,3 +224,19 @@ def test_with_a_topology_every_replica_is_compared_with_the_record(tokdir, recor
     assert any(p == "/generate" for p, _ in seen_same)                    # at its own URL, not through a gateway
     text = render(metrics.collect_stage("d1", "accuracy", found, {"kld": kl}, 0.0).registry)
     assert 'runbook_check_failed{check="kld",deployment="d1",source="verb"} 1.0' in text
+
+
+def test_tune_resume_reads_the_reference_its_run_kept(recorded, tmp_path):
+    """tune writes guard.KLD_RECORD into its run's folder; --resume compares the candidates left with it, and a file
+    it cannot trust is a reason the candidates say, not a crash."""
+    from runbook.tune import guard
+
+    path, _, _, _ = recorded
+    assert guard.kept_kld_reference(tmp_path) is None                      # none kept: the KLD is not measured
+    (tmp_path / guard.KLD_RECORD).write_bytes(path.read_bytes())
+    kept = guard.kept_kld_reference(tmp_path)
+    assert set(kept.floors) == {"second_pass", "batch"} and len(kept.scores) == WINDOWS
+    (tmp_path / guard.KLD_RECORD).write_bytes(path.read_bytes()[:500])
+    why = guard.kept_kld_reference(tmp_path)
+    assert isinstance(why, str) and "truncated" in why
+    assert guard.kld_candidate(None, why, "http://127.0.0.1:9", None)["status"] == "skip"

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from runbook.core import spec as spec_mod
-from runbook.tune import report
+from runbook.tune import guard, report
 from runbook.tune import stage as tune_stage
 from tune.procs import free_port, pid_gone
 
@@ -103,6 +103,11 @@ def test_tune_launches_sglang_candidates_and_restores_the_sglang_production_unit
         assert checks["kld"]["status"] in ("pass", "warn", "fail") and checks["kld"]["overall"]["positions"] > 0
         assert checks["identity"]["status"] == "info" and "floor" in checks["kld"]["title"]
         assert set(rows["reference"]["kld_floor"]) == {"second_pass", "batch"}
+        # the reference's scores and floor kept as a record in the run's folder: what --resume compares the rest with
+        assert rows["reference"]["kld_record"] == guard.KLD_RECORD
+        (run_dir,) = [d for d in (tmp_path / "arch" / "tune").iterdir() if (d / guard.KLD_RECORD).is_file()]
+        kept = guard.kept_kld_reference(run_dir)
+        assert {k: f.overall for k, f in kept.floors.items()} == rows["reference"]["kld_floor"]
         if fp8["guard"]["status"] == "fail":
             assert "accuracy guard failed — next-token distributions materially off the reference" in fp8["verdict"]
             assert "FP8 KV cache without calibrated k/v scales" in ids["tune.guard"].remedy

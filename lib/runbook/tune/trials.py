@@ -59,7 +59,7 @@ class Ctx:
     t0: float = field(default_factory=time.monotonic)
     baseline_gpu: list[float] | None = None
     reference: dict[str, Any] | None = None     # the reference's recorded guard outputs
-    kld: Any = None                             # the reference's KL-divergence scores and floor (memory only; guard.py)
+    kld: Any = None                             # the reference's KL-divergence scores and floor (guard.KLD_RECORD on disk)
     gpu_held: bool = False                      # a candidate's GPU memory was not given back: launch no more
     pause: Any = None                           # production.Pause while the production unit is paused
     seq: int = 0                                # launches so far: each run's `seq` orders it among the reference's runs
@@ -230,6 +230,9 @@ def _guard(ctx: Ctx, cspec: Deployment, c: Candidate, row: dict[str, Any], url: 
         ctx.kld = guard.kld_reference(cspec, url, context)
         if ctx.kld is not None and not isinstance(ctx.kld, str):
             row["kld_floor"] = {k: f.overall for k, f in ctx.kld.floors.items()}
+            if ctx.run_dir is not None:         # --resume compares the candidates left with the same reference
+                why = guard.keep_kld_reference(ctx.run_dir, cspec, ctx.kld, url, context)
+                row["kld_record"] = f"not written: {why}" if why else guard.KLD_RECORD
     elif not policy and (k := guard.kld_candidate(cspec, ctx.kld, url, context)) is not None:
         got["kld"] = k
     row["guard_outputs"] = got
@@ -375,6 +378,8 @@ def _run(ctx: Ctx, cands: list[Candidate]) -> dict[str, Any]:
         assert ctx.run_dir is not None
         ref = done.get(spec.tune.reference)
         ctx.reference = ref.get("guard_outputs") if ref else None
+        if ref is not None:
+            ctx.kld = guard.kept_kld_reference(ctx.run_dir)
         for _, pre, row in checked:
             if pre.status == "skipped":
                 rows[row["name"]] = row

@@ -6,6 +6,7 @@ the reference and the candidate never serve at the same time."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from runbook.accuracy import identity, kld, record, scoring
@@ -152,9 +153,8 @@ def write_record(s: AccuracySettings) -> tuple[dict[str, Any], list[Finding]]:
         ref = measure_reference(s, wins, s.url, s.floor_url)
     except (scoring.ScoringError, InputError) as e:
         return _scoring_failed(e)
-    made = record.made_by(record.model_identity(s.tokenizer), identity.server_config(s.url, s.api_key), s.kld_windows,
-                          s.kld_window_tokens, s.kld_top_k, s.kld_chunk, s.url)
-    rec = record.write(s.record, ref, made)
+    rec = keep(s, ref, s.url, s.record)
+    made = rec.made
     took = time.monotonic() - t0
     doc = {"record": str(rec.path), "bytes": rec.bytes, "sha256": rec.sha256, "seconds": round(took, 1), "made": made,
            "floor": ref.floors["second_pass"].data(), "floor_batch": ref.floors["batch"].data() if "batch" in ref.floors else None,
@@ -164,6 +164,14 @@ def write_record(s: AccuracySettings) -> tuple[dict[str, Any], list[Finding]]:
                            f"SHA-256 {rec.sha256}"),
                    remedy="Compare a candidate with it: runbook accuracy kld --url CANDIDATE --record " + str(rec.path))
     return doc, [floor_finding(ref), done]
+
+
+def keep(s: AccuracySettings, ref: Reference, url: str, path: str | Path) -> record.Record:
+    """The reference (scored at `url` with s's windows) written to `path` as a record, with who made it: the model
+    at s.tokenizer, the server's /server_info. InputError naming the path when it cannot be written."""
+    made = record.made_by(record.model_identity(s.tokenizer or "."), identity.server_config(url, s.api_key),
+                          s.kld_windows, s.kld_window_tokens, s.kld_top_k, s.kld_chunk, url)
+    return record.write(path, ref, made)
 
 
 def against_record(s: AccuracySettings) -> tuple[dict[str, Any], list[Finding]]:

@@ -182,13 +182,8 @@ KLD_RECORD = "kld-reference.safetensors"      # in the tune run's folder: what -
 
 def keep_kld_reference(run_dir: Path, spec: Deployment, reference: Any, url: str, context: int | None) -> str | None:
     """The reference's scores and floor written as a record beside the run's candidates; why not, or None."""
-    from runbook.accuracy import identity, record  # lazy: only where the reference was scored
-
-    s = _kld_settings(spec, url, context)
-    made = record.made_by(record.model_identity(s.tokenizer or "."), identity.server_config(url), s.kld_windows,
-                          s.kld_window_tokens, s.kld_top_k, s.kld_chunk, url)
     try:
-        record.write(run_dir / KLD_RECORD, reference, made)
+        accuracy.keep_reference(_kld_settings(spec, url, context), reference, url, run_dir / KLD_RECORD)
     except RunbookError as e:
         return " ".join(str(e).split())
     return None
@@ -197,13 +192,11 @@ def keep_kld_reference(run_dir: Path, spec: Deployment, reference: Any, url: str
 def kept_kld_reference(run_dir: Path) -> Any:
     """On --resume: the reference's record from the run's folder (None where none was written; a string saying why
     it cannot be used)."""
-    from runbook.accuracy import record  # lazy: only on a resumed run
-
     path = run_dir / KLD_RECORD
     if not path.is_file():
         return None
     try:
-        return record.read(path).reference
+        return accuracy.read_record(path).reference
     except RunbookError as e:
         return " ".join(str(e).split())
 

@@ -106,11 +106,15 @@ def meets_slo(r: RequestRecord, slo: Any) -> bool:
 # move a legitimate request's pace by a few times, never by this much.
 IMPLAUSIBLE_FACTOR = 50.0
 MIN_STEP_S = 0.001   # below a millisecond per token the client's own scheduling sets the pace (servers scripted to stream at once)
+# A first token also needs at least the server's own round trip (HTTP, tokenizer, scheduler, one forward): never under
+# 2 ms. Needed because a loaded step is no bound for a lone one: on a CI host under contention, a cached-prefix turn
+# through the gateway came back sooner than 1/50 of the level's loaded decode step, and was sound.
+MIN_TTFT_S = 0.002
 
 
 def implausible(records: Sequence[RequestRecord]) -> dict[int, str]:
     """Records the server could not have produced, id -> why: a response that began before its request was sent,
-    more tokens than asked for, a first token sooner than a fiftieth of one decode step, or every token sooner after
+    more tokens than asked for, a first token sooner than a fiftieth of one decode step and than MIN_TTFT_S, or every token sooner after
     the send than a fiftieth of the steps they need. The step is the level's upper-quartile TPOT: it stays a sound request's while
     up to three in four records are too fast (the tune run's six of eight) or one in four is slowed by a retraction."""
     import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
@@ -125,7 +129,7 @@ def implausible(records: Sequence[RequestRecord]) -> dict[int, str]:
             out[r.id] = f"{r.output_tokens} tokens where {r.max_tokens} were asked for"
         elif not r.ok or step is None or step < MIN_STEP_S:
             continue
-        elif ttft is not None and ttft * IMPLAUSIBLE_FACTOR < step:
+        elif ttft is not None and ttft * IMPLAUSIBLE_FACTOR < step and ttft < MIN_TTFT_S:
             out[r.id] = (f"first token {ttft * 1000:.2f} ms after sending, under 1/{IMPLAUSIBLE_FACTOR:g} of one decode step "
                          f"at this level ({step * 1000:.1f} ms): too soon to have prefilled {r.input_tokens or '?'} tokens")
         elif (e2e := e2e_s(r)) is not None and r.output_tokens > 1 and e2e * IMPLAUSIBLE_FACTOR < (r.output_tokens - 1) * step:

@@ -62,6 +62,7 @@ def serve(model: Model, mode: str = "", context: int = 4096, kv: str = "auto", g
                                       "max_req_input_len": context - 6})}     # SGLang 0.5.23: min(ctx - 1, pool - 1) - 5
     if generate:
         routes["/generate"] = (200, lambda body: answer(model, body, mode))
+        routes["/flush_cache?timeout=60"] = (200, lambda body: "Cache flushed.")   # before each floor pass
     with httpfake.serve(routes) as (url, seen):
         yield url, seen
 

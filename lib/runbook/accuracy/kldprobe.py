@@ -35,8 +35,10 @@ def measure_reference(s: AccuracySettings, wins: list[list[int]], url: str, floo
     """The reference's top-k on every window, then itself scored as a candidate is: a second pass (on floor_url when
     given: a restart) and, with s.batch_size > 1, its windows that many at once. ScoringError when an answer is unusable."""
     ref = run_sync(scoring.score_reference(_request(s, url), wins))
+    scoring.flush(floor_url or url, s.api_key)       # each floor pass computes its prefixes as a fresh server would
     floors = {"second_pass": kld.compare(ref, run_sync(scoring.score_candidate(_request(s, floor_url or url), ref)))}
     if s.batch_size > 1:
+        scoring.flush(url, s.api_key)
         floors["batch"] = kld.compare(ref, run_sync(scoring.score_candidate(_request(s, url), ref, s.batch_size)))
     return Reference(url, ref, floors)
 

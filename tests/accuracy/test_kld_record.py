@@ -110,6 +110,12 @@ def test_a_truncated_tampered_newer_or_foreign_file_is_refused(tokdir, recorded,
     save_file({"x": np.zeros(3, np.float32)}, str(bare))
     _refused(bare, "without the 'runbook.record' metadata", tokdir=tokdir)
     _refused(tmp_path / "absent.safetensors", "No such file", tokdir=tokdir)
+    _refused(tmp_path, "is a directory", tokdir=tokdir)
+    forged = tmp_path / "forged.safetensors"                      # a digest recomputed over a `made` that is no object
+    meta = json.dumps({"format": 1, "made": "x", "floors": {}})
+    t = {"w0.ids": np.zeros(3, np.int32)}
+    save_file(t, str(forged), metadata={record.META: meta, record.DIGEST: record._digest(meta, t)})
+    _refused(forged, "its content is not a reference's scores", tokdir=tokdir)
     newer = tmp_path / "newer.safetensors"
     rec = record.read(path)
     monkeypatch.setattr(record, "FORMAT", 2)

@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import socket
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from runbook import __version__
 from runbook.accuracy import kld
 from runbook.core.errors import InputError
-from runbook.core.fsutil import atomic_write_bytes
+from runbook.core.fsutil import FileRefused, atomic_write_bytes, read_regular
 from runbook.corpus import VERSION as CORPUS_VERSION
 
 if TYPE_CHECKING:
@@ -148,12 +147,11 @@ def read(path: str | os.PathLike) -> Record:
 
     p = Path(path)
     try:
-        st = p.stat()
-    except OSError as e:
+        raw = read_regular(p, MAX_BYTES, what="a reference record")
+    except FileNotFoundError as e:
         raise InputError(f"--record {p}: {e.strerror or e}; give the file `runbook accuracy record` wrote") from None
-    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
-        raise _bad(p, "not a regular file" if not stat.S_ISREG(st.st_mode) else f"{st.st_size:,} bytes: not a record")
-    raw = p.read_bytes()
+    except FileRefused as e:
+        raise _bad(p, e.reason) from None
     n = int.from_bytes(raw[:8], "little") if len(raw) >= 8 else -1
     try:
         if not 0 < n <= len(raw) - 8:
@@ -180,7 +178,7 @@ def read(path: str | os.PathLike) -> Record:
     try:
         return Record(p, Reference(str(doc["made"].get("url", "")), _scores(tensors), _floors(doc["floors"], tensors)),
                       doc["made"], metadata[DIGEST], len(raw))
-    except (KeyError, TypeError, ValueError, InputError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, InputError) as e:
         raise _bad(p, f"its content is not a reference's scores ({e})") from None
 
 

@@ -61,6 +61,20 @@ def test_a_retracted_request_does_not_make_the_others_implausible():
     assert metrics.implausible([sound(0), sound(1), sound(2), slow]) == {}
 
 
+def test_retractions_in_three_of_eight_do_not_make_a_quick_short_answer_implausible():
+    """CI's retraction test: three of eight wait 30 s in one gap (their TPOT 2.2 s), and one answer stops at EOS after
+    two tokens 30 ms after sending. Judged by the level's TPOT (2.2 s) it was 50 times too fast; by the requests' own
+    pace per token (176 ms, a retraction's wait is one gap of many) it is sound."""
+    retracted = [sound(i) for i in range(3)]
+    for r in retracted:
+        r.chunk_times = [t + (30.0 if k >= 8 else 0.0) for k, t in enumerate(r.chunk_times)]
+    short = sound(7, n=2, ttft=0.01)
+    short.chunk_times = [short.send_time + 0.01, short.send_time + 0.03]
+    level = [*retracted, *(sound(i) for i in range(3, 7)), short]
+    assert metrics.tpot_s(retracted[0]) > 2.0 and 50 * metrics.e2e_s(short) < metrics.tpot_s(retracted[0])
+    assert metrics.implausible(level) == {}
+
+
 def test_sound_levels_flag_nothing():
     """Batching and speculative chunks move a request's pace a few times, not fifty: nothing is named."""
     fast = sound(5, ttft=0.05)                                   # a cached prompt: first token within a third of a step

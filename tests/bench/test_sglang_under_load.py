@@ -66,7 +66,7 @@ def test_retractions_reported_by_the_benchmark_and_read_by_verify_from_the_log(s
                                      sweep.Level("c8", 8), warmup=0, flush=True)
     lr = asyncio.run(go())
     s = bench.level_summary(lr)
-    assert s["completed"] == 8, s["errors"]
+    assert s["completed"] == 8, (s["errors"], s["implausible"])
     retracted = s["server_side"].get("retracted_requests", 0)
     assert retracted >= 1, s["server_side"]
     f = {f.id: f for f in level_findings.server_findings([s])}

@@ -115,11 +115,13 @@ MIN_TTFT_S = 0.002
 def implausible(records: Sequence[RequestRecord]) -> dict[int, str]:
     """Records the server could not have produced, id -> why: a response that began before its request was sent,
     more tokens than asked for, a first token sooner than a fiftieth of one decode step and than MIN_TTFT_S, or every token sooner after
-    the send than a fiftieth of the steps they need. The step is the level's upper-quartile TPOT: it stays a sound request's while
-    up to three in four records are too fast (the tune run's six of eight) or one in four is slowed by a retraction."""
+    the send than a fiftieth of the steps they need. The step is the upper quartile over the level's records of each one's median
+    gap per token: it stays a sound request's while up to three in four records are too fast (the tune run's six of eight) or one
+    in four waits out a retraction in its only gap. Not TPOT: a retracted request's TPOT holds its whole wait, and with a few
+    of those in a level that stopped at EOS after two tokens, a sound two-token answer was 50 times "too fast"."""
     import numpy as np  # lazy: numpy only when figures are computed (the CLI's start-up stays light)
-    tpots = [t for r in records if r.ok and (t := tpot_s(r)) is not None]
-    step = float(np.percentile(tpots, 75)) if tpots else None
+    paces = [float(np.median(g)) for r in records if r.ok and (g := itl_per_token_s(r))]
+    step = float(np.percentile(paces, 75)) if paces else None
     out: dict[int, str] = {}
     for r in records:
         ttft = ttft_s(r)

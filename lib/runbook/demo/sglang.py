@@ -53,6 +53,11 @@ CANARY_MAKE_TARGET = "make serving-canary"
 # The demo deployment: SGLang's flags for CPU (docs/testing.md, "The SGLang CPU engine"), the tiny model, the
 # serving interpreter; paths relative to the spec file.
 SPEC_FILE = "tiny-llama-sglang-cpu.yaml"
+# For servers started while siblings load (tune's candidates, a fleet's replicas). On CPU SGLang budgets its pool from
+# the host's free memory before and after loading the weights; another process allocating in between leaves "no memory
+# for the KV cache" when free memory fell by more than the fraction (seen: 0.033 needed at 0.02, 0.053 at 0.05, two
+# replicas loading together). 0.1 tolerates twice the worst seen; the token cap keeps each pool small (128 MiB).
+BESIDE_SIBLINGS: dict[str, Any] = {"mem-fraction-static": 0.1, "max-total-tokens": 65536}
 
 # 4 layers, 2 KV heads of 64: 2,048 B of BF16 KV per token; about 4.5 M parameters.
 MODEL_CONFIG: dict[str, Any] = {

@@ -40,7 +40,7 @@ def gateway_python() -> Path:
 def deployment(replicas: int = 2, policy: str = "cache_aware", base: Deployment | None = None,
                gateway_flags: dict[str, Any] | None = None) -> Deployment:
     """The demo spec (absolute paths) with `replicas` SGLang replicas and smg in front, each on a free loopback port."""
-    dep = base or sglang.deployment(sglang.free_port())
+    dep = base or sglang.deployment(sglang.free_port(), flags=sglang.BESIDE_SIBLINGS)   # replicas load together
     reps = [{"name": f"r{i}", "host": "127.0.0.1", "port": sglang.free_port()} for i in range(replicas)]
     g = {"python": str(gateway_python()), "host": "127.0.0.1", "bind": "127.0.0.1", "port": sglang.free_port(),
          "policy": policy, "prometheus_port": sglang.free_port(),   # smg's default 29000 would collide between gateways

@@ -88,12 +88,6 @@ SGLANG_TUNE: dict[str, Any] = {
 }
 
 
-# On CPU SGLang budgets its pool from the host's free memory before and after loading the weights: another process
-# allocating in between (a sibling server's pool) leaves "no memory for the KV cache" at a fraction of 0.02 (seen at
-# 0.033 needed). A larger fraction tolerates that; the token cap keeps what each launch allocates small (128 MiB).
-SGLANG_TUNE_FLAGS: dict[str, Any] = {"mem-fraction-static": 0.1, "max-total-tokens": 65536}
-
-
 def sglang_spec_data(port: int, candidates: dict[str, dict[str, Any]] | None = None, python: str | None = None,
                      source: Path | None = None, **tune: Any) -> dict[str, Any]:
     """An SGLang demo deployment (`source`: deployments/tiny-llama-sglang-cpu.yaml by default; the demo's is the real
@@ -103,7 +97,7 @@ def sglang_spec_data(port: int, candidates: dict[str, dict[str, Any]] | None = N
     data = yaml.safe_load(src.read_text(encoding="utf-8"))
     dep = sglang.deployment(port, source=src)
     data["serving"].update(python=python or dep.serving.python, port=port)
-    data["serving"]["flags"].update(SGLANG_TUNE_FLAGS)
+    data["serving"]["flags"].update(sglang.BESIDE_SIBLINGS)
     data["model"]["path"] = dep.model.path
     data["tune"] = {**SGLANG_TUNE, "candidates": sglang_candidates() if candidates is None else candidates, **tune}
     return data

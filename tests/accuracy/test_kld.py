@@ -156,6 +156,47 @@ def test_verdict_pass_warn_fail_by_the_documented_thresholds():
     assert f.status == "fail" and "KV cache dtype: bf16 vs fp8_e4m3" in f.title and f.remedy
 
 
+def _tail_windows(off_every=None, n=4, length=300, vocab=60, k=10, seed=7, sigma=0.7):
+    """A candidate equal to the reference but at every `off_every`-th position (none when None), where noise of
+    `sigma` moves its logits."""
+    rng, other = np.random.default_rng(seed), np.random.default_rng(seed + 1)   # the same windows whatever is off
+    refs, cands = [], []
+    for _ in range(n):
+        ids, lr, _ = random_pair(rng, n=length, vocab=vocab)
+        lc = lr.copy()
+        if off_every:
+            lc[::off_every] += other.normal(0, sigma, lc[::off_every].shape)
+        r, c = scores_from_logits(ids, lr, lc, k)
+        refs.append(r)
+        cands.append(c)
+    return refs, cands
+
+
+def test_the_tail_decides_when_a_few_positions_are_far_off_and_noise_never_does():
+    """One position in 25 moved by noise, the rest exact: mean KLD and top-1 alone say warn, the tail says fail (a
+    measurable excess of positions above TAIL_KLD beyond FAIL_TAIL_PTS). One such position in 1,196 is within the
+    counts' noise and moves nothing."""
+    refs, same = _tail_windows()
+    floor = kld.compare(refs, same)
+    assert floor.overall["kld_share_above"] == 0
+    _, cands = _tail_windows(25)
+    v = kld.judge(kld.compare(refs, cands), floor)
+    assert kld.PASS_KLD < v.excess_kld < kld.FAIL_KLD and v.top1_drop_pts < kld.FAIL_TOP1_PTS, v
+    assert v.tail_measurable and v.tail_excess_pts > kld.FAIL_TAIL_PTS and v.status == "fail"
+    assert v.data()["tail_excess_pts"] == v.tail_excess_pts and v.data()["thresholds"]["fail_tail_pts"] == kld.FAIL_TAIL_PTS
+    res = kld.compare(refs, [_one_position_off(r, c) if i == 0 else c for i, (r, c) in enumerate(zip(refs, same, strict=True))])
+    w = kld.judge(res, floor)
+    assert 0 < w.tail_excess_pts < kld.PASS_TAIL_PTS * 2 and not w.tail_measurable
+    assert "% of positions above 0.1 nats" in kld.verdict(res, floor).title
+
+
+def _one_position_off(ref, cand):
+    """The candidate with its first position's top-k moved onto the reference's least likely ids."""
+    at = cand.at_ref.copy()
+    at[0] = at[0][::-1]
+    return kld.Scores(cand.ids, cand.actual, cand.top_ids, cand.top_lp, at)
+
+
 def test_verdict_refuses_a_floor_on_other_windows():
     refs, cands = _windows(6, 0.1)
     res = kld.compare(refs, cands)

@@ -246,3 +246,37 @@ def test_tune_resume_reads_the_reference_its_run_kept(recorded, tmp_path):
     why = guard.kept_kld_reference(tmp_path)
     assert isinstance(why, str) and "truncated" in why
     assert guard.kld_candidate(None, why, "http://127.0.0.1:9", None)["status"] == "skip"
+
+
+def test_tune_judges_every_candidate_against_a_given_record(tokdir, recorded, tmp_path):
+    """`tune --record FILE`: a reference this host cannot run, recorded where it could. Checked against the
+    deployment's model before anything launches (another tokenizer is one line); each candidate, on the record's
+    shape whatever tune's guard asks, judged against it: the guard's verdict without the reference's own outputs."""
+    from runbook.tune import guard
+
+    path, _, _, _ = recorded
+    base = load_spec(DEFAULT_SPEC)
+    spec = base.model_copy(update={"model": base.model.model_copy(update={"path": str(tokdir)})})
+    rec = guard.recorded_kld_reference(spec, str(path))
+    with serve(Model(vocab(tokdir))) as (same, _), serve(Model(vocab(tokdir), shift=0.15), kv="fp8_e4m3") as (off, seen):
+        ok, moved = guard.kld_candidate(spec, rec, same, None), guard.kld_candidate(spec, rec, off, None)
+    assert ok["status"] == "pass" and moved["status"] != "pass" and moved["overall"]["positions"] == WINDOWS * (LENGTH - 1)
+    assert sum(p == "/generate" for p, _ in seen) == WINDOWS * 4              # the record's chunk, not the guard's
+    assert guard.compare(spec, {}, {"kld": moved})["status"] == ("fail" if moved["status"] == "fail" else "pass")
+    with serve(Model(vocab(tokdir)), model_path="/other-model") as (foreign, _):
+        assert "another model" in guard.kld_candidate(spec, rec, foreign, None)["title"]
+    other = spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(train_tokenizer(tmp_path, vocab_size=280))})})
+    with pytest.raises(InputError, match="another tokenizer.json"):
+        guard.recorded_kld_reference(other, str(path))
+
+
+def test_tune_refuses_a_record_it_cannot_trust_before_anything_is_made(recorded, tmp_path, capsys):
+    from runbook import cli
+
+    path, _, _, _ = recorded
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(path.read_bytes()[:500])
+    archive = tmp_path / "a"
+    assert cli.main(["tune", "--deployment", str(DEFAULT_SPEC), "--archive", str(archive), "--record", str(cut), "--yes"]) == 2
+    err = capsys.readouterr().err
+    assert str(cut) in err and "truncated" in err and err.count("\n") == 1 and not archive.exists()

@@ -39,6 +39,10 @@ class TuneSettings(Settings):
     resume: Annotated[str, AfterValidator(_run_id)] | None = Field(
         None, description="continue this tune run (a folder under DIR/tune/), skipping its finished candidates (default: a new run)",
         json_schema_extra={"metavar": "RUN_ID"})
+    record: str | None = Field(
+        None, description="a recorded reference (runbook accuracy record) that every candidate's KL divergence is judged "
+                          "against, the reference's own launch included: for a reference configuration this host cannot "
+                          "run (default: the reference's live scores)", json_schema_extra={"metavar": "FILE"})
     budget_s: PosFloat = Field(Tune.model_fields["budget_s"].default, json_schema_extra=from_spec("tune.budget_s"),
                                description="the whole run's time bound, seconds (default: the spec's tune.budget_s)")
     archive_root: str = Field(default_factory=lambda: str(paths.outputs_dir()), alias="archive",

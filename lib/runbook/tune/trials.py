@@ -59,7 +59,8 @@ class Ctx:
     t0: float = field(default_factory=time.monotonic)
     baseline_gpu: list[float] | None = None
     reference: dict[str, Any] | None = None     # the reference's recorded guard outputs
-    kld: Any = None                             # the reference's KL-divergence scores and floor (guard.KLD_RECORD on disk)
+    kld: Any = None                             # the reference's KL-divergence scores and floor (guard.KLD_RECORD on
+    #                                             disk), or the accuracy record.Record given with --record
     gpu_held: bool = False                      # a candidate's GPU memory was not given back: launch no more
     pause: Any = None                           # production.Pause while the production unit is paused
     seq: int = 0                                # launches so far: each run's `seq` orders it among the reference's runs
@@ -226,7 +227,7 @@ def _guard(ctx: Ctx, cspec: Deployment, c: Candidate, row: dict[str, Any], url: 
     policy = c.policy is not None      # a gateway policy changes no numerics: its own guard (routing.py)
     got = routing.record(cspec, url, row) if policy else guard.record(cspec, url, context, row.get("observed"),
                                                                       row.get("sglang_version"))
-    if not policy and c.name == ctx.spec.tune.reference:
+    if not policy and c.name == ctx.spec.tune.reference and not ctx.settings.record:   # else judged by the record below
         ctx.kld = guard.kld_reference(cspec, url, context)
         if ctx.kld is not None and not isinstance(ctx.kld, str):
             row["kld_floor"] = {k: f.overall for k, f in ctx.kld.floors.items()}
@@ -239,10 +240,10 @@ def _guard(ctx: Ctx, cspec: Deployment, c: Candidate, row: dict[str, Any], url: 
     if c.name == ctx.spec.tune.reference:
         ctx.reference = got
         row["guard"] = {"status": "reference", "checks": routing.own_checks(cspec, got) if policy else []}
-    elif ctx.reference is None:
+    elif ctx.reference is None and not (ctx.settings.record and got.get("kld")):
         row["guard"] = {"status": "skip", "checks": [], "title": "no reference outputs to compare with (the reference did not run)"}
-    else:
-        row["guard"] = (routing.compare if policy else guard.compare)(cspec, ctx.reference, got)
+    else:       # without the reference's outputs (it could not run here) the record's KL divergence alone judges
+        row["guard"] = (routing.compare if policy else guard.compare)(cspec, ctx.reference or {}, got)
 
 
 def plan(todo: list[str], reference: str, extra: int) -> list[tuple[str, bool]]:
@@ -352,6 +353,8 @@ def _run(ctx: Ctx, cands: list[Candidate]) -> dict[str, Any]:
     spec, s = ctx.spec, ctx.settings
     root = tune_dir(s.archive_root)
     done: dict[str, dict[str, Any]] = {}
+    if s.record and not s.plan_only:        # refused before anything is stopped or launched
+        ctx.kld = guard.recorded_kld_reference(spec, s.record)
     if s.resume:
         ctx.run_dir, done = _resumed(root, s.resume, spec)
         _log(ctx, f"run {ctx.run_dir.name}: resumed ({ctx.run_dir})")
@@ -378,7 +381,7 @@ def _run(ctx: Ctx, cands: list[Candidate]) -> dict[str, Any]:
         assert ctx.run_dir is not None
         ref = done.get(spec.tune.reference)
         ctx.reference = ref.get("guard_outputs") if ref else None
-        if ref is not None:
+        if ref is not None and not s.record:
             ctx.kld = guard.kept_kld_reference(ctx.run_dir)
         for _, pre, row in checked:
             if pre.status == "skipped":

@@ -12,6 +12,7 @@ zero while the reference's is not is floored at PROB_FLOOR, and so is a referenc
 are both rounding noise contribute nothing): the only place a floor enters."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -287,7 +288,6 @@ def tail_excess(result: dict[str, Any], floor: dict[str, Any]) -> tuple[float, b
     """The candidate's share of positions above TAIL_KLD over the floor's (percentage points), and whether the two
     counts differ by more than TAIL_SIGMAS of their own noise (Poisson: the variance of a count is the count). Both
     were measured on the same positions (judge checks it)."""
-    import math
     n = result.get("positions") or 0
     if not n:
         return 0.0, False

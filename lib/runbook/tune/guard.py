@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from runbook import accuracy
-from runbook.accuracy import identity as server_identity
-from runbook.accuracy import record as records
 from runbook.core.errors import InputError, RunbookError
 from runbook.core.spec import Deployment
 from runbook.corpus import code_prompts
@@ -203,31 +201,31 @@ def kept_kld_reference(run_dir: Path) -> Any:
         return " ".join(str(e).split())
 
 
-def recorded_kld_reference(spec: Deployment, path: str) -> records.Record:
+def recorded_kld_reference(spec: Deployment, path: str) -> accuracy.Record:
     """`tune --record FILE`: a reference recorded where it could run (`runbook accuracy record`), for a reference
     configuration this host cannot run; read and checked against this deployment's model before anything launches
     (a one-line InputError naming the file and the difference). Every candidate is judged against it, the reference's
     own launch included, on the record's windows, top-k and chunk."""
     rec = accuracy.read_record(path)
-    if (why := records.refusal(rec, records.model_identity(tokenizer_dir(spec) or "."), {}, set())):
+    if (why := accuracy.record_refusal(rec, accuracy.model_identity(tokenizer_dir(spec) or "."), {}, set())):
         raise InputError(why)
     return rec
 
 
 def kld_candidate(spec: Deployment, reference: Any, url: str, context: int | None) -> dict[str, Any] | None:
     """The candidate on the reference's windows: its KL divergence, same top-1 and PPL ratio against the reference (its
-    live scores, or a records.Record), and the verdict against the reference's noise floor (accuracy/kld.py: pass, warn,
+    live scores, or a accuracy.Record), and the verdict against the reference's noise floor (accuracy/kld.py: pass, warn,
     fail); None where not measured."""
     if reference is None:
         return None
     if isinstance(reference, str):
         return {"status": "skip", "title": f"KL divergence not measured: {reference}"}
     s = _kld_settings(spec, url, context)
-    if isinstance(reference, records.Record):
+    if isinstance(reference, accuracy.Record):
         made = reference.made
         s = s.model_copy(update={"kld_windows": made["windows"], "kld_window_tokens": made["window_tokens"],
                                  "kld_top_k": made["top_k"], "kld_chunk": made["chunk"]})
-        if (why := records.server_refusal(reference, server_identity.server_config(url, s.api_key))):
+        if (why := accuracy.server_refusal(reference, accuracy.server_config(url, s.api_key))):
             return {"status": "skip", "title": f"KL divergence not measured: {why}"}
         reference = reference.reference
     try:

@@ -258,6 +258,7 @@ def test_tune_judges_every_candidate_against_a_given_record(tokdir, recorded, tm
     base = load_spec(DEFAULT_SPEC)
     spec = base.model_copy(update={"model": base.model.model_copy(update={"path": str(tokdir)})})
     rec = guard.recorded_kld_reference(spec, str(path))
+    assert guard.recorded_kld_reference(base, str(path)).sha256 == rec.sha256    # no checkpoint here: nothing to refuse
     with serve(Model(vocab(tokdir))) as (same, _), serve(Model(vocab(tokdir), shift=0.15), kv="fp8_e4m3") as (off, seen):
         ok, moved = guard.kld_candidate(spec, rec, same, None), guard.kld_candidate(spec, rec, off, None)
     assert ok["status"] == "pass" and moved["status"] != "pass" and moved["overall"]["positions"] == WINDOWS * (LENGTH - 1)

@@ -207,14 +207,15 @@ def recorded_kld_reference(spec: Deployment, path: str) -> accuracy.Record:
     (a one-line InputError naming the file and the difference). Every candidate is judged against it, the reference's
     own launch included, on the record's windows, top-k and chunk."""
     rec = accuracy.read_record(path)
-    if (why := accuracy.record_refusal(rec, accuracy.model_identity(tokenizer_dir(spec) or "."), {}, set())):
+    here = tokenizer_dir(spec)       # no checkpoint here (a GGUF elsewhere): nothing to check; the ids are, per candidate
+    if (why := accuracy.record_refusal(rec, accuracy.model_identity(here) if here else {}, {}, set())):
         raise InputError(why)
     return rec
 
 
 def kld_candidate(spec: Deployment, reference: Any, url: str, context: int | None) -> dict[str, Any] | None:
     """The candidate on the reference's windows: its KL divergence, same top-1 and PPL ratio against the reference (its
-    live scores, or a accuracy.Record), and the verdict against the reference's noise floor (accuracy/kld.py: pass, warn,
+    live scores, or an accuracy.Record), and the verdict against the reference's noise floor (accuracy/kld.py: pass, warn,
     fail); None where not measured."""
     if reference is None:
         return None

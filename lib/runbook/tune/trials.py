@@ -60,7 +60,7 @@ class Ctx:
     baseline_gpu: list[float] | None = None
     reference: dict[str, Any] | None = None     # the reference's recorded guard outputs
     kld: Any = None                             # the reference's KL-divergence scores and floor (guard.KLD_RECORD on
-    #                                             disk), or the accuracy record.Record given with --record
+    #                                             disk), or the accuracy.Record given with --record
     gpu_held: bool = False                      # a candidate's GPU memory was not given back: launch no more
     pause: Any = None                           # production.Pause while the production unit is paused
     seq: int = 0                                # launches so far: each run's `seq` orders it among the reference's runs

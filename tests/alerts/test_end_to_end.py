@@ -4,14 +4,11 @@ fired alert back through Prometheus' HTTP API. A run killed mid-way leaves the p
 planted secret reaches no metric, label, rule or alert."""
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ import yaml
 from conftest import REPO, spec_data
 
 from runbook.alerts import metrics, textfile
+from runbook.demo import prometheus
 
 from .conftest import SECRET, promtool, write_run
 
@@ -26,85 +24,19 @@ pytestmark = [pytest.mark.server, pytest.mark.notebook, pytest.mark.timeout(300)
 LINK = "https://runbooks.example.com/fleet"
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _exe(*names: str) -> str:
-    for n in names:
-        if shutil.which(n):
-            return shutil.which(n)
-    pytest.skip(f"{names[0]} not installed: .ci/run installs Debian's prometheus and prometheus-node-exporter")
-
-
-def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())
-
-
 def _until(what: str, probe, timeout: float = 60.0):
-    """probe() until it returns something truthy; bounded, with the last answer in the failure."""
-    end, last = time.monotonic() + timeout, None
-    while time.monotonic() < end:
-        try:
-            last = probe()
-            if last:
-                return last
-        except OSError as e:
-            last = e
-        time.sleep(0.5)
-    pytest.fail(f"{what}: not within {timeout:.0f} s (last: {last!r})")
-
-
-class Stack:
-    """node_exporter (textfile collector only) and Prometheus on loopback, in temp dirs; stopped by the fixture."""
-
-    def __init__(self, tmp: Path):
-        self.textfiles = tmp / "textfile"
-        self.textfiles.mkdir()
-        self.node_port, self.prom_port = _port(), _port()
-        rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "runbook.rules.yml").read_text())
-        for g in rules["groups"]:
-            for r in g["rules"]:
-                r["for"] = "2s"        # the shipped rules wait 5m; the same rules, pending then firing within seconds
-        (tmp / "rules.yml").write_text(yaml.safe_dump(rules))
-        conf = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(tmp / "rules.yml")],
-                "scrape_configs": [{"job_name": "node", "static_configs": [{"targets": [f"127.0.0.1:{self.node_port}"]}]}]}
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(conf))
-        self.logs = [open(tmp / "node.log", "w"), open(tmp / "prometheus.log", "w")]   # noqa: SIM115 (closed by stop())
-        self.procs = [
-            subprocess.Popen([_exe("prometheus-node-exporter", "node_exporter"), f"--web.listen-address=127.0.0.1:{self.node_port}",
-                              "--collector.disable-defaults", "--collector.textfile",
-                              f"--collector.textfile.directory={self.textfiles}"],
-                             stdout=subprocess.DEVNULL, stderr=self.logs[0]),
-            subprocess.Popen([_exe("prometheus"), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                              f"--web.listen-address=127.0.0.1:{self.prom_port}"],
-                             stdout=subprocess.DEVNULL, stderr=self.logs[1]),
-        ]
-        self.api = f"http://127.0.0.1:{self.prom_port}/api/v1"
-        _until("Prometheus ready", lambda: urllib.request.urlopen(f"http://127.0.0.1:{self.prom_port}/-/ready", timeout=2).status == 200)
-
-    def query(self, q: str) -> list[dict]:
-        return _get(f"{self.api}/query?query={urllib.parse.quote(q)}")["data"]["result"]
-
-    def stop(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-        for f in self.logs:
-            f.close()
+    try:
+        return prometheus.until(what, probe, timeout)
+    except TimeoutError as e:
+        pytest.fail(str(e))
 
 
 @pytest.fixture
 def stack(tmp_path):
-    s = Stack(tmp_path)
+    try:
+        s = prometheus.Stack(tmp_path)
+    except prometheus.Missing as e:
+        pytest.skip(str(e))
     yield s
     s.stop()
 
@@ -119,14 +51,14 @@ def _spec(tmp: Path) -> Path:
     return path
 
 
-def _run(tmp: Path, stack: Stack, **kw) -> subprocess.Popen:
+def _run(tmp: Path, stack: prometheus.Stack, **kw) -> subprocess.Popen:
     env = dict(os.environ, RUNBOOK_E2E_API_KEY=SECRET, HF_TOKEN=SECRET + "-hf")
     return subprocess.Popen([sys.executable, "-m", "runbook", "run", "--only", "environment", "--deployment", str(_spec(tmp)),
                              "--out", str(tmp / "out"), "--textfile-dir", str(stack.textfiles)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
-def test_a_run_reaches_prometheus_and_its_failed_check_fires(tmp_path, stack):
+def test_a_run_reaches_prometheus_and_its_failed_check_fires(tmp_path, stack: prometheus.Stack):
     proc = _run(tmp_path, stack)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 1, out              # a failed check is a result, not an error
@@ -143,7 +75,7 @@ def test_a_run_reaches_prometheus_and_its_failed_check_fires(tmp_path, stack):
     assert stack.query('runbook_findings{stage="environment",status="fail"}')[0]["value"][1] == "1"
 
     def fired():
-        alerts = _get(f"{stack.api}/alerts")["data"]["alerts"]
+        alerts = stack.get("alerts")["data"]["alerts"]
         return [a for a in alerts if a["labels"]["alertname"] == "RunbookCheckFailed" and a["state"] == "firing"]
     alert = _until("RunbookCheckFailed firing", fired)[0]
     assert alert["labels"]["stage"] == "environment" and alert["labels"]["severity"] == "page"
@@ -163,10 +95,10 @@ def test_a_run_reaches_prometheus_and_its_failed_check_fires(tmp_path, stack):
 
     # the planted secret: in no metric, label, rule or alert Prometheus holds
     match = urllib.parse.quote('{__name__=~"runbook_.*"}')
-    series = _get(f"{stack.api}/series?match[]={match}")
-    rules = _get(f"{stack.api}/rules")
+    series = stack.get(f"series?match[]={match}")
+    rules = stack.get("rules")
     verb_text = (stack.textfiles / "runbook_qwen3.5-397b-a17b-nvfp4.environment.prom").read_text()
-    for doc in (text, verb_text, json.dumps(series), json.dumps(rules), json.dumps(_get(f"{stack.api}/alerts"))):
+    for doc in (text, verb_text, json.dumps(series), json.dumps(rules), json.dumps(stack.get("alerts"))):
         assert SECRET not in doc and urllib.parse.quote(SECRET) not in doc
 
 
@@ -195,7 +127,7 @@ def test_silence_fires_with_the_real_programs(tmp_path, stack):
     prom = textfile.write(stack.textfiles, "d1", m.registry)
 
     def firing(name: str):
-        return [a for a in _get(f"{stack.api}/alerts")["data"]["alerts"] if a["labels"]["alertname"] == name and a["state"] == "firing"]
+        return [a for a in stack.get("alerts")["data"]["alerts"] if a["labels"]["alertname"] == name and a["state"] == "firing"]
 
     _until("the run's series", lambda: stack.query('runbook_run_interval_seconds{deployment="d1"}'))
     assert not firing("RunbookTextfileStale") and not firing("RunbookTextfileMissing")

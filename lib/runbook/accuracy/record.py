@@ -46,7 +46,8 @@ class Reference:
 
     @property
     def floor_used(self) -> str:
-        return max(self.floors, key=lambda k: self.floors[k].overall["kld_mean"])
+        # the largest; a tie by name, so a record read back names the floor its maker named (file order is not kept)
+        return max(sorted(self.floors), key=lambda k: self.floors[k].overall["kld_mean"])
 
 
 @dataclass

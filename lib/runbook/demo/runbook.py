@@ -6,6 +6,9 @@ types, its n-gram speculative decoding).
    its own, and the same model with an FP8 KV cache without scales beside it; every notebook runs on the real
    model's deployment (deployments/smollm2-sglang-cpu.yaml on that port): the plan, the unit, verify on the server's
    own log and /server_info, the benchmark, and accuracy against it with the FP8 server as its A/B candidate.
+   Then the story's one-box flow (demo/onebox.py): the reference recorded, the unit changed to the FP8 candidate,
+   the server restarted on the same port and compared with the record by a cron-style run (a real Prometheus
+   fires the alert), and the rollback compared again (the alert resolves).
 2. The servers are stopped (tune takes the deployment's port), and stage 60 launches SGLang candidates for real
    (demo/tune.py: radix cache off, chunked prefill, an FP8 KV cache without scales, a flag SGLang refuses, and the
    same flags on SGLang 0.5.20 where `make serving-canary` built it: the upgrade canary's A/B).
@@ -24,7 +27,7 @@ from runbook.core import paths
 from runbook.core import spec as spec_mod
 from runbook.core.errors import RunbookError
 from runbook.demo import llama as llama_demo
-from runbook.demo import realmodel, sglang
+from runbook.demo import onebox, realmodel, sglang
 from runbook.demo.tune import write_sglang_spec, write_spec
 
 
@@ -69,15 +72,22 @@ def run(out: str, llama: bool = True) -> int:
         return 2
     _log(f"SGLang {srv.url} ready in {srv.startup_s:.0f} s (log {log}), and beside it {cand.url} with "
          f"{CANDIDATE_FLAGS}: {realmodel.MODEL_VERSION}, a real 135 M model on CPU")
+    box = Path(out) / "onebox"
+    box.mkdir(exist_ok=True)
     try:
         code = cli(["run", "--deployment", str(spec), "--out", out, *run_params(srv.url, log, dep.model.path, cand.url)])
+        two_server = onebox.summary(Path(out)).get("metrics") or {}
+        _log(f"one box: the reference at {srv.url} recorded into {box}")
+        recorded, rec = onebox.record(spec, srv.url, box)
     finally:
         cand.stop()
         srv.stop()
+    codes = [code, recorded]
+    if recorded in (0, 1):
+        codes.append(onebox.run(spec, rec, two_server, CANDIDATE_FLAGS, Path(out)))
     # tune is not part of a plain run (it takes the server down): its own run, SGLang candidates on that port
     _log(f"tune on SGLang: {spec} (a launch takes 25-55 s here)")
-    tuned = cli(["run", "--only", "tune", "--deployment", str(spec), "--out", out])
-    codes = [code, tuned]
+    codes.append(cli(["run", "--only", "tune", "--deployment", str(spec), "--out", out]))
     if llama:
         exe, model = llama_demo.build_llama_server(log=_log), llama_demo.tiny_model()
         lspec = write_spec(cache / "tune-demo.yaml", exe, model, llama_demo.free_port())

@@ -12,7 +12,7 @@ import psutil
 import pytest
 from conftest import left_after_parent_killed
 
-from runbook.core import SGLANG_VERSION
+from runbook.core import SGLANG_VERSION, ports
 from runbook.demo import sglang
 from runbook.endpoint.client import Client
 from runbook.endpoint.reach import fetch_json
@@ -100,7 +100,7 @@ def _fake_python(path, body: str):
 def test_broken_engine_is_one_line_naming_interpreter_and_target(tmp_path, case):
     body = {"no sglang": "echo \"ModuleNotFoundError: No module named 'sglang'\" >&2; exit 1", "other version": "echo 0.4.0"}
     py = _fake_python(tmp_path / "python", body[case]) if case in body else tmp_path / "nope" / "python"
-    dep = sglang.deployment(sglang.free_port(), python=py)
+    dep = sglang.deployment(ports.free_port(), python=py)
     with pytest.raises(sglang.EngineError) as e:
         sglang.start(dep, log_path=tmp_path / "server.log")
     msg = str(e.value)

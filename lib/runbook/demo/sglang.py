@@ -224,9 +224,6 @@ def ensure_model(model_dir: Path, python: Path) -> Path:
     return tiny_model(model_dir, python=python)
 
 
-free_port = ports.free_port
-
-
 def log_tail(path: Path, lines: int = 5) -> str:
     """The log's last lines on one line (' | ' between them), for a one-line error."""
     try:
@@ -353,7 +350,7 @@ def start(dep: Deployment | None = None, *, port: int | None = None, flags: Mapp
     A start-up whose port was taken meanwhile runs again on a free port, at most `relaunch` times (never with
     `argv`, whose port is its own): `srv.spec` and `srv.url` are then the new port's, `srv.collisions` says why."""
     if dep is None:
-        dep = deployment(port or free_port(), flags=flags)
+        dep = deployment(port or ports.free_port(), flags=flags)
     base = dep
 
     def once(p: int) -> SGLangServer:
@@ -386,7 +383,7 @@ def launch(dep: Deployment | None = None, *, port: int | None = None, flags: Map
            host_free_gib: float | None = None) -> SGLangServer:
     """start() without the wait: the server is starting when this returns (wait_ready, stop)."""
     if dep is None:
-        dep = deployment(port or free_port(), flags=flags)
+        dep = deployment(port or ports.free_port(), flags=flags)
     port = dep.serving.port
     if not oscalls.port_free(dep.serving.host, port):   # TIME_WAIT is free: SGLang binds with SO_REUSEADDR
         who = ports.held_by(port)
@@ -471,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     flags = {"mem-fraction-static": a.mem_fraction_static} if a.mem_fraction_static else None
     try:
-        dep = deployment(a.port or free_port(), flags=flags, source=a.deployment)
+        dep = deployment(a.port or ports.free_port(), flags=flags, source=a.deployment)
         if a.action == "build":
             version = check_engine(Path(dep.serving.python))
             model = ensure_model(Path(dep.model.path), Path(dep.serving.python))

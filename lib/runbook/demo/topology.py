@@ -40,10 +40,10 @@ def gateway_python() -> Path:
 def deployment(replicas: int = 2, policy: str = "cache_aware", base: Deployment | None = None,
                gateway_flags: dict[str, Any] | None = None) -> Deployment:
     """The demo spec (absolute paths) with `replicas` SGLang replicas and smg in front, each on a free loopback port."""
-    dep = base or sglang.deployment(sglang.free_port(), flags=sglang.BESIDE_SIBLINGS)   # replicas load together
-    reps = [{"name": f"r{i}", "host": "127.0.0.1", "port": sglang.free_port()} for i in range(replicas)]
-    g = {"python": str(gateway_python()), "host": "127.0.0.1", "bind": "127.0.0.1", "port": sglang.free_port(),
-         "policy": policy, "prometheus_port": sglang.free_port(),   # smg's default 29000 would collide between gateways
+    dep = base or sglang.deployment(ports.free_port(), flags=sglang.BESIDE_SIBLINGS)   # replicas load together
+    reps = [{"name": f"r{i}", "host": "127.0.0.1", "port": ports.free_port()} for i in range(replicas)]
+    g = {"python": str(gateway_python()), "host": "127.0.0.1", "bind": "127.0.0.1", "port": ports.free_port(),
+         "policy": policy, "prometheus_port": ports.free_port(),   # smg's default 29000 would collide between gateways
          "flags": gateway_flags or {}}
     data = dep.model_dump()
     data["topology"] = {"replicas": reps, "gateway": g}
@@ -160,7 +160,7 @@ def launch(log_dir: Path, replicas: int = 2, policy: str = "cache_aware") -> Fle
     def attempt(_port: int) -> Fleet:
         return start(deployment(replicas, policy=policy), log_dir)
 
-    fleet, _ = ports.relaunching(attempt, sglang.free_port(), failed_log=sglang.exited_log)
+    fleet, _ = ports.relaunching(attempt, ports.free_port(), failed_log=sglang.exited_log)
     return fleet
 
 

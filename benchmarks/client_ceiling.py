@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
-import socket
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 from runbook.bench import workers
 from runbook.bench.sweep import Level, run_level
+from runbook.core.ports import free_port
 from runbook.endpoint.client import TRANSPORTS, Client, RequestSpec
 from runbook.endpoint.reach import run_sync
 
@@ -129,12 +129,6 @@ def serve_steps(port: int, tokens: int, step_s: float) -> None:
                     tr.write(frame + end)
 
     asyncio.run(main())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ours(url: str, conc: int, tokens: int, n: int, loop: str, transport: str = "h1") -> tuple[float, Any]:

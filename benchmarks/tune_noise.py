@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from runbook.core import ports
 from runbook.core import spec as spec_mod
-from runbook.demo import llama as demo
 from runbook.demo.tune import SGLANG_CANDIDATES, write_sglang_spec
 from runbook.tune import report, stage
 
@@ -40,7 +40,7 @@ def main() -> int:
     a = ap.parse_args()
     cands = {n: SGLANG_CANDIDATES[n] for n in a.candidates.split(",")}
     with tempfile.TemporaryDirectory() as d:
-        path = write_sglang_spec(Path(d) / "tiny-sglang.yaml", demo.free_port(), candidates=cands,
+        path = write_sglang_spec(Path(d) / "tiny-sglang.yaml", ports.free_port(), candidates=cands,
                                  reference_runs=a.reference_runs, requests_per_level=a.requests)
         dep = spec_mod.load(path)
         rep = stage.evaluate(dep, stage.TuneOptions(archive=d))

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from runbook.core import ports
 from runbook.core import spec as spec_mod
 from runbook.demo import llama as demo
 from runbook.demo.tune import write_sglang_spec, write_spec
@@ -45,11 +46,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         if a.engine == "sglang":
             cands = dict(list(SGLANG_CANDIDATES.items())[:a.candidates])
-            path = write_sglang_spec(Path(d) / "tiny-sglang.yaml", demo.free_port(), candidates=cands, **small)
+            path = write_sglang_spec(Path(d) / "tiny-sglang.yaml", ports.free_port(), candidates=cands, **small)
         else:
             exe, model = demo.build_llama_server(), demo.tiny_model()
             cands = dict(list(CANDIDATES.items())[:a.candidates])
-            path = write_spec(Path(d) / "tiny.yaml", exe, model, demo.free_port(), candidates=cands, **small)
+            path = write_spec(Path(d) / "tiny.yaml", exe, model, ports.free_port(), candidates=cands, **small)
         rep = stage.evaluate(spec_mod.load(path), stage.TuneOptions(archive=d))
     rows = [r for r in rep.rows if r["status"] == "done"]
     print(f"{'candidate':<11} {'pre-check':>9} {'ready':>7} {'bench':>7} {'guard':>7} {'teardown':>8} {'total':>7} {'overhead':>9} "

@@ -127,10 +127,11 @@ def real_model():
 def real_sglang(real_model, tmp_path_factory):
     """SGLang on CPU serving the real model with its BF16 KV cache (deployments/smollm2-sglang-cpu.yaml), shared by
     the session: the reference every accuracy comparison on real weights is made against."""
+    from runbook.core import ports
     from runbook.demo import realmodel
     from runbook.demo import sglang as demo
 
-    dep = demo.deployment(demo.free_port(), source=realmodel.spec_path())
+    dep = demo.deployment(ports.free_port(), source=realmodel.spec_path())
     srv = demo.start(dep, log_path=tmp_path_factory.mktemp("sglang-real") / "server.log")
     yield srv
     srv.stop()
@@ -140,10 +141,11 @@ def real_sglang(real_model, tmp_path_factory):
 def real_sglang_fp8(real_model, tmp_path_factory):
     """The same real model with `--kv-cache-dtype fp8_e4m3` and no scaling factors (scale 1.0, as SGLang logs): the
     story's configuration, the candidate every real-weights accuracy comparison measures against `real_sglang`."""
+    from runbook.core import ports
     from runbook.demo import realmodel
     from runbook.demo import sglang as demo
 
-    dep = demo.deployment(demo.free_port(), source=realmodel.spec_path(), flags={"kv-cache-dtype": "fp8_e4m3"})
+    dep = demo.deployment(ports.free_port(), source=realmodel.spec_path(), flags={"kv-cache-dtype": "fp8_e4m3"})
     srv = demo.start(dep, log_path=tmp_path_factory.mktemp("sglang-real-fp8") / "server.log")
     yield srv
     srv.stop()

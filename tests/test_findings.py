@@ -43,19 +43,16 @@ def test_secret_key_names(name, secret):
     assert is_secret_key(name) is secret
 
 
-def test_every_finding_id_starts_with_its_stage_and_renamed_ids_carry_their_alias():
-    """Issue 28: ids start with the stage that emits them; the old id rides along as `alias` for one release."""
+def test_every_finding_id_starts_with_its_stage():
+    """Issue 28: ids start with the stage that emits them; a finding's JSON is its six fields, nothing else."""
     import ast
     from pathlib import Path
 
     from runbook.core import registry
-    from runbook.core.findings import RENAMED, Finding, alias
 
-    assert Finding("env.gpu.count", "pass", "x").to_dict()["alias"] == "gpu.count"
-    assert Finding("quant.kv.fp8_scales", "fail", "x").to_dict()["alias"] == "kv.fp8_scales"
-    assert "alias" not in Finding("kv.capacity", "pass", "x").to_dict()
+    assert list(Finding("env.gpu.count", "pass", "x").to_dict()) == ["id", "status", "title", "detail", "evidence",
+                                                                     "remedy"]
     assert Finding.from_dict(Finding("env.host.shm", "warn", "x").to_dict()) == Finding("env.host.shm", "warn", "x")
-    assert alias("accuracy.toolcall.parsed") is None and set(RENAMED.values()).isdisjoint({"env.", "kv.capacity"})
     lib = Path(__file__).resolve().parents[1] / "lib" / "runbook"
     prefixes = {s.package: (s.verb, s.name) for s in registry.stages()}
     bad = []

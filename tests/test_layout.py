@@ -262,14 +262,14 @@ def test_every_export_is_the_object_not_a_submodule(stage):
 
 def test_the_cli_does_not_import_the_heavy_stacks():
     """The registry imports every stage package, and each binds its names by plain imports; `runbook VERB --help`
-    stays light (no pandas, matplotlib, ml_dtypes, aiohttp, numpy, safetensors or tokenizers: those imports sit inside
-    the functions that need them; 0.39 s here, where importing every stage's stacks took 1.35 s)."""
+    stays light (no pandas, matplotlib, ml_dtypes, aiohttp, numpy, safetensors, tokenizers or jsonschema: those imports
+    sit inside the functions that need them; 0.39 s here, where importing every stage's stacks took 1.35 s)."""
     import subprocess
     import sys
 
     code = ("import sys; from runbook import cli; cli.build_parser(); "
             "print(sorted(m for m in ('pandas', 'matplotlib', 'ml_dtypes', 'jupyter_client', 'aiohttp', 'numpy', "
-            "'safetensors', 'tokenizers') if m in sys.modules))")
+            "'safetensors', 'tokenizers', 'jsonschema') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
@@ -405,3 +405,25 @@ def test_os_rule_allows_naming_the_tools_in_messages_and_running_other_programs(
             "def f():\n    return subprocess.run(['git', 'rev-parse', 'HEAD'])\n")
     assert _os_violations(Path("x.py"), text) == []
     assert _os_violations(Path("x.py"), "SYSTEMCTL = ('systemctl',)\n") == []    # a default handed to the layer
+
+
+def _preexec_violations(path: Path, text: str) -> list[str]:
+    """Calls that pass `preexec_fn`: Python run between fork and exec is unsafe once the process has threads. A child
+    the kernel signals when this process dies is core/oscalls.py's `dying_with_parent` (or `SessionChild`)."""
+    return [f"{path.name}:{n.lineno}: passes preexec_fn" for n in ast.walk(ast.parse(text, str(path)))
+            if isinstance(n, ast.Call) and any(k.arg == "preexec_fn" for k in n.keywords)]
+
+
+def test_nothing_in_lib_passes_preexec_fn():
+    bad = [f"{p.relative_to(REPO)}: {v}" for p in sorted(LIB.rglob("*.py")) if "data" not in p.parts
+           for v in _preexec_violations(p, p.read_text())]
+    assert not bad, "use runbook.core.oscalls.dying_with_parent instead:\n" + "\n".join(bad)
+
+
+def test_preexec_rule_names_a_planted_violation():
+    text = ("import subprocess\nfrom runbook.core import oscalls\n\n"
+            "def start(cmd):\n    # preexec_fn named in a comment or a 'preexec_fn' string is no call\n"
+            "    return subprocess.Popen(cmd, start_new_session=True,\n"
+            "                            preexec_fn=lambda: oscalls.prctl(1, 15))\n")
+    assert _preexec_violations(Path("lib/runbook/demo/x.py"), text) == ["x.py:6: passes preexec_fn"]
+    assert _preexec_violations(Path("x.py"), "import subprocess\nsubprocess.Popen(['true'])  # no 'preexec_fn'\n") == []

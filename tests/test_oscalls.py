@@ -100,6 +100,32 @@ def _python_child(tmp_path, code: str, marker) -> oscalls.SessionChild:
     return child
 
 
+@pytest.mark.parametrize("death_signal", [signal.SIGKILL, signal.SIGTERM])
+def test_a_session_child_gets_its_death_signal_when_its_parent_is_sigkilled(tmp_path, death_signal):
+    """What the demo's SGLang (SIGTERM: it still stops its scheduler) and every other server (SIGKILL) rely on."""
+    import subprocess
+
+    got, kid = tmp_path / "got", tmp_path / "kid"
+    leaf = (f"import os,signal,time; signal.signal(signal.SIGTERM, lambda *a: (open({str(got)!r},'w').write('TERM'), "
+            f"os._exit(0))); open({str(kid)!r},'w').close(); time.sleep(300)")
+    code = (f"import os,sys,time; from runbook.core import oscalls\n"
+            f"c = oscalls.SessionChild(sys.executable, [sys.executable, '-c', {leaf!r}], 2, os.environ, {int(death_signal)})\n"
+            f"print(c.pid, flush=True); time.sleep(300)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    pid = int(parent.stdout.readline())
+    deadline = time.monotonic() + 20
+    while not kid.exists() and time.monotonic() < deadline:     # its handler is set
+        time.sleep(0.05)
+    parent.kill()
+    parent.wait(10)
+    deadline = time.monotonic() + 10
+    while oscalls.pid_running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not oscalls.pid_running(pid)
+    assert got.exists() == (death_signal == signal.SIGTERM)
+
+
 def test_a_leader_signal_reaches_the_leader_alone_and_every_process_of_the_group_is_waited_for(tmp_path):
     """leader_signal (SGLang's SIGINT): only the main process gets it; a child that outlives it (here it ignores
     SIGINT and SIGTERM) is SIGKILLed with the group, and stop returns only once no process of the group is left."""

@@ -8,6 +8,7 @@ import pytest
 from adversarial.test_unit_injection import SYSTEMD, systemd_view
 
 from runbook import service
+from runbook.core import ports
 from runbook.demo import sglang
 
 pytestmark = [pytest.mark.sglang]
@@ -28,7 +29,7 @@ def test_the_units_exec_start_is_what_runs_the_live_server(sglang_server):
 
 
 def test_readiness_probe_fails_while_sglang_starts_and_passes_once_it_serves(tmp_path):
-    dep = sglang.deployment(sglang.free_port())
+    dep = sglang.deployment(ports.free_port())
     _, view = _unit(dep)
     [probe] = view["ExecStartPost"]
     assert probe[-2] == f"{dep.serving.local_url}/health"

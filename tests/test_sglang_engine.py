@@ -12,7 +12,7 @@ import psutil
 import pytest
 from conftest import left_after_parent_killed
 
-from runbook.core import SGLANG_VERSION
+from runbook.core import SGLANG_VERSION, oscalls, ports
 from runbook.demo import sglang
 from runbook.endpoint.client import Client
 from runbook.endpoint.reach import fetch_json
@@ -74,7 +74,7 @@ def test_server_that_exits_during_startup_says_how_in_one_line(tmp_path):
     with pytest.raises(sglang.EngineError) as e:
         sglang.start(flags={"attention-backend": "no_such_backend"}, log_path=tmp_path / "server.log", ready_timeout=180)
     msg = str(e.value)
-    assert "\n" not in msg and "SGLang exited with 2 during start-up" in msg and "no_such_backend" in msg, msg
+    assert "\n" not in msg and "SGLang exited with code 2 during start-up" in msg and "no_such_backend" in msg, msg
 
 
 def test_port_in_use_is_refused_before_launch(tmp_path):
@@ -100,7 +100,7 @@ def _fake_python(path, body: str):
 def test_broken_engine_is_one_line_naming_interpreter_and_target(tmp_path, case):
     body = {"no sglang": "echo \"ModuleNotFoundError: No module named 'sglang'\" >&2; exit 1", "other version": "echo 0.4.0"}
     py = _fake_python(tmp_path / "python", body[case]) if case in body else tmp_path / "nope" / "python"
-    dep = sglang.deployment(sglang.free_port(), python=py)
+    dep = sglang.deployment(ports.free_port(), python=py)
     with pytest.raises(sglang.EngineError) as e:
         sglang.start(dep, log_path=tmp_path / "server.log")
     msg = str(e.value)
@@ -129,5 +129,5 @@ def test_a_server_outlives_no_killed_parent(tmp_path):
     gets SIGTERM from the kernel and every process of that session exits."""
     code = ("import sys, time; from runbook.demo import sglang; "
             f"s = sglang.start(log_path=sglang.Path({str(tmp_path / 'server.log')!r})); print(s.pid, flush=True); time.sleep(600)")
-    before, left = left_after_parent_killed(code, sglang.session_pids, 60)
+    before, left = left_after_parent_killed(code, oscalls.group_pids, 60)
     assert len(before) >= 3 and not left

@@ -1,6 +1,5 @@
 """runbook: the helper library behind the SGLang deployment notebooks."""
 from runbook.core.errors import (
-    EndpointError,
     InputError,
     LockHeld,
     RunbookError,
@@ -10,5 +9,5 @@ from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
 from runbook.core.spec import load as load_spec
 
-__all__ = ["Deployment", "EndpointError", "Finding", "InputError", "LockHeld", "RunbookError", "SpecError", "load_spec"]
+__all__ = ["Deployment", "Finding", "InputError", "LockHeld", "RunbookError", "SpecError", "load_spec"]
 __version__ = "0.1.0"

@@ -361,11 +361,12 @@ def _small_capture(d, py):
 def test_sglang_on_cpu_refuses_scales_it_cannot_apply(real_model, tmp_path):
     """Differential, on the real server: SGLang 0.5.23 on CPU (--model-impl transformers) stops at start-up when given
     the scales file (load_model_utils.py:131-135), so an FP8 KV cache on CPU is always scale 1.0 (docs/accuracy.md)."""
+    from runbook.core import ports
     from runbook.demo import realmodel, sglang
 
     scales = [{"layer": i, "k_e4m3": 0.04, "v_e4m3": 0.02} for i in range(30)]
     p = kvscales.write(scales, "llama", tmp_path)["quantization_param_path"]
-    dep = sglang.deployment(sglang.free_port(), source=realmodel.spec_path(),
+    dep = sglang.deployment(ports.free_port(), source=realmodel.spec_path(),
                             flags={"kv-cache-dtype": "fp8_e4m3", "quantization-param-path": p})
     srv = sglang.launch(dep, log_path=tmp_path / "server.log")
     try:

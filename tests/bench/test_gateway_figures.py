@@ -12,8 +12,8 @@ from runbook.bench import run as bench_run
 from runbook.bench.settings import BenchSettings
 from runbook.bench.sweep import parse_prometheus
 from runbook.core.errors import InputError
+from runbook.core.ports import free_port
 from runbook.core.spec import Deployment
-from runbook.demo.sglang import free_port
 from runbook.endpoint.records import RequestRecord
 
 LABELS = 'engine_type="unified",model_name="tiny"'

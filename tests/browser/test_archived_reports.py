@@ -50,13 +50,14 @@ def _runbook(*args: str, timeout: int = 900) -> None:
 @pytest.fixture(scope="module")
 def archived(tmp_path_factory, llama):
     """The archived 60_tune and 40_benchmark HTML of one run each."""
+    from runbook.core import ports
     from runbook.demo import llama as demo
     from runbook.demo.tune import CANDIDATES, write_spec
 
     root = tmp_path_factory.mktemp("archived")
     # a guard failure, two that ran, a flag llama-server refuses (a row with no figures): every kind of row
     picked = {k: CANDIDATES[k] for k in ("q4-kv", "np4", "ngram", "old-draft-flag")}
-    spec = write_spec(root / "tune.yaml", demo.llama_server_path(), demo.tiny_model(), demo.free_port(), candidates=picked,
+    spec = write_spec(root / "tune.yaml", demo.llama_server_path(), demo.tiny_model(), ports.free_port(), candidates=picked,
                       concurrency=[1, 2], requests_per_level=4, search_levels=2, output_len=16)
     _runbook("run", "--only", "tune", "--deployment", str(spec), "--out", str(root / "tune"))
     # without a tokenizer every level's token count is approximate: one finding per level, folded in the verdict

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from runbook import verify
-from runbook.core import SGLANG_VERSION, oscalls
+from runbook.core import SGLANG_VERSION, oscalls, ports
 from runbook.core.spec import Deployment
-from runbook.demo import sglang, topology
+from runbook.demo import topology
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -59,7 +59,7 @@ def test_verify_passes_on_the_fleet_as_started(gateway_fleet):
 def test_a_replica_the_gateway_does_not_list_and_a_worker_the_spec_does_not_name(gateway_fleet):
     spec = gateway_fleet.spec
     r0, r1 = spec.topology.replicas
-    extra = {"name": "r2", "host": "127.0.0.1", "port": sglang.free_port()}
+    extra = {"name": "r2", "host": "127.0.0.1", "port": ports.free_port()}
     more = _with(spec, replicas=[r0.model_dump(), r1.model_dump(), extra])
     rep = verify.evaluate(more, verify.VerifyOptions(log_dir=_log_dir(gateway_fleet)))
     g = _statuses(rep, "verify.gateway")
@@ -92,7 +92,7 @@ def test_a_stopped_replica_is_named_by_verify_and_by_the_gateway(gateway_fleet, 
     spec = gateway_fleet.spec
     # our own gateway in front of the same replicas, checking their health every second (smg's default: 60 s x 3)
     g = spec.topology.gateway.model_dump()
-    g.update(port=sglang.free_port(), prometheus_port=sglang.free_port(),
+    g.update(port=ports.free_port(), prometheus_port=ports.free_port(),
              flags={"health-check-interval-secs": 1, "health-failure-threshold": 1, "health-success-threshold": 1})
     fast = _with(spec, gateway=g)
     ours = topology.start_gateway(fast, tmp_path / "gateway.log")

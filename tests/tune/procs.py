@@ -1,9 +1,7 @@
-"""Small real processes for the tune tests: a free port, an HTTP server with /health, is a pid gone."""
+"""Small real processes for the tune tests: an HTTP server with /health, is a pid gone."""
 import signal
 import sys
 from pathlib import Path
-
-from runbook.core.ports import free_port  # noqa: F401  (the one picker: tune, the demo servers and these tests)
 
 
 def http_server(directory: Path, port: int) -> list[str]:

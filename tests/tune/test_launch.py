@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from runbook.core.ports import free_port
 from runbook.tune.launch import Launch, LaunchFailed, launched, port_free
-from tune.procs import free_port, http_server, pid_gone, sigint_default
+from tune.procs import http_server, pid_gone, sigint_default
 
 REPO = Path(__file__).resolve().parents[2]
 

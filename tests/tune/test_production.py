@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from runbook.core.ports import free_port
 from runbook.tune.launch import port_free
 from runbook.tune.production import Refused, StopFailed, paused, unit_state
-from tune.procs import free_port, http_server, sigint_default
+from tune.procs import http_server, sigint_default
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = "prod-llm.service"

@@ -10,9 +10,9 @@ import pytest
 
 from runbook.core import SGLANG_VERSION as NEW
 from runbook.core import spec as spec_mod
+from runbook.core.ports import free_port
 from runbook.demo.sglang import CANARY_SGLANG_VERSION as OLD
 from runbook.tune import stage as tune_stage
-from tune.procs import free_port
 
 pytestmark = pytest.mark.sglang
 

@@ -20,6 +20,7 @@ import yaml
 from conftest import REPO
 
 from runbook import cli
+from runbook.core import ports
 from runbook.core import spec as spec_mod
 from runbook.tune import report
 from runbook.tune import stage as tune_stage
@@ -143,11 +144,10 @@ def test_sigterm_during_a_candidate_restores_the_gateway_unit(fleet_units, tmp_p
 def test_live_tune_over_two_policies_through_the_gateway(gateway_fleet, tmp_path, fake_systemd):
     """cache_aware (the fleet's) against round_robin, two replicas of the tiny model; a production gateway unit (a
     second smg in front of the same replicas) stopped and restored around the run."""
-    from runbook.demo import sglang
 
     g = gateway_fleet.spec.topology.gateway
     prod = gateway_fleet.spec.model_copy(update={"topology": gateway_fleet.spec.topology.model_copy(
-        update={"gateway": g.model_copy(update={"port": sglang.free_port(), "prometheus_port": sglang.free_port()})})})
+        update={"gateway": g.model_copy(update={"port": ports.free_port(), "prometheus_port": ports.free_port()})})})
     unit, url = _production_gateway(fake_systemd, prod, tmp_path / "prod-gateway.log")
     tune = {"gateway_policies": ["round_robin"], "concurrency": [2], "requests_per_level": 4, "turns": 3, "input_len": 128,
             "output_len": 16, "slo_search": False, "reference_runs": 2, "ready_timeout_s": 60,

@@ -15,9 +15,10 @@ import pytest
 
 from runbook import cli
 from runbook.core import spec as spec_mod
+from runbook.core.ports import free_port
 from runbook.tune import stage as tune_stage
 from runbook.tune.production import Refused
-from tune.procs import free_port, http_server, pid_gone
+from tune.procs import http_server, pid_gone
 
 pytestmark = pytest.mark.llama
 REPO = Path(__file__).resolve().parents[2]

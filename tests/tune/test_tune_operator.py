@@ -11,8 +11,9 @@ from conftest import REPO
 
 from runbook import cli
 from runbook.core import oscalls
+from runbook.core.ports import free_port
 from runbook.tune import trials as tune_run
-from tune.procs import free_port, http_server
+from tune.procs import http_server
 
 DEFAULT = REPO / "deployments" / "qwen3.5-397b-a17b-nvfp4.yaml"
 

@@ -13,9 +13,10 @@ import urllib.request
 import pytest
 
 from runbook.core import spec as spec_mod
+from runbook.core.ports import free_port
 from runbook.tune import guard, report
 from runbook.tune import stage as tune_stage
-from tune.procs import free_port, pid_gone
+from tune.procs import pid_gone
 
 pytestmark = pytest.mark.sglang
 

@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from runbook.core import spec as spec_mod
-from tune.procs import free_port, http_server, pid_gone, sigint_default
+from runbook.core.ports import free_port
+from tune.procs import http_server, pid_gone, sigint_default
 from tune.test_tune_llama import REPO, write_spec
 
 pytestmark = pytest.mark.llama

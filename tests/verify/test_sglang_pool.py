@@ -47,7 +47,7 @@ def test_plan_equals_the_live_pool_to_the_token_where_the_free_memory_is_known(t
     # Stopping a server leaves none of its processes and keeps its log: checked on this start rather than on one of
     # its own (tests/test_sglang_engine.py started a third server for it, ~40 s).
     assert not [p for p in pids if oscalls.pid_running(p)]
-    assert srv.proc.returncode is not None and sglang.session_pids(srv.pid) == []
+    assert srv.proc.returncode is not None and oscalls.group_pids(srv.pid) == []
     assert "The server is fired up" in (tmp_path / "server.log").read_text()
     # kv before the start, given what the host has free and that loading takes none of it (SGLang measures the
     # weights as the drop in free memory, and the pinned figure does not drop)

@@ -116,41 +116,9 @@ def schema_of(tool: str) -> dict[str, Any]:
     raise KeyError(tool)
 
 
-_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
-                          "object": dict, "null": type(None)}
-
-
-def _type_ok(v: Any, t: str) -> bool:
-    if t in ("integer", "number") and isinstance(v, bool):
-        return False
-    if t == "integer" and isinstance(v, float):
-        return v.is_integer()
-    return isinstance(v, _TYPES.get(t, object))
-
-
-def _small_check(v: Any, schema: dict[str, Any], where: str = "arguments") -> list[str]:
-    """The subset of JSON Schema the tools above use: type, properties, required, items."""
-    t = schema.get("type")
-    if isinstance(t, str) and not _type_ok(v, t):
-        return [f"{where}: expected {t}, got {type(v).__name__}"]
-    errs: list[str] = []
-    if isinstance(v, dict):
-        errs += [f"{where}: required key {k!r} missing" for k in schema.get("required", []) if k not in v]
-        for k, sub in (schema.get("properties") or {}).items():
-            if k in v:
-                errs += _small_check(v[k], sub, f"{where}.{k}")
-    if isinstance(v, list) and isinstance(schema.get("items"), dict):
-        for i, x in enumerate(v):
-            errs += _small_check(x, schema["items"], f"{where}[{i}]")
-    return errs
-
-
 def schema_errors(value: Any, schema: dict[str, Any]) -> list[str]:
-    """What is wrong with `value` against `schema` (empty when it matches): jsonschema when installed."""
-    try:
-        import jsonschema  # lazy: may be absent (a bare serving venv); the small checker above judges then
-    except ImportError:
-        return _small_check(value, schema)
+    """What is wrong with `value` against `schema`, one line per error (empty when it matches)."""
+    import jsonschema  # lazy: ~1.2 s to import here, more than `runbook --help` takes in all
     v = jsonschema.Draft202012Validator(schema)
     return [f"arguments{''.join(f'.{p}' if isinstance(p, str) else f'[{p}]' for p in e.absolute_path)}: {e.message}"
             for e in sorted(v.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))]

@@ -3,7 +3,6 @@
     RunbookError          base
      ├── SpecError        deployment spec or parameter invalid (CLI exit 2)
      ├── InputError       a model dir, config or file unreadable or unrecognised
-     ├── EndpointError    a server unreachable or not ready in time
      ├── LockHeld         another run holds the deployment's lock (CLI exit 75)
      └── SafetyStop       a change to what serves production that the operator has not allowed (CLI exit 77)
 """
@@ -32,10 +31,6 @@ class SpecError(RunbookError):
 
 class InputError(RunbookError):
     """An input file or directory is missing, unreadable or not understood."""
-
-
-class EndpointError(RunbookError):
-    """A server could not be reached or did not become ready."""
 
 
 class LockHeld(RunbookError):

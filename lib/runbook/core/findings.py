@@ -12,16 +12,6 @@ Status = Literal["pass", "warn", "fail", "skip", "info"]
 STATUSES: tuple[str, ...] = ("fail", "warn", "skip", "pass", "info")  # display order: worst first
 _COLOURS = {"pass": "#d4edda", "warn": "#fff3cd", "fail": "#f8d7da", "skip": "#e2e3e5", "info": "#d1ecf1"}
 _ANSI = {"pass": "32", "warn": "33", "fail": "31", "skip": "90", "info": "36"}
-# Ids renamed so that each starts with the stage that emits it: new prefix -> old prefix.
-# For one release the JSON also carries the old id as `alias`, for consumers that match on it.
-RENAMED = {"env.gpu.": "gpu.", "env.serving.": "serving.", "env.host.": "host.", "quant.ckpt.": "ckpt.", "quant.kv.": "kv.",
-           "accuracy.recall.": "recall.", "accuracy.identity.": "identity.", "accuracy.kvquant.": "kvquant."}
-
-
-def alias(finding_id: str) -> str | None:
-    """The id a renamed finding had under its old prefix (None for ids that kept their name)."""
-    new = next((p for p in RENAMED if finding_id.startswith(p)), None)
-    return RENAMED[new] + finding_id[len(new):] if new else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,11 +30,7 @@ class Finding:
             raise ValueError(f"finding {self.id}: status must be one of {STATUSES}, got {self.status!r}")
 
     def to_dict(self) -> dict[str, str]:
-        d = dataclasses.asdict(self)
-        old = alias(self.id)
-        if old:
-            d["alias"] = old
-        return d
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Finding:

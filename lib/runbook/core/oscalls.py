@@ -8,9 +8,10 @@
   lands inside an event loop's callback, which logs and drops it), so long steps check `Shutdown.check`, sleep with
   `Shutdown.sleep`, and coroutines run under `interruptible` are cancelled by the event loop itself; `held`
   keeps them off a teardown or a restore that must not be cut short;
-- **child processes**: `SessionChild` starts a server in a session of its own that the kernel kills when this
-  process dies (PR_SET_PDEATHSIG) and stops the whole group (SIGTERM, SIGKILL after a grace period);
-  `start_session` starts a helper in a session of its own; `port_free`, `wait_port_free`, `pid_running`.
+- **child processes**: `dying_with_parent` is a command line the kernel signals when this process dies
+  (PR_SET_PDEATHSIG, set by a small interpreter that then execs the command: never `preexec_fn`); `SessionChild`
+  starts a server that way in a session of its own and stops the whole group (SIGTERM, SIGKILL after a grace
+  period); `start_session` starts a helper in a session of its own; `port_free`, `wait_port_free`, `pid_running`.
 
 Everything else in runbook reaches these through here (tests/test_layout.py checks it).
 """
@@ -359,15 +360,21 @@ def prctl(option: int, arg: int) -> bool:
         return False
 
 
-# Runs between fork and the server's exec: the kernel kills the server when its parent dies (PR_SET_PDEATHSIG = 1,
-# SIGKILL = 9), and a parent that died before that took effect is noticed. A separate interpreter rather than
-# preexec_fn, which is unsafe once the parent has threads.
+# Runs between fork and the server's exec: the kernel sends the server argv[2] when its parent dies
+# (PR_SET_PDEATHSIG = 1), and a parent that died before that took effect is noticed. A separate interpreter rather
+# than preexec_fn, which is unsafe once the parent has threads (tests/test_layout.py keeps preexec_fn out of lib/).
 _SHIM = ("import ctypes,os,sys\n"
-         "try: ctypes.CDLL(None).prctl(1,9,0,0,0)\n"
+         "try: ctypes.CDLL(None).prctl(1,int(sys.argv[2]),0,0,0)\n"
          "except (OSError,AttributeError): pass\n"
          "if os.getppid()!=int(sys.argv[1]): os._exit(137)\n"
-         "try: os.execv(sys.argv[2],sys.argv[3:])\n"
-         "except OSError as e: sys.stderr.write('cannot execute %s: %s\\n'%(sys.argv[2],e.strerror)); os._exit(127)\n")
+         "try: os.execv(sys.argv[3],sys.argv[4:])\n"
+         "except OSError as e: sys.stderr.write('cannot execute %s: %s\\n'%(sys.argv[3],e.strerror)); os._exit(127)\n")
+
+
+def dying_with_parent(exe: str, argv: Sequence[str], death_signal: int = signal.SIGKILL) -> list[str]:
+    """The command line that runs `exe` (a path) with `argv` (its argv[0] included), under the same pid, once the
+    kernel is set to send it `death_signal` when this process dies, even by SIGKILL (Linux; elsewhere it just runs)."""
+    return [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()), str(int(death_signal)), exe, *argv]
 
 
 def start_session(argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
@@ -378,12 +385,13 @@ def start_session(argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
 
 
 class SessionChild:
-    """`exe` with `argv` in a session of its own, stdout and stderr to `log_fd`; the kernel SIGKILLs it when this
-    process dies, even by SIGKILL. OSError when it cannot start."""
+    """`exe` with `argv` in a session of its own, stdout and stderr to `log_fd`; the kernel sends it `death_signal`
+    when this process dies, even by SIGKILL (`dying_with_parent`). OSError when it cannot start."""
 
-    def __init__(self, exe: str, argv: Sequence[str], log_fd: int, env: Mapping[str, str]) -> None:
-        self.proc = start_session([sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()), exe, *argv],
-                                  stdout=log_fd, stderr=subprocess.STDOUT, env=dict(env))
+    def __init__(self, exe: str, argv: Sequence[str], log_fd: int, env: Mapping[str, str],
+                 death_signal: int = signal.SIGKILL) -> None:
+        self.proc = start_session(dying_with_parent(exe, argv, death_signal), stdout=log_fd, stderr=subprocess.STDOUT,
+                                  env=dict(env))
         self.pid = self.proc.pid
 
     def _status(self) -> tuple[int, int] | None:

@@ -147,9 +147,6 @@ def tiny_model(dest: Path | None = None) -> Path:
     return d
 
 
-free_port = ports.free_port
-
-
 @dataclass
 class LlamaServer:
     proc: subprocess.Popen
@@ -226,7 +223,7 @@ def start_llama_server(exe: Path | None = None, model_dir: Path | None = None, p
                 os.replace(log, log.with_name(f"{log.stem}.port{c.port}{log.suffix}"))
 
     try:
-        srv, collisions = ports.relaunching(once, port or free_port(), failed_log=failed_log, attempts=relaunch,
+        srv, collisions = ports.relaunching(once, port or ports.free_port(), failed_log=failed_log, attempts=relaunch,
                                             on_collision=keep)
     except ports.PortsTaken as e:
         raise RuntimeError(f"llama-server was not started: {e}") from None

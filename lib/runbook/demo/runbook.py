@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from runbook.cli import main as cli
-from runbook.core import paths
+from runbook.core import paths, ports
 from runbook.core import spec as spec_mod
 from runbook.core.errors import RunbookError
 from runbook.demo import llama as llama_demo
@@ -54,12 +54,12 @@ CANDIDATE_FLAGS = {"kv-cache-dtype": "fp8_e4m3"}
 def run(out: str, llama: bool = True) -> int:
     t0 = time.monotonic()
     cache = paths.cache_dir()
-    port = sglang.free_port()
+    port = ports.free_port()
     spec = write_sglang_spec(cache / "demo-sglang.yaml", port, source=realmodel.spec_path())
     dep = spec_mod.load(spec)             # the server runs what the notebooks check (30's drift, 35's plan)
     log = Path(out) / "demo-sglang-server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    cand_dep = sglang.deployment(sglang.free_port(), source=spec, flags=CANDIDATE_FLAGS)
+    cand_dep = sglang.deployment(ports.free_port(), source=spec, flags=CANDIDATE_FLAGS)
     try:
         srv = sglang.start(dep, log_path=log)
         try:
@@ -90,7 +90,7 @@ def run(out: str, llama: bool = True) -> int:
     codes.append(cli(["run", "--only", "tune", "--deployment", str(spec), "--out", out]))
     if llama:
         exe, model = llama_demo.build_llama_server(log=_log), llama_demo.tiny_model()
-        lspec = write_spec(cache / "tune-demo.yaml", exe, model, llama_demo.free_port())
+        lspec = write_spec(cache / "tune-demo.yaml", exe, model, ports.free_port())
         _log(f"tune on llama-server: {lspec} (GGUF KV cache types, n-gram speculative decoding)")
         codes.append(cli(["run", "--only", "tune", "--deployment", str(lspec), "--out", out]))
     _log(f"done in {time.monotonic() - t0:.0f} s")

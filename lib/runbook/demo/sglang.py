@@ -10,8 +10,8 @@ come from a tiny CPU model and say nothing about a deployment.
 
 A server is started in its own session, on a port checked free before launch, with its log kept; a start-up
 whose port another process took meanwhile is started again on a free port (core/ports.py: `srv.collisions`); stopping it
-sends SIGTERM and waits for every process of that session by PID (SGLang's scheduler, detokenizer and
-multiprocessing's resource tracker exit 5-15 s after the main process), then kills what is left.
+sends SIGTERM to the server, SIGKILL to what is left of its session once it has exited (or after the timeout), and
+returns when none of it is left (core/oscalls.py `SessionChild`).
 """
 from __future__ import annotations
 
@@ -30,8 +30,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from runbook.core import SGLANG_VERSION, oscalls, paths, ports
 from runbook.core import spec as specmod
@@ -224,9 +222,6 @@ def ensure_model(model_dir: Path, python: Path) -> Path:
     return tiny_model(model_dir, python=python)
 
 
-free_port = ports.free_port
-
-
 def log_tail(path: Path, lines: int = 5) -> str:
     """The log's last lines on one line (' | ' between them), for a one-line error."""
     try:
@@ -248,21 +243,9 @@ def _end_of(path: Path, size: int = 64 << 10) -> str:
         return ""
 
 
-def session_pids(sid: int) -> list[int]:
-    """Every live process of the session `sid` (the server's own: started with start_new_session)."""
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except (OSError, psutil.Error):
-            continue
-    return sorted(out)
-
-
 @dataclass
 class SGLangServer:
-    proc: subprocess.Popen
+    child: oscalls.SessionChild
     url: str
     port: int
     argv: list[str]
@@ -271,47 +254,27 @@ class SGLangServer:
     spec: Deployment
     launched: float = 0.0                                   # time.monotonic() at launch
     startup_s: float = 0.0                                  # launch -> /health 200
-    seen: set[int] = field(default_factory=set)            # every PID of its session seen while it ran
     collisions: list[ports.Collision] = field(default_factory=list)   # start-ups that lost their port first
 
     @property
+    def proc(self) -> subprocess.Popen:
+        return self.child.proc
+
+    @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.child.pid
 
     def pids(self) -> list[int]:
-        live = session_pids(self.proc.pid)
-        self.seen.update(live)
-        return live
+        """The live processes of its session (its own process group): the server, its scheduler and detokenizer."""
+        return oscalls.group_pids(self.pid)
 
     def server_info(self, timeout: float = 10.0) -> dict[str, Any]:
             return fetch_json(self.url + "/server_info", timeout=timeout)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM to the server, then wait for every process of its session by PID; SIGKILL what outlives
-        `timeout`. Idempotent."""
-        self.pids()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        procs = []
-        for pid in sorted(self.seen | {self.proc.pid}):
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                continue
-        deadline = time.monotonic() + timeout
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(max(0.1, deadline - time.monotonic()))
-        _, alive = psutil.wait_procs(procs, timeout=max(0.1, deadline - time.monotonic()))
-        for pid in set(session_pids(self.proc.pid)) - {a.pid for a in alive}:   # started after the last look
-            with contextlib.suppress(psutil.NoSuchProcess):
-                alive.append(psutil.Process(pid))
-        for p in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
-        psutil.wait_procs(alive, timeout=10)
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        """SIGTERM to the server (it stops its scheduler and detokenizer itself); SIGKILL to its group after `timeout`
+        and to any straggler once it has exited; returns when none of the group is left. Idempotent."""
+        self.child.stop(timeout, signal.SIGTERM)
 
     def __enter__(self) -> SGLangServer:
         return self
@@ -353,7 +316,7 @@ def start(dep: Deployment | None = None, *, port: int | None = None, flags: Mapp
     A start-up whose port was taken meanwhile runs again on a free port, at most `relaunch` times (never with
     `argv`, whose port is its own): `srv.spec` and `srv.url` are then the new port's, `srv.collisions` says why."""
     if dep is None:
-        dep = deployment(port or free_port(), flags=flags)
+        dep = deployment(port or ports.free_port(), flags=flags)
     base = dep
 
     def once(p: int) -> SGLangServer:
@@ -386,7 +349,7 @@ def launch(dep: Deployment | None = None, *, port: int | None = None, flags: Map
            host_free_gib: float | None = None) -> SGLangServer:
     """start() without the wait: the server is starting when this returns (wait_ready, stop)."""
     if dep is None:
-        dep = deployment(port or free_port(), flags=flags)
+        dep = deployment(port or ports.free_port(), flags=flags)
     port = dep.serving.port
     if not oscalls.port_free(dep.serving.host, port):   # TIME_WAIT is free: SGLang binds with SO_REUSEADDR
         who = ports.held_by(port)
@@ -404,21 +367,13 @@ def launch(dep: Deployment | None = None, *, port: int | None = None, flags: Map
         cmd = pinned_meminfo(cmd, host_free_gib, log_path.with_suffix(".meminfo"))
     run_env = dict(os.environ, PYTHONUNBUFFERED="1", **dep.serving.env, **(env or {}))
     run_env.pop("PYTHONPATH", None)             # the runbook's lib/ is no business of the server's
+    exe = shutil.which(cmd[0], path=run_env.get("PATH")) or cmd[0]    # the shim execs a path; Popen searched PATH
     with open(log_path, "w") as logf:           # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=run_env, preexec_fn=_die_with_parent)
-    return SGLangServer(proc, dep.serving.local_url, port, cmd, Path(dep.model.path), log_path, dep,
+        # SIGTERM rather than SIGKILL when this process dies, however it dies (a test run killed, `serve` stopped):
+        # SGLang then still stops its scheduler and detokenizer, and nothing of its session is left behind
+        child = oscalls.SessionChild(exe, cmd, logf.fileno(), run_env, death_signal=signal.SIGTERM)
+    return SGLangServer(child, dep.serving.local_url, port, cmd, Path(dep.model.path), log_path, dep,
                         launched=time.monotonic())
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the process that started it dies, however it dies (a test run killed,
-    `serve` stopped by SIGTERM), so the server in its own session is never left behind. Linux's PR_SET_PDEATHSIG;
-    SIGTERM rather than the OS layer's SIGKILL so SGLang still stops its scheduler and detokenizer."""
-    oscalls.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def pinned_meminfo(cmd: Sequence[str], free_gib: float, path: Path) -> list[str]:
@@ -442,10 +397,9 @@ def wait_ready(srv: SGLangServer, timeout: float = 240.0) -> None:
     time running out, is an EngineError with the end of its log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        srv.pids()
-        rc = srv.proc.poll()
-        if rc is not None:
-            raise Exited(f"SGLang exited with {rc} during start-up ({srv.log}): {log_tail(srv.log)}", srv.log)
+        how = srv.child.exited()    # not Popen.poll: a reaped leader's group is no longer stop()'s to kill
+        if how is not None:
+            raise Exited(f"SGLang {how} during start-up ({srv.log}): {log_tail(srv.log)}", srv.log)
         lost = ports.bind_line(_end_of(srv.log))
         if lost is not None:      # SGLang logs Errno 98, then hangs in its shutdown ("Waiting for application shutdown")
             raise Exited(f"SGLang could not bind its port during start-up ({srv.log}): {lost}", srv.log)
@@ -471,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     flags = {"mem-fraction-static": a.mem_fraction_static} if a.mem_fraction_static else None
     try:
-        dep = deployment(a.port or free_port(), flags=flags, source=a.deployment)
+        dep = deployment(a.port or ports.free_port(), flags=flags, source=a.deployment)
         if a.action == "build":
             version = check_engine(Path(dep.serving.python))
             model = ensure_model(Path(dep.model.path), Path(dep.serving.python))

@@ -2,7 +2,7 @@
 started from its rendered unit's ExecStart (runbook.service), as systemd would start it.
 
 The gateway's interpreter is `make gateway-env`'s .venv-gateway (smg from the index), or $RUNBOOK_GATEWAY_PYTHON.
-Each SGLang replica and the gateway are started in their own session and stopped by PID (demo.sglang).
+Each SGLang replica and the gateway are started in their own session and stopped with it (demo.sglang).
 """
 from __future__ import annotations
 
@@ -40,10 +40,10 @@ def gateway_python() -> Path:
 def deployment(replicas: int = 2, policy: str = "cache_aware", base: Deployment | None = None,
                gateway_flags: dict[str, Any] | None = None) -> Deployment:
     """The demo spec (absolute paths) with `replicas` SGLang replicas and smg in front, each on a free loopback port."""
-    dep = base or sglang.deployment(sglang.free_port(), flags=sglang.BESIDE_SIBLINGS)   # replicas load together
-    reps = [{"name": f"r{i}", "host": "127.0.0.1", "port": sglang.free_port()} for i in range(replicas)]
-    g = {"python": str(gateway_python()), "host": "127.0.0.1", "bind": "127.0.0.1", "port": sglang.free_port(),
-         "policy": policy, "prometheus_port": sglang.free_port(),   # smg's default 29000 would collide between gateways
+    dep = base or sglang.deployment(ports.free_port(), flags=sglang.BESIDE_SIBLINGS)   # replicas load together
+    reps = [{"name": f"r{i}", "host": "127.0.0.1", "port": ports.free_port()} for i in range(replicas)]
+    g = {"python": str(gateway_python()), "host": "127.0.0.1", "bind": "127.0.0.1", "port": ports.free_port(),
+         "policy": policy, "prometheus_port": ports.free_port(),   # smg's default 29000 would collide between gateways
          "flags": gateway_flags or {}}
     data = dep.model_dump()
     data["topology"] = {"replicas": reps, "gateway": g}
@@ -108,8 +108,8 @@ def start_gateway(dep: Deployment, log_path: Path | None = None, ready_timeout: 
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     with open(log_path, "w") as logf:   # SIGKILLed by the kernel if this process dies, as the replicas are stopped
-        proc = oscalls.SessionChild(unit.argv[0], unit.argv, logf.fileno(), env).proc
-    srv = SGLangServer(proc, g.url, g.port, unit.argv, Path(), log_path, dep, launched=time.monotonic())
+        child = oscalls.SessionChild(unit.argv[0], unit.argv, logf.fileno(), env)
+    srv = SGLangServer(child, g.url, g.port, unit.argv, Path(), log_path, dep, launched=time.monotonic())
     want = len(dep.topology.replicas) if healthy is None else healthy
     try:
         _wait_workers(srv, want, ready_timeout)
@@ -128,9 +128,9 @@ def workers(url: str, timeout: float = 5.0) -> list[dict[str, Any]]:
 def _wait_workers(srv: SGLangServer, want: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if srv.proc.poll() is not None:
-            raise EngineError(f"the gateway exited with {srv.proc.returncode} during start-up ({srv.log}): "
-                              f"{sglang.log_tail(srv.log)}")
+        how = srv.child.exited()    # not Popen.poll: stop() then still kills what is left of its group
+        if how is not None:
+            raise EngineError(f"the gateway {how} during start-up ({srv.log}): {sglang.log_tail(srv.log)}")
         try:
             if sum(1 for w in workers(srv.url) if w.get("is_healthy")) >= want:
                 srv.startup_s = time.monotonic() - srv.launched
@@ -160,7 +160,7 @@ def launch(log_dir: Path, replicas: int = 2, policy: str = "cache_aware") -> Fle
     def attempt(_port: int) -> Fleet:
         return start(deployment(replicas, policy=policy), log_dir)
 
-    fleet, _ = ports.relaunching(attempt, sglang.free_port(), failed_log=sglang.exited_log)
+    fleet, _ = ports.relaunching(attempt, ports.free_port(), failed_log=sglang.exited_log)
     return fleet
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,10 +62,6 @@ def _watch_parent(runner_pid: int) -> None:
         time.sleep(0.5)
 
 
-def _child_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
-    oscalls.prctl(oscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: reaper.py RUNNER_PID -- COMMAND...", file=sys.stderr)
@@ -75,7 +72,8 @@ def main(argv: list[str]) -> int:
         oscalls.prctl(oscalls.PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != runner_pid:  # the runner died before the line above took effect
             return 128 + signal.SIGTERM
-        proc = subprocess.Popen(cmd, preexec_fn=_child_setup)  # no other thread yet
+        # SIGKILLed by the kernel if the reaper dies before it can kill it
+        proc = subprocess.Popen(oscalls.dying_with_parent(shutil.which(cmd[0]) or cmd[0], cmd, signal.SIGKILL))
         threading.Thread(target=_watch_parent, args=(runner_pid,), daemon=True).start()
         rc = proc.wait()
         kill_descendants()  # an orphaned kernel, if papermill left one

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook import service
-from runbook.core import oscalls, registry
+from runbook.core import oscalls, ports, registry
 from runbook.core.errors import SpecError
 from runbook.core.oscalls import CommandFailed
 from runbook.core.spec import Deployment
@@ -56,12 +55,6 @@ for argv in json.loads(sys.argv[2]):
         out.append({"ok": False, "error": lines[-1] if lines else "refused"})
 print(json.dumps(out))
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def _loopback(host: str) -> str:
@@ -210,8 +203,8 @@ class Gateway:
         it on every address unless told); the clients tune runs (benchmark, guard) send the gateway's key."""
         g = _gateway(spec)
         flags = {**g.flags, "prometheus-host": LOOPBACK} if g.binary == "smg" else g.flags
-        cand = g.model_copy(update={"host": LOOPBACK, "bind": LOOPBACK, "port": _free_port(), "prometheus_port": _free_port(),
-                                    "flags": flags})
+        cand = g.model_copy(update={"host": LOOPBACK, "bind": LOOPBACK, "port": ports.free_port(LOOPBACK),
+                                    "prometheus_port": ports.free_port(LOOPBACK), "flags": flags})
         serving = spec.serving.model_copy(update={"api_key_env": g.api_key_env}) if g.api_key_env else spec.serving
         return spec.model_copy(update={"topology": spec.topology.model_copy(update={"gateway": cand}), "serving": serving})
 

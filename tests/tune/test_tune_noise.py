@@ -253,9 +253,9 @@ def test_per_request_figures_pair_by_prompt_or_by_session_turn():
         r.error_kind = None if ok else "timeout"
         return r
 
-    c1 = SimpleNamespace(level=SimpleNamespace(label="c1", concurrency=1), records=[rec(0, 10, 0.5), rec(1, 10, 0.25, ok=False)])
+    c1 = SimpleNamespace(level=SimpleNamespace(label="c1", concurrency=1), sound=[rec(0, 10, 0.5), rec(1, 10, 0.25, ok=False)])
     c4 = SimpleNamespace(level=SimpleNamespace(label="c4", concurrency=4),
-                         records=[rec(7, 8, 2.0, session=5, turn=2), rec(3, 8, 1.0, session=1, turn=1)])
+                         sound=[rec(7, 8, 2.0, session=5, turn=2), rec(3, 8, 1.0, session=1, turn=1)])
     assert measure.per_request([c1, c4]) == [{"key": "c1/0", "block": "c1/0", "tok_s": 20.0},
                                              {"key": "c4/s5t2", "block": "c4/1", "tok_s": 4.0},
                                              {"key": "c4/s1t1", "block": "c4/0", "tok_s": 8.0}]

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from runbook.bench import metrics, workloads
+from runbook.bench.level_findings import implausible_finding
 from runbook.bench.settings import BenchSettings
 from runbook.bench.sweep import levels_of, warm_up
 from runbook.bench.workloads import BuildContext
@@ -115,12 +116,19 @@ def paired(a_recs: list, b_recs: list, a_url: str, b_url: str,
             findings.append(Finding(f"bench.ab.failed.{name.lower()}", "fail", f"A/B: arm {name} failed every request ({len(rs)})",
                                     detail=f"{url}: " + ", ".join(sorted({r.error_kind for r in rs if r.error_kind})),
                                     remedy="Check that endpoint is up and serves the same model; no comparison is possible."))
-    a = {r.id: r for r in a_recs if r.ok}
-    b = {r.id: r for r in b_recs if r.ok}
+    # each arm is judged as a level of its own (one server, one load) and what it names is in no pair
+    named = {arm: [{"id": i, "kind": k, "why": w} for i, (k, w) in sorted(metrics.judge(rs).items())]
+             for arm, rs in (("a", a_recs), ("b", b_recs))}
+    for arm, bad in named.items():
+        if bad:
+            findings.append(implausible_finding(f"bench.ab.implausible.{arm}", f"A/B arm {arm.upper()}", bad))
+    a = {r.id: r for r in metrics.sound(a_recs, named["a"]) if r.ok}
+    b = {r.id: r for r in metrics.sound(b_recs, named["b"]) if r.ok}
     ids = sorted(set(a) & set(b))
     mismatched = [i for i in ids if a[i].output_tokens != b[i].output_tokens]
     res: dict[str, Any] = {"a": a_url, "b": b_url, "pairs": len(ids), "output_length_mismatches": len(mismatched),
-                           "failed": {"a": sum(not r.ok for r in a_recs), "b": sum(not r.ok for r in b_recs)}}
+                           "failed": {"a": sum(not r.ok for r in a_recs), "b": sum(not r.ok for r in b_recs)},
+                           "implausible": named}
     if mismatched:
         findings.append(Finding("bench.ab.lengths", "warn", f"A/B: {len(mismatched)} of {len(ids)} pairs generated different lengths",
                                 detail="A paired comparison needs equal output lengths (ignore_eos); those pairs are excluded.",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from runbook.bench import metrics
@@ -33,9 +33,11 @@ def phase(r: RequestRecord, stopped_at: float) -> str:
     return "before" if r.end_time is not None and r.end_time < stopped_at else "in_flight"
 
 
-def account(records: Sequence[RequestRecord], stopped_at: float) -> dict[str, Any]:
+def account(records: Sequence[RequestRecord], stopped_at: float, implausible: Iterable[RequestRecord] = ()) -> dict[str, Any]:
     """Every request as a row (times in seconds from the stop, negative before it), the failed ones listed apart, and
-    per phase: requests, failures by kind, TTFT and end-to-end latency (completed requests)."""
+    per phase: requests, failures by kind, TTFT and end-to-end latency (completed requests but those in `implausible`:
+    what no server could have produced, as their levels name it)."""
+    bad = {id(r) for r in implausible}      # by identity: request ids repeat from one level to the next
     rows = []
     for r in sorted(records, key=lambda r: r.send_time):
         rows.append({"id": r.id, "session": r.meta.get("session"), "turn": r.meta.get("turn"), "phase": phase(r, stopped_at),
@@ -48,13 +50,14 @@ def account(records: Sequence[RequestRecord], stopped_at: float) -> dict[str, An
     for ph in PHASES:
         rs = [r for r in records if phase(r, stopped_at) == ph]
         ok = [r for r in rs if r.ok]
+        sound = [r for r in ok if id(r) not in bad]
         kinds: dict[str, int] = {}
         for r in rs:
             if r.error_kind:
                 kinds[r.error_kind] = kinds.get(r.error_kind, 0) + 1
         phases[ph] = {"requests": len(rs), "failed": len(rs) - len(ok), "errors": kinds,
-                      "ttft_ms": metrics.stats(metrics.ttft_s(r) for r in ok),
-                      "e2e_ms": metrics.stats(metrics.e2e_s(r) for r in ok)}
+                      "ttft_ms": metrics.stats(metrics.ttft_s(r) for r in sound),
+                      "e2e_ms": metrics.stats(metrics.e2e_s(r) for r in sound)}
     return {"phases": phases, "failed": [row for row in rows if not row["ok"]], "requests": rows}
 
 
@@ -86,6 +89,7 @@ def run_with_stop(o: BenchSettings, stop: Callable[[], None], after_s: float, sl
     records = [r for lv in res.levels for r in lv.records]
     if not stopped:
         return res, {"stopped": False, "phases": {}, "failed": [], "requests": []}
-    acc = account(records, stopped[0])
+    kept = {id(r) for lv in res.levels for r in lv.sound}
+    acc = account(records, stopped[0], [r for r in records if id(r) not in kept])
     first = min((r.send_time for r in records), default=stopped[0])
     return res, {"stopped": True, "stopped_at_s": stopped[0] - first, **acc}

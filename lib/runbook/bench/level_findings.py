@@ -27,6 +27,27 @@ def _count_remedy(sources: list[str]) -> str:
             "usage. For an exact per-chunk count enable continuous usage stats on the server.")
 
 
+IMPLAUSIBLE_IDS_SHOWN = 12     # request ids listed per kind; the level's `implausible` lists them all
+
+
+def implausible_finding(fid: str, tag: str, bad: list[dict[str, Any]]) -> Finding:
+    """The records of one level that no server could have produced (metrics.judge): how many of each kind, their ids,
+    and the figures of the first of each kind."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for b in bad:
+        by.setdefault(b.get("kind") or "?", []).append(b)
+    order = [k for k in metrics.KINDS if k in by] + sorted(set(by) - set(metrics.KINDS))
+    parts = []
+    for k in order:
+        ids = ", ".join(str(b["id"]) for b in by[k][:IMPLAUSIBLE_IDS_SHOWN]) + (" …" if len(by[k]) > IMPLAUSIBLE_IDS_SHOWN else "")
+        parts.append(f"{k} ({len(by[k])}: requests {ids}): request {by[k][0]['id']}: {by[k][0]['why']}")
+    return Finding(fid, "warn", f"{tag}: {len(bad)} records no server could have produced, left out of every figure "
+                                f"({', '.join(f'{k} {len(by[k])}' for k in order)})",
+                   detail="; ".join(parts),
+                   remedy="The client read bytes that were not this request's answer (a stale or shared connection, a "
+                          "clock step): re-run the level; report it with the raw records (records.jsonl, by id).")
+
+
 def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> list[Finding]:
     out: list[Finding] = list(workloads.resolve(workload).findings(levels))
     for s in levels:
@@ -37,12 +58,7 @@ def level_findings(levels: list[dict[str, Any]], workload: str, slo: Any) -> lis
                                evidence=", ".join(f"{k}: {v}" for k, v in s["errors"].items()),
                                remedy="Read the raw records (error_kind, error) and the server log."))
         if s.get("implausible"):
-            bad = s["implausible"]
-            out.append(Finding(f"bench.implausible.{tag}", "warn",
-                               f"{tag}: {len(bad)} records no server could have produced, left out of every figure",
-                               detail="; ".join(f"request {b['id']}: {b['why']}" for b in bad[:3]) + (" …" if len(bad) > 3 else ""),
-                               remedy="The client read bytes that were not this request's answer (a stale or shared "
-                                      "connection, a clock step): re-run the level; report it with the raw records."))
+            out.append(implausible_finding(f"bench.implausible.{tag}", tag, s["implausible"]))
         if s.get("workers_lost"):
             out.append(Finding(f"bench.client_bound.{tag}", "fail",
                                f"{tag}: {s['workers_lost']} load-generator workers did not report: a worker process died",

@@ -355,7 +355,7 @@ def level_plots(result: Any) -> list[Any]:
     if not result.summary.get("levels"):
         return []
     return [plot_throughput(result.summary), plot_latency(result.summary),
-            plot_cdf([r for lv in result.levels for r in lv.records])]
+            plot_cdf([r for lv in result.levels for r in lv.sound])]
 
 
 @display

@@ -27,7 +27,7 @@ from runbook.core.errors import InputError
 from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
 from runbook.endpoint import client as stream_client
-from runbook.endpoint.client import Client
+from runbook.endpoint.client import Client, RequestRecord
 from runbook.endpoint.reach import model_name, probe, run_sync
 from runbook.model.tokenizer import load_tokenizer
 
@@ -59,17 +59,19 @@ def level_summary(lr: LevelResult, slo: Any = None, behind: dict[str, str] | Non
         s["telemetry"] = lr.telemetry.get("summary", {})
     if lr.workers_lost:
         s["workers_lost"] = lr.workers_lost
-    s["cache_hit_rate"], s["cache_hit_source"] = cache_hit(lr)
+    s["cache_hit_rate"], s["cache_hit_source"] = cache_hit(lr, metrics.sound(lr.records, s["implausible"]))
     s["server_side"] = server_side.level(lr.server)
     if behind:                   # through a gateway: each replica's share, from its own counters
         s["replicas"] = replicas.rows(behind, lr.replicas)
     return s
 
 
-def cache_hit(lr: LevelResult) -> tuple[float | None, str | None]:
+def cache_hit(lr: LevelResult, records: list[RequestRecord] | None = None) -> tuple[float | None, str | None]:
     """The level's prefix-cache hit rate: from the server's usage (cached_tokens ÷ prompt_tokens over
-    completed requests) where it reports cached tokens, else from SGLang's /metrics counters."""
-    pairs = [(r.cached_tokens, r.input_tokens) for r in lr.records if r.ok and r.cached_tokens is not None and r.input_tokens]
+    completed requests: `records`, else the level's sound ones) where it reports cached tokens, else from SGLang's
+    /metrics counters."""
+    pairs = [(r.cached_tokens, r.input_tokens) for r in (lr.sound if records is None else records)
+             if r.ok and r.cached_tokens is not None and r.input_tokens]
     if pairs:
         return sum(c for c, _ in pairs) / sum(n for _, n in pairs), "usage"
     m = cache_hit_from_metrics(lr.server)

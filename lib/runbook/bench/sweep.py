@@ -49,6 +49,11 @@ class LevelResult:
     def __repr__(self) -> str:      # short: see RequestRecord.__repr__
         return f"LevelResult({self.level.label!r}, {len(self.records)} records)"
 
+    @property
+    def sound(self) -> list[RequestRecord]:
+        """The records the level's figures come from: all but those its summary names implausible."""
+        return metrics.sound(self.records, self.summary.get("implausible") or [])
+
 
 def levels_of(o: BenchSettings) -> list[Level]:
     """The run's fixed levels: each --concurrency, then each --rate."""

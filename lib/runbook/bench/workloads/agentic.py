@@ -52,7 +52,7 @@ class Agentic(WorkloadType):
         return LevelLoad(plan.warmup_requests(), True, plan.driver(lv.concurrency))
 
     def level_summary(self, lr: LevelResult) -> dict[str, Any]:
-        return {"turns": _engine().per_turn(lr.records)}
+        return {"turns": _engine().per_turn(lr.sound)}
 
     def summary(self, o: BenchSettings, run: Workload) -> dict[str, Any]:
         return {"turns": o.turns, "think_time_s": o.think_time, "think_dist": o.think_dist,

@@ -61,7 +61,7 @@ def test_every_workload_against_sglang_matches_its_own_counters(sglang_server, t
     assert srv["prompt_tokens"] == sum(r.usage["prompt_tokens"] for r in recs)
     assert srv["cached_tokens"] == sum(r.cached_tokens or 0 for r in recs)      # --enable-cache-report's per-request count
     ok = [r for r in recs if r.ok]
-    assert srv["ttft_ms"]["n"] == len(recs) and lv.summary["ttft_ms"]["n"] == len(ok)
+    assert srv["ttft_ms"]["n"] == len(recs) and lv.summary["ttft_ms"]["n"] == len(ok), lv.summary["implausible"]
     # the client's own count is SGLang's per-chunk usage, equal to its final usage (the tokenizer is given, and the
     # random model's text would re-tokenize to other counts)
     assert lv.summary["count_sources"] == ["usage"], lv.summary["count_sources"]

@@ -133,3 +133,25 @@ def test_a_session_of_the_callers_own_streams_through_aiohttp_on_it(raw):
         return type(tr).name, r
     name, r = asyncio.run(go())
     assert name == "aiohttp" and r.ok and r.text
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_the_send_stamp_comes_before_the_write(transport, monkeypatch):
+    """The request's send time is read before its bytes go to the socket: a stall right after the write (the GIL
+    handed to another thread, the CPU lost) would otherwise stamp the send after the server answered — the first
+    token "0.16 ms after sending" that a real SGLang level showed on a loaded host. Each write here stalls the
+    clock by a second; the send stamp must be the time before the first write, and TTFT then holds the stall."""
+    from asyncio import selector_events
+
+    now, wrote = [1000.0], []
+    real = selector_events._SelectorSocketTransport.write
+
+    def stalling(self, data):
+        wrote.append(now[0])
+        real(self, data)
+        now[0] += 1.0
+
+    monkeypatch.setattr(selector_events._SelectorSocketTransport, "write", stalling)
+    with tcp(writes(HEAD_CHUNKED + b"".join(chunked(events())) + b"0\r\n\r\n")) as url:
+        (r,) = send(url, transport, clock=lambda: now[0])
+    assert r.ok and r.send_time <= wrote[0] < r.chunk_times[0], (r.send_time, wrote, r.chunk_times)

@@ -35,6 +35,7 @@ def test_the_one_box_flow_changes_the_unit_and_names_the_record(tmp_path, capsys
     """`make demo`'s one-box flow (demo/onebox.py) on the real model's deployment: production's spec names the
     record, the candidate's differs from it in the KV dtype alone, and changing the unit shows that one flag and
     leaves the candidate's ExecStart in place; the rollback puts the reference's back."""
+    from runbook.cli import main as cli
     from runbook.core.spec import load
     from runbook.demo import onebox, realmodel
     from runbook.demo.tune import write_sglang_spec
@@ -49,11 +50,13 @@ def test_the_one_box_flow_changes_the_unit_and_names_the_record(tmp_path, capsys
     assert a.serving.port == b.serving.port == 31001             # one box, one port
     unit = tmp_path / "units" / "demo.service"
     unit.parent.mkdir()
-    onebox.change_unit(ref, cand, unit)
+    cli(["service", "render", "--deployment", str(ref), "--out", str(unit)])
+    capsys.readouterr()
+    onebox.change_unit(cand, unit)
     shown = capsys.readouterr().out
     assert "+    --kv-cache-dtype fp8_e4m3" in shown and shown.count("\n-    --") == 1     # the flag added, one line moved
     assert "--kv-cache-dtype fp8_e4m3" in unit.read_text()
-    onebox.change_unit(cand, ref, unit)
+    onebox.change_unit(ref, unit)
     assert "--kv-cache-dtype" not in unit.read_text()
 
 

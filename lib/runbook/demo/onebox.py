@@ -59,10 +59,9 @@ def production(spec: Path, rec: Path, path: Path, flags: dict[str, Any] | None =
                              + yaml.safe_dump(data, sort_keys=False))
 
 
-def change_unit(installed: Path, new: Path, unit: Path) -> None:
-    """Step 2 (and the rollback): `installed`'s unit is the one in place at `unit`; `new`'s is diffed against it
-    (printed), then written over it."""
-    cli(["service", "render", "--deployment", str(installed), "--out", str(unit)])
+def change_unit(new: Path, unit: Path) -> None:
+    """Step 2 (and the rollback): `new`'s unit diffed against the one in place at `unit` (printed), then written
+    over it."""
     cli(["service", "diff", "--deployment", str(new), "--installed", str(unit)])
     cli(["service", "render", "--deployment", str(new), "--out", str(unit)])
 
@@ -122,10 +121,11 @@ def run(spec: Path, rec: Path, two_server: dict[str, Any], candidate: dict[str, 
         stack = None
     textfiles = stack.textfiles if stack else work / "textfile"
     textfiles.mkdir(parents=True, exist_ok=True)
+    cli(["service", "render", "--deployment", str(ref), "--out", str(unit)])     # the reference's unit, installed
     try:
-        change_unit(ref, cand, unit)
+        change_unit(cand, unit)
         steps = [compare(cand, "candidate", out, work, textfiles, lambda: _alert(stack, firing=True))]
-        change_unit(cand, ref, unit)
+        change_unit(ref, unit)
         steps.append(compare(ref, "rollback", out, work, textfiles, lambda: _alert(stack, firing=False)))
     finally:
         if stack:

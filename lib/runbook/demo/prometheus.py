@@ -5,8 +5,8 @@ within seconds. Both on loopback, in a directory of their own; `stop()` ends the
 from __future__ import annotations
 
 import json
+import os
 import shutil
-import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -16,11 +16,12 @@ from typing import Any
 
 import yaml
 
-from runbook.core import paths, ports
+from runbook.core import oscalls, paths, ports
 from runbook.core.errors import RunbookError
 
 FOR = "2s"                # the shipped rules wait 5m before they page
 EXPORTERS = ("prometheus-node-exporter", "node_exporter")
+STOP_GRACE_S = 10.0       # SIGTERM, then SIGKILL to the group
 
 
 class Missing(RunbookError):
@@ -85,14 +86,15 @@ class Stack:
                                    *jobs]}
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(conf))
         node, prom = exe(*EXPORTERS), exe("prometheus")
+        # through the OS layer: each in a session of its own, killed by the kernel if the demo or the test dies
         self.logs = [open(workdir / "node.log", "w"), open(workdir / "prometheus.log", "w")]  # noqa: SIM115 (stop() closes)
         self.procs = [
-            subprocess.Popen([node, f"--web.listen-address=127.0.0.1:{self.node_port}", "--collector.disable-defaults",
-                              "--collector.textfile", f"--collector.textfile.directory={self.textfiles}"],
-                             stdout=subprocess.DEVNULL, stderr=self.logs[0]),
-            subprocess.Popen([prom, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-                              f"--web.listen-address=127.0.0.1:{self.prom_port}"],
-                             stdout=subprocess.DEVNULL, stderr=self.logs[1]),
+            oscalls.SessionChild(node, [node, f"--web.listen-address=127.0.0.1:{self.node_port}", "--collector.disable-defaults",
+                                        "--collector.textfile", f"--collector.textfile.directory={self.textfiles}"],
+                                 self.logs[0].fileno(), os.environ),
+            oscalls.SessionChild(prom, [prom, f"--config.file={workdir / 'prometheus.yml'}",
+                                        f"--storage.tsdb.path={workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.prom_port}"],
+                                 self.logs[1].fileno(), os.environ),
         ]
         self.api = f"http://127.0.0.1:{self.prom_port}/api/v1"
         try:
@@ -113,13 +115,7 @@ class Stack:
 
     def stop(self) -> None:
         for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+            p.stop(STOP_GRACE_S)
         for f in self.logs:
             f.close()
 

@@ -30,7 +30,8 @@ def nodes_spec_data(port: int, rank1_port: int, init_port: int) -> dict:
     dep = demo.deployment(port)
     data["model"]["path"] = dep.model.path
     data["serving"].update(python=dep.serving.python, port=port)
-    data["serving"]["flags"]["max-total-tokens"] = POOL
+    # the two ranks load at once on one host, so each sees the other's allocations in its free-memory budget
+    data["serving"]["flags"].update(demo.BESIDE_SIBLINGS, **{"max-total-tokens": POOL})
     data["systemd"]["unit_name"] = "runbook-nodes-sglang"
     data["parallelism"] = {"tp": 2, "dist_init_port": init_port, "nodes": [
         {"name": "n0", "address": "127.0.0.1", "env": {"SGLANG_CPU_OMP_THREADS_BIND": "0"}},

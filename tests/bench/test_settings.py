@@ -49,6 +49,9 @@ def test_internal_settings_are_no_flags():
     ({"find_max": "slo", "rates": [1.0], "concurrency": [2]}, "searches concurrency or rate, not both"),
     ({"find_max_levels": 1}, "{find_max_levels} must be at least 2"),
     ({"transport": "h2"}, "{transport} must be one of h1, aiohttp"),
+    ({"find_max": "warm", "workload": "code"}, "{find_max} warm runs agent sessions: give {workload} agentic"),
+    ({"find_max": "warm", "workload": "agentic", "turns": 1}, "give {turns} 2 or more"),
+    ({"find_max": "warm", "workload": "agentic", "duration": 5.0}, "drop {duration}"),
 ])
 def test_rules_are_the_models(values, says):
     """Resolved while a stage runs, an error names each setting as `{field}` for Stage.input_finding to locate; read

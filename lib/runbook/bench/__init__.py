@@ -20,6 +20,7 @@ from runbook.bench.report import (
                                   plot_telemetry,
                                   plot_throughput,
                                   plot_turns,
+                                  plot_warm,
                                   queue_frame,
                                   replicas_frame,
                                   server_frame,
@@ -29,6 +30,7 @@ from runbook.bench.report import (
                                   speculation_plot,
                                   text_table,
                                   turns_frame,
+                                  warm_frame,
 )
 from runbook.bench.run import BenchResult, assess
 from runbook.bench.settings import BenchSettings
@@ -39,4 +41,4 @@ __all__ = ["STAGE", "BenchResult", "BenchSettings", "BenchStageOptions", "assess
            "plot_throughput", "plot_turns", "queue_frame", "replicas_frame", "compare_policies", "run_with_stop",
            "server_frame", "sign_flip_interval", "spec_decoding_frame", "speculation_frame", "plot_speculation",
            "speculation_headline", "stats", "text_table", "tpot_s", "ttft_s", "turns_frame", "headline",
-           "level_plots", "load_plots", "speculation_plot"]
+           "level_plots", "load_plots", "speculation_plot", "plot_warm", "warm_frame"]

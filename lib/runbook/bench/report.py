@@ -235,6 +235,44 @@ def plot_slo_search(summary: dict[str, Any]):
     return fig
 
 
+def warm_frame(summary: dict[str, Any]):
+    """`--find-max warm`: one row per level the search ran (sessions at once): turns 2+ warm, cache hit, TTFT,
+    tokens prefilled again per turn, the sessions' peak context; empty when no warm search ran."""
+    import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
+
+    r = summary.get("warm_sessions") or {}
+    return pd.DataFrame([{"sessions": x["sessions"], "warm": "yes" if x["warm"] else "no", "turns 2+ warm": x["warm_share"],
+                          "cache hit (turns 2+)": x["cache_hit_rate"], "TTFT p50 ms": x["ttft_ms"].get("p50"),
+                          "TTFT p90 ms": x["ttft_ms"].get("p90"), "prefilled again / turn": x["reprefill_tokens_per_turn"],
+                          "peak context": x["context_tokens"], "plan holds": r.get("predicted_sessions")}
+                         for x in r.get("levels") or []])
+
+
+def plot_warm(summary: dict[str, Any]):
+    """`--find-max warm`: cache hit and TTFT p50 of turns 2+ against concurrent sessions, the plan's prediction and
+    the measured knee as vertical lines."""
+    r = summary.get("warm_sessions") or {}
+    rows = sorted(r.get("levels") or [], key=lambda x: x["sessions"])
+    fig, ax = figure((6, 3.4))
+    xs = [x["sessions"] for x in rows]
+    ax.plot(xs, [(x["cache_hit_rate"] or 0.0) * 100 for x in rows], marker="o", color="tab:blue", label="cache hit, turns 2+")
+    ax.set_xlabel("concurrent agent sessions")
+    ax.set_ylabel("cache hit (%)", color="tab:blue")
+    ax.set_ylim(-2, 102)
+    tw = ax.twinx()
+    tw.plot(xs, [x["ttft_ms"].get("p50") for x in rows], marker="s", color="tab:red", label="TTFT p50, turns 2+")
+    tw.set_ylabel("TTFT p50 (ms)", color="tab:red")
+    if r.get("predicted_sessions") is not None:
+        ax.axvline(r["predicted_sessions"], ls="--", color="0.4", label=f"plan: {r['predicted_sessions']:,} warm")
+    if r.get("knee_sessions") is not None:
+        ax.axvline(r["knee_sessions"], ls=":", color="tab:green", label=f"measured knee: {r['knee_sessions']:,}")
+    ax.set_title(f"Warm agent sessions at ~{r.get('context_tokens') or 0:,} tokens, think {r.get('think_time_s') or 0:g} s")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="center left")
+    fig.tight_layout()
+    return fig
+
+
 def telemetry_samples(result: Any) -> list[dict[str, Any]]:
     """Every level's telemetry samples of a BenchResult, in order (what plot_telemetry draws)."""
     return [s for lv in getattr(result, "levels", []) for s in (getattr(lv, "telemetry", None) or {}).get("samples", [])]
@@ -366,6 +404,8 @@ def load_plots(result: Any) -> list[Any]:
         figs.append(plot_turns(result.summary))
     if result.summary.get("slo_search"):     # --find-max slo: attainment per level tried, the limit marked
         figs.append(plot_slo_search(result.summary))
+    if result.summary.get("warm_sessions"):  # --find-max warm: cache hit and TTFT against sessions, plan and knee
+        figs.append(plot_warm(result.summary))
     return figs
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runbook.bench import metrics, replicas, server_side, workers, workloads
+from runbook.bench import metrics, replicas, server_side, warm, workers, workloads
 from runbook.bench.ab import ab_compare
 from runbook.bench.level_findings import level_findings
 from runbook.bench.regression import compare_previous
@@ -28,7 +28,7 @@ from runbook.core.findings import Finding
 from runbook.core.spec import Deployment
 from runbook.endpoint import client as stream_client
 from runbook.endpoint.client import Client, RequestRecord
-from runbook.endpoint.reach import model_name, probe, run_sync
+from runbook.endpoint.reach import fetch_json, model_name, probe, run_sync
 from runbook.model.tokenizer import load_tokenizer
 
 # smg 1.13.0 answers HTTP 400 to a completions `prompt` of token ids (SGLang itself takes them), so every request fails
@@ -95,7 +95,7 @@ async def run_async(o: BenchSettings, slo: Any = None, vocab_size: int | None = 
     runner = _LevelRunner(o, slo, ctx, model, api_key, wt, wl, out, records_path)
     runner.procs = workers.pool(o.workers) if o.workers > 1 else None     # before any level's clock starts
     try:
-        search = await _levels(o, slo, wt.levels(o, wl), runner.measure)
+        search = await _levels(o, slo, wt.levels(o, wl), runner)
     except BaseException:
         workers.close(runner.procs, at_once=True)    # cancelled (a signal): the workers' shares are not waited for
         raise
@@ -105,7 +105,10 @@ async def run_async(o: BenchSettings, slo: Any = None, vocab_size: int | None = 
         summaries.sort(key=lambda x: (x.get("concurrency") or 0, x.get("rate") or 0))
     summary = _run_summary(o, model, wt, wl, summaries)
     findings: list[Finding] = []
-    if search is not None:
+    if search is not None and o.find_max == "warm":
+        summary["warm_sessions"] = search
+        findings += warm.findings(search)
+    elif search is not None:
         summary["slo_search"] = search
         findings += slo_search_findings(search)
     findings += level_findings(summaries, o.workload, slo)
@@ -162,6 +165,7 @@ class _LevelRunner:
         """The level's load, measured: the workload's own driver, worker processes, or this process."""
         o, tok = self.o, self.ctx.tokenizer
         tel = _telemetry(o)
+        flush = bool(o.flush_cache) or o.find_max == "warm"     # warm: each level's sessions start from an empty cache
         n = o.requests or (DURATION_REQUESTS if o.duration else max(8, 4 * (lv.concurrency or int((lv.rate or 1) * 10))))
         if lv.schedule is not None:
             n = len(lv.schedule)
@@ -170,18 +174,18 @@ class _LevelRunner:
             raise InputError(TOKEN_IDS_THROUGH_GATEWAY.format(workload=o.workload))
         client = Client(o.server, self.model, load.chat, self.api_key, o.timeout, tok, transport=o.transport)
         if load.driver is not None:
-            return await run_level(client, load.requests, lv, o.warmup, bool(o.flush_cache), self.records_path, o.seed, o.duration,
+            return await run_level(client, load.requests, lv, o.warmup, flush, self.records_path, o.seed, o.duration,
                                    telemetry=tel, driver=load.driver, replicas=o.replicas)
         bar = _bar(len(load.requests), lv.label) if o.interactive and not o.duration and not self.procs else None
         if self.procs is not None and lv.concurrency:
             lr = await workers.run_level_workers(self.procs, client, o.tokenizer if tok is not None else None, load.requests,
-                                                 lv, o.workers, o.warmup, bool(o.flush_cache), self.records_path, telemetry=tel,
+                                                 lv, o.workers, o.warmup, flush, self.records_path, telemetry=tel,
                                                  replicas=o.replicas)
             if lr.workers_lost:          # a dead worker broke the pool: the next level gets a fresh one
                 self.procs.shutdown(cancel_futures=True)
                 self.procs = workers.pool(o.workers)
         else:
-            lr = await run_level(client, load.requests, lv, o.warmup, bool(o.flush_cache), self.records_path, o.seed, o.duration,
+            lr = await run_level(client, load.requests, lv, o.warmup, flush, self.records_path, o.seed, o.duration,
                                  bar.update if bar else None, telemetry=tel, replicas=o.replicas)
         if bar:
             bar.close()
@@ -215,15 +219,35 @@ def client_info(summaries: list[dict[str, Any]], workers: int = 1, transport: st
             "chunks": chunks, "cpu_s": round(cpu, 3)}
 
 
-async def _levels(o: BenchSettings, slo: Any, own: list[Level] | None, measure: Any) -> dict[str, Any] | None:
-    """The run's levels: the SLO search, the workload's own (a trace's one level), or the fixed levels; the search's result."""
+async def _levels(o: BenchSettings, slo: Any, own: list[Level] | None, runner: _LevelRunner) -> dict[str, Any] | None:
+    """The run's levels: a search (SLO or warm sessions), the workload's own (a trace's one level), or the fixed
+    levels; the search's result."""
     if o.find_max == "slo":
         if slo is None or not any(getattr(slo, k, None) for k in ("ttft_ms_p99", "tpot_ms_p99", "e2e_ms_p99")):
             raise InputError("{find_max} slo needs the spec's SLOs (slo.ttft_ms_p99, slo.tpot_ms_p99)")
-        return await slo_search(measure, o, slo)
+        return await slo_search(runner.measure, o, slo)
+    if o.find_max == "warm":
+        return await _warm_search(o, runner)
     for lv in own if own is not None else levels_of(o):
-        await measure(lv)
+        await runner.measure(lv)
     return None
+
+
+async def _warm_search(o: BenchSettings, runner: _LevelRunner) -> dict[str, Any]:
+    """The warm-session search against the pool the server itself reports (/server_info)."""
+    from runbook.bench.sessions import SessionPlan  # lazy: numpy only when sessions run
+
+    try:
+        info = await asyncio.to_thread(fetch_json, o.server.rstrip("/") + "/server_info", runner.api_key)
+    except (OSError, ValueError) as e:
+        raise InputError(f"--find-max warm reads the server's pool from {o.server}/server_info (SGLang): {e}") from None
+    peak = SessionPlan(1, o, runner.ctx.tokenizer, chat=runner.wl.context).peak_context()
+
+    async def measure(lv: Level) -> tuple[dict[str, Any], list[RequestRecord]]:
+        s = await runner.measure(lv)
+        return s, runner.results[-1].sound
+
+    return await warm.search(measure, o, warm.pool(info), warm.estimated_context(o, peak))
 
 
 def finite(x: Any) -> Any:

@@ -80,9 +80,10 @@ class BenchSettings(Settings):
                                                                                         "(default: fixed)")
     tool_result_len: NonNegInt = Field(default=256, description="agentic: synthetic tool-result tokens per turn (default: 256)")
     trace_speed: PosFloat = Field(default=1.0, description="trace:FILE: replay X times as fast (default: 1)")
-    find_max: Literal["slo"] | None = Field(default=None, description="slo: bracket then bisect concurrency (or --rate START) for the "
-                                                              "highest load meeting the spec's SLOs, instead of the fixed levels "
-                                                              "(default: fixed levels)")
+    find_max: Literal["slo", "warm"] | None = Field(
+        default=None, description="instead of the fixed levels, bracket then bisect from --concurrency START (or --rate START) "
+                                  "for: slo, the highest load meeting the spec's SLOs; warm, the most agent sessions whose "
+                                  "turns 2+ stay in the prefix cache, beside the plan's prediction (default: fixed levels)")
     workers: Annotated[PosInt, Field(le=MAX_WORKERS)] = Field(
         default=1, description=f"load-generator processes for fixed-concurrency levels (default: 1, at most {MAX_WORKERS}): each "
                        "takes every N-th request and a share of the concurrency, one clock, records merged")
@@ -124,7 +125,7 @@ class BenchSettings(Settings):
     telemetry: bool = internal(True, "NVML + /metrics sampled during each level (bench/telemetry.py)")
     telemetry_interval_s: PosFloat = internal(1.0, "seconds between telemetry samples")
     nvml: Any = internal(None, "an NVML module to sample (tests inject one); None: pynvml when a driver is there")
-    find_max_levels: Annotated[Integer, Field(ge=2)] = internal(10, "--find-max slo: at most this many levels")
+    find_max_levels: Annotated[Integer, Field(ge=2)] = internal(10, "--find-max: at most this many levels")
     replicas: dict[str, str] = internal({}, "name -> URL of the spec's replicas behind the benchmarked URL: each one's "
                                             "/metrics read before and after every level (bench/replicas.py)", _replicas)
 
@@ -132,6 +133,13 @@ class BenchSettings(Settings):
     def _rules(self) -> BenchSettings:
         if self.requests and self.duration:
             raise ValueError("{requests} and {duration} both bound a level: give one")
+        if self.find_max == "warm":
+            if self.workload not in (None, "agentic"):
+                raise ValueError("{find_max} warm runs agent sessions: give {workload} agentic")
+            if self.turns is not None and self.turns < 2:
+                raise ValueError("{find_max} warm measures turns 2+ (what the cache kept between turns): give {turns} 2 or more")
+            if self.duration:
+                raise ValueError("{find_max} warm runs each level's sessions to their last turn: drop {duration}")
         if self.find_max is not None and self.rates and self.concurrency:
             raise ValueError("{find_max} slo searches concurrency or rate, not both: give {concurrency} START or {rates} START")
         if self.speculation_baseline_url and not self.speculation:

@@ -2,6 +2,7 @@
 rate), one measured level at a time; its findings."""
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runbook.bench import metrics
@@ -18,6 +19,47 @@ def level_meets(s: dict[str, Any], slo: Any) -> bool:
     """The search's rule: the level's SLO check (bench.slo: each metric's p99 within its limit) and at
     most 1% of requests failed."""
     return metrics.level_meets_slo(s, slo) and float(s.get("error_rate") or 0.0) <= SLO_SEARCH_MAX_ERROR
+
+
+async def highest(at: Callable[[float], Awaitable[bool]], start: float, bound: float, max_levels: int,
+                  integer: bool = True) -> tuple[float, float | None, bool]:
+    """The highest load `at` passes: bracket by doubling from `start` until a level fails (or `bound`), then bisect
+    between the last that passed and the first that failed — to one (integer), or 10% — within `max_levels` calls
+    of `at`. (last passed or 0, first failed or None, whether the bracket closed.) Assumes passing falls as load rises."""
+    tried = 0
+
+    async def check(v: float) -> bool:
+        nonlocal tried
+        tried += 1
+        return await at(v)
+
+    lo, hi = 0.0, None
+    v = start
+    while tried < max_levels:
+        if not await check(v):
+            hi = v
+            break
+        lo = v
+        if v >= bound:
+            break
+        v = min(bound, v * 2)
+    while hi is not None and tried < max_levels:
+        if integer:
+            if hi - lo <= 1:
+                break
+            mid = float((int(lo) + int(hi)) // 2) if lo else float(int(hi) // 2)
+            if mid < 1:
+                break
+        else:
+            if lo and hi / lo <= 1 + SLO_SEARCH_RATE_STEP:
+                break
+            mid = (lo + hi) / 2 if lo else hi / 2
+        if await check(mid):
+            lo = mid
+        else:
+            hi = mid
+    resolved = hi is not None and ((hi - lo <= 1) if integer else bool(lo) and hi / lo <= 1 + SLO_SEARCH_RATE_STEP)
+    return lo, hi, bool(resolved)
 
 
 async def slo_search(measure: Any, o: BenchSettings, slo: Any) -> dict[str, Any]:
@@ -39,32 +81,7 @@ async def slo_search(measure: Any, o: BenchSettings, slo: Any) -> dict[str, Any]
                       "error_rate": s.get("error_rate"), "ttft_ms_p99": s["ttft_ms"]["p99"], "tpot_ms_p99": s["tpot_ms"]["p99"]})
         return ok
 
-    lo, hi = 0.0, None
-    v = start
-    while len(tried) < o.find_max_levels:
-        if not await at(v):
-            hi = v
-            break
-        lo = v
-        if v >= SLO_SEARCH_MAX[metric]:
-            break
-        v = min(SLO_SEARCH_MAX[metric], v * 2)
-    while hi is not None and len(tried) < o.find_max_levels:
-        if integer:
-            if hi - lo <= 1:
-                break
-            mid = float((int(lo) + int(hi)) // 2) if lo else float(int(hi) // 2)
-            if mid < 1:
-                break
-        else:
-            if lo and hi / lo <= 1 + SLO_SEARCH_RATE_STEP:
-                break
-            mid = (lo + hi) / 2 if lo else hi / 2
-        if await at(mid):
-            lo = mid
-        else:
-            hi = mid
-    resolved = hi is not None and ((hi - lo <= 1) if integer else bool(lo) and hi / lo <= 1 + SLO_SEARCH_RATE_STEP)
+    lo, hi, resolved = await highest(at, start, SLO_SEARCH_MAX[metric], o.find_max_levels, integer)
     limit: float | None = (int(lo) if integer else lo) if lo else None
     return {"metric": metric, "limit": limit, "levels_tried": tried,
             "first_miss": (int(hi) if integer else hi) if hi is not None else None,

@@ -213,6 +213,12 @@ def slots_per_request(arch: Arch, disable_radix_cache: bool, overlap: bool = Tru
     return 3 + ((2 if overlap else 1) if arch.architecture in sglang_names.MAMBA_EXTRA_BUFFER_ARCHS else 0)
 
 
+def held_at_context(tokens: int, page: int, context: int) -> int:
+    """How many requests (or idle agent sessions) of `context` tokens a pool of `tokens` holds at once: each one
+    takes whole pages (SGLang allocates KV in pages of `page` tokens)."""
+    return tokens // (math.ceil(context / page) * page)
+
+
 def estimate_max_running(tokens: int, context_len: int) -> int:
     """resolve_max_num_reqs: clamp(tokens / context_len * 512, 2048, 4096)."""
     return min(max(int(tokens / context_len * 512), 2048), 4096)
@@ -448,8 +454,7 @@ def _pools(arch: Arch, inp: Inputs, res: Result, stages: list[PipelineStage], re
         mrr = min(mrr, max_mamba // slots)
     res.max_running_requests = mrr
     for c in inp.contexts:
-        need = math.ceil(c / page) * page
-        fit = tokens // need
+        fit = held_at_context(tokens, page, c)
         if arch.hybrid_swa and arch.sliding_window:
             swa_need = math.ceil(min(c, arch.sliding_window + page) / page) * page
             fit = min(fit, (res.swa_tokens or 0) // swa_need)

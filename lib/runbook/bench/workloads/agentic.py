@@ -47,7 +47,10 @@ class Agentic(WorkloadType):
 
     def sessions(self, o: BenchSettings, run: Workload, lv: Level, tokenizer: Any) -> LevelLoad:
         assert lv.concurrency
-        n_sess = max(lv.concurrency, -(-o.requests // max(1, o.turns))) if o.requests else lv.concurrency
+        # --find-max warm: exactly N sessions at once, each to its last turn (the level is what the cache kept)
+        n_sess = lv.concurrency
+        if o.requests and o.find_max != "warm":
+            n_sess = max(n_sess, -(-o.requests // max(1, o.turns)))
         plan = _engine().SessionPlan(n_sess, o, tokenizer, chat=run.context)
         return LevelLoad(plan.warmup_requests(), True, plan.driver(lv.concurrency))
 

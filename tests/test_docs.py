@@ -57,6 +57,7 @@ EXTERNAL = {
     "--without-pip": "python -m venv",
     "--enable-metrics": SGLANG, "--enable-cache-report": SGLANG, "--schedule-conservativeness": SGLANG,
     "--disable-radix-cache": SGLANG, "--radix-eviction-policy": SGLANG, "--max-total-tokens": SGLANG,
+    "--radix-eviction-policy-config": SGLANG,
     "--random-range-ratio": SGLANG_BENCH,
     "--lag": CLIENT_CEILING, "--send-overhead": CLIENT_CEILING, "--engine": "benchmarks/tune_overhead.py",
     "--windows": "benchmarks/kld_fp8_kv.py", "--tokens": "benchmarks/kld_fp8_kv.py", "--chunk": "benchmarks/kld_fp8_kv.py",

@@ -145,8 +145,7 @@ def test_search_with_a_fake_measure_brackets_and_bisects():
     """The search logic alone: warm up to 6 sessions, cold from 7."""
     import asyncio
 
-    p = {"pool_tokens": 6 * 1024, "page_size": 16, "context_length": 8192, "eviction_policy": "lru",
-         "evicts_first": warm.EVICTS_FIRST["lru"], "policy_source": warm.POLICY_SOURCE}
+    p = warm.pool({"s": {"max_total_num_tokens": 6 * 1024, "page_size": 16, "context_length": 8192}})
     asked = []
 
     async def measure(lv: Level):
@@ -220,15 +219,19 @@ def test_a_think_time_that_is_negative_or_not_a_number_is_refused_in_one_line(th
 
 
 def test_pool_and_reach_refusals():
-    with pytest.raises(InputError, match="no max_total_num_tokens"):
-        warm.pool({"version": "x"})
+    with pytest.raises(InputError, match="^r1's /server_info reports no max_total_num_tokens"):
+        warm.pool({"r0": {"max_total_num_tokens": 4096}, "r1": {"version": "x"}})
     with pytest.raises(InputError, match="disable-radix-cache"):
-        warm.pool({"max_total_num_tokens": 4096, "disable_radix_cache": True})
-    p = warm.pool({"max_total_num_tokens": 4096, "page_size": 64, "context_length": 2048})
+        warm.pool({"s": {"max_total_num_tokens": 4096, "disable_radix_cache": True}})
+    p = warm.pool({"s": {"max_total_num_tokens": 4096, "page_size": 64, "max_req_input_len": 2047}})
     assert p["eviction_policy"] == "lru" and warm.predicted(p, 1000) == 4       # 1000 → 1024 in pages of 64
+    assert p["context_length"] == 2048                                           # max_req_input_len + 1
+    # behind a gateway each replica holds its own sessions: 4 + 2, not 6,144 // 1,024
+    two = warm.pool({"r0": {"max_total_num_tokens": 4096, "page_size": 64}, "r1": {"max_total_num_tokens": 2100, "page_size": 64}})
+    assert two["pool_tokens"] == 6196 and warm.predicted(two, 1000) == 4 + 2
     with pytest.raises(InputError, match="past the server's context length"):
         warm.check_reach(p, 3000, 1, 10)
     with pytest.raises(InputError, match="start at"):
-        warm.check_reach(dict(p, pool_tokens=10**7), 1000, 1, 4)
+        warm.check_reach(warm.pool({"s": {"max_total_num_tokens": 10**7}}), 1000, 1, 4)
     warm.check_reach(p, 1000, 1, 4)
     assert set(warm.EVICTS_FIRST) == {"lru", "lfu", "slru", "priority", "tlru"}

@@ -237,17 +237,20 @@ async def _warm_search(o: BenchSettings, runner: _LevelRunner) -> dict[str, Any]
     """The warm-session search against the pool the server itself reports (/server_info)."""
     from runbook.bench.sessions import SessionPlan  # lazy: numpy only when sessions run
 
-    try:
-        info = await asyncio.to_thread(fetch_json, o.server.rstrip("/") + "/server_info", runner.api_key)
-    except (OSError, ValueError) as e:
-        raise InputError(f"--find-max warm reads the server's pool from {o.server}/server_info (SGLang): {e}") from None
+    servers = dict(o.replicas) or {"the server": o.server}     # behind a gateway: each replica's own pool
+    infos = {}
+    for name, url in servers.items():
+        try:
+            infos[name] = await asyncio.to_thread(fetch_json, url.rstrip("/") + "/server_info", runner.api_key)
+        except (OSError, ValueError) as e:
+            raise InputError(f"--find-max warm reads the pool from {url}/server_info (SGLang): {e}") from None
     peak = SessionPlan(1, o, runner.ctx.tokenizer, chat=runner.wl.context).peak_context()
 
     async def measure(lv: Level) -> tuple[dict[str, Any], list[RequestRecord]]:
         s = await runner.measure(lv)
         return s, runner.results[-1].sound
 
-    return await warm.search(measure, o, warm.pool(info), warm.estimated_context(o, peak))
+    return await warm.search(measure, o, warm.pool(infos), warm.estimated_context(o, peak))
 
 
 def finite(x: Any) -> Any:

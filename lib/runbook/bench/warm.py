@@ -40,30 +40,49 @@ EVICTS_FIRST = {
     "lfu": "the leaf hit least often, then the least recent (LFUStrategy: hit_count, last_access_time)",
     "slru": "leaves hit fewer than 2 times before protected ones, each segment least recent first (SLRUStrategy)",
     "priority": "the lowest request priority, then the least recent (PriorityStrategy)",
-    "tlru": "the tail of a conversation that cannot affect its next prefill's TTFT budget, then least recent "
-            "(TLRUStrategy, arXiv:2510.15152)",
+    "tlru": "each conversation's newest tokens past what keeps its next prefill under `threshold` tokens "
+            "(--radix-eviction-policy-config threshold, next_prompt_estimate), then the least recent (TLRUStrategy, "
+            "arXiv:2510.15152)",
 }
 POLICY_SOURCE = "SGLang 0.5.23 srt/mem_cache/radix_cache.py RadixCache.evict; srt/mem_cache/evict_policy.py"
 
 
-def pool(info: dict[str, Any]) -> dict[str, Any]:
-    """What the server says of its prefix cache (SGLang's /server_info): pool tokens, page size, context length, the
-    eviction policy; an InputError when it reports no pool or has its radix cache off."""
-    tokens = info.get("max_total_num_tokens")
-    if not isinstance(tokens, int) or tokens < 1:
-        raise InputError("the server's /server_info reports no max_total_num_tokens: --find-max warm needs SGLang's pool size")
-    if info.get("disable_radix_cache"):
-        raise InputError("the server runs with --disable-radix-cache: no session stays warm; drop that flag to search")
-    policy = str(info.get("radix_eviction_policy") or DEFAULT_POLICY)
-    return {"pool_tokens": tokens, "page_size": int(info.get("page_size") or 1),
-            "context_length": info.get("context_length"), "eviction_policy": policy,
+def pool(infos: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What the servers say of their prefix caches (SGLang's /server_info, by name: the one server, or each replica
+    behind a gateway): pool tokens (their sum), page size, context length, the eviction policy; an InputError when
+    one reports no pool or has its radix cache off."""
+    servers: dict[str, dict[str, int]] = {}
+    for name, info in infos.items():
+        tokens = info.get("max_total_num_tokens")
+        if not isinstance(tokens, int) or tokens < 1:
+            raise InputError(f"{name}'s /server_info reports no max_total_num_tokens: --find-max warm needs SGLang's pool size")
+        if info.get("disable_radix_cache"):
+            raise InputError(f"{name} runs with --disable-radix-cache: no session stays warm; drop that flag to search")
+        servers[name] = {"pool_tokens": tokens, "page_size": int(info.get("page_size") or 1)}
+    first = next(iter(infos.values()))
+    policy = str(first.get("radix_eviction_policy") or DEFAULT_POLICY)
+    lengths = [n for n in (_context_length(i) for i in infos.values()) if n]
+    return {"pool_tokens": sum(x["pool_tokens"] for x in servers.values()), "page_size": servers[next(iter(servers))]["page_size"],
+            "context_length": min(lengths) if lengths else None, "eviction_policy": policy,
+            "eviction_policy_config": first.get("radix_eviction_policy_config"),
             "evicts_first": EVICTS_FIRST.get(policy, "(a policy this runbook does not describe)"),
-            "policy_source": POLICY_SOURCE}
+            "policy_source": POLICY_SOURCE, "servers": servers}
+
+
+def _context_length(info: dict[str, Any]) -> int | None:
+    """The longest request the server takes: --context-length where given, else the scheduler's max_req_input_len
+    (the model's context less one, capped by the pool) plus one."""
+    n = info.get("context_length")
+    if isinstance(n, int) and n > 0:
+        return n
+    m = info.get("max_req_input_len")
+    return m + 1 if isinstance(m, int) and m > 0 else None
 
 
 def predicted(p: dict[str, Any], context: int) -> int:
-    """The plan's warm sessions: how many contexts of `context` tokens the pool holds in whole pages."""
-    return held_at_context(p["pool_tokens"], p["page_size"], context)
+    """The plan's warm sessions: how many contexts of `context` tokens each pool holds in whole pages, summed (behind a
+    gateway: each session routed to the replica that holds its prefix)."""
+    return sum(held_at_context(x["pool_tokens"], x["page_size"], context) for x in p["servers"].values())
 
 
 def estimated_context(o: BenchSettings, peak: int | None) -> int:

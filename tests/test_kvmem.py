@@ -380,3 +380,12 @@ def test_a_modelopt_fp8_checkpoint_on_an_ampere_gpu_is_refused_by_the_kv_plan(tm
     assert p.inputs.quantization == "modelopt_fp8"
     fails = [f for f in p.findings if f.id == "kv.refused"]
     assert bool(fails) == refused, (cc, [f.title for f in fails])
+
+
+def test_warm_sessions_beside_the_storys_token_count():
+    """Notebook 20's figures for the story's deployment: 2,019,948 BF16 tokens hold 40 agents' 50K contexts and 20 at
+    100K; FP8 KV twice that. (The notebook's text quotes them.)"""
+    df = kvreport.warm_sessions_frame(kvplan.assess(spec.load()))
+    assert df.loc[("bfloat16", "50,000"), "warm sessions"] == 40 and df.loc[("bfloat16", "100,000"), "warm sessions"] == 20
+    assert df.loc[("fp8_e4m3", "50,000"), "warm sessions"] == 80 and df.loc[("fp8_e4m3", "100,000"), "warm sessions"] == 40
+    assert df.loc[("bfloat16", "50,000"), "pool tokens"] == 2_019_948

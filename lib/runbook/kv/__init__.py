@@ -17,10 +17,11 @@ from runbook.kv.report import (
                                story_frame,
                                text_table,
                                topology_frame,
+                               warm_sessions_frame,
                                what_if,
 )
 from runbook.kv.stage import STAGE, KvOptions, evaluate
 
 __all__ = ["STAGE", "KvOptions", "Plan", "assess", "candidates_frame", "compute_pools", "evaluate", "memory_frame", "panel",
            "plan_for_rank", "plot_capacity", "plot_concurrency", "plot_memory", "ranks_frame", "scenarios_frame",
-           "selected_frame", "story_frame", "text_table", "topology_frame", "story", "what_if"]
+           "selected_frame", "story_frame", "text_table", "topology_frame", "story", "warm_sessions_frame", "what_if"]

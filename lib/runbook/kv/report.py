@@ -36,6 +36,24 @@ def candidates_frame(p: Plan):
     return pd.DataFrame(rows).set_index("KV dtype")
 
 
+AGENT_CONTEXTS = (50_000, 100_000)    # the story's agent: "a single agent might hold a 50K–100K context"
+
+
+@display
+def warm_sessions_frame(p: Plan):
+    """Per candidate KV dtype and agent context: the pool in tokens (what the story sized by), the agent sessions whose
+    prefixes it holds at once in whole pages (`held_at_context`: what stays warm through think time)."""
+    import pandas as pd  # lazy: pandas (~0.35 s); `runbook kv` loads this module for text_table alone
+
+    rows = []
+    for r in p.candidates:
+        for c in AGENT_CONTEXTS:
+            tokens = r.max_total_num_tokens
+            rows.append({"KV dtype": r.kv_dtype, "agent context": f"{c:,}", "pool tokens": tokens,
+                         "warm sessions": kvmem.held_at_context(tokens, r.page_size, c) if tokens else None})
+    return pd.DataFrame(rows).set_index(["KV dtype", "agent context"])
+
+
 @display
 def scenarios_frame(p: Plan):
     """The deployment beside itself with (or without) MTP and with SGLang's default memory fraction."""

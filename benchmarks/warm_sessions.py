@@ -54,7 +54,7 @@ def row(label: str, r: dict[str, Any], took_s: float) -> str:
             f"{r['first_cold']} | {cell(knee)} | {cell(cold)} | {curve} | {took_s:.0f} s |")
 
 
-HEAD = ("| run | pool | peak context | plan | knee | first cold | at the knee: hit / TTFT p50 / re-prefilled | "
+HEAD = ("| run | pool | held context | plan | knee | first cold | at the knee: hit / TTFT p50 / re-prefilled | "
         "past it | warm share per level | took |\n|---|---|---|---|---|---|---|---|---|---|")
 
 

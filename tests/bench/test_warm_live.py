@@ -8,7 +8,7 @@ import pytest
 from runbook.bench import run as bench
 from runbook.bench.settings import BenchSettings
 
-POOL = 1536            # tokens: four sessions of ~330 tokens fit, five do not
+POOL = 3400            # tokens: four sessions of ~760 tokens (the tiny model's count) fit, five do not
 
 
 @pytest.fixture(scope="module")

@@ -237,14 +237,14 @@ def plot_slo_search(summary: dict[str, Any]):
 
 def warm_frame(summary: dict[str, Any]):
     """`--find-max warm`: one row per level the search ran (sessions at once): turns 2+ warm, cache hit, TTFT,
-    tokens prefilled again per turn, the sessions' peak context; empty when no warm search ran."""
+    tokens prefilled again per turn, the context the sessions came back to; empty when no warm search ran."""
     import pandas as pd  # lazy: pandas only when a table is drawn (the CLI's start-up stays light)
 
     r = summary.get("warm_sessions") or {}
     return pd.DataFrame([{"sessions": x["sessions"], "warm": "yes" if x["warm"] else "no", "turns 2+ warm": x["warm_share"],
                           "cache hit (turns 2+)": x["cache_hit_rate"], "TTFT p50 ms": x["ttft_ms"].get("p50"),
                           "TTFT p90 ms": x["ttft_ms"].get("p90"), "prefilled again / turn": x["reprefill_tokens_per_turn"],
-                          "peak context": x["context_tokens"], "plan holds": r.get("predicted_sessions")}
+                          "held context": x["context_tokens"], "plan holds": r.get("predicted_sessions")}
                          for x in r.get("levels") or []])
 
 

@@ -244,13 +244,13 @@ async def _warm_search(o: BenchSettings, runner: _LevelRunner) -> dict[str, Any]
             infos[name] = await asyncio.to_thread(fetch_json, url.rstrip("/") + "/server_info", runner.api_key)
         except (OSError, ValueError) as e:
             raise InputError(f"--find-max warm reads the pool from {url}/server_info (SGLang): {e}") from None
-    peak = SessionPlan(1, o, runner.ctx.tokenizer, chat=runner.wl.context).peak_context()
+    held = SessionPlan(1, o, runner.ctx.tokenizer, chat=runner.wl.context).held_context()
 
     async def measure(lv: Level) -> tuple[dict[str, Any], list[RequestRecord]]:
         s = await runner.measure(lv)
         return s, runner.results[-1].sound
 
-    return await warm.search(measure, o, warm.pool(infos), warm.estimated_context(o, peak))
+    return await warm.search(measure, o, warm.pool(infos), warm.estimated_context(o, held))
 
 
 def finite(x: Any) -> Any:

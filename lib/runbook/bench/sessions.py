@@ -76,14 +76,14 @@ class SessionPlan:
                 return n
         return sum(count_tokens(self.tokenizer, m["content"]) or 0 for m in messages)
 
-    def peak_context(self) -> int | None:
-        """A session's context at its last turn, before anything ran: the last prompt by the local tokenizer (the
-        answers counted at `output_len` each) plus that turn's answer; None without a tokenizer."""
+    def held_context(self) -> int | None:
+        """The context a session's last turn comes back to, before anything ran: the turn before it's prompt by the
+        local tokenizer (the answers counted at `output_len` each) plus its answer; None without a tokenizer."""
         msgs = self.opening(0)
-        for t in range(1, self.o.turns):
+        for t in range(1, self.o.turns - 1):
             msgs += [{"role": "assistant", "content": ""}, self.tool_message(0, t)]
         n = self.prompt_tokens(msgs)
-        return None if n is None else n + self.o.turns * self.o.output_len
+        return None if n is None else n + (self.o.turns - 1) * self.o.output_len
 
     def think(self, rng: np.random.Generator) -> float:
         if self.o.think_time <= 0:

@@ -5,11 +5,11 @@ While an agent runs its tools its conversation sits in SGLang's radix cache, evi
 session's prefix only while the sessions' contexts fit in it; past that each new turn's allocation evicts the leaf
 the eviction policy ranks lowest — under `lru`, SGLang's default, the session idle longest, which is the one about
 to come back — so turns 2+ prefill their whole context again and TTFT jumps from one turn's new tokens to the
-whole context. The plan's prediction is the pool in tokens over a session's peak context in whole pages
-(kv/memory.py `held_at_context`).
+whole context. The plan's prediction is the pool in tokens over the context a session comes back to — its previous
+turn's prompt and answer, the most a turn needs still cached — in whole pages (kv/memory.py `held_at_context`).
 
 Each level runs N agentic sessions at once (bench/sessions.py), each all its turns, from a flushed cache. A turn
-2+ is warm when the server reused at least half of what its session had sent and received before it; a level
+2+ is warm when the server reused at least 90 % of what its session had sent and received before it; a level
 keeps its sessions warm when 90 % of those turns are. The search doubles N from the start until a level does not,
 then bisects (bench/slo_search.py `highest`)."""
 from __future__ import annotations
@@ -28,7 +28,8 @@ from runbook.core.findings import Finding, Status
 from runbook.endpoint.records import RequestRecord
 from runbook.kv.memory import held_at_context
 
-WARM_TURN = 0.5       # a turn is warm when the server reused ≥ half of its session's earlier prompt and answer
+WARM_TURN = 0.9       # a turn is warm when the server reused ≥ 90 % of its session's earlier prompt and answer: the
+                      # rest is prefilled again, and 10 % of a 100K context is already seconds of TTFT
 WARM_LEVEL = 0.9      # a level keeps its sessions warm when ≥ 90 % of its turns 2+ are warm
 WARM_SEARCH_MAX = 4096.0
 DEFAULT_POLICY = "lru"          # SGLang 0.5.23 srt/arg_groups/fields/memory.py: radix_eviction_policy = "lru"
@@ -85,10 +86,10 @@ def predicted(p: dict[str, Any], context: int) -> int:
     return sum(held_at_context(x["pool_tokens"], x["page_size"], context) for x in p["servers"].values())
 
 
-def estimated_context(o: BenchSettings, peak: int | None) -> int:
-    """A session's peak context before anything ran: `peak` (bench/sessions.py `SessionPlan.peak_context`, by the
-    local tokenizer), else the lengths asked for."""
-    return peak if peak is not None else o.input_len + (o.turns - 1) * (o.tool_result_len + o.output_len) + o.output_len
+def estimated_context(o: BenchSettings, held: int | None) -> int:
+    """The context a session's last turn comes back to, before anything ran: `held` (bench/sessions.py
+    `SessionPlan.held_context`, by the local tokenizer), else the lengths asked for."""
+    return held if held is not None else o.input_len + (o.turns - 2) * (o.tool_result_len + o.output_len) + o.output_len
 
 
 def reachable(start: int, levels: int) -> int:
@@ -111,7 +112,7 @@ def check_reach(p: dict[str, Any], context: int, start: int, levels: int) -> Non
 
 def level_row(sessions: int, records: list[RequestRecord]) -> dict[str, Any]:
     """One level's turns 2+: warm share, cache hit, TTFT p50/p90, tokens prefilled again per turn, and the sessions'
-    peak context (the server's own counts)."""
+    held context: the most a turn 2+ came back to, its previous turn's prompt and answer (the server's own counts)."""
     by: dict[tuple[Any, int], RequestRecord] = {(r.meta.get("session"), r.meta["turn"]): r for r in records
                                                 if r.ok and isinstance(r.meta.get("turn"), int)}
     counted: list[tuple[RequestRecord, int, int, int]] = []     # turn 2+: (record, prompt, cached, its past)
@@ -121,22 +122,23 @@ def level_row(sessions: int, records: list[RequestRecord]) -> dict[str, Any]:
             counted.append((r, r.input_tokens, r.cached_tokens, (prev.input_tokens or 0) + prev.output_tokens))
     warm = [r for r, _, cached, past in counted if cached >= WARM_TURN * past]
     again = [n - cached for _, n, cached, _ in counted]
-    peaks: dict[Any, int] = {}
-    for (s, _), r in by.items():
-        peaks[s] = max(peaks.get(s, 0), (r.input_tokens or 0) + r.output_tokens)
+    held: dict[Any, int] = {}             # per session: the most a later turn of it came back to
+    for (s, t), r in by.items():
+        if (s, t + 1) in by:
+            held[s] = max(held.get(s, 0), (r.input_tokens or 0) + r.output_tokens)
     share = len(warm) / len(counted) if counted else None
     return {"sessions": sessions, "turns_measured": len(counted), "warm_turns": len(warm), "warm_share": share,
             "warm": share is not None and share >= WARM_LEVEL,
             "cache_hit_rate": (sum(c[2] for c in counted) / sum(c[1] for c in counted) if counted else None),
             "ttft_ms": {k: v for k, v in metrics.stats(metrics.ttft_s(c[0]) for c in counted).items() if k in ("p50", "p90", "n")},
             "reprefill_tokens_per_turn": statistics.fmean(again) if again else None,
-            "context_tokens": int(statistics.median(peaks.values())) if peaks else None}
+            "context_tokens": int(statistics.median(held.values())) if held else None}
 
 
 async def search(measure: Callable[[Level], Awaitable[tuple[dict[str, Any], list[RequestRecord]]]], o: BenchSettings,
                  p: dict[str, Any], context_estimate: int) -> dict[str, Any]:
     """The knee: the most concurrent sessions whose turns 2+ stay warm, by doubling then bisecting, beside the plan's
-    prediction at the measured peak context."""
+    prediction at the measured held context."""
     start = int(min(o.concurrency)) if o.concurrency else 1
     check_reach(p, context_estimate, start, o.find_max_levels)
     rows: list[dict[str, Any]] = []

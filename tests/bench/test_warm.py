@@ -235,3 +235,25 @@ def test_pool_and_reach_refusals():
         warm.check_reach(warm.pool({"s": {"max_total_num_tokens": 10**7}}), 1000, 1, 4)
     warm.check_reach(p, 1000, 1, 4)
     assert set(warm.EVICTS_FIRST) == {"lru", "lfu", "slru", "priority", "tlru"}
+
+
+def test_tune_searches_each_candidates_warm_sessions():
+    """tune.warm_search: a candidate's figures carry the knee beside the plan's, and tune's table shows them."""
+    from runbook.core import spec as specmod
+    from runbook.tune import measure
+    from runbook.tune import report as tune_report
+
+    p, srv = serve(2600)
+    dep = specmod.load()
+    dep = dep.model_copy(update={"tune": dep.tune.model_copy(update={
+        "warm_search": True, "slo_search": False, "concurrency": [1], "requests_per_level": 3, "turns": 3,
+        "input_len": 300, "output_len": 8})})
+    try:
+        doc = measure.run(dep, srv.url)
+    finally:
+        srv.stop()
+    w = doc["warm_sessions"]
+    assert w["reached"] and w["eviction_policy"] == "lru" and abs(w["knee_sessions"] - w["predicted_sessions"]) <= 1, w
+    cell = tune_report.warm_cell(w)
+    assert cell == f"{w['knee_sessions']} (plan {w['predicted_sessions']})"
+    assert tune_report.warm_cell(dict(w, reached=False)).startswith("> ")

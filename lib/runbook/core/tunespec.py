@@ -80,6 +80,9 @@ class Tune(Strict):
     output_len: int | None = Field(default=None, gt=0, le=MAX_TOKENS, description="default: benchmark.output_len")
     slo_search: bool = Field(default=True, description="also search the highest concurrency meeting the SLOs (needs one)")
     search_levels: int = Field(default=6, gt=0, le=100, description="the SLO search's levels per candidate (bounds its time)")
+    warm_search: bool = Field(default=False, description="also search how many agent sessions each candidate keeps warm "
+                              "(bench --find-max warm, from a flushed cache; agentic workload, turns 2 or more): the knee "
+                              "beside the plan's, e.g. across a grid of radix-eviction-policy values")
     slo: SLO | None = Field(default=None, description="default: the spec's slo")
     buckets: list[_Tokens] = Field(default_factory=lambda: [8192, 32768, 131072], min_length=1, max_length=16,
                                    description="context-length buckets' upper bounds (≤8k, 8–32k, 32–128k)")

@@ -97,9 +97,9 @@ def per_request(levels: list[Any]) -> list[dict[str, Any]]:
 
 def _settings(spec: Deployment, url: str, **kw: Any) -> bench.BenchSettings:
     t = spec.tune
-    return bench.BenchSettings.resolve(spec, url=url, workload=t.workload, concurrency=list(t.concurrency),
-                                       requests=t.requests_per_level, turns=t.turns, input_len=t.input_len,
-                                       output_len=t.output_len, tokenizer=tokenizer_dir(spec), warmup=1, **kw)
+    given = dict(url=url, workload=t.workload, concurrency=list(t.concurrency), requests=t.requests_per_level, turns=t.turns,
+                 input_len=t.input_len, output_len=t.output_len, tokenizer=tokenizer_dir(spec), warmup=1)
+    return bench.BenchSettings.resolve(spec, **{**given, **kw})
 
 
 def has_slo(slo: Any) -> bool:
@@ -137,4 +137,9 @@ def run(spec: Deployment, url: str, out: Path | None = None, nvml: Any = None, d
         doc["slo_limit"] = None
         doc["slo_search_skipped"] = ("no SLO to search against" if not has_slo(slo) else
                                      "the candidate's time budget was spent" if t.slo_search else "tune.slo_search is off")
+    if t.warm_search and (deadline is None or time.monotonic() < deadline):
+        o = _settings(cspec, url, find_max="warm", find_max_levels=max(t.search_levels, 2), concurrency=[1])   # from one up
+        w = bench.assess(cspec, o).summary.get("warm_sessions") or {}
+        doc["warm_sessions"] = {k: w.get(k) for k in ("knee_sessions", "first_cold", "predicted_sessions", "reached",
+                                                       "resolved", "context_tokens", "eviction_policy", "levels")}
     return doc

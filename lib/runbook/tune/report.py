@@ -32,11 +32,20 @@ def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                 row[f"accept {k['bucket']}"] = k["accept_length"]
         if any(t.get("cache_hit_rate") is not None for t in b.get("turns") or []):
             row["cache hit per turn"] = cache_hits(b["turns"])
+        if b.get("warm_sessions"):       # tune.warm_search: the knee beside the plan's
+            row["warm sessions"] = warm_cell(b["warm_sessions"])
         row.update({"acceptance": b.get("accept_length"), "J/token": b.get("j_per_token"),
                     "guard": (r.get("guard") or {}).get("status"), "verdict": r.get("verdict") or r.get("status"),
                     "reason": r.get("reason") or ""})
         out.append(row)
     return out
+
+
+def warm_cell(w: dict[str, Any]) -> str:
+    """`7 (plan 6)`: the most sessions kept warm; `> 8` when every level tried stayed warm, 0 when one was cold."""
+    most = max((x["sessions"] for x in w.get("levels") or []), default=0)
+    knee = (w.get("knee_sessions") or 0) if w.get("reached") else f"> {most}"
+    return f"{knee} (plan {w.get('predicted_sessions')})"
 
 
 def cache_hits(turns: list[dict[str, Any]]) -> str:

@@ -59,11 +59,12 @@ HEAD = ("| run | pool | held context | plan | knee | first cold | at the knee: h
 
 
 def search(url: str, model_dir: Path, think: float, spec: Any = None) -> tuple[dict[str, Any], float]:
+    """The run's summary (its `warm_sessions` and levels) and its seconds."""
     kw = dict(SESSION, think_time=think, tokenizer=str(model_dir))
     o = BenchSettings.resolve(spec, **kw) if spec is not None else BenchSettings(url=url, **kw)
     t0 = time.perf_counter()
     res = bench.run(o)
-    return res.summary["warm_sessions"], time.perf_counter() - t0
+    return res.summary, time.perf_counter() - t0
 
 
 def main() -> int:
@@ -77,21 +78,25 @@ def main() -> int:
     print(f"sessions: {SESSION['turns']} turns, ~{SESSION['input_len']}-token context, {SESSION['tool_result_len']}-token "
           f"tool results, output {SESSION['output_len']}; think {a.think:g} s fixed; logs in {log_dir}\n")
     print(HEAD)
-    for policy in a.policies.split(","):
+    for policy in filter(None, a.policies.split(",")):
         srv = sglang.start(flags=policy_flags(policy, a.pool), log_path=log_dir / f"{policy}.log")
         try:
             for think in ((0.0, a.think) if policy == "lru" else (a.think,)):
-                r, took = search(srv.url, srv.model_dir, think)
-                print(row(f"{policy}, think {think:g} s", r, took), flush=True)
+                s, took = search(srv.url, srv.model_dir, think)
+                print(row(f"{policy}, think {think:g} s", s["warm_sessions"], took), flush=True)
         finally:
             srv.stop()
     if not a.no_gateway:
         base = sglang.deployment(ports.free_port(), flags=policy_flags("lru", a.pool))
         fleet = topology.start(topology.deployment(2, "cache_aware", base=base), log_dir)
         try:
-            r, took = search(fleet.url, Path(fleet.spec.model.path), a.think, fleet.spec)
-            print(row(f"gateway cache_aware, 2 replicas, think {a.think:g} s", r, took), flush=True)
-            print(f"\nper replica: {r['servers']}")
+            s, took = search(fleet.url, Path(fleet.spec.model.path), a.think, fleet.spec)
+            print(row(f"gateway cache_aware, 2 replicas, think {a.think:g} s", s["warm_sessions"], took), flush=True)
+            print(f"\npools: {s['warm_sessions']['servers']}\nper level, each replica's requests and cached tokens "
+                  "(its own /metrics):")
+            for lv in s["levels"]:
+                print(f"  {lv['label']}: " + ", ".join(f"{x['name']} {x['requests']} req {x['cached_tokens']} cached"
+                                                      for x in lv.get("replicas") or []))
         finally:
             fleet.stop()
     return 0

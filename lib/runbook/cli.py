@@ -215,6 +215,9 @@ def _cmd_stage(stage: Stage, a: argparse.Namespace, o: Options) -> int:
     findings; its textfile metrics) or one of the verb's other actions."""
     spec = _load(a, o)
     entry = stage.entry(o)
+    if entry is not stage.evaluate and a.textfile_dir:    # an action publishes nothing: say so rather than write nothing
+        raise InputError(f"--textfile-dir publishes `runbook {stage.verb}`'s own checks; this action writes no metrics: "
+                         "drop --textfile-dir, or run the verb without an action")
     directory = _textfile(a, spec) if entry is stage.evaluate else None
     rep = entry(spec, o)
     if directory is not None:

@@ -106,3 +106,13 @@ def test_without_a_deployment_the_environments_directory_is_left_alone(tmp_path,
     monkeypatch.setenv("RUNBOOK_TEXTFILE_DIR", str(tmp_path))
     assert cli.main(["kv", "models/qwen3.5-397b-a17b-nvfp4"]) == 0
     assert not list(tmp_path.iterdir())
+
+
+def test_an_action_refuses_the_flag_rather_than_write_nothing(tmp_path, capsys, monkeypatch):
+    """`runbook accuracy kld --textfile-dir DIR` published nothing (kld is an action, not the stage's checks): now a
+    one-line error, exit 2, before anything runs; nothing written."""
+    monkeypatch.delenv("RUNBOOK_TEXTFILE_DIR", raising=False)
+    assert cli.main(["accuracy", "kld", "--textfile-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--textfile-dir publishes `runbook accuracy`'s own checks" in err and "\n" not in err
+    assert not list(tmp_path.iterdir())

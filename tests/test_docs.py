@@ -65,7 +65,7 @@ EXTERNAL = {
     "--jinja": "llama.cpp's llama-server", "--kl-divergence": "llama.cpp's llama-perplexity",
     "--metrics": "llama.cpp's llama-server", "--spec-type": "llama.cpp's llama-server", "--model-draft": "llama.cpp's llama-server",
     "--spec-ngram-simple-size-n": "llama.cpp's llama-server", "--spec-ngram-simple-size-m": "llama.cpp's llama-server",
-    "--modes": "benchmarks/spec_real_vs_random.py", "--threads": "benchmarks/spec_real_vs_random.py",
+    "--modes": "benchmarks/speculation_real_vs_random.py", "--threads": "benchmarks/speculation_real_vs_random.py",
     "--retry": "curl", "--retry-all-errors": "curl", "--require-hashes": "pip", "--no-repack": "llama.cpp's llama-server",
     "--no-pager": "journalctl", "--now": "systemctl", "--test": "systemd", "--user": "systemd-run",
     "--limit": "ansible-playbook", "--tags": "ansible-playbook",

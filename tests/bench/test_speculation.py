@@ -130,34 +130,34 @@ def test_metric_counts_ignores_other_and_non_finite_series():
 
 
 def test_plan_builds_every_kind_and_length_the_same_on_every_call():
-    from runbook.bench import spec_study
+    from runbook.bench import speculation_study
     from runbook.bench.settings import BenchSettings
 
     o = BenchSettings.resolve(None, speculation=True, speculation_contexts=[64, 128], speculation_requests=2)
-    a = spec_study.plan(o)
+    a = speculation_study.plan(o)
     assert list(a) == ["code-64", "agentic-64", "random-64", "code-128", "agentic-128", "random-128"]
     assert all(len(reqs) == 2 and not any(r.ignore_eos for r in reqs) for _, _, reqs in a.values())
     assert isinstance(a["agentic-64"][2][0].prompt, list) and a["agentic-64"][2][0].prompt[0]["role"] == "system"
     assert a["code-64"][2][0].prompt != a["code-64"][2][1].prompt        # no two prompts share a prefix the cache could serve
-    b = spec_study.plan(o)
+    b = speculation_study.plan(o)
     assert [r.prompt for _, _, rs in a.values() for r in rs] == [r.prompt for _, _, rs in b.values() for r in rs]
 
 
 def test_plan_refuses_an_unknown_kind_in_one_line():
-    from runbook.bench import spec_study
+    from runbook.bench import speculation_study
     from runbook.bench.settings import BenchSettings
     from runbook.core.errors import InputError
 
     with pytest.raises(InputError, match=r"^speculation kinds prose: each one of code, agentic, random$"):
-        spec_study.plan(BenchSettings(), kinds=("code", "prose"))
+        speculation_study.plan(BenchSettings(), kinds=("code", "prose"))
 
 
 def test_summarise_without_a_baseline_says_so_and_keeps_the_verdict_first():
-    from runbook.bench import spec_study
+    from runbook.bench import speculation_study
 
     buckets = {"code-64": ("code", 64, []), "random-64": ("random", 64, [])}
-    spec = {"code-64": spec_study.Collected([rec(0, 10, 8)]), "random-64": spec_study.Collected([rec(0, 10, 1)])}
-    st = spec_study.summarise(buckets, spec, None, "ngram-simple")
+    spec = {"code-64": speculation_study.Collected([rec(0, 10, 8)]), "random-64": speculation_study.Collected([rec(0, 10, 1)])}
+    st = speculation_study.summarise(buckets, spec, None, "ngram-simple")
     assert [f.id for f in st.findings] == ["bench.spec.real_vs_random", "bench.spec.baseline"]
     assert st.findings[0].title.startswith("acceptance on real text 80 % vs random tokens 10 % (ngram-simple)")
     d = st.data()
@@ -176,12 +176,12 @@ def test_the_baseline_url_needs_the_study():
 
 
 def test_frame_plot_and_headline_from_a_summary():
-    from runbook.bench import report, spec_study
+    from runbook.bench import report, speculation_study
 
     buckets = {f"{k}-{c}": (k, c, []) for c in (256, 1024) for k in ("code", "random")}
-    spec = {n: spec_study.Collected([rec(0, 10, 7 if n.startswith("code") else 1, span=0.5)]) for n in buckets}
-    base = {n: spec_study.Collected([rec(0, span=1.0, timings=False)]) for n in buckets}
-    st = spec_study.summarise(buckets, spec, base, "ngram-mod")
+    spec = {n: speculation_study.Collected([rec(0, 10, 7 if n.startswith("code") else 1, span=0.5)]) for n in buckets}
+    base = {n: speculation_study.Collected([rec(0, span=1.0, timings=False)]) for n in buckets}
+    st = speculation_study.summarise(buckets, spec, base, "ngram-mod")
     res = type("R", (), {"summary": {"speculation": st.data()}, "findings": st.findings})()
     df = report.speculation_frame(res.summary)
     assert df.loc[("code", 256), "acceptance %"] == 70.0 and df.loc[("random", 1024), "speed-up"] == 2.0
@@ -200,9 +200,9 @@ def test_steps_without_the_counts_to_check_them_give_no_accept_length():
 
 
 def test_token_id_prompts_go_to_completions_and_messages_to_chat():
-    from runbook.bench import spec_study
+    from runbook.bench import speculation_study
     from runbook.endpoint.records import RequestSpec
 
-    assert spec_study.is_chat([RequestSpec(0, [{"role": "user", "content": "hi"}], 8)])
-    assert not spec_study.is_chat([RequestSpec(0, [41802, 31305], 8)])          # random token ids: a list, not chat
-    assert not spec_study.is_chat([RequestSpec(0, "def f():", 8)]) and not spec_study.is_chat([])
+    assert speculation_study.is_chat([RequestSpec(0, [{"role": "user", "content": "hi"}], 8)])
+    assert not speculation_study.is_chat([RequestSpec(0, [41802, 31305], 8)])          # random token ids: a list, not chat
+    assert not speculation_study.is_chat([RequestSpec(0, "def f():", 8)]) and not speculation_study.is_chat([])

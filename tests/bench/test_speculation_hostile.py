@@ -7,7 +7,7 @@ import pytest
 from aiohttp import web
 from sse_server import ThreadedApp
 
-from runbook.bench import spec_study
+from runbook.bench import speculation_study
 from runbook.bench.settings import BenchSettings
 
 # request n (in arrival order) gets TIMINGS[n]; "absent" sends no timings at all
@@ -70,10 +70,10 @@ def fake():
 def test_hostile_timings_are_left_out_one_line_each_and_the_honest_one_counts(fake):
     o = BenchSettings.resolve(None, url=fake.url, speculation=True, speculation_contexts=[64], speculation_requests=len(TIMINGS),
                               output_len=8)
-    buckets = spec_study.plan(o, kinds=("code",))
-    got = spec_study.collect(fake.url, buckets)
+    buckets = speculation_study.plan(o, kinds=("code",))
+    got = speculation_study.collect(fake.url, buckets)
     assert [r.ok for r in got["code-64"].records] == [True] * len(TIMINGS)
-    st = spec_study.summarise(buckets, got, None, spec_study.server_mode(fake.url))
+    st = speculation_study.summarise(buckets, got, None, speculation_study.server_mode(fake.url))
     row = st.rows[0]
     assert (row["requests"], row["drafted"], row["accepted"], row["acceptance"]) == (1, 6, 4, 4 / 6)
     assert st.mode == "ngram-simple"
@@ -90,9 +90,9 @@ def test_a_server_without_props_or_metrics_still_gives_the_responses_figures():
     try:
         o = BenchSettings.resolve(None, url=srv.url, speculation=True, speculation_contexts=[64], speculation_requests=1,
                                   output_len=8)
-        buckets = spec_study.plan(o, kinds=("code",))
-        got = spec_study.collect(srv.url, buckets)
-        st = spec_study.summarise(buckets, got, None, spec_study.server_mode(srv.url))
+        buckets = speculation_study.plan(o, kinds=("code",))
+        got = speculation_study.collect(srv.url, buckets)
+        st = speculation_study.summarise(buckets, got, None, speculation_study.server_mode(srv.url))
     finally:
         srv.stop()
     assert got["code-64"].deltas is None and st.mode == ""          # neither /props nor /slots answered
@@ -140,6 +140,6 @@ def test_server_mode_from_props_then_slots(props, slots, mode):
 
     srv = Modes().start()
     try:
-        assert spec_study.server_mode(srv.url) == mode
+        assert speculation_study.server_mode(srv.url) == mode
     finally:
         srv.stop()

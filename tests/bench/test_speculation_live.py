@@ -1,9 +1,9 @@
 """The speculation study on llama-server with the real model (SmolLM2-135M-Instruct Q4_1) and n-gram drafting:
 real text and random tokens give different acceptance, the figure the story never measured. Small on purpose (a few
-short requests: CI runs the whole suite on 2 cores); benchmarks/spec_real_vs_random.py measures the full table."""
+short requests: CI runs the whole suite on 2 cores); benchmarks/speculation_real_vs_random.py measures the full table."""
 import pytest
 
-from runbook.bench import spec_study
+from runbook.bench import speculation_study
 from runbook.bench.settings import BenchSettings
 
 pytestmark = pytest.mark.llama
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.llama
 # n-gram lookup over the prompt and the output so far: 3-token keys, drafts of up to 8 (no second model)
 MODE = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8"]
 # greedy on a fixed model, prompts and binary: the counts repeat run to run; the gap measured on these prompts
-# (benchmarks/spec_real_vs_random.py) is far wider than this
+# (benchmarks/speculation_real_vs_random.py) is far wider than this
 ACCEPT_GAP = 0.25
 
 
@@ -37,9 +37,9 @@ def test_real_text_and_random_tokens_give_different_acceptance(ngram_server, rea
 
     o = BenchSettings.resolve(None, url=ngram_server.url, speculation=True, speculation_contexts=[256],
                               speculation_requests=2, output_len=32, tokenizer=str(realmodel.hf_dir()))
-    buckets = spec_study.plan(o, kinds=("code", "random"))
-    st = spec_study.summarise(buckets, spec_study.collect(ngram_server.url, buckets, tokenizer_dir=o.tokenizer), None,
-                              spec_study.server_mode(ngram_server.url))
+    buckets = speculation_study.plan(o, kinds=("code", "random"))
+    st = speculation_study.summarise(buckets, speculation_study.collect(ngram_server.url, buckets, tokenizer_dir=o.tokenizer), None,
+                              speculation_study.server_mode(ngram_server.url))
     assert st.mode == "on"            # /slots' flag: 0.3.36's /props reports `none` per slot even while speculating
     assert not [f for f in st.findings if f.id.startswith("bench.spec.responses")], [f.detail for f in st.findings]
     code, rnd = st.rows

@@ -112,7 +112,8 @@ class BenchSettings(Settings):
     interactive: bool = Field(default=False, alias="progress", description="progress bars on stderr: a person is watching "
                               "(default: on when stderr is a terminal; off under the runner)")
     speculation: bool = Field(default=False, description="after the levels, speculative decoding on real text vs random tokens: "
-                                                         "acceptance and speed-up per context length (bench/spec_study.py) (default: off)")
+                                                         "acceptance and speed-up per context length "
+                                                         "(bench/speculation_study.py) (default: off)")
     speculation_baseline_url: Url | None = Field(default=None, description="--speculation: the same server with speculative "
                                                                            "decoding off, for the speed-up (default: none)")
     speculation_contexts: list[PosInt] = Field(default_factory=lambda: [256, 1024],

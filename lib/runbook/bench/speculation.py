@@ -1,4 +1,4 @@
-"""Speculative decoding judged on real text against random tokens (pure: no HTTP; spec_study.py sends the requests).
+"""Speculative decoding judged on real text against random tokens (pure: no HTTP; speculation_study.py sends the requests).
 
 Per corpus kind and context-length bucket, from the same prompts sent to a server that speculates and to the same
 server with speculation off:
@@ -25,7 +25,7 @@ from runbook.core.findings import Finding
 from runbook.core.numeric import is_int
 from runbook.endpoint.records import RequestRecord
 
-KINDS = ("code", "agentic", "random")      # what spec_study.py can send
+KINDS = ("code", "agentic", "random")      # what speculation_study.py can send
 REAL = ("code", "agentic")                 # real text; `random` is the control
 MAX_DRAFT_PER_TOKEN = 1024                 # llama.cpp caps every drafter's n_max at 1024: more per output token is absurd
 

@@ -35,9 +35,9 @@ def evaluate(spec: Deployment, options: Options) -> BenchResult:
 
 def _speculation(res: BenchResult, s: BenchSettings) -> None:
     """--speculation: the study's figures as the summary's `speculation`, its findings (the verdict first) before the rest."""
-    from runbook.bench import spec_study  # lazy: the study's client only when asked for
+    from runbook.bench import speculation_study  # lazy: the study's client only when asked for
 
-    st = spec_study.run(s, s.model or res.summary.get("model"), os.environ.get(s.api_key_env) if s.api_key_env else None)
+    st = speculation_study.run(s, s.model or res.summary.get("model"), os.environ.get(s.api_key_env) if s.api_key_env else None)
     res.summary["speculation"] = st.data()
     res.findings[:0] = st.findings
 

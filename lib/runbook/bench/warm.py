@@ -26,7 +26,7 @@ from runbook.bench.sweep import Level
 from runbook.core.errors import InputError
 from runbook.core.findings import Finding, Status
 from runbook.endpoint.records import RequestRecord
-from runbook.kv.memory import held_at_context
+from runbook.kv import held_at_context
 
 WARM_TURN = 0.9       # a turn is warm when the server reused ≥ 90 % of its session's earlier prompt and answer: the
                       # rest is prefilled again, and 10 % of a 100K context is already seconds of TTFT

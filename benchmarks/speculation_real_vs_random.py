@@ -1,13 +1,13 @@
 """Speculative decoding on real text vs random tokens: llama-server with the real model (SmolLM2-135M-Instruct, Q4_1 GGUF).
 
 Starts llama-server one at a time on the real model — speculation off (the baseline), then once per mode — sends
-each the study's prompts (bench/spec_study.py: the corpus's code text, the agentic opening turn, random token ids;
+each the study's prompts (bench/speculation_study.py: the corpus's code text, the agentic opening turn, random token ids;
 one bucket per context length, one request at a time) and prints acceptance, accept length and the decode speed-up
 per mode, kind and context, side by side. `draft-self` drafts with the same GGUF: a draft that always agrees with the
 target (up to numerics), so its acceptance is an upper bound and its speed-up a lower one (the draft costs a full
 forward pass). Figures from two shared CPU cores: ratios, not a deployment's speed.
 
-    .venv/bin/python benchmarks/spec_real_vs_random.py [--modes ngram-simple-n3,ngram-simple] (also: ngram-mod,
+    .venv/bin/python benchmarks/speculation_real_vs_random.py [--modes ngram-simple-n3,ngram-simple] (also: ngram-mod,
         ngram-map-k, draft-self) [--contexts 256,1024] [--requests 2] [--output-len 32] [--threads 2] [--json FILE]
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-from runbook.bench import BenchSettings, spec_study
+from runbook.bench import BenchSettings, speculation_study
 from runbook.core import tables
 from runbook.demo import llama as demo
 from runbook.demo import realmodel
@@ -60,17 +60,18 @@ def main() -> int:
         (model_dir / "model.gguf").symlink_to(gguf)       # start_llama_server serves DIR/model.gguf
         o = BenchSettings.resolve(None, speculation=True, speculation_contexts=[int(c) for c in a.contexts.split(",")],
                                   speculation_requests=a.requests, output_len=a.output_len, tokenizer=tok)
-        buckets = spec_study.plan(o)
+        buckets = speculation_study.plan(o)
         srv = serve(model_dir, a.threads, [])
         try:
-            base = spec_study.collect(srv.url, buckets, tokenizer_dir=tok)
+            base = speculation_study.collect(srv.url, buckets, tokenizer_dir=tok)
         finally:
             srv.stop()
         studies = {}
         for mode in modes:
             srv = serve(model_dir, a.threads, [x.format(gguf=gguf) for x in MODES[mode]])
             try:
-                studies[mode] = spec_study.summarise(buckets, spec_study.collect(srv.url, buckets, tokenizer_dir=tok), base, mode)
+                got = speculation_study.collect(srv.url, buckets, tokenizer_dir=tok)
+                studies[mode] = speculation_study.summarise(buckets, got, base, mode)
             finally:
                 srv.stop()
     import pandas as pd  # lazy: only for the printed table

@@ -1,6 +1,6 @@
-"""The speculative-decoding study (`runbook bench --spec-study`): the same prompts of each corpus kind and context
+"""The speculative-decoding study (`runbook bench --speculation`): the same prompts of each corpus kind and context
 length sent one at a time to a server that speculates (`--url`) and to the same server with speculation off
-(`--spec-baseline-url`), its /metrics read before and after each bucket; the figures are speculation.py's.
+(`--speculation-baseline-url`), its /metrics read before and after each bucket; the figures are speculation.py's.
 
 Kinds: `code` (the corpus's code text cut to exactly the context length, completions: the longctx workload),
 `agentic` (an agentic session's opening turn over chat: system prompt, that many tokens of repository context and a

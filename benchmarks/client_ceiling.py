@@ -77,6 +77,61 @@ def serve(port: int, tokens: int, ttft_s: float = 0.0, log: str = "", pace_s: fl
     web.run_app(app, host="127.0.0.1", port=port, print=None, handle_signals=True, backlog=BACKLOG)
 
 
+def serve_at_socket(port: int, tokens: int, ttft_s: float, log: str) -> None:
+    """The send-overhead audit's server: stamps each request when its first bytes are read from the socket (an
+    asyncio protocol over httptools, a few µs per read) and writes the whole response `ttft_s` later, logging
+    "prompt received first_write" as `serve` does. aiohttp's handler stamps only after it has parsed every request
+    that arrived before: at 32 at once that put the server's own queue, ~1 ms, into the client's error."""
+    import httptools
+
+    audit = open(log, "a", buffering=1)  # noqa: SIM115 - written by every request until the server process ends
+    chunk = f"data: {json.dumps({'choices': [{'index': 0, 'text': ' tok', 'finish_reason': None}]})}\n\n".encode()
+    last = f"data: {json.dumps({'choices': [{'index': 0, 'text': '', 'finish_reason': 'length'}]})}\n\n".encode()
+    usage = f"data: {json.dumps({'choices': [], 'usage': {'prompt_tokens': 8, 'completion_tokens': tokens}})}\n\n".encode()
+
+    def response(body: bytes, kind: bytes = b"text/event-stream", status: bytes = b"200 OK") -> bytes:
+        return (b"HTTP/1.1 " + status + b"\r\nContent-Type: " + kind + b"\r\nContent-Length: " + str(len(body)).encode()
+                + b"\r\n\r\n" + body)
+
+    class Conn(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport, self.parser, self.first, self.body = transport, httptools.HttpRequestParser(self), None, []
+
+        def data_received(self, data: bytes) -> None:
+            if self.first is None:
+                self.first = time.perf_counter()        # the request's first bytes, read before any parsing
+            self.parser.feed_data(data)
+
+        def on_url(self, url: bytes) -> None:
+            self.url = url
+
+        def on_body(self, body: bytes) -> None:
+            self.body.append(body)
+
+        def on_message_complete(self) -> None:
+            received, self.first = self.first or time.perf_counter(), None
+            if self.url.startswith(b"/v1/models"):
+                self.transport.write(response(b'{"data": [{"id": "zero"}]}', b"application/json"))
+                return
+            if not self.url.startswith(b"/v1/completions"):      # as aiohttp's router answers what it does not serve
+                self.transport.write(response(b'{"error": "not found"}', b"application/json", b"404 Not Found"))
+                self.body = []
+                return
+            req, self.body = json.loads(b"".join(self.body) or b"{}"), []
+            tail = last + (usage if (req.get("stream_options") or {}).get("include_usage") else b"") + b"data: [DONE]\n\n"
+            out = response(chunk * tokens + tail)
+
+            def write() -> None:
+                self.transport.write(out)
+                audit.write(f"{req.get('prompt')} {received} {time.perf_counter()}\n")
+            asyncio.get_running_loop().call_later(max(0.0, received + ttft_s - time.perf_counter()), write)
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(Conn, "127.0.0.1", port, backlog=BACKLOG)
+        await server.serve_forever()
+    asyncio.run(main())
+
+
 def serve_steps(port: int, tokens: int, step_s: float) -> None:
     """The paced server, shaped like SGLang's decode loop and cheap enough not to compete for the cores:
     every `step_s` one step writes one chunk to every running stream, each its own write (chunked
@@ -292,7 +347,7 @@ def send_overhead(ttft_s: float = 0.150, tokens: int = 8) -> None:
 
     with tempfile.NamedTemporaryFile(suffix=".log", delete=False) as f:
         log = f.name
-    p = mp.Process(target=serve, args=(port, tokens, ttft_s, log), daemon=True)
+    p = mp.Process(target=serve_at_socket, args=(port, tokens, ttft_s, log), daemon=True)
     p.start()
     time.sleep(1.0)
     try:
@@ -312,10 +367,13 @@ def send_overhead(ttft_s: float = 0.150, tokens: int = 8) -> None:
             send_err = np.median([(sv[0] - r.send_time) * 1000 for r, sv in pairs])
             recv_err = np.median([(r.chunk_times[0] - sv[1]) * 1000 for r, sv in pairs])
             truth = np.median([(sv[1] - sv[0]) * 1000 for r, sv in pairs])
+            # per request, our TTFT minus the server's own (receipt → first write): the client's error, paired
+            err = np.percentile([(metrics.ttft_s(r) - (sv[1] - sv[0])) * 1000 for r, sv in pairs], [50, 90])
             print(f"concurrency {conc}: TTFT p50 {ours:.2f} ms (scripted {ttft_s * 1000:.0f} ms; the server's own receipt → "
                   f"first write p50 {truth:.2f} ms); client queue p50 {np.median(q) * 1000:.2f} ms\n"
                   f"  audited on the server's clock: our send stamp → server receipt p50 {send_err:.2f} ms, "
-                  f"server write → our arrival stamp p50 {recv_err:.2f} ms, TTFT above the server's own p50 {ours - truth:+.2f} ms")
+                  f"server write → our arrival stamp p50 {recv_err:.2f} ms, TTFT above the server's own p50 {ours - truth:+.2f} ms\n"
+                  f"  per request, our TTFT minus the server's own: p50 {err[0]:+.2f} ms, p90 {err[1]:+.2f} ms")
             if not sg:
                 r = sglang_run(f"http://127.0.0.1:{port}", conc, tokens, len(reqs))
                 print("  SGLang's client, same server and level: " + (

@@ -61,7 +61,7 @@ EXTERNAL = {
     "--random-range-ratio": SGLANG_BENCH,
     "--lag": CLIENT_CEILING, "--send-overhead": CLIENT_CEILING, "--engine": "benchmarks/tune_overhead.py",
     "--windows": "benchmarks/kld_fp8_kv.py", "--tokens": "benchmarks/kld_fp8_kv.py", "--chunk": "benchmarks/kld_fp8_kv.py",
-    "--pool": "benchmarks/warm_sessions.py",
+    "--pool": "benchmarks/warm_sessions.py", "--long": "benchmarks/kld_fp8_kv.py",
     "--jinja": "llama.cpp's llama-server", "--kl-divergence": "llama.cpp's llama-perplexity",
     "--metrics": "llama.cpp's llama-server", "--spec-type": "llama.cpp's llama-server", "--model-draft": "llama.cpp's llama-server",
     "--spec-ngram-simple-size-n": "llama.cpp's llama-server", "--spec-ngram-simple-size-m": "llama.cpp's llama-server",

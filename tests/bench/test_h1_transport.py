@@ -273,3 +273,82 @@ def test_head_brackets_ipv6_and_keeps_the_port():
 def test_unknown_transport_is_refused():
     with pytest.raises(ValueError, match="h1, aiohttp"):
         Client("http://x", transport="h2")
+
+
+class _Transport:
+    """What a Conn asks of its transport, nothing sent anywhere."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def is_closing(self) -> bool:
+        return False
+
+    def abort(self) -> None: ...
+
+
+class _Sink:
+    """Records the connection's arrival stamp at each body read, and spends clock ticks parsing (what the
+    SSE handler's work does to a wall clock)."""
+
+    def __init__(self, conn: h1.Conn, clock: Callable[[], float]):
+        self.conn, self.clock, self.stamps, self.ended, self.lost = conn, clock, [], False, False
+
+    def on_headers(self, status: int, headers: dict[str, str]) -> None: ...
+
+    def on_body(self, body: bytes) -> None:
+        self.stamps.append(self.conn.now)
+        self.clock()
+
+    def on_end(self) -> None:
+        self.ended = True
+
+    def on_lost(self, exc: BaseException | None, got_response: bool, framed: bool) -> None:
+        self.lost = True
+
+    def on_error(self, exc: BaseException) -> None:
+        raise exc
+
+
+RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+
+
+def _conns(n: int):
+    ticks = iter(range(1, 1000))
+    clock = lambda: float(next(ticks))  # noqa: E731 - every call is one tick later
+    pool = h1.Pool("http://127.0.0.1:9", 0, clock)
+    conns = []
+    for _ in range(n):
+        c = h1.Conn(pool)
+        c.connection_made(_Transport())
+        c.sink = _Sink(c, clock)
+        pool._busy.add(c)
+        conns.append(c)
+    return conns
+
+
+def test_reads_of_one_poll_are_stamped_before_any_is_parsed():
+    """Two connections readable in the same poll: the second's arrival stamp is taken before the first's read is
+    parsed (tick 2), not after it (tick 3, what parsing in data_received gave)."""
+    async def go():
+        a, b = _conns(2)
+        sinks = a.sink, b.sink             # a connection lets go of its sink at the response's end
+        a.data_received(RESPONSE)          # tick 1
+        b.data_received(RESPONSE)          # tick 2
+        await asyncio.sleep(0)             # the parse callbacks: each spends a tick
+        return sinks
+    sa, sb = asyncio.run(go())
+    assert sa.stamps == [1.0] and sb.stamps == [2.0] and sa.ended and sb.ended
+
+
+def test_a_close_right_after_the_last_bytes_keeps_the_response():
+    """The server's last bytes and its close in the same poll: the response is parsed before the loss is reported,
+    so it ends, not lost."""
+    async def go():
+        (c,) = _conns(1)
+        sink = c.sink
+        c.data_received(RESPONSE)
+        c.connection_lost(None)            # before the scheduled parse has run
+        await asyncio.sleep(0)
+        return sink
+    s = asyncio.run(go())
+    assert s.ended and not s.lost and s.stamps == [1.0]

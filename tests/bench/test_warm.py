@@ -198,17 +198,23 @@ def session_records(n, warm_turns, turns=3, context=1000):
 
 
 def test_level_row_counts_turns_two_on():
-    rows = warm.level_row(2, session_records(2, warm_turns=True))
+    rows = warm.level_row(2, session_records(2, warm_turns=True), 3)
     assert rows["turns_measured"] == 4 and rows["warm_share"] == 1.0 and rows["warm"]
     assert rows["context_tokens"] == 666        # what turn 3 came back to: turn 2's prompt and answer
-    cold = warm.level_row(2, session_records(2, warm_turns=False))
+    cold = warm.level_row(2, session_records(2, warm_turns=False), 3)
     assert cold["warm_share"] == 0.0 and not cold["warm"] and cold["cache_hit_rate"] == 0.0
     assert cold["reprefill_tokens_per_turn"] > rows["reprefill_tokens_per_turn"]
     assert cold["ttft_ms"]["p50"] > rows["ttft_ms"]["p50"]
-    # a failed turn has no successor to judge, and its own turn is not counted
+    # a failed turn has no successor to judge, and its own turn is not counted — nor is either warm
     recs = session_records(1, warm_turns=True)
     recs[1].error_kind = "http"
-    assert warm.level_row(1, recs)["turns_measured"] == 0
+    failed = warm.level_row(1, recs, 3)
+    assert failed["turns_measured"] == 0 and failed["turns_expected"] == 2 and failed["warm_share"] == 0.0
+    assert not failed["warm"]
+    # one session of four never got past turn 1 (its session ended): 6 of 8 turns 2+ warm, 75 %, a cold level
+    recs = [r for r in session_records(4, warm_turns=True) if not (r.meta["session"] == 3 and r.meta["turn"] > 1)]
+    short = warm.level_row(4, recs, 3)
+    assert short["warm_turns"] == 6 and short["warm_share"] == 0.75 and not short["warm"]
 
 
 @pytest.mark.parametrize("think", [-1.0, "soon", float("nan")])
@@ -216,6 +222,37 @@ def test_a_think_time_that_is_negative_or_not_a_number_is_refused_in_one_line(th
     with pytest.raises(InputError) as e:
         BenchSettings.resolve(None, url="http://127.0.0.1:9", workload="agentic", find_max="warm", think_time=think)
     assert "think_time" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("info, says", [
+    ({"max_total_num_tokens": "4096"}, "no max_total_num_tokens"),
+    ({"max_total_num_tokens": True}, "no max_total_num_tokens"),
+    ({"max_total_num_tokens": -1}, "no max_total_num_tokens"),
+    ({"max_total_num_tokens": 4096, "page_size": 0}, "page_size 0"),
+    ({"max_total_num_tokens": 4096, "page_size": -16}, "page_size -16"),
+    ({"max_total_num_tokens": 4096, "page_size": "16"}, "page_size '16'"),
+    ({"max_total_num_tokens": 4096, "page_size": 16.5}, "page_size 16.5"),
+    ({"max_total_num_tokens": 4096, "page_size": None}, "page_size None"),
+])
+def test_a_hostile_server_info_is_one_line_naming_the_field(info, says):
+    with pytest.raises(InputError, match=says) as e:
+        warm.pool({"the server": info})
+    assert "\n" not in str(e.value) and str(e.value).startswith("the server's /server_info")
+
+
+def test_a_server_without_cache_report_is_refused_not_called_cold():
+    """No cached-token count on any completed turn 2+: not a cold level, an input error naming the flag."""
+    import asyncio
+
+    recs = session_records(2, warm_turns=True)
+    for r in recs:
+        r.usage = {k: v for k, v in r.usage.items() if k != "prompt_tokens_details"}
+
+    async def measure(lv: Level):
+        return {}, recs
+    p = warm.pool({"s": {"max_total_num_tokens": 4096}})
+    with pytest.raises(InputError, match="--enable-cache-report"):
+        asyncio.run(warm.search(measure, opts("http://x"), p, 500))
 
 
 def test_pool_and_reach_refusals():

@@ -55,11 +55,15 @@ def pool(infos: dict[str, dict[str, Any]]) -> dict[str, Any]:
     servers: dict[str, dict[str, int]] = {}
     for name, info in infos.items():
         tokens = info.get("max_total_num_tokens")
-        if not isinstance(tokens, int) or tokens < 1:
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
             raise InputError(f"{name}'s /server_info reports no max_total_num_tokens: --find-max warm needs SGLang's pool size")
         if info.get("disable_radix_cache"):
             raise InputError(f"{name} runs with --disable-radix-cache: no session stays warm; drop that flag to search")
-        servers[name] = {"pool_tokens": tokens, "page_size": int(info.get("page_size") or 1)}
+        page = info.get("page_size", 1)
+        if not isinstance(page, int) or isinstance(page, bool) or page < 1:
+            raise InputError(f"{name}'s /server_info reports page_size {page!r}: --find-max warm needs a whole number of "
+                             "tokens, 1 or more")
+        servers[name] = {"pool_tokens": tokens, "page_size": page}
     first = next(iter(infos.values()))
     policy = str(first.get("radix_eviction_policy") or DEFAULT_POLICY)
     lengths = [n for n in (_context_length(i) for i in infos.values()) if n]
@@ -110,9 +114,11 @@ def check_reach(p: dict[str, Any], context: int, start: int, levels: int) -> Non
                          f"{start} reach {reachable(start, levels):,}: start at {{concurrency}} {max(1, (want - 1) // 2)}")
 
 
-def level_row(sessions: int, records: list[RequestRecord]) -> dict[str, Any]:
+def level_row(sessions: int, records: list[RequestRecord], turns: int) -> dict[str, Any]:
     """One level's turns 2+: warm share, cache hit, TTFT p50/p90, tokens prefilled again per turn, and the sessions'
-    held context: the most a turn 2+ came back to, its previous turn's prompt and answer (the server's own counts)."""
+    held context: the most a turn 2+ came back to, its previous turn's prompt and answer (the server's own counts).
+    The warm share is over every turn 2+ the level's sessions should have sent (sessions × (turns − 1)): a turn that
+    failed, or never ran because its session ended, is not warm."""
     by: dict[tuple[Any, int], RequestRecord] = {(r.meta.get("session"), r.meta["turn"]): r for r in records
                                                 if r.ok and isinstance(r.meta.get("turn"), int)}
     counted: list[tuple[RequestRecord, int, int, int]] = []     # turn 2+: (record, prompt, cached, its past)
@@ -126,8 +132,10 @@ def level_row(sessions: int, records: list[RequestRecord]) -> dict[str, Any]:
     for (s, t), r in by.items():
         if (s, t + 1) in by:
             held[s] = max(held.get(s, 0), (r.input_tokens or 0) + r.output_tokens)
-    share = len(warm) / len(counted) if counted else None
-    return {"sessions": sessions, "turns_measured": len(counted), "warm_turns": len(warm), "warm_share": share,
+    expected = sessions * max(0, turns - 1)
+    share = len(warm) / expected if expected else None
+    return {"sessions": sessions, "turns_measured": len(counted), "turns_expected": expected, "warm_turns": len(warm),
+            "warm_share": share, "cache_reported": any(r.cached_tokens is not None for (_, t), r in by.items() if t >= 2),
             "warm": share is not None and share >= WARM_LEVEL,
             "cache_hit_rate": (sum(c[2] for c in counted) / sum(c[1] for c in counted) if counted else None),
             "ttft_ms": {k: v for k, v in metrics.stats(metrics.ttft_s(c[0]) for c in counted).items() if k in ("p50", "p90", "n")},
@@ -146,8 +154,8 @@ async def search(measure: Callable[[Level], Awaitable[tuple[dict[str, Any], list
     async def at(v: float) -> bool:
         n = int(v)
         _, records = await measure(Level(f"s{n}", concurrency=n))
-        row = level_row(n, records)
-        if row["turns_measured"] == 0:
+        row = level_row(n, records, o.turns)
+        if not row["cache_reported"] and any(r.ok and (r.meta.get("turn") or 0) >= 2 for r in records):
             raise InputError("the server reported no cached tokens for turns 2+: start SGLang with --enable-cache-report "
                              "(usage.prompt_tokens_details.cached_tokens)")
         rows.append(row)
